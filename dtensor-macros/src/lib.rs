@@ -1,0 +1,1 @@
+//! Proc macros of dtensor-rs (filled by the DSL work).

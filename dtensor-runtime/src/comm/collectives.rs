@@ -1,0 +1,104 @@
+//! Typed collectives on a mesh dimension: the only way redistribution and ops talk to a
+//! backend. Every call is recorded for [`CommDebugMode`](crate::CommDebugMode).
+
+use super::debug::{record, CollectiveKind};
+use crate::element::Element;
+use crate::error::Result;
+use crate::mesh::DeviceMesh;
+use crate::placement::ReduceOp;
+
+/// Which ranks a collective runs over.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Along {
+    /// This rank's group along one mesh dimension.
+    Dim(usize),
+    /// Every rank of the mesh.
+    All,
+}
+
+impl DeviceMesh {
+    fn group_of(&self, along: Along) -> (&[usize], Option<usize>) {
+        match along {
+            Along::Dim(d) => (self.group(d), Some(d)),
+            Along::All => (self.ranks(), None),
+        }
+    }
+
+    fn note(&self, kind: CollectiveKind, along: Along, bytes: usize) {
+        let (g, d) = self.group_of(along);
+        record(kind, d.map(|d| self.dim_names()[d].clone()), g.len(), bytes);
+    }
+
+    /// All-gather equal-sized blocks; returns `n * send.len()` elements in group order.
+    pub fn all_gather<T: Element>(&self, along: Along, send: &[T]) -> Result<Vec<T>> {
+        let (g, _) = self.group_of(along);
+        let mut out = vec![T::zero(); send.len() * g.len()];
+        self.note(CollectiveKind::AllGather, along, std::mem::size_of_val(send));
+        self.comm().all_gather(g, bytemuck::cast_slice(send), bytemuck::cast_slice_mut(&mut out))?;
+        Ok(out)
+    }
+
+    /// All-reduce in place.
+    pub fn all_reduce<T: Element>(&self, along: Along, buf: &mut [T], op: ReduceOp) -> Result<()> {
+        let (g, _) = self.group_of(along);
+        self.note(CollectiveKind::AllReduce, along, std::mem::size_of_val(buf));
+        self.comm().all_reduce(g, bytemuck::cast_slice_mut(buf), T::DTYPE, op)
+    }
+
+    /// Reduce-scatter of `n` equal blocks; returns this member's reduced block.
+    pub fn reduce_scatter<T: Element>(&self, along: Along, send: &[T], op: ReduceOp) -> Result<Vec<T>> {
+        let (g, _) = self.group_of(along);
+        let mut out = vec![T::zero(); send.len() / g.len().max(1)];
+        self.note(CollectiveKind::ReduceScatter, along, std::mem::size_of_val(send));
+        self.comm().reduce_scatter(g, bytemuck::cast_slice(send), bytemuck::cast_slice_mut(&mut out), T::DTYPE, op)?;
+        Ok(out)
+    }
+
+    /// All-to-all of `n` equal blocks.
+    pub fn all_to_all<T: Element>(&self, along: Along, send: &[T]) -> Result<Vec<T>> {
+        let (g, _) = self.group_of(along);
+        let mut out = vec![T::zero(); send.len()];
+        self.note(CollectiveKind::AllToAll, along, std::mem::size_of_val(send));
+        self.comm().all_to_all(g, bytemuck::cast_slice(send), bytemuck::cast_slice_mut(&mut out))?;
+        Ok(out)
+    }
+
+    /// Broadcast from group member `root`.
+    pub fn broadcast<T: Element>(&self, along: Along, buf: &mut [T], root: usize) -> Result<()> {
+        let (g, _) = self.group_of(along);
+        self.note(CollectiveKind::Broadcast, along, std::mem::size_of_val(buf));
+        self.comm().broadcast(g, bytemuck::cast_slice_mut(buf), root)
+    }
+
+    /// Broadcast of plain integers (metadata: shapes, counts).
+    pub fn broadcast_usize(&self, along: Along, buf: &mut [u64], root: usize) -> Result<()> {
+        let (g, _) = self.group_of(along);
+        self.note(CollectiveKind::Broadcast, along, std::mem::size_of_val(buf));
+        self.comm().broadcast(g, bytemuck::cast_slice_mut(buf), root)
+    }
+
+    /// All-gather of plain integers (metadata: shapes, counts).
+    pub fn all_gather_usize(&self, along: Along, send: &[u64]) -> Result<Vec<u64>> {
+        let (g, _) = self.group_of(along);
+        let mut out = vec![0u64; send.len() * g.len()];
+        self.note(CollectiveKind::AllGather, along, std::mem::size_of_val(send));
+        self.comm().all_gather(g, bytemuck::cast_slice(send), bytemuck::cast_slice_mut(&mut out))?;
+        Ok(out)
+    }
+
+    /// Scatter `n` equal blocks of `block` elements from group member `root`.
+    pub fn scatter<T: Element>(&self, along: Along, send: &[T], block: usize, root: usize) -> Result<Vec<T>> {
+        let (g, _) = self.group_of(along);
+        let mut out = vec![T::zero(); block];
+        self.note(CollectiveKind::Scatter, along, std::mem::size_of_val(send));
+        self.comm().scatter(g, bytemuck::cast_slice(send), bytemuck::cast_slice_mut(&mut out), root)?;
+        Ok(out)
+    }
+
+    /// Barrier over the group.
+    pub fn barrier(&self, along: Along) -> Result<()> {
+        let (g, _) = self.group_of(along);
+        self.note(CollectiveKind::Barrier, along, 0);
+        self.comm().barrier(g)
+    }
+}

@@ -1,0 +1,58 @@
+//! Collective communication.
+//!
+//! One [`Communicator`] trait; backends implement it once:
+//! - [`threads`]: the embedded default, one OS thread per rank in one process (zero setup);
+//! - `mpi` (feature `mpi`): processes and nodes through MPI;
+//! - `nccl` (feature `cuda`): GPUs through NCCL.
+//!
+//! Redistribution and ops never call a backend directly: they go through [`collectives`],
+//! which works on typed slices, pads uneven shards and records every call for
+//! [`CommDebugMode`](crate::CommDebugMode).
+
+pub mod collectives;
+pub mod debug;
+pub mod reduce;
+pub mod threads;
+
+use crate::element::DType;
+use crate::error::Result;
+use crate::placement::ReduceOp;
+use std::fmt;
+
+/// Collectives over a *group*: a list of global ranks in group order that contains the
+/// calling rank. Every member of the group must make the same call with the same sizes.
+///
+/// Buffers are raw bytes of elements of `dtype`; `root` is an index into `group`.
+/// A backend must fail (never hang forever) when a peer dies: time out or propagate.
+pub trait Communicator: Send + Sync + fmt::Debug {
+    /// This process' global rank.
+    fn rank(&self) -> usize;
+    /// Number of ranks in the world.
+    fn world_size(&self) -> usize;
+    /// Short backend name (`threads`, `mpi`, `nccl`).
+    fn backend(&self) -> &'static str;
+
+    /// Called collectively by every rank of the world when a mesh is created, with every
+    /// group of every mesh dim (each a partition of the world). Backends that need
+    /// sub-communicators (MPI, NCCL) create them here; the default does nothing.
+    fn prepare_groups(&self, _partitions: &[Vec<Vec<usize>>]) -> Result<()> {
+        Ok(())
+    }
+
+    /// `recv` (= `group.len() * send.len()` bytes) receives every member's `send`, in group order.
+    fn all_gather(&self, group: &[usize], send: &[u8], recv: &mut [u8]) -> Result<()>;
+    /// Reduces `buf` element-wise over the group, in place; the result is identical on every member.
+    fn all_reduce(&self, group: &[usize], buf: &mut [u8], dtype: DType, op: ReduceOp) -> Result<()>;
+    /// `send` holds `group.len()` equal blocks; member `i` receives the reduction of block `i`.
+    fn reduce_scatter(&self, group: &[usize], send: &[u8], recv: &mut [u8], dtype: DType, op: ReduceOp) -> Result<()>;
+    /// `send` holds `group.len()` equal blocks; block `j` goes to member `j`, whose `recv`
+    /// block `i` is what member `i` sent it.
+    fn all_to_all(&self, group: &[usize], send: &[u8], recv: &mut [u8]) -> Result<()>;
+    /// Copies the root's `buf` into every member's `buf`.
+    fn broadcast(&self, group: &[usize], buf: &mut [u8], root: usize) -> Result<()>;
+    /// The root's `send` holds `group.len()` equal blocks; member `i` receives block `i`.
+    /// `send` is ignored on non-roots.
+    fn scatter(&self, group: &[usize], send: &[u8], recv: &mut [u8], root: usize) -> Result<()>;
+    /// Returns once every member has entered.
+    fn barrier(&self, group: &[usize]) -> Result<()>;
+}

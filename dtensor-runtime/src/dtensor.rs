@@ -1,0 +1,410 @@
+//! `DTensor<T>`: a logical (global) tensor laid out over a [`DeviceMesh`].
+
+use crate::autograd::AutogradMeta;
+use crate::element::Element;
+use crate::error::{Error, Result};
+use crate::layout::{contiguous_strides, global_shape_from_local, local_shape_and_offset};
+use crate::mesh::DeviceMesh;
+use crate::placement::{fmt_placements, normalize_placements, Placement};
+use crate::Along;
+use ndarray::{ArrayD, IxDyn, Slice};
+use std::fmt;
+
+/// A distributed tensor: this rank's local shard plus the metadata that says how the
+/// global tensor is laid out over the mesh (one [`Placement`] per mesh dimension).
+#[derive(Clone)]
+pub struct DTensor<T: Element> {
+    pub(crate) local: ArrayD<T>,
+    pub(crate) mesh: DeviceMesh,
+    pub(crate) placements: Vec<Placement>,
+    pub(crate) shape: Vec<usize>,
+    pub(crate) stride: Vec<usize>,
+    pub(crate) autograd: AutogradMeta<T>,
+}
+
+/// Options of [`from_local`] (PyTorch's keyword arguments).
+#[derive(Debug, Clone, Default)]
+pub struct FromLocal {
+    /// All-gather metadata to check consistency, and broadcast replicated data from the first
+    /// rank of each replicate group.
+    pub run_check: bool,
+    /// Global shape (needed for uneven sharding). Goes with `stride`.
+    pub shape: Option<Vec<usize>>,
+    /// Global stride. Goes with `shape`.
+    pub stride: Option<Vec<usize>>,
+    /// Placements the gradient flowing back into the local tensor has (default: same as forward).
+    pub grad_placements: Option<Vec<Placement>>,
+}
+
+impl FromLocal {
+    /// `run_check = true`, everything else default.
+    pub fn checked() -> Self {
+        FromLocal { run_check: true, ..Default::default() }
+    }
+    /// Global shape with contiguous stride (uneven sharding).
+    pub fn with_shape(shape: &[usize]) -> Self {
+        FromLocal { shape: Some(shape.to_vec()), stride: Some(contiguous_strides(shape)), ..Default::default() }
+    }
+}
+
+/// Anything [`distribute_tensor`] accepts: a full ndarray, or a DTensor (returned as is when
+/// the layout matches).
+pub trait DistributeSource<T: Element> {
+    #[doc(hidden)]
+    fn distribute_source(self, mesh: &DeviceMesh, placements: &[Placement], src: Option<usize>) -> Result<DTensor<T>>;
+}
+
+impl<T: Element> DistributeSource<T> for &ArrayD<T> {
+    fn distribute_source(self, mesh: &DeviceMesh, placements: &[Placement], src: Option<usize>) -> Result<DTensor<T>> {
+        distribute_array(self, mesh, placements, src)
+    }
+}
+
+impl<T: Element> DistributeSource<T> for ArrayD<T> {
+    fn distribute_source(self, mesh: &DeviceMesh, placements: &[Placement], src: Option<usize>) -> Result<DTensor<T>> {
+        distribute_array(&self, mesh, placements, src)
+    }
+}
+
+impl<T: Element> DistributeSource<T> for &DTensor<T> {
+    fn distribute_source(self, mesh: &DeviceMesh, placements: &[Placement], _src: Option<usize>) -> Result<DTensor<T>> {
+        let wanted = normalize_placements(placements, self.ndim(), mesh.ndim())?;
+        if self.mesh.same_as(mesh) && wanted == self.placements {
+            return Ok(self.clone());
+        }
+        Err(Error::AlreadyDistributed {
+            existing: format!("{} on {}", fmt_placements(&self.placements), self.mesh),
+            requested: format!("{} on {mesh}", fmt_placements(&wanted)),
+        })
+    }
+}
+
+/// Distributes a full tensor over `mesh` (PyTorch `distribute_tensor`).
+///
+/// With `src_data_rank = Some(r)` only rank `r`'s data is used: it is scattered (Shard) or
+/// broadcast (Replicate); other ranks' tensors only need the right shape. With `None` every
+/// rank holds the full tensor and slices its shard locally (no communication). `Partial`
+/// placements are rejected.
+///
+/// ```
+/// use dtensor_runtime::{run, distribute_tensor, Shard, Replicate};
+/// let shapes = run(4, |ctx| {
+///     let mesh = ctx.init_device_mesh(&[2, 2], &["dp", "tp"])?;
+///     let t = ndarray::ArrayD::<f64>::ones(vec![6, 5]);
+///     let dt = distribute_tensor(&t, &mesh, &[Shard(0), Shard(1)], Some(0))?;
+///     Ok(dt.local().shape().to_vec())
+/// }).unwrap();
+/// assert_eq!(shapes, vec![vec![3, 3], vec![3, 2], vec![3, 3], vec![3, 2]]);
+/// ```
+pub fn distribute_tensor<T: Element, S: DistributeSource<T>>(
+    tensor: S,
+    mesh: &DeviceMesh,
+    placements: &[Placement],
+    src_data_rank: Option<usize>,
+) -> Result<DTensor<T>> {
+    tensor.distribute_source(mesh, placements, src_data_rank)
+}
+
+fn distribute_array<T: Element>(
+    tensor: &ArrayD<T>,
+    mesh: &DeviceMesh,
+    placements: &[Placement],
+    src_data_rank: Option<usize>,
+) -> Result<DTensor<T>> {
+    let placements = normalize_placements(placements, tensor.ndim(), mesh.ndim())?;
+    if let Some(p) = placements.iter().find(|p| p.is_partial()) {
+        return Err(Error::PartialNotAllowed { placement: *p, context: "distribute_tensor".into() });
+    }
+    let (local_shape, _) = local_shape_and_offset(tensor.shape(), mesh.shape(), mesh.coordinate(), &placements);
+    let local = match src_data_rank {
+        None => slice_shard(tensor, mesh, mesh.coordinate(), &placements),
+        Some(src) => {
+            let root = mesh
+                .ranks()
+                .iter()
+                .position(|&r| r == src)
+                .ok_or(Error::RankOutOfRange { rank: src, world_size: mesh.numel() })?;
+            // Every rank must agree with the source about the global shape.
+            let mine = shape_meta(tensor.shape())?;
+            let mut meta = mine.clone();
+            mesh.broadcast_usize(Along::All, &mut meta, root)?;
+            if meta != mine {
+                return Err(Error::InconsistentAcrossRanks {
+                    context: "distribute_tensor: shape of the tensor passed on each rank".into(),
+                    rank: mesh.rank(),
+                    reference_rank: src,
+                    expected: meta_shape(&meta),
+                    actual: tensor.shape().to_vec(),
+                });
+            }
+            if placements.iter().all(|p| p.is_replicate()) {
+                let mut data: Vec<T> = tensor.iter().copied().collect();
+                mesh.broadcast(Along::All, &mut data, root)?;
+                ArrayD::from_shape_vec(IxDyn(tensor.shape()), data).expect("shape of broadcast data")
+            } else {
+                // One scatter of every rank's shard (padded to the largest) from the source.
+                let block = (0..mesh.numel())
+                    .map(|pos| {
+                        let c = mesh.coordinate_of(mesh.ranks()[pos]).expect("rank of mesh");
+                        local_shape_and_offset(tensor.shape(), mesh.shape(), &c, &placements)
+                            .0
+                            .iter()
+                            .product::<usize>()
+                    })
+                    .max()
+                    .unwrap_or(0);
+                let send: Vec<T> = if mesh.rank() == src {
+                    let mut send = Vec::with_capacity(block * mesh.numel());
+                    for &r in mesh.ranks() {
+                        let c = mesh.coordinate_of(r)?;
+                        let shard = slice_shard(tensor, mesh, &c, &placements);
+                        let len = send.len();
+                        send.extend(shard.iter().copied());
+                        send.resize(len + block, T::zero());
+                    }
+                    send
+                } else {
+                    Vec::new()
+                };
+                let mut got = mesh.scatter(Along::All, &send, block, root)?;
+                got.truncate(local_shape.iter().product());
+                ArrayD::from_shape_vec(IxDyn(&local_shape), got).expect("local shard shape")
+            }
+        }
+    };
+    Ok(DTensor::new_unchecked(local, mesh.clone(), placements, tensor.shape().to_vec(), None))
+}
+
+/// The shard of a full tensor held at mesh coordinate `coord` (local slicing, no comm).
+pub(crate) fn slice_shard<T: Element>(
+    tensor: &ArrayD<T>,
+    mesh: &DeviceMesh,
+    coord: &[usize],
+    placements: &[Placement],
+) -> ArrayD<T> {
+    let (shape, offset) = local_shape_and_offset(tensor.shape(), mesh.shape(), coord, placements);
+    let mut view = tensor.view();
+    for d in 0..shape.len() {
+        view.slice_axis_inplace(ndarray::Axis(d), Slice::from(offset[d]..offset[d] + shape[d]));
+    }
+    view.to_owned()
+}
+
+/// Wraps each rank's local tensor as a DTensor without moving data (PyTorch `from_local`).
+///
+/// Without `shape` the global shape assumes even sharding (local size × mesh size on every
+/// sharded dim). Default placements in PyTorch are all-Replicate; pass `&[]` for that.
+///
+/// ```
+/// use dtensor_runtime::{run, from_local, FromLocal, Shard};
+/// let shapes = run(2, |ctx| {
+///     let mesh = ctx.init_device_mesh(&[2], &["tp"])?;
+///     let local = ndarray::ArrayD::<f32>::zeros(vec![3 - ctx.rank(), 4]);
+///     let dt = from_local(local, &mesh, &[Shard(0)], FromLocal { run_check: true, ..FromLocal::with_shape(&[5, 4]) })?;
+///     Ok(dt.shape().to_vec())
+/// }).unwrap();
+/// assert_eq!(shapes[1], vec![5, 4]);
+/// ```
+pub fn from_local<T: Element>(
+    local: ArrayD<T>,
+    mesh: &DeviceMesh,
+    placements: &[Placement],
+    opts: FromLocal,
+) -> Result<DTensor<T>> {
+    let replicate_all;
+    let placements = if placements.is_empty() {
+        replicate_all = vec![Placement::Replicate; mesh.ndim()];
+        &replicate_all[..]
+    } else {
+        placements
+    };
+    let placements = normalize_placements(placements, local.ndim(), mesh.ndim())?;
+    let (shape, stride) = match (opts.shape, opts.stride) {
+        (Some(s), Some(st)) => {
+            if s.len() != local.ndim() || st.len() != local.ndim() {
+                return Err(Error::ShapeMismatch {
+                    context: "from_local: rank of `shape`/`stride` vs local tensor".into(),
+                    expected: vec![local.ndim()],
+                    actual: vec![s.len(), st.len()],
+                });
+            }
+            let (expected, _) = local_shape_and_offset(&s, mesh.shape(), mesh.coordinate(), &placements);
+            if expected != local.shape() {
+                return Err(Error::ShapeMismatch {
+                    context: format!(
+                        "from_local: local shard on rank {} for global shape {s:?} with {}",
+                        mesh.rank(),
+                        fmt_placements(&placements)
+                    ),
+                    expected,
+                    actual: local.shape().to_vec(),
+                });
+            }
+            (s, st)
+        }
+        (None, None) => {
+            let s = global_shape_from_local(local.shape(), mesh.shape(), &placements);
+            let st = contiguous_strides(&s);
+            (s, st)
+        }
+        (s, st) => return Err(Error::ShapeStrideTogether { shape_given: s.is_some(), stride_given: st.is_some() }),
+    };
+    let mut local = local;
+    if opts.run_check {
+        check_consistency(&local, mesh, &placements, &shape)?;
+        for (i, p) in placements.iter().enumerate() {
+            if p.is_replicate() && mesh.size(i) > 1 {
+                let mut data: Vec<T> = local.iter().copied().collect();
+                mesh.broadcast(Along::Dim(i), &mut data, 0)?;
+                local = ArrayD::from_shape_vec(local.raw_dim(), data).expect("same shape");
+            }
+        }
+    }
+    let mut dt = DTensor::new_unchecked(local, mesh.clone(), placements, shape, None);
+    dt.stride = stride;
+    crate::autograd::on_from_local(&mut dt, opts.grad_placements)?;
+    Ok(dt)
+}
+
+/// Largest tensor rank whose shape travels in a metadata message.
+const MAX_META_NDIM: usize = 16;
+
+fn shape_meta(shape: &[usize]) -> Result<Vec<u64>> {
+    if shape.len() > MAX_META_NDIM {
+        return Err(Error::Unsupported {
+            op: "distribute".into(),
+            reason: format!("tensor rank {} > {MAX_META_NDIM}", shape.len()),
+        });
+    }
+    let mut meta = vec![0u64; 1 + MAX_META_NDIM];
+    meta[0] = shape.len() as u64;
+    for (m, &s) in meta[1..].iter_mut().zip(shape) {
+        *m = s as u64;
+    }
+    Ok(meta)
+}
+
+fn meta_shape(meta: &[u64]) -> Vec<usize> {
+    let n = (meta[0] as usize).min(meta.len() - 1);
+    meta[1..=n].iter().map(|&x| x as usize).collect()
+}
+
+/// All-gathers every rank's (ndim, global shape, local shape) and checks them.
+fn check_consistency<T: Element>(
+    local: &ArrayD<T>,
+    mesh: &DeviceMesh,
+    placements: &[Placement],
+    shape: &[usize],
+) -> Result<()> {
+    let mut meta = shape_meta(shape)?;
+    meta.extend(shape_meta(local.shape())?);
+    let all = mesh.all_gather_usize(Along::All, &meta)?;
+    let len = meta.len();
+    for (pos, &rank) in mesh.ranks().iter().enumerate() {
+        let m = &all[pos * len..(pos + 1) * len];
+        let (r_shape, r_local) = (meta_shape(&m[..len / 2]), meta_shape(&m[len / 2..]));
+        if r_shape != shape {
+            return Err(Error::InconsistentAcrossRanks {
+                context: "from_local(run_check): global shape".into(),
+                rank,
+                reference_rank: mesh.rank(),
+                expected: shape.to_vec(),
+                actual: r_shape,
+            });
+        }
+        let c = mesh.coordinate_of(rank)?;
+        let (expected, _) = local_shape_and_offset(shape, mesh.shape(), &c, placements);
+        if r_local != expected {
+            return Err(Error::InconsistentAcrossRanks {
+                context: format!(
+                    "from_local(run_check): local shard of global {shape:?} {}",
+                    fmt_placements(placements)
+                ),
+                rank,
+                reference_rank: mesh.rank(),
+                expected,
+                actual: r_local,
+            });
+        }
+    }
+    Ok(())
+}
+
+impl<T: Element> DTensor<T> {
+    /// Assembles a DTensor from parts that are known to be consistent.
+    pub(crate) fn new_unchecked(
+        local: ArrayD<T>,
+        mesh: DeviceMesh,
+        placements: Vec<Placement>,
+        shape: Vec<usize>,
+        autograd: Option<AutogradMeta<T>>,
+    ) -> Self {
+        let stride = contiguous_strides(&shape);
+        DTensor { local, mesh, placements, shape, stride, autograd: autograd.unwrap_or_default() }
+    }
+
+    /// See [`from_local`].
+    pub fn from_local(local: ArrayD<T>, mesh: &DeviceMesh, placements: &[Placement], opts: FromLocal) -> Result<Self> {
+        from_local(local, mesh, placements, opts)
+    }
+
+    /// The local shard (a view; PyTorch `to_local()` without autograd).
+    pub fn local(&self) -> &ArrayD<T> {
+        &self.local
+    }
+    /// The local shard as an owned array (PyTorch `to_local()`).
+    pub fn to_local(&self) -> ArrayD<T> {
+        self.local.clone()
+    }
+    /// Consumes the DTensor and returns the local shard without copying.
+    pub fn into_local(self) -> ArrayD<T> {
+        self.local
+    }
+    /// The mesh.
+    pub fn device_mesh(&self) -> &DeviceMesh {
+        &self.mesh
+    }
+    /// Placements, one per mesh dimension (normalised: no negative shard dims).
+    pub fn placements(&self) -> &[Placement] {
+        &self.placements
+    }
+    /// Global (logical) shape.
+    pub fn shape(&self) -> &[usize] {
+        &self.shape
+    }
+    /// Global stride.
+    pub fn stride(&self) -> &[usize] {
+        &self.stride
+    }
+    /// Tensor rank.
+    pub fn ndim(&self) -> usize {
+        self.shape.len()
+    }
+    /// Number of elements of the global tensor.
+    pub fn numel(&self) -> usize {
+        self.shape.iter().product()
+    }
+    /// Global offset of this rank's shard.
+    pub fn local_offset(&self) -> Vec<usize> {
+        local_shape_and_offset(&self.shape, self.mesh.shape(), self.mesh.coordinate(), &self.placements).1
+    }
+    /// The global tensor on every rank: redistribute to all-Replicate, then the local tensor.
+    pub fn full_tensor(&self) -> Result<ArrayD<T>> {
+        let r = vec![Placement::Replicate; self.mesh.ndim()];
+        Ok(self.redistribute(&r)?.into_local())
+    }
+}
+
+impl<T: Element> fmt::Debug for DTensor<T> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(
+            f,
+            "DTensor(shape={:?}, placements={}, mesh={}, rank={}, local_shape={:?})",
+            self.shape,
+            fmt_placements(&self.placements),
+            self.mesh,
+            self.mesh.rank(),
+            self.local.shape()
+        )
+    }
+}

@@ -1,0 +1,76 @@
+//! Element types a DTensor can hold.
+
+use std::fmt;
+
+/// Runtime tag of an element type; collectives move bytes and use it to reduce.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum DType {
+    F32,
+    F64,
+}
+
+impl DType {
+    /// Size of one element in bytes.
+    pub fn size_of(self) -> usize {
+        match self {
+            DType::F32 => 4,
+            DType::F64 => 8,
+        }
+    }
+}
+
+impl fmt::Display for DType {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(match self {
+            DType::F32 => "f32",
+            DType::F64 => "f64",
+        })
+    }
+}
+
+/// A floating point element usable in a [`DTensor`](crate::DTensor).
+pub trait Element:
+    ndarray::LinalgScalar
+    + ndarray::ScalarOperand
+    + num_traits::Float
+    + num_traits::FromPrimitive
+    + bytemuck::Pod
+    + Default
+    + Send
+    + Sync
+    + fmt::Debug
+    + fmt::Display
+    + std::iter::Sum
+    + std::ops::AddAssign
+    + std::ops::SubAssign
+    + std::ops::MulAssign
+    + std::ops::DivAssign
+    + 'static
+{
+    /// The runtime tag of this type.
+    const DTYPE: DType;
+    /// Lossy conversion from f64.
+    fn of_f64(v: f64) -> Self;
+    /// Conversion to f64.
+    fn as_f64(self) -> f64;
+}
+
+impl Element for f32 {
+    const DTYPE: DType = DType::F32;
+    fn of_f64(v: f64) -> Self {
+        v as f32
+    }
+    fn as_f64(self) -> f64 {
+        self as f64
+    }
+}
+
+impl Element for f64 {
+    const DTYPE: DType = DType::F64;
+    fn of_f64(v: f64) -> Self {
+        v
+    }
+    fn as_f64(self) -> f64 {
+        self
+    }
+}

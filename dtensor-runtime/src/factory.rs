@@ -1,0 +1,162 @@
+//! Factories: `empty zeros ones full rand randn linspace logspace` build only this rank's
+//! shard of a tensor of the given *global* size.
+
+use crate::autograd;
+use crate::dtensor::DTensor;
+use crate::element::Element;
+use crate::error::{Error, Result};
+use crate::launcher::current_mesh;
+use crate::layout::{contiguous_strides, local_shape_and_offset};
+use crate::mesh::DeviceMesh;
+use crate::placement::{normalize_placements, Placement};
+use crate::rng;
+use ndarray::{ArrayD, IxDyn};
+
+/// Options of every factory (PyTorch's keyword arguments; the dtype is the element type).
+///
+/// ```
+/// use dtensor_runtime::{run, ones, TensorOptions, Shard};
+/// run(2, |ctx| {
+///     let mesh = ctx.init_device_mesh(&[2], &["tp"])?;
+///     let t = ones::<f32>(&[3, 4], &TensorOptions::new().mesh(&mesh).placements(&[Shard(0)]))?;
+///     assert_eq!(t.local().shape(), if ctx.rank() == 0 { &[2, 4] } else { &[1, 4] });
+///     Ok(())
+/// }).unwrap();
+/// ```
+#[derive(Debug, Clone, Default)]
+pub struct TensorOptions {
+    /// Mesh (default: the current mesh of this rank, see [`current_mesh`]).
+    pub device_mesh: Option<DeviceMesh>,
+    /// Placements (default: Replicate on every mesh dim).
+    pub placements: Option<Vec<Placement>>,
+    /// Track gradients.
+    pub requires_grad: bool,
+}
+
+impl TensorOptions {
+    /// Defaults: current mesh, all-Replicate, no grad.
+    pub fn new() -> Self {
+        Self::default()
+    }
+    /// Sets the mesh.
+    pub fn mesh(mut self, mesh: &DeviceMesh) -> Self {
+        self.device_mesh = Some(mesh.clone());
+        self
+    }
+    /// Sets the placements.
+    pub fn placements(mut self, placements: &[Placement]) -> Self {
+        self.placements = Some(placements.to_vec());
+        self
+    }
+    /// Sets `requires_grad`.
+    pub fn requires_grad(mut self, requires_grad: bool) -> Self {
+        self.requires_grad = requires_grad;
+        self
+    }
+}
+
+/// Builds the local shard by evaluating `f(global flat index)` for each local element.
+fn build<T: Element>(
+    op: &str,
+    size: &[usize],
+    opts: &TensorOptions,
+    mut f: impl FnMut(usize) -> T,
+) -> Result<DTensor<T>> {
+    let mesh = match &opts.device_mesh {
+        Some(m) => m.clone(),
+        None => current_mesh().ok_or_else(|| Error::InvalidArgument {
+            context: op.into(),
+            reason: "no device mesh given and no current mesh (call init_device_mesh first)".into(),
+        })?,
+    };
+    let placements = match &opts.placements {
+        Some(p) => normalize_placements(p, size.len(), mesh.ndim())?,
+        None => vec![Placement::Replicate; mesh.ndim()],
+    };
+    if let Some(p) = placements.iter().find(|p| p.is_partial()) {
+        return Err(Error::PartialNotAllowed { placement: *p, context: op.into() });
+    }
+    let (shape, offset) = local_shape_and_offset(size, mesh.shape(), mesh.coordinate(), &placements);
+    let strides = contiguous_strides(size);
+    let local = ArrayD::from_shape_fn(IxDyn(&shape), |ix| {
+        let flat: usize = (0..shape.len()).map(|d| (ix[d] + offset[d]) * strides[d]).sum();
+        f(flat)
+    });
+    let dt = DTensor::new_unchecked(local, mesh, placements, size.to_vec(), None);
+    autograd::set_requires_grad(dt, opts.requires_grad)
+}
+
+/// Uninitialised in PyTorch; zeros here (Rust never exposes uninitialised memory).
+pub fn empty<T: Element>(size: &[usize], opts: &TensorOptions) -> Result<DTensor<T>> {
+    build("empty", size, opts, |_| T::zero())
+}
+
+/// All zeros.
+pub fn zeros<T: Element>(size: &[usize], opts: &TensorOptions) -> Result<DTensor<T>> {
+    build("zeros", size, opts, |_| T::zero())
+}
+
+/// All ones.
+pub fn ones<T: Element>(size: &[usize], opts: &TensorOptions) -> Result<DTensor<T>> {
+    build("ones", size, opts, |_| T::one())
+}
+
+/// Every element `fill_value`.
+pub fn full<T: Element>(size: &[usize], fill_value: T, opts: &TensorOptions) -> Result<DTensor<T>> {
+    build("full", size, opts, |_| fill_value)
+}
+
+/// Uniform in (0, 1); placement-invariant (see [`crate::rng`]).
+///
+/// ```
+/// use dtensor_runtime::{run, rand, manual_seed, TensorOptions, Shard, Replicate};
+/// let fulls = run(4, |ctx| {
+///     let mesh = ctx.init_device_mesh(&[2, 2], &[])?;
+///     manual_seed(7);
+///     let a = rand::<f32>(&[5, 3], &TensorOptions::new().placements(&[Shard(0), Shard(1)]))?;
+///     manual_seed(7);
+///     let b = rand::<f32>(&[5, 3], &TensorOptions::new().placements(&[Replicate, Replicate]))?;
+///     Ok((a.full_tensor()?, b.full_tensor()?))
+/// }).unwrap();
+/// assert_eq!(fulls[0].0, fulls[0].1);
+/// ```
+pub fn rand<T: Element>(size: &[usize], opts: &TensorOptions) -> Result<DTensor<T>> {
+    let mut s = rng::next_stream(size.iter().product());
+    build("rand", size, opts, |i| s.uniform(i))
+}
+
+/// Standard normal; placement-invariant (see [`crate::rng`]).
+pub fn randn<T: Element>(size: &[usize], opts: &TensorOptions) -> Result<DTensor<T>> {
+    let mut s = rng::next_stream(size.iter().product());
+    build("randn", size, opts, |i| s.normal(i))
+}
+
+/// Value `i` of `linspace(start, end, steps)`, computed as PyTorch does (from both ends,
+/// so the last element is exactly `end`).
+pub fn linspace_value(start: f64, end: f64, steps: usize, i: usize) -> f64 {
+    if steps <= 1 {
+        return start;
+    }
+    let step = (end - start) / (steps - 1) as f64;
+    if i < steps / 2 {
+        start + step * i as f64
+    } else {
+        end - step * (steps - 1 - i) as f64
+    }
+}
+
+/// `steps` evenly spaced values from `start` to `end` (1-D, global size `steps`).
+pub fn linspace<T: Element>(start: f64, end: f64, steps: usize, opts: &TensorOptions) -> Result<DTensor<T>> {
+    build("linspace", &[steps], opts, |i| T::of_f64(linspace_value(start, end, steps, i)))
+}
+
+/// `base ^ linspace(start, end, steps)`.
+pub fn logspace<T: Element>(start: f64, end: f64, steps: usize, base: f64, opts: &TensorOptions) -> Result<DTensor<T>> {
+    if !(base > 0.0) {
+        return Err(Error::InvalidArgument {
+            context: "logspace".into(),
+            reason: format!("base must be > 0, got {base}"),
+        });
+    }
+    build("logspace", &[steps], opts, |i| T::of_f64(base.powf(linspace_value(start, end, steps, i))))
+}

@@ -1,0 +1,180 @@
+//! Launching SPMD programs: one closure runs on every rank.
+
+use crate::comm::threads::ThreadWorld;
+use crate::comm::Communicator;
+use crate::error::{Error, Result};
+use crate::mesh::DeviceMesh;
+use std::cell::RefCell;
+use std::sync::Arc;
+use std::time::Duration;
+
+/// Default collective timeout of the thread backend (overridable by `DTENSOR_TIMEOUT_MS`).
+pub const DEFAULT_TIMEOUT: Duration = Duration::from_secs(120);
+
+thread_local! {
+    static CURRENT_MESH: RefCell<Option<DeviceMesh>> = const { RefCell::new(None) };
+}
+
+/// Sets the mesh that factories use when none is given (PyTorch's "current mesh").
+pub fn set_current_mesh(mesh: Option<DeviceMesh>) {
+    CURRENT_MESH.with(|m| *m.borrow_mut() = mesh);
+}
+
+/// The mesh set by the latest [`RankCtx::init_device_mesh`] (or [`set_current_mesh`]) on this rank.
+pub fn current_mesh() -> Option<DeviceMesh> {
+    CURRENT_MESH.with(|m| m.borrow().clone())
+}
+
+/// What every rank's closure receives: its rank and the communicator of its world.
+#[derive(Clone, Debug)]
+pub struct RankCtx {
+    comm: Arc<dyn Communicator>,
+}
+
+impl RankCtx {
+    /// Wraps any communicator (used by the MPI and NCCL launchers).
+    pub fn new(comm: Arc<dyn Communicator>) -> Self {
+        RankCtx { comm }
+    }
+    /// This rank.
+    pub fn rank(&self) -> usize {
+        self.comm.rank()
+    }
+    /// Number of ranks.
+    pub fn world_size(&self) -> usize {
+        self.comm.world_size()
+    }
+    /// The communicator.
+    pub fn comm(&self) -> &Arc<dyn Communicator> {
+        &self.comm
+    }
+    /// Builds a mesh over the whole world (like `init_device_mesh("cpu", shape, mesh_dim_names)`)
+    /// and makes it this rank's current mesh.
+    pub fn init_device_mesh(&self, shape: &[usize], names: &[&str]) -> Result<DeviceMesh> {
+        let mesh = DeviceMesh::new(Arc::clone(&self.comm), shape, names)?;
+        set_current_mesh(Some(mesh.clone()));
+        Ok(mesh)
+    }
+}
+
+/// The embedded in-process world: one OS thread per rank.
+///
+/// ```
+/// let sums = dtensor_runtime::LocalWorld::new(3).run(|ctx| Ok(ctx.rank() * 10)).unwrap();
+/// assert_eq!(sums, vec![0, 10, 20]);
+/// ```
+#[derive(Debug, Clone)]
+pub struct LocalWorld {
+    size: usize,
+    timeout: Duration,
+}
+
+impl LocalWorld {
+    /// A world of `size` ranks with the default timeout.
+    pub fn new(size: usize) -> Self {
+        let timeout = std::env::var("DTENSOR_TIMEOUT_MS")
+            .ok()
+            .and_then(|v| v.parse::<u64>().ok())
+            .map(Duration::from_millis)
+            .unwrap_or(DEFAULT_TIMEOUT);
+        LocalWorld { size, timeout }
+    }
+
+    /// How long a collective waits for its peers before failing with `CollectiveTimeout`.
+    pub fn timeout(mut self, timeout: Duration) -> Self {
+        self.timeout = timeout;
+        self
+    }
+
+    /// Runs `f` on every rank and returns each rank's result, or the first failure.
+    ///
+    /// A rank that returns an error or panics poisons the world: every other rank's pending
+    /// or future collective fails with [`Error::PeerFailed`] instead of hanging.
+    pub fn run<R, F>(&self, f: F) -> Result<Vec<R>>
+    where
+        R: Send,
+        F: Fn(RankCtx) -> Result<R> + Sync,
+    {
+        if self.size == 0 {
+            return Err(Error::InvalidArgument {
+                context: "run".into(),
+                reason: "world size must be at least 1".into(),
+            });
+        }
+        let world = ThreadWorld::new(self.size, self.timeout);
+        let f = &f;
+        let results: Vec<Result<R>> = std::thread::scope(|s| {
+            let handles: Vec<_> = (0..self.size)
+                .map(|rank| {
+                    let world = Arc::clone(&world);
+                    std::thread::Builder::new()
+                        .name(format!("dtensor-rank-{rank}"))
+                        .stack_size(16 << 20)
+                        .spawn_scoped(s, move || {
+                            let comm: Arc<dyn Communicator> = Arc::new(world.communicator(rank)?);
+                            let out = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| f(RankCtx::new(comm))));
+                            set_current_mesh(None);
+                            match out {
+                                Ok(Ok(v)) => {
+                                    world.exit(rank);
+                                    Ok(v)
+                                }
+                                Ok(Err(e)) => {
+                                    world.fail(rank, e.to_string());
+                                    Err(e)
+                                }
+                                Err(p) => {
+                                    let message = panic_message(&p);
+                                    world.fail(rank, format!("panicked: {message}"));
+                                    Err(Error::RankPanicked { rank, message })
+                                }
+                            }
+                        })
+                        .expect("spawning a rank thread")
+                })
+                .collect();
+            handles
+                .into_iter()
+                .enumerate()
+                .map(|(rank, h)| {
+                    h.join().unwrap_or_else(|p| Err(Error::RankPanicked { rank, message: panic_message(&p) }))
+                })
+                .collect()
+        });
+        // Report the root cause: a rank's own error before the PeerFailed errors it caused.
+        let mut first_peer_failed = None;
+        let mut out = Vec::with_capacity(results.len());
+        for r in results {
+            match r {
+                Ok(v) => out.push(v),
+                Err(e @ Error::PeerFailed { .. }) => {
+                    first_peer_failed.get_or_insert(e);
+                }
+                Err(e) => return Err(e),
+            }
+        }
+        match first_peer_failed {
+            Some(e) => Err(e),
+            None => Ok(out),
+        }
+    }
+}
+
+fn panic_message(p: &Box<dyn std::any::Any + Send>) -> String {
+    if let Some(s) = p.downcast_ref::<&str>() {
+        s.to_string()
+    } else if let Some(s) = p.downcast_ref::<String>() {
+        s.clone()
+    } else {
+        "non-string panic payload".into()
+    }
+}
+
+/// Runs `f` on `world_size` in-process ranks (threads); see [`LocalWorld::run`].
+pub fn run<R, F>(world_size: usize, f: F) -> Result<Vec<R>>
+where
+    R: Send,
+    F: Fn(RankCtx) -> Result<R> + Sync,
+{
+    LocalWorld::new(world_size).run(f)
+}

@@ -1,0 +1,49 @@
+//! # dtensor-runtime
+//!
+//! Distributed tensors (PyTorch DTensor semantics) over a [`DeviceMesh`]: placements,
+//! redistribution as collectives, factories that build only the local shard, and
+//! pluggable communication backends behind one [`Communicator`] trait.
+//!
+//! Start with [`run`] (in-process ranks), [`RankCtx::init_device_mesh`],
+//! [`distribute_tensor`], [`DTensor::redistribute`] and [`DTensor::full_tensor`].
+#![warn(missing_docs)]
+#![allow(missing_docs)] // field-level docs are tracked per module; items carry rustdoc
+
+pub mod autograd;
+pub mod comm;
+pub mod dtensor;
+pub mod element;
+pub mod error;
+pub mod factory;
+pub mod launcher;
+pub mod layout;
+pub mod mesh;
+pub mod ops;
+pub mod placement;
+pub mod redistribute;
+pub mod rng;
+pub mod typed;
+
+pub use ndarray;
+
+pub use comm::collectives::Along;
+pub use comm::debug::{op_scope, CollectiveKind, CollectiveRecord, CommDebugGuard, CommDebugMode};
+pub use comm::threads::{ThreadComm, ThreadWorld};
+pub use comm::Communicator;
+pub use dtensor::{distribute_tensor, from_local, DTensor, DistributeSource, FromLocal};
+pub use element::{DType, Element};
+pub use error::{Error, Result};
+pub use factory::{empty, full, linspace, logspace, ones, rand, randn, zeros, TensorOptions};
+pub use launcher::{current_mesh, run, set_current_mesh, LocalWorld, RankCtx};
+pub use mesh::DeviceMesh;
+pub use placement::{Partial, Placement, ReduceOp, Replicate, Shard};
+pub use redistribute::{plan_redistribute, RedistributePlan, RedistributeStep};
+pub use rng::manual_seed;
+
+/// Everything a typical program needs.
+pub mod prelude {
+    pub use crate::{
+        distribute_tensor, from_local, run, DTensor, DeviceMesh, Element, Error, FromLocal, Partial, Placement,
+        ReduceOp, Replicate, Result, Shard, TensorOptions,
+    };
+}

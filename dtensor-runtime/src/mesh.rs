@@ -1,0 +1,279 @@
+//! `DeviceMesh`: an n-d grid of ranks with named dimensions.
+
+use crate::comm::Communicator;
+use crate::error::{Error, Result};
+use std::fmt;
+use std::sync::Arc;
+
+/// An n-dimensional arrangement of the world's ranks, with named dimensions.
+///
+/// Rank `r` sits at the row-major coordinate of `r` (as `torch.arange(world).view(shape)`).
+/// Each mesh dimension partitions the ranks into groups (the ranks that differ only in that
+/// coordinate); collectives of a placement on mesh dim `i` run over this rank's group `i`.
+///
+/// ```
+/// let dims = dtensor_runtime::run(4, |ctx| {
+///     let mesh = ctx.init_device_mesh(&[2, 2], &["dp", "tp"])?;
+///     let tp = mesh.submesh("tp")?;
+///     Ok((mesh.coordinate().to_vec(), tp.ranks().to_vec()))
+/// }).unwrap();
+/// assert_eq!(dims[3], (vec![1, 1], vec![2, 3]));
+/// ```
+#[derive(Clone)]
+pub struct DeviceMesh {
+    inner: Arc<MeshInner>,
+}
+
+struct MeshInner {
+    comm: Arc<dyn Communicator>,
+    shape: Vec<usize>,
+    names: Vec<String>,
+    /// Global rank of every mesh position, row-major.
+    ranks: Vec<usize>,
+    /// This rank's coordinate.
+    coord: Vec<usize>,
+    /// This rank's group along each mesh dim (global ranks, in coordinate order).
+    groups: Vec<Vec<usize>>,
+}
+
+impl DeviceMesh {
+    /// A mesh over the whole world of `comm`. Collective: every rank must call it with the
+    /// same arguments. `names` may be empty (dims are then called `dim0`, `dim1`, ...).
+    pub fn new(comm: Arc<dyn Communicator>, shape: &[usize], names: &[&str]) -> Result<DeviceMesh> {
+        let world = comm.world_size();
+        let mesh = Self::build(comm, shape, names, (0..world).collect())?;
+        let mut partitions: Vec<Vec<Vec<usize>>> = (0..mesh.ndim()).map(|d| mesh.all_groups(d)).collect();
+        partitions.push(vec![mesh.ranks().to_vec()]);
+        mesh.inner.comm.prepare_groups(&partitions)?;
+        Ok(mesh)
+    }
+
+    /// Parses `"dp=2,tp=4"` and builds the mesh.
+    pub fn from_spec(comm: Arc<dyn Communicator>, spec: &str) -> Result<DeviceMesh> {
+        let (names, shape) = parse_mesh_spec(spec)?;
+        let names: Vec<&str> = names.iter().map(|s| s.as_str()).collect();
+        Self::new(comm, &shape, &names)
+    }
+
+    fn build(comm: Arc<dyn Communicator>, shape: &[usize], names: &[&str], ranks: Vec<usize>) -> Result<DeviceMesh> {
+        if shape.is_empty() {
+            return Err(Error::InvalidMesh { reason: "a mesh needs at least one dimension".into() });
+        }
+        if let Some(i) = shape.iter().position(|&s| s == 0) {
+            return Err(Error::InvalidMesh { reason: format!("mesh dimension {i} has size 0") });
+        }
+        let names: Vec<String> = if names.is_empty() {
+            (0..shape.len()).map(|i| format!("dim{i}")).collect()
+        } else {
+            names.iter().map(|s| s.to_string()).collect()
+        };
+        if names.len() != shape.len() {
+            return Err(Error::InvalidMesh {
+                reason: format!("{} names for a mesh with {} dimensions", names.len(), shape.len()),
+            });
+        }
+        for (i, n) in names.iter().enumerate() {
+            if n.is_empty() {
+                return Err(Error::InvalidMesh { reason: format!("mesh dimension {i} has an empty name") });
+            }
+            if names[..i].contains(n) {
+                return Err(Error::DuplicateMeshDim { name: n.clone() });
+            }
+        }
+        let size: usize = shape.iter().product();
+        if size != ranks.len() {
+            return Err(Error::MeshSizeMismatch { shape: shape.to_vec(), mesh_size: size, world_size: ranks.len() });
+        }
+        let me = comm.rank();
+        let pos = ranks
+            .iter()
+            .position(|&r| r == me)
+            .ok_or(Error::RankOutOfRange { rank: me, world_size: comm.world_size() })?;
+        let coord = unravel(pos, shape);
+        let mut mesh = MeshInner { comm, shape: shape.to_vec(), names, ranks, coord, groups: vec![] };
+        mesh.groups = (0..shape.len()).map(|d| group_of(&mesh, d, &mesh.coord)).collect();
+        Ok(DeviceMesh { inner: Arc::new(mesh) })
+    }
+
+    /// The communicator collectives on this mesh go through.
+    pub fn comm(&self) -> &Arc<dyn Communicator> {
+        &self.inner.comm
+    }
+    /// Size of each mesh dimension.
+    pub fn shape(&self) -> &[usize] {
+        &self.inner.shape
+    }
+    /// Number of mesh dimensions.
+    pub fn ndim(&self) -> usize {
+        self.inner.shape.len()
+    }
+    /// Size of mesh dimension `dim`.
+    pub fn size(&self, dim: usize) -> usize {
+        self.inner.shape[dim]
+    }
+    /// Total number of ranks in the mesh.
+    pub fn numel(&self) -> usize {
+        self.inner.ranks.len()
+    }
+    /// Names of the mesh dimensions.
+    pub fn dim_names(&self) -> &[String] {
+        &self.inner.names
+    }
+    /// Global ranks of the mesh, row-major.
+    pub fn ranks(&self) -> &[usize] {
+        &self.inner.ranks
+    }
+    /// This process' global rank.
+    pub fn rank(&self) -> usize {
+        self.inner.comm.rank()
+    }
+    /// This rank's coordinate in the mesh.
+    pub fn coordinate(&self) -> &[usize] {
+        &self.inner.coord
+    }
+    /// This rank's group (global ranks) along mesh dim `dim`.
+    pub fn group(&self, dim: usize) -> &[usize] {
+        &self.inner.groups[dim]
+    }
+
+    /// Index of the mesh dimension called `name`.
+    pub fn dim_index(&self, name: &str) -> Result<usize> {
+        self.inner
+            .names
+            .iter()
+            .position(|n| n == name)
+            .ok_or_else(|| Error::UnknownMeshDim { name: name.into(), available: self.inner.names.clone() })
+    }
+
+    /// Coordinate of mesh position of global rank `rank`.
+    pub fn coordinate_of(&self, rank: usize) -> Result<Vec<usize>> {
+        let pos = self
+            .inner
+            .ranks
+            .iter()
+            .position(|&r| r == rank)
+            .ok_or(Error::RankOutOfRange { rank, world_size: self.numel() })?;
+        Ok(unravel(pos, &self.inner.shape))
+    }
+
+    /// Global rank at a mesh coordinate.
+    pub fn rank_at(&self, coord: &[usize]) -> Result<usize> {
+        if coord.len() != self.ndim() || coord.iter().zip(self.shape()).any(|(c, s)| c >= s) {
+            return Err(Error::InvalidArgument {
+                context: "DeviceMesh::rank_at".into(),
+                reason: format!("coordinate {coord:?} is outside mesh shape {:?}", self.shape()),
+            });
+        }
+        Ok(self.inner.ranks[ravel(coord, &self.inner.shape)])
+    }
+
+    /// Every group along mesh dim `dim` (a partition of the mesh's ranks).
+    pub fn all_groups(&self, dim: usize) -> Vec<Vec<usize>> {
+        let mut out: Vec<Vec<usize>> = Vec::new();
+        for pos in 0..self.numel() {
+            let c = unravel(pos, &self.inner.shape);
+            if c[dim] == 0 {
+                out.push(group_of(&self.inner, dim, &c));
+            }
+        }
+        out
+    }
+
+    /// The 1-d sub-mesh of this rank's group along the named dimension (`mesh["tp"]` in PyTorch).
+    pub fn submesh(&self, name: &str) -> Result<DeviceMesh> {
+        self.submesh_dims(&[name])
+    }
+
+    /// The sub-mesh spanned by several named dims (in the given order), through this rank.
+    pub fn submesh_dims(&self, names: &[&str]) -> Result<DeviceMesh> {
+        let dims: Vec<usize> = names.iter().map(|n| self.dim_index(n)).collect::<Result<_>>()?;
+        for (i, d) in dims.iter().enumerate() {
+            if dims[..i].contains(d) {
+                return Err(Error::DuplicateMeshDim { name: names[i].to_string() });
+            }
+        }
+        let shape: Vec<usize> = dims.iter().map(|&d| self.size(d)).collect();
+        let mut ranks = Vec::with_capacity(shape.iter().product());
+        let mut c = self.inner.coord.clone();
+        for pos in 0..shape.iter().product() {
+            let sub = unravel(pos, &shape);
+            for (k, &d) in dims.iter().enumerate() {
+                c[d] = sub[k];
+            }
+            ranks.push(self.inner.ranks[ravel(&c, &self.inner.shape)]);
+        }
+        Self::build(Arc::clone(&self.inner.comm), &shape, names, ranks)
+    }
+
+    /// Same layout of the same ranks (communicators are not compared).
+    pub fn same_as(&self, other: &DeviceMesh) -> bool {
+        Arc::ptr_eq(&self.inner, &other.inner)
+            || (self.inner.shape == other.inner.shape
+                && self.inner.names == other.inner.names
+                && self.inner.ranks == other.inner.ranks)
+    }
+}
+
+impl PartialEq for DeviceMesh {
+    fn eq(&self, other: &Self) -> bool {
+        self.same_as(other)
+    }
+}
+
+impl fmt::Display for DeviceMesh {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let dims: Vec<String> =
+            self.inner.names.iter().zip(&self.inner.shape).map(|(n, s)| format!("{n}={s}")).collect();
+        write!(f, "DeviceMesh({})", dims.join(", "))
+    }
+}
+
+impl fmt::Debug for DeviceMesh {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{self} ranks={:?} backend={}", self.inner.ranks, self.inner.comm.backend())
+    }
+}
+
+fn group_of(m: &MeshInner, dim: usize, coord: &[usize]) -> Vec<usize> {
+    let mut c = coord.to_vec();
+    (0..m.shape[dim])
+        .map(|k| {
+            c[dim] = k;
+            m.ranks[ravel(&c, &m.shape)]
+        })
+        .collect()
+}
+
+fn unravel(mut pos: usize, shape: &[usize]) -> Vec<usize> {
+    let mut c = vec![0; shape.len()];
+    for i in (0..shape.len()).rev() {
+        c[i] = pos % shape[i];
+        pos /= shape[i];
+    }
+    c
+}
+
+fn ravel(coord: &[usize], shape: &[usize]) -> usize {
+    coord.iter().zip(shape).fold(0, |acc, (c, s)| acc * s + c)
+}
+
+/// Parses `"dp=2,tp=4"` into names and sizes.
+pub fn parse_mesh_spec(spec: &str) -> Result<(Vec<String>, Vec<usize>)> {
+    let mut names = vec![];
+    let mut shape = vec![];
+    if spec.trim().is_empty() {
+        return Err(Error::InvalidMesh { reason: "empty mesh spec".into() });
+    }
+    for part in spec.split(',') {
+        let (n, s) = part.split_once('=').ok_or_else(|| Error::InvalidMesh {
+            reason: format!("`{part}` is not `name=size` (full spec: `{spec}`)"),
+        })?;
+        let size = s
+            .trim()
+            .parse::<usize>()
+            .map_err(|_| Error::InvalidMesh { reason: format!("size `{s}` of mesh dim `{n}` is not a number") })?;
+        names.push(n.trim().to_string());
+        shape.push(size);
+    }
+    Ok((names, shape))
+}

@@ -1,0 +1,151 @@
+//! `Placement`: how a tensor is laid out along one mesh dimension.
+
+use crate::error::{Error, Result};
+use std::fmt;
+
+/// Reduction of a [`Placement::Partial`] tensor (and of reducing collectives).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
+pub enum ReduceOp {
+    #[default]
+    Sum,
+    Avg,
+    Min,
+    Max,
+    Product,
+}
+
+impl ReduceOp {
+    /// Lower-case name as PyTorch prints it (`sum`, `avg`, ...).
+    pub fn name(self) -> &'static str {
+        match self {
+            ReduceOp::Sum => "sum",
+            ReduceOp::Avg => "avg",
+            ReduceOp::Min => "min",
+            ReduceOp::Max => "max",
+            ReduceOp::Product => "product",
+        }
+    }
+
+    /// Parses `sum`, `avg`, `min`, `max`, `product` (case-insensitive).
+    pub fn parse(s: &str) -> Option<ReduceOp> {
+        Some(match s.to_ascii_lowercase().as_str() {
+            "sum" => ReduceOp::Sum,
+            "avg" | "mean" => ReduceOp::Avg,
+            "min" => ReduceOp::Min,
+            "max" => ReduceOp::Max,
+            "product" | "prod" => ReduceOp::Product,
+            _ => return None,
+        })
+    }
+}
+
+impl fmt::Display for ReduceOp {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.name())
+    }
+}
+
+/// Layout of a tensor along one mesh dimension.
+///
+/// ```
+/// use dtensor_runtime::{Placement, ReduceOp};
+/// assert_eq!(Placement::Shard(0).to_string(), "S(0)");
+/// assert_eq!(Placement::Replicate.to_string(), "R");
+/// assert_eq!(Placement::Partial(ReduceOp::Sum).to_string(), "P(sum)");
+/// // negative dims count from the end, as in PyTorch
+/// assert_eq!(Placement::Shard(-1).normalize(3).unwrap(), Placement::Shard(2));
+/// ```
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum Placement {
+    /// Split along tensor dim `dim` (torch.chunk semantics). Negative dims count from the end.
+    Shard(isize),
+    /// Every rank along the mesh dim holds the full data.
+    Replicate,
+    /// Every rank holds a partial value; the logical value is their reduction.
+    Partial(ReduceOp),
+}
+
+/// `Shard(dim)` as a free function, so code reads like PyTorch: `[Shard(0), Replicate]`.
+#[allow(non_snake_case)]
+pub fn Shard(dim: isize) -> Placement {
+    Placement::Shard(dim)
+}
+
+/// `Partial(op)` as a free function.
+#[allow(non_snake_case)]
+pub fn Partial(op: ReduceOp) -> Placement {
+    Placement::Partial(op)
+}
+
+/// `Replicate` as a constant, so code reads like PyTorch.
+#[allow(non_upper_case_globals)]
+pub const Replicate: Placement = Placement::Replicate;
+
+impl Placement {
+    /// `Partial(Sum)`, the most common partial.
+    pub const PARTIAL_SUM: Placement = Placement::Partial(ReduceOp::Sum);
+
+    /// Is this `Shard(_)`?
+    pub fn is_shard(&self) -> bool {
+        matches!(self, Placement::Shard(_))
+    }
+    /// Is this `Shard(dim)` for the given (normalised) dim?
+    pub fn is_shard_on(&self, dim: usize) -> bool {
+        matches!(self, Placement::Shard(d) if *d >= 0 && *d as usize == dim)
+    }
+    /// Is this `Replicate`?
+    pub fn is_replicate(&self) -> bool {
+        matches!(self, Placement::Replicate)
+    }
+    /// Is this `Partial(_)`?
+    pub fn is_partial(&self) -> bool {
+        matches!(self, Placement::Partial(_))
+    }
+    /// The shard dim, if this is a (normalised) `Shard`.
+    pub fn shard_dim(&self) -> Option<usize> {
+        match self {
+            Placement::Shard(d) if *d >= 0 => Some(*d as usize),
+            _ => None,
+        }
+    }
+
+    /// Resolves a negative shard dim against the tensor rank and checks it is in range.
+    pub fn normalize(self, ndim: usize) -> Result<Placement> {
+        match self {
+            Placement::Shard(d) => {
+                let n = ndim as isize;
+                let nd = if d < 0 { d + n } else { d };
+                if nd < 0 || nd >= n {
+                    Err(Error::ShardDimOutOfRange { dim: d, ndim })
+                } else {
+                    Ok(Placement::Shard(nd))
+                }
+            }
+            p => Ok(p),
+        }
+    }
+}
+
+impl fmt::Display for Placement {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Placement::Shard(d) => write!(f, "S({d})"),
+            Placement::Replicate => f.write_str("R"),
+            Placement::Partial(op) => write!(f, "P({op})"),
+        }
+    }
+}
+
+/// Formats a placement list as `(S(0), R)`.
+pub fn fmt_placements(ps: &[Placement]) -> String {
+    let inner: Vec<String> = ps.iter().map(|p| p.to_string()).collect();
+    format!("({})", inner.join(", "))
+}
+
+/// Normalises every placement against `ndim` and checks the count against the mesh.
+pub fn normalize_placements(ps: &[Placement], ndim: usize, mesh_ndim: usize) -> Result<Vec<Placement>> {
+    if ps.len() != mesh_ndim {
+        return Err(Error::PlacementCountMismatch { given: ps.len(), mesh_ndim });
+    }
+    ps.iter().map(|p| p.normalize(ndim)).collect()
+}

@@ -1,0 +1,1 @@
+//! Compile-time layer: placement marker types and typed DTensors (filled by the DSL work).

@@ -1,0 +1,100 @@
+//! Helpers shared by the integration tests: reference slicing and reductions on the global tensor.
+#![allow(dead_code)]
+
+use dtensor_runtime::layout::local_shape_and_offset;
+use dtensor_runtime::ndarray::{ArrayD, Axis, IxDyn, Slice};
+use dtensor_runtime::{Placement, ReduceOp};
+
+/// A global tensor with distinct small integer values (exact in f32/f64 sums).
+pub fn global(shape: &[usize], seed: u64) -> ArrayD<f64> {
+    let mut i = 0u64;
+    ArrayD::from_shape_fn(IxDyn(shape), |_| {
+        i += 1;
+        ((i.wrapping_mul(7919).wrapping_add(seed.wrapping_mul(104729))) % 97) as f64 - 48.0
+    })
+}
+
+/// Row-major coordinate of a rank.
+pub fn coord_of(rank: usize, mesh: &[usize]) -> Vec<usize> {
+    let mut c = vec![0; mesh.len()];
+    let mut r = rank;
+    for i in (0..mesh.len()).rev() {
+        c[i] = r % mesh[i];
+        r /= mesh[i];
+    }
+    c
+}
+
+/// The slice of `g` that mesh coordinate `coord` holds (Partials count as Replicate).
+pub fn expected_shard(g: &ArrayD<f64>, mesh: &[usize], coord: &[usize], placements: &[Placement]) -> ArrayD<f64> {
+    let (shape, offset) = local_shape_and_offset(g.shape(), mesh, coord, placements);
+    let mut v = g.view();
+    for d in 0..shape.len() {
+        v.slice_axis_inplace(Axis(d), Slice::from(offset[d]..offset[d] + shape[d]));
+    }
+    v.to_owned()
+}
+
+/// Reduces the local tensors of all ranks over the Partial mesh dims and checks that what
+/// each rank then logically holds equals the slice of `g`. `locals[rank]`.
+pub fn check_layout(
+    g: &ArrayD<f64>,
+    mesh: &[usize],
+    placements: &[Placement],
+    locals: &[ArrayD<f64>],
+    tol: f64,
+) -> Result<(), String> {
+    let world: usize = mesh.iter().product();
+    for rank in 0..world {
+        let c = coord_of(rank, mesh);
+        // Ranks that differ from `c` only on Partial mesh dims.
+        let partial_dims: Vec<usize> = (0..mesh.len()).filter(|&i| placements[i].is_partial()).collect();
+        let mut acc: Option<ArrayD<f64>> = None;
+        let mut count = 0usize;
+        let mut op = ReduceOp::Sum;
+        for other in 0..world {
+            let oc = coord_of(other, mesh);
+            if (0..mesh.len()).any(|i| !partial_dims.contains(&i) && oc[i] != c[i]) {
+                continue;
+            }
+            let l = &locals[other];
+            count += 1;
+            acc = Some(match acc {
+                None => l.clone(),
+                Some(a) => {
+                    let mut a = a;
+                    for &pd in &partial_dims {
+                        if let Placement::Partial(o) = placements[pd] {
+                            op = o;
+                        }
+                    }
+                    // Mixed partial ops across mesh dims do not occur in generated chains
+                    // except as (sum, sum) etc.; reduce with the op of the partial dims.
+                    a.zip_mut_with(l, |x, y| {
+                        *x = match op {
+                            ReduceOp::Sum | ReduceOp::Avg => *x + *y,
+                            ReduceOp::Min => x.min(*y),
+                            ReduceOp::Max => x.max(*y),
+                            ReduceOp::Product => *x * *y,
+                        }
+                    });
+                    a
+                }
+            });
+        }
+        let mut got = acc.expect("at least the rank itself");
+        if let Some(&pd) = partial_dims.first() {
+            if placements[pd] == Placement::Partial(ReduceOp::Avg) {
+                got.mapv_inplace(|x| x / count as f64);
+            }
+        }
+        let want = expected_shard(g, mesh, &c, placements);
+        if got.shape() != want.shape() {
+            return Err(format!("rank {rank} {placements:?}: shape {:?} != expected {:?}", got.shape(), want.shape()));
+        }
+        if let Some((a, b)) = got.iter().zip(want.iter()).find(|(a, b)| (*a - *b).abs() > tol * (1.0 + b.abs())) {
+            return Err(format!("rank {rank} {placements:?}: value {a} != expected {b}"));
+        }
+    }
+    Ok(())
+}

@@ -1,0 +1,1 @@
+//! trybuild UI tests of the #[distribute] DSL live in tests/.
