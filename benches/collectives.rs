@@ -1,0 +1,302 @@
+//! Redistribution bandwidth on the embedded thread backend, as a fraction of a plain memcpy
+//! of the same bytes measured in the same run.
+//!
+//! ```text
+//! cargo bench --bench collectives                       # 1, 16, 256 MiB over 2, 4, 8 ranks
+//! DTENSOR_BENCH_SIZES_MIB=1,4,16 DTENSOR_BENCH_RANKS=4 cargo bench --bench collectives
+//! cargo bench --bench collectives -- all_gather/4r      # criterion filter
+//! ```
+//!
+//! For every collective, tensor size `S` (the global f32 tensor, 1-d mesh of `n` ranks) and
+//! rank count it measures four layers, each in a fresh in-process world whose `n` rank
+//! threads run the timed loop between two barriers:
+//!
+//! - `memcpy`: every rank copies the bytes it must receive into a preallocated buffer: the
+//!   physical limit of a one-copy shared-memory collective under the same thread count;
+//! - `comm`: the backend (`Communicator`) with preallocated buffers: rendezvous + copy/reduce;
+//! - `mesh`: the typed `DeviceMesh` collective (allocates its output every call);
+//! - `redistribute`: `DTensor::redistribute` (S(0)→R, P→R, P→S(0), S(0)→S(1)), which adds
+//!   the planner, padding and permutes.
+//!
+//! "The bytes it must receive" per rank: all-gather `S`, all-reduce `S`, reduce-scatter `S`
+//! (it reads `S/n` from each of `n` peers), all-to-all `S/n`. The table printed at the end
+//! gives memcpy GB/s and each layer's ratio `t(memcpy) / t(layer)` (target ≥ 0.8).
+//!
+//! Under `cargo test --benches` criterion runs every routine once; sizes shrink to 1 MiB.
+//! `DTENSOR_BENCH_MAX_GIB` (default 8) skips configurations whose buffers would exceed it.
+
+mod common;
+
+use common::{env_f64, env_list, measuring, Recorder};
+use criterion::{criterion_group, criterion_main, BenchmarkId, Criterion, SamplingMode, Throughput};
+use dtensor::prelude::*;
+use dtensor::{Along, DType};
+use std::hint::black_box;
+use std::sync::LazyLock;
+use std::time::{Duration, Instant};
+
+const MIB: usize = 1 << 20;
+/// Row length of the benchmark tensors (4 KiB of f32); rows = S / ROW_BYTES.
+const COLS: usize = 1024;
+
+#[derive(Clone, Copy, PartialEq, Eq, Debug)]
+enum Kind {
+    AllGather,
+    AllReduce,
+    ReduceScatter,
+    AllToAll,
+}
+
+impl Kind {
+    const ALL: [Kind; 4] = [Kind::AllGather, Kind::AllReduce, Kind::ReduceScatter, Kind::AllToAll];
+
+    fn name(self) -> &'static str {
+        match self {
+            Kind::AllGather => "all_gather",
+            Kind::AllReduce => "all_reduce",
+            Kind::ReduceScatter => "reduce_scatter",
+            Kind::AllToAll => "all_to_all",
+        }
+    }
+
+    /// The redistribution that runs this collective.
+    fn redistribution(self) -> (Placement, Placement) {
+        match self {
+            Kind::AllGather => (Shard(0), Replicate),
+            Kind::AllReduce => (Partial(ReduceOp::Sum), Replicate),
+            Kind::ReduceScatter => (Partial(ReduceOp::Sum), Shard(0)),
+            Kind::AllToAll => (Shard(0), Shard(1)),
+        }
+    }
+
+    /// Bytes each rank receives (or reads from its peers) for a global tensor of `s` bytes.
+    fn moved_bytes(self, s: usize, n: usize) -> usize {
+        match self {
+            Kind::AllToAll => s / n,
+            _ => s,
+        }
+    }
+
+    /// Rough peak bytes per rank of `layer` (to skip what does not fit in memory).
+    fn peak_bytes(self, layer: Layer, s: usize, n: usize) -> usize {
+        match (layer, self) {
+            (Layer::Memcpy, _) => 2 * self.moved_bytes(s, n),
+            (Layer::Redistribute, Kind::AllToAll) => 6 * s / n,
+            (Layer::Redistribute, Kind::AllGather) => 3 * s,
+            (Layer::Redistribute, _) => 4 * s,
+            (_, Kind::AllToAll) => 2 * s / n,
+            (_, Kind::AllReduce) => s,
+            (_, _) => 2 * s,
+        }
+    }
+}
+
+#[derive(Clone, Copy, PartialEq, Eq, Debug)]
+enum Layer {
+    Memcpy,
+    Comm,
+    Mesh,
+    Redistribute,
+}
+
+impl Layer {
+    const ALL: [Layer; 4] = [Layer::Memcpy, Layer::Comm, Layer::Mesh, Layer::Redistribute];
+
+    fn name(self) -> &'static str {
+        match self {
+            Layer::Memcpy => "memcpy",
+            Layer::Comm => "comm",
+            Layer::Mesh => "mesh",
+            Layer::Redistribute => "redistribute",
+        }
+    }
+}
+
+static RECORDER: LazyLock<Recorder> = LazyLock::new(Recorder::default);
+
+/// A vector of `len` copies of `v` whose pages are all written (not lazily zero-mapped), so
+/// that no layer pays first-touch page faults for its inputs inside the timed loop.
+fn touched(len: usize, v: f32) -> Vec<f32> {
+    let mut out = Vec::with_capacity(len);
+    out.resize(len, v);
+    out
+}
+
+/// One world of `n` ranks running `iters` iterations of `layer`; returns the slowest rank's
+/// time between the two barriers around the loop.
+fn run_once(kind: Kind, layer: Layer, s: usize, n: usize, iters: u64) -> Duration {
+    let elems = s / 4;
+    let times = dtensor::run(n, |ctx| {
+        let mesh = ctx.init_device_mesh(&[n], &["x"])?;
+        let group = mesh.group(0).to_vec();
+        let comm = mesh.comm().clone();
+        // Zeros keep in-place sums finite however many iterations run.
+        let timed = |body: &mut dyn FnMut() -> Result<()>| -> Result<Duration> {
+            mesh.barrier(Along::All)?;
+            let t0 = Instant::now();
+            for _ in 0..iters {
+                body()?;
+            }
+            mesh.barrier(Along::All)?;
+            Ok(t0.elapsed())
+        };
+        match layer {
+            Layer::Memcpy => {
+                let b = kind.moved_bytes(s, n) / 4;
+                let src = touched(b, 1.0);
+                let mut dst = touched(b, 0.0);
+                timed(&mut || {
+                    dst.copy_from_slice(black_box(&src));
+                    black_box(&mut dst);
+                    Ok(())
+                })
+            }
+            Layer::Comm => {
+                let (send_len, recv_len) = match kind {
+                    Kind::AllGather => (elems / n, elems),
+                    Kind::AllReduce => (elems, 0),
+                    Kind::ReduceScatter => (elems, elems / n),
+                    Kind::AllToAll => (elems / n, elems / n),
+                };
+                let mut send = touched(send_len, 0.0);
+                let mut recv = touched(recv_len, 0.0);
+                timed(&mut || {
+                    let (sb, rb): (&[u8], &mut [u8]) =
+                        (bytemuck::cast_slice(&send), bytemuck::cast_slice_mut(&mut recv));
+                    match kind {
+                        Kind::AllGather => comm.all_gather(&group, sb, rb),
+                        Kind::AllReduce => {
+                            comm.all_reduce(&group, bytemuck::cast_slice_mut(&mut send), DType::F32, ReduceOp::Sum)
+                        }
+                        Kind::ReduceScatter => comm.reduce_scatter(&group, sb, rb, DType::F32, ReduceOp::Sum),
+                        Kind::AllToAll => comm.all_to_all(&group, sb, rb),
+                    }
+                })
+            }
+            Layer::Mesh => {
+                let along = Along::Dim(0);
+                let mut send =
+                    touched(if matches!(kind, Kind::AllGather | Kind::AllToAll) { elems / n } else { elems }, 0.0);
+                timed(&mut || {
+                    match kind {
+                        Kind::AllGather => drop(black_box(mesh.all_gather(along, &send)?)),
+                        Kind::AllReduce => mesh.all_reduce(along, &mut send, ReduceOp::Sum)?,
+                        Kind::ReduceScatter => drop(black_box(mesh.reduce_scatter(along, &send, ReduceOp::Sum)?)),
+                        Kind::AllToAll => drop(black_box(mesh.all_to_all(along, &send)?)),
+                    }
+                    Ok(())
+                })
+            }
+            Layer::Redistribute => {
+                let (from, to) = kind.redistribution();
+                let rows = s / (COLS * 4);
+                let local_rows = if from.is_shard() { rows / n } else { rows };
+                let local = ndarray::ArrayD::from_shape_vec(vec![local_rows, COLS], touched(local_rows * COLS, 0.0))
+                    .expect("rows * COLS elements");
+                let dt = dtensor::from_local(local, &mesh, &[from], FromLocal::with_shape(&[rows, COLS]))?;
+                timed(&mut || {
+                    black_box(dt.redistribute(&[to])?);
+                    Ok(())
+                })
+            }
+        }
+    });
+    match times {
+        Ok(t) => t.into_iter().max().unwrap_or_default(),
+        Err(e) => panic!("{} {} {} MiB over {n} ranks failed: {e}", kind.name(), layer.name(), s / MIB),
+    }
+}
+
+fn key(kind: Kind, layer: Layer, s: usize, n: usize) -> String {
+    format!("{}/{}r/{}MiB/{}", kind.name(), n, s / MIB, layer.name())
+}
+
+fn bench_collectives(c: &mut Criterion) {
+    let full = measuring();
+    let sizes = env_list("DTENSOR_BENCH_SIZES_MIB", if full { &[1, 16, 256] } else { &[1] });
+    let ranks = env_list("DTENSOR_BENCH_RANKS", &[2, 4, 8]);
+    let budget = (env_f64("DTENSOR_BENCH_MAX_GIB", 8.0) * (1u64 << 30) as f64) as usize;
+    let mut skipped = Vec::new();
+    for kind in Kind::ALL {
+        let mut group = c.benchmark_group(kind.name());
+        group.sample_size(10).warm_up_time(Duration::from_millis(300)).measurement_time(Duration::from_secs(2));
+        group.sampling_mode(SamplingMode::Flat);
+        for &n in &ranks {
+            for &mib in &sizes {
+                let s = mib * MIB;
+                // Every shard must be whole rows (and all-to-all blocks whole columns).
+                if n == 0 || (s / (COLS * 4)) % n != 0 || COLS % n != 0 {
+                    skipped.push(format!("{} {n} ranks {mib} MiB: rows or columns not divisible", kind.name()));
+                    continue;
+                }
+                group.throughput(Throughput::Bytes(kind.moved_bytes(s, n) as u64));
+                for layer in Layer::ALL {
+                    if n * kind.peak_bytes(layer, s, n) > budget {
+                        skipped.push(format!("{}: over DTENSOR_BENCH_MAX_GIB", key(kind, layer, s, n)));
+                        continue;
+                    }
+                    let id = BenchmarkId::new(format!("{n}r/{}", layer.name()), format!("{mib}MiB"));
+                    group.bench_function(id, |b| {
+                        b.iter_custom(|iters| {
+                            let t = run_once(kind, layer, s, n, iters);
+                            RECORDER.add(&key(kind, layer, s, n), iters, t);
+                            t
+                        })
+                    });
+                }
+            }
+        }
+        group.finish();
+    }
+    print_table(&sizes, &ranks, full);
+    for s in skipped {
+        println!("skipped {s}");
+    }
+}
+
+fn print_table(sizes: &[usize], ranks: &[usize], full: bool) {
+    println!();
+    println!(
+        "Thread-backend collectives vs memcpy of the same bytes per rank (ratio = t(memcpy) / t(layer); target >= 0.8)"
+    );
+    if !full {
+        println!(
+            "(test mode: one iteration each, timings are not measurements; run `cargo bench --bench collectives`)"
+        );
+    }
+    println!(
+        "{:<15} {:>5} {:>7} {:>12} {:>8} {:>8} {:>13} {:>14}",
+        "collective", "ranks", "MiB", "memcpy GB/s", "comm", "mesh", "redistribute", "redist. GB/s"
+    );
+    for kind in Kind::ALL {
+        for &n in ranks {
+            for &mib in sizes {
+                let s = mib * MIB;
+                let Some(base) = RECORDER.median_ns(&key(kind, Layer::Memcpy, s, n)) else { continue };
+                let bytes = kind.moved_bytes(s, n) as f64;
+                let ratio = |layer| match RECORDER.median_ns(&key(kind, layer, s, n)) {
+                    Some(t) => format!("{:.2}", base / t),
+                    None => "-".into(),
+                };
+                let redist_gbs = match RECORDER.median_ns(&key(kind, Layer::Redistribute, s, n)) {
+                    Some(t) => format!("{:.2}", bytes / t),
+                    None => "-".into(),
+                };
+                println!(
+                    "{:<15} {:>5} {:>7} {:>12.2} {:>8} {:>8} {:>13} {:>14}",
+                    kind.name(),
+                    n,
+                    mib,
+                    bytes / base,
+                    ratio(Layer::Comm),
+                    ratio(Layer::Mesh),
+                    ratio(Layer::Redistribute),
+                    redist_gbs
+                );
+            }
+        }
+    }
+}
+
+criterion_group!(benches, bench_collectives);
+criterion_main!(benches);
