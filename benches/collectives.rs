@@ -225,7 +225,7 @@ fn bench_collectives(c: &mut Criterion) {
             for &mib in &sizes {
                 let s = mib * MIB;
                 // Every shard must be whole rows (and all-to-all blocks whole columns).
-                if n == 0 || (s / (COLS * 4)) % n != 0 || COLS % n != 0 {
+                if n == 0 || !(s / (COLS * 4)).is_multiple_of(n) || !COLS.is_multiple_of(n) {
                     skipped.push(format!("{} {n} ranks {mib} MiB: rows or columns not divisible", kind.name()));
                     continue;
                 }
@@ -248,10 +248,43 @@ fn bench_collectives(c: &mut Criterion) {
         }
         group.finish();
     }
+    bench_latency(c, &ranks);
     print_table(&sizes, &ranks, full);
     for s in skipped {
         println!("skipped {s}");
     }
+}
+
+/// Fixed cost of one rendezvous: an empty barrier and an all-reduce of one f32.
+fn bench_latency(c: &mut Criterion, ranks: &[usize]) {
+    let mut group = c.benchmark_group("latency");
+    group.sample_size(10).warm_up_time(Duration::from_millis(300)).measurement_time(Duration::from_secs(1));
+    for &n in ranks {
+        for op in ["barrier", "all_reduce_4B"] {
+            group.bench_function(BenchmarkId::new(op, format!("{n}r")), |b| {
+                b.iter_custom(|iters| {
+                    let times = dtensor::run(n, |ctx| {
+                        let mesh = ctx.init_device_mesh(&[n], &["x"])?;
+                        let mut one = [0f32];
+                        mesh.barrier(Along::All)?;
+                        let t0 = Instant::now();
+                        for _ in 0..iters {
+                            match op {
+                                "barrier" => mesh.barrier(Along::All)?,
+                                _ => mesh.all_reduce(Along::All, &mut one, ReduceOp::Sum)?,
+                            }
+                        }
+                        Ok(t0.elapsed())
+                    });
+                    let t = times.map(|t| t.into_iter().max().unwrap_or_default());
+                    let t = t.unwrap_or_else(|e| panic!("{op} over {n} ranks failed: {e}"));
+                    RECORDER.add(&format!("latency/{op}/{n}r"), iters, t);
+                    t
+                })
+            });
+        }
+    }
+    group.finish();
 }
 
 fn print_table(sizes: &[usize], ranks: &[usize], full: bool) {
@@ -268,6 +301,13 @@ fn print_table(sizes: &[usize], ranks: &[usize], full: bool) {
         "{:<15} {:>5} {:>7} {:>12} {:>8} {:>8} {:>13} {:>14}",
         "collective", "ranks", "MiB", "memcpy GB/s", "comm", "mesh", "redistribute", "redist. GB/s"
     );
+    for &n in ranks {
+        let us = |op: &str| match RECORDER.median_ns(&format!("latency/{op}/{n}r")) {
+            Some(t) => format!("{:.1} µs", t / 1e3),
+            None => "-".into(),
+        };
+        println!("rendezvous latency, {n} ranks: barrier {}, all_reduce of 4 B {}", us("barrier"), us("all_reduce_4B"));
+    }
     for kind in Kind::ALL {
         for &n in ranks {
             for &mib in sizes {
