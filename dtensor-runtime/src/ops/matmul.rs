@@ -90,7 +90,8 @@ fn local_matmul<T: Element>(a: &ArrayD<T>, b: &ArrayD<T>) -> Result<ArrayD<T>> {
         }
         o.into_dyn()
     };
-    out.into_shape_with_order(IxDyn(&out_shape)).map_err(shape_err)
+    // `dot` may return a column-major result; reshape needs row-major.
+    out.as_standard_layout().into_owned().into_shape_with_order(IxDyn(&out_shape)).map_err(shape_err)
 }
 
 impl<T: Element> DTensor<T> {
