@@ -1,0 +1,120 @@
+//! Training-step time of the `mlp_tp` example's model (2 Megatron MLP blocks, SGD), per
+//! sample, on the thread backend: the 2×2 `dp × tp` mesh against 1 rank doing the same
+//! global work.
+//!
+//! ```text
+//! cargo bench --bench mlp_step
+//! DTENSOR_BENCH_MESHES=1x1,2x2,1x2 cargo bench --bench mlp_step
+//! ```
+//!
+//! A step = fresh batch, teacher forward (no grad), student forward, MSE, backward (with the
+//! tp all-reduces and the dp gradient all-reduces), SGD update. Under `cargo test --benches`
+//! only the smallest size runs, once.
+
+mod common;
+#[path = "../examples/mlp_tp/model.rs"]
+mod model;
+
+use common::{measuring, Recorder};
+use criterion::{criterion_group, criterion_main, BenchmarkId, Criterion, SamplingMode, Throughput};
+use dtensor::Along;
+use model::{MlpConfig, Trainer};
+use std::sync::LazyLock;
+use std::time::{Duration, Instant};
+
+static RECORDER: LazyLock<Recorder> = LazyLock::new(Recorder::default);
+
+/// (batch, dim, hidden).
+const SIZES: [(usize, usize, usize); 3] = [(32, 64, 256), (64, 128, 512), (128, 256, 1024)];
+
+fn meshes() -> Vec<(usize, usize)> {
+    let spec = std::env::var("DTENSOR_BENCH_MESHES").unwrap_or_else(|_| "1x1,2x2".into());
+    let parsed: Option<Vec<(usize, usize)>> = spec
+        .split(',')
+        .map(|m| {
+            let (a, b) = m.trim().split_once('x')?;
+            Some((a.parse().ok().filter(|&v| v > 0)?, b.parse().ok().filter(|&v| v > 0)?))
+        })
+        .collect();
+    parsed.unwrap_or_else(|| {
+        eprintln!("DTENSOR_BENCH_MESHES={spec:?} is not a list like 1x1,2x2; using 1x1,2x2");
+        vec![(1, 1), (2, 2)]
+    })
+}
+
+/// `iters` steps on a fresh `dp × tp` world (after one untimed step); the slowest rank's time.
+fn run_steps(cfg: MlpConfig, (dp, tp): (usize, usize), iters: u64) -> Duration {
+    let times = dtensor::run(dp * tp, |ctx| {
+        let mesh = ctx.init_device_mesh(&[dp, tp], &["dp", "tp"])?;
+        let mut trainer = Trainer::new(&mesh, cfg)?;
+        trainer.step()?;
+        mesh.barrier(Along::All)?;
+        let t0 = Instant::now();
+        for _ in 0..iters {
+            trainer.step()?;
+        }
+        mesh.barrier(Along::All)?;
+        Ok(t0.elapsed())
+    });
+    match times {
+        Ok(t) => t.into_iter().max().unwrap_or_default(),
+        Err(e) => panic!("mlp step on {dp}x{tp} with {cfg:?} failed: {e}"),
+    }
+}
+
+fn key(size: (usize, usize, usize), mesh: (usize, usize)) -> String {
+    format!("b{}_d{}_h{}/{}x{}", size.0, size.1, size.2, mesh.0, mesh.1)
+}
+
+fn bench_mlp_step(c: &mut Criterion) {
+    let sizes: &[(usize, usize, usize)] = if measuring() { &SIZES } else { &SIZES[..1] };
+    let meshes = meshes();
+    let mut group = c.benchmark_group("mlp_step");
+    group.sample_size(10).warm_up_time(Duration::from_millis(500)).measurement_time(Duration::from_secs(3));
+    group.sampling_mode(SamplingMode::Flat);
+    for &size in sizes {
+        let (batch, dim, hidden) = size;
+        let cfg = MlpConfig { batch, dim, hidden, layers: 2, lr: 0.1, seed: 0 };
+        group.throughput(Throughput::Elements(batch as u64));
+        for &mesh in &meshes {
+            let id = BenchmarkId::new(format!("{}x{}", mesh.0, mesh.1), format!("b{batch}_d{dim}_h{hidden}"));
+            group.bench_function(id, |b| {
+                b.iter_custom(|iters| {
+                    let t = run_steps(cfg, mesh, iters);
+                    RECORDER.add(&key(size, mesh), iters, t);
+                    t
+                })
+            });
+        }
+    }
+    group.finish();
+    println!();
+    println!("mlp_tp training step (2 blocks, SGD), thread backend; speedup = t(1x1) / t(mesh)");
+    if !measuring() {
+        println!("(test mode: one iteration each, timings are not measurements; run `cargo bench --bench mlp_step`)");
+    }
+    println!(
+        "{:<7} {:>5} {:>6} {:>6} {:>12} {:>14} {:>8}",
+        "mesh", "batch", "dim", "hidden", "ms/step", "µs/sample", "speedup"
+    );
+    for &size in sizes {
+        let base = RECORDER.median_ns(&key(size, (1, 1)));
+        for &mesh in &meshes {
+            let Some(t) = RECORDER.median_ns(&key(size, mesh)) else { continue };
+            let speedup = base.map(|b| format!("{:.2}", b / t)).unwrap_or_else(|| "-".into());
+            println!(
+                "{:<7} {:>5} {:>6} {:>6} {:>12.3} {:>14.2} {:>8}",
+                format!("{}x{}", mesh.0, mesh.1),
+                size.0,
+                size.1,
+                size.2,
+                t / 1e6,
+                t / 1e3 / size.0 as f64,
+                speedup
+            );
+        }
+    }
+}
+
+criterion_group!(benches, bench_mlp_step);
+criterion_main!(benches);
