@@ -48,9 +48,9 @@ fn inputs(mesh_shape: &'static [usize]) -> Inputs {
         } else {
             (vec![Replicate], vec![Replicate])
         };
-        let x = distribute_tensor(&global(0.0), &mesh, &row, None)?;
-        let y = distribute_tensor(&global(1.0), &mesh, &row, None)?;
-        let w = distribute_tensor(&global(-0.5), &mesh, &col, None)?;
+        let x = distribute_tensor(global(0.0), &mesh, &row, None)?;
+        let y = distribute_tensor(global(1.0), &mesh, &row, None)?;
+        let w = distribute_tensor(global(-0.5), &mesh, &col, None)?;
         Ok(Inputs { x, y, w })
     });
     match out {
