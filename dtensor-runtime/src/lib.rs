@@ -39,6 +39,9 @@ pub use mesh::DeviceMesh;
 pub use placement::{Partial, Placement, ReduceOp, Replicate, Shard};
 pub use redistribute::{plan_redistribute, RedistributePlan, RedistributeStep};
 pub use rng::manual_seed;
+// The typed markers share their names with the placement constructors above: those live in
+// the value namespace, these in the type namespace, so `Shard(0)` and `Shard<0>` coexist.
+pub use typed::{Avg, Dt, Max, Min, Partial, Product, Replicate, Shard, Sum};
 
 /// Everything a typical program needs.
 pub mod prelude {
