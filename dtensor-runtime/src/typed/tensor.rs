@@ -145,6 +145,13 @@ impl<T: Element, M: MeshDims, L: TypedLayout<M>, const R: usize> Dt<T, M, L, R> 
         &self.inner
     }
 
+    /// The dynamic tensor, mutably: for in-place updates of the local values (an optimizer
+    /// step). Changing its mesh, placements or shape through it breaks the type's promise;
+    /// the next typed op then reports a [`Error::TypedMismatch`].
+    pub fn as_dtensor_mut(&mut self) -> &mut DTensor<T> {
+        &mut self.inner
+    }
+
     /// Unwraps into the dynamic tensor (free).
     pub fn into_dtensor(self) -> DTensor<T> {
         self.inner
