@@ -336,8 +336,8 @@ pub(crate) fn expand_fn(args: Args, mut item: ItemFn, mut errs: Errors) -> Token
         prologue.push(quote_spanned!(span=>
             let #pat: #exact_ty = <#l as ::dtensor::typed::SameLayout<#layout>>::#cast(#param_id);
         ));
-        pt.pat = Box::new(param);
-        pt.ty = Box::new(syn::parse2(generic_ty).expect("generated type parses"));
+        *pt.pat = param;
+        *pt.ty = syn::parse2(generic_ty).expect("generated type parses");
     }
     if let Some(ty) = new_ret {
         if let ReturnType::Type(_, t) = &mut item.sig.output {
