@@ -37,7 +37,7 @@ pub use factory::{empty, full, linspace, logspace, ones, rand, randn, zeros, Ten
 pub use launcher::{current_mesh, run, set_current_mesh, LocalWorld, RankCtx};
 pub use mesh::DeviceMesh;
 pub use placement::{Partial, Placement, ReduceOp, Replicate, Shard};
-pub use redistribute::{plan_redistribute, RedistributePlan, RedistributeStep};
+pub use redistribute::{plan_redistribute, plan_redistribute_at, RedistributePlan, RedistributeStep};
 pub use rng::manual_seed;
 // The typed markers share their names with the placement constructors above: those live in
 // the value namespace, these in the type namespace, so `Shard(0)` and `Shard<0>` coexist.

@@ -106,6 +106,21 @@ pub fn plan_redistribute<T: Element>(
     from: &[Placement],
     to: &[Placement],
 ) -> Result<RedistributePlan> {
+    plan_redistribute_at::<T>(global_shape, mesh, mesh.coordinate(), from, to)
+}
+
+/// [`plan_redistribute`] as seen from mesh coordinate `coord` instead of this rank's.
+///
+/// The steps depend only on the placements; shapes and bytes depend on the coordinate when
+/// sharding is uneven. Ops cost their candidate strategies at coordinate 0 (the largest
+/// shards) so that every rank picks the same strategy.
+pub fn plan_redistribute_at<T: Element>(
+    global_shape: &[usize],
+    mesh: &DeviceMesh,
+    coord: &[usize],
+    from: &[Placement],
+    to: &[Placement],
+) -> Result<RedistributePlan> {
     let ndim = global_shape.len();
     let from = normalize_placements(from, ndim, mesh.ndim())?;
     let to = normalize_placements(to, ndim, mesh.ndim())?;
@@ -139,7 +154,7 @@ pub fn plan_redistribute<T: Element>(
     let elem = std::mem::size_of::<T>();
     let mut steps = Vec::new();
     let mut push = |cur: &mut Vec<Placement>, i: usize, target: Placement| {
-        let shape = level_shape(global_shape, mesh.shape(), mesh.coordinate(), cur, i);
+        let shape = level_shape(global_shape, mesh.shape(), coord, cur, i);
         let (collective, bytes) = step_cost(&shape, mesh.size(i), cur[i], target, elem);
         steps.push(RedistributeStep { mesh_dim: i, from: cur[i], to: target, logical_shape: shape, collective, bytes });
         cur[i] = target;
@@ -240,11 +255,18 @@ impl<T: Element> DTensor<T> {
     }
 
     /// Redistribution without autograd bookkeeping.
+    #[allow(dead_code)] // the typed layer and backends may call it
     pub(crate) fn redistribute_raw(&self, to: &[Placement]) -> Result<DTensor<T>> {
+        self.redistribute_scoped(to, "redistribute")
+    }
+
+    /// Redistribution without autograd bookkeeping whose collectives are attributed to `label`
+    /// (the op that needed it).
+    pub(crate) fn redistribute_scoped(&self, to: &[Placement], label: &'static str) -> Result<DTensor<T>> {
         let plan = self.plan_redistribute(to)?;
         let mut local = self.local.clone();
         let mut cur = self.placements.clone();
-        op_scope("redistribute", || -> Result<()> {
+        op_scope(label, || -> Result<()> {
             for step in &plan.steps {
                 local = execute_step(&self.mesh, &local, step)?;
                 cur[step.mesh_dim] = step.to;

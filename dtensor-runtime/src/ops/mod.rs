@@ -1,51 +1,77 @@
 //! Ops on DTensor: each op = a sharding rule (input placements → output placements, plus any
-//! input redistribution) and a local ndarray kernel.
+//! input redistribution) and a local ndarray kernel, recorded for autograd.
 //!
-//! The signatures below are the contract the typed layer (`crate::typed`) builds on.
+//! | family | ops | rule (per mesh dim) |
+//! |---|---|---|
+//! | [`pointwise`] | add sub mul div, *_scalar, neg exp log relu gelu tanh sqrt | same placement in → out; Partial only through linear ops |
+//! | [`matmul`] | matmul (2-D, batched) | (R,R)→R, (S(m),R)→S(m), (R,S(n))→S(n), (S(k),S(k))→P, (P,R)→P, (R,P)→P, batch dims shard through |
+//! | [`reduction`] | sum/mean/max over dims or all | reduced sharded dim → Partial(sum / max), others remapped |
+//! | [`softmax`] | softmax, log_softmax | not sharded on the softmax dim |
+//! | [`view`] | transpose, reshape, unsqueeze, expand | shard dims remapped |
+//! | [`embedding`] | embedding, one_hot | vocab-sharded table → masked lookup, Partial(sum) |
+//! | [`loss`] | cross_entropy, mse_loss | composed of the above |
+//!
+//! When the inputs match no rule, the op redistributes them to the strategy that moves the
+//! fewest bytes (see [`strategy`]) and records it ([`implicit_redistributions`]); when no
+//! strategy is reachable it returns [`Error::NoShardingRule`](crate::Error::NoShardingRule).
+//! Collectives an op issues are attributed to it in [`CommDebugMode`](crate::CommDebugMode).
+//!
+//! The signatures of `add sub mul div relu gelu matmul sum_dim transpose` are the contract the
+//! typed layer (`crate::typed`) builds on.
+
+pub mod embedding;
+pub mod loss;
+pub mod matmul;
+pub mod pointwise;
+pub mod reduction;
+pub mod softmax;
+pub mod strategy;
+pub mod view;
+
+pub use strategy::{implicit_redistribution_count, implicit_redistributions, ImplicitRedistribute};
 
 use crate::dtensor::DTensor;
 use crate::element::Element;
 use crate::error::{Error, Result};
+use crate::mesh::DeviceMesh;
+use crate::placement::Placement;
+use ndarray::ArrayD;
 
-fn pending(op: &str) -> Error {
-    Error::Unsupported { op: op.into(), reason: "not implemented yet".into() }
+/// Assembles an op's output (no history yet).
+pub(crate) fn new_output<T: Element>(
+    local: ArrayD<T>,
+    mesh: &DeviceMesh,
+    placements: Vec<Placement>,
+    shape: Vec<usize>,
+) -> DTensor<T> {
+    debug_assert_eq!(
+        local.shape(),
+        crate::layout::local_shape_and_offset(&shape, mesh.shape(), mesh.coordinate(), &placements).0.as_slice(),
+        "op output shard does not match its layout {placements:?}"
+    );
+    DTensor::new_unchecked(local, mesh.clone(), placements, shape, None)
 }
 
-impl<T: Element> DTensor<T> {
-    /// Element-wise `self + other` (broadcasting).
-    pub fn add(&self, _other: &DTensor<T>) -> Result<DTensor<T>> {
-        Err(pending("add"))
+/// Resolves a possibly negative dim against `ndim`.
+pub(crate) fn norm_dim(op: &str, dim: isize, ndim: usize) -> Result<usize> {
+    let n = ndim as isize;
+    let d = if dim < 0 { dim + n } else { dim };
+    if d < 0 || d >= n {
+        return Err(Error::DimOutOfRange { context: op.into(), dim, ndim });
     }
-    /// Element-wise `self - other` (broadcasting).
-    pub fn sub(&self, _other: &DTensor<T>) -> Result<DTensor<T>> {
-        Err(pending("sub"))
+    Ok(d as usize)
+}
+
+/// Sums a broadcast gradient back to `shape` (leading extra dims, then size-1 dims).
+pub(crate) fn sum_to<T: Element>(g: DTensor<T>, shape: &[usize]) -> Result<DTensor<T>> {
+    let mut g = g;
+    while g.ndim() > shape.len() {
+        g = g.sum_dim(0, false)?;
     }
-    /// Element-wise `self * other` (broadcasting).
-    pub fn mul(&self, _other: &DTensor<T>) -> Result<DTensor<T>> {
-        Err(pending("mul"))
+    for (d, &s) in shape.iter().enumerate() {
+        if s == 1 && g.shape[d] != 1 {
+            g = g.sum_dim(d as isize, true)?;
+        }
     }
-    /// Element-wise `self / other` (broadcasting).
-    pub fn div(&self, _other: &DTensor<T>) -> Result<DTensor<T>> {
-        Err(pending("div"))
-    }
-    /// `max(x, 0)`.
-    pub fn relu(&self) -> Result<DTensor<T>> {
-        Err(pending("relu"))
-    }
-    /// GELU (tanh approximation).
-    pub fn gelu(&self) -> Result<DTensor<T>> {
-        Err(pending("gelu"))
-    }
-    /// `[.., m, k] @ [.., k, n]`.
-    pub fn matmul(&self, _other: &DTensor<T>) -> Result<DTensor<T>> {
-        Err(pending("matmul"))
-    }
-    /// Sum over `dim`.
-    pub fn sum_dim(&self, _dim: isize, _keepdim: bool) -> Result<DTensor<T>> {
-        Err(pending("sum_dim"))
-    }
-    /// Swaps two dims.
-    pub fn transpose(&self, _dim0: isize, _dim1: isize) -> Result<DTensor<T>> {
-        Err(pending("transpose"))
-    }
+    Ok(g)
 }

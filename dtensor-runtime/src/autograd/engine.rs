@@ -1,0 +1,94 @@
+//! The backward pass: reverse topological walk over the graph of [`Node`]s.
+
+use super::{grad_target, no_grad_guard, redistribute_grad, Node, NodeKind};
+use crate::comm::debug::op_scope;
+use crate::dtensor::DTensor;
+use crate::element::Element;
+use crate::error::{Error, Result};
+use std::collections::HashMap;
+use std::sync::Arc;
+
+fn key<T: Element>(n: &Arc<Node<T>>) -> usize {
+    Arc::as_ptr(n) as usize
+}
+
+/// Nodes reachable from `root`, each after every node that consumes it.
+fn topo_order<T: Element>(root: &Arc<Node<T>>) -> Vec<Arc<Node<T>>> {
+    // Iterative post-order DFS (graphs of long training loops are deep).
+    let mut post = Vec::new();
+    let mut seen = std::collections::HashSet::new();
+    let mut stack: Vec<(Arc<Node<T>>, usize)> = vec![(Arc::clone(root), 0)];
+    seen.insert(key(root));
+    while let Some((node, next)) = stack.pop() {
+        let inputs = match &node.kind {
+            NodeKind::Op { inputs, .. } => inputs.as_slice(),
+            NodeKind::Leaf { .. } => &[],
+        };
+        let child = inputs[next.min(inputs.len())..]
+            .iter()
+            .enumerate()
+            .find_map(|(j, c)| c.as_ref().filter(|c| !seen.contains(&key(c))).map(|c| (next + j, Arc::clone(c))));
+        match child {
+            Some((j, c)) => {
+                seen.insert(key(&c));
+                stack.push((node, j + 1));
+                stack.push((c, 0));
+            }
+            None => post.push(node),
+        }
+    }
+    post.reverse();
+    post
+}
+
+pub(super) fn run_backward<T: Element>(root: &DTensor<T>, grad: DTensor<T>) -> Result<()> {
+    let Some(root_node) = root.autograd.node.clone() else {
+        return Err(Error::Autograd(
+            "backward on a tensor that does not require grad (no input had requires_grad, or it was computed under no_grad)"
+                .into(),
+        ));
+    };
+    let _ng = no_grad_guard();
+    let mut grads: HashMap<usize, DTensor<T>> = HashMap::new();
+    grads.insert(key(&root_node), grad);
+    for node in topo_order(&root_node) {
+        let Some(g) = grads.remove(&key(&node)) else { continue };
+        match &node.kind {
+            NodeKind::Leaf { grad, placements, shape } => {
+                if &g.shape != shape {
+                    return Err(Error::Autograd(format!(
+                        "gradient of shape {:?} reached a leaf of shape {shape:?}",
+                        g.shape
+                    )));
+                }
+                let g = redistribute_grad(&g, &grad_target(placements), None, "grad_accumulate")?;
+                let mut cell = grad.lock().unwrap_or_else(|e| e.into_inner());
+                *cell = Some(match cell.take() {
+                    None => g,
+                    Some(prev) => prev.add(&g)?.detach(),
+                });
+            }
+            NodeKind::Op { inputs, backward } => {
+                let input_grads = op_scope(node.name, || backward(&g))?;
+                if input_grads.len() != inputs.len() {
+                    return Err(Error::Autograd(format!(
+                        "{} returned {} gradients for {} inputs",
+                        node.name,
+                        input_grads.len(),
+                        inputs.len()
+                    )));
+                }
+                for (input, gi) in inputs.iter().zip(input_grads) {
+                    let (Some(input), Some(gi)) = (input, gi) else { continue };
+                    let k = key(input);
+                    let acc = match grads.remove(&k) {
+                        None => gi,
+                        Some(prev) => prev.add(&gi)?,
+                    };
+                    grads.insert(k, acc);
+                }
+            }
+        }
+    }
+    Ok(())
+}

@@ -1,0 +1,176 @@
+//! Local tensors in autograd: `to_local_grad` / `from_local_grad` / `full_tensor_grad`.
+//!
+//! A *local tensor* (PyTorch's plain `torch.Tensor`) is a DTensor on [`local_mesh`]: a
+//! one-rank mesh of this rank alone, whose collectives are copies. Ops on it are purely
+//! local and are recorded like any other op, so gradients flow between a DTensor and its
+//! local shard. Mixing a local tensor with a DTensor of a real mesh is a `MeshMismatch`,
+//! as mixing `torch.Tensor` and `DTensor` is an error in PyTorch.
+
+use super::{check_grad_placements, grad_target, record, redistribute_grad};
+use crate::comm::Communicator;
+use crate::dtensor::{from_local, DTensor, FromLocal};
+use crate::element::{DType, Element};
+use crate::error::{Error, Result};
+use crate::layout::local_shape_and_offset;
+use crate::mesh::DeviceMesh;
+use crate::placement::{fmt_placements, normalize_placements, Placement, ReduceOp};
+use ndarray::ArrayD;
+use std::cell::RefCell;
+use std::sync::Arc;
+
+/// The communicator of a one-rank world: every collective is a copy.
+#[derive(Debug)]
+struct SelfComm;
+
+impl Communicator for SelfComm {
+    fn rank(&self) -> usize {
+        0
+    }
+    fn world_size(&self) -> usize {
+        1
+    }
+    fn backend(&self) -> &'static str {
+        LOCAL_BACKEND
+    }
+    fn all_gather(&self, _g: &[usize], send: &[u8], recv: &mut [u8]) -> Result<()> {
+        recv.copy_from_slice(send);
+        Ok(())
+    }
+    fn all_reduce(&self, _g: &[usize], _buf: &mut [u8], _dtype: DType, _op: ReduceOp) -> Result<()> {
+        Ok(())
+    }
+    fn reduce_scatter(&self, _g: &[usize], send: &[u8], recv: &mut [u8], _d: DType, _op: ReduceOp) -> Result<()> {
+        recv.copy_from_slice(send);
+        Ok(())
+    }
+    fn all_to_all(&self, _g: &[usize], send: &[u8], recv: &mut [u8]) -> Result<()> {
+        recv.copy_from_slice(send);
+        Ok(())
+    }
+    fn broadcast(&self, _g: &[usize], _buf: &mut [u8], _root: usize) -> Result<()> {
+        Ok(())
+    }
+    fn scatter(&self, _g: &[usize], send: &[u8], recv: &mut [u8], _root: usize) -> Result<()> {
+        let n = recv.len();
+        recv.copy_from_slice(&send[..n]);
+        Ok(())
+    }
+    fn barrier(&self, _g: &[usize]) -> Result<()> {
+        Ok(())
+    }
+}
+
+const LOCAL_BACKEND: &str = "local";
+
+thread_local! {
+    static LOCAL_MESH: RefCell<Option<DeviceMesh>> = const { RefCell::new(None) };
+}
+
+/// The one-rank mesh local tensors live on (one per thread, dimension name `local`).
+pub fn local_mesh() -> DeviceMesh {
+    LOCAL_MESH.with(|m| {
+        m.borrow_mut()
+            .get_or_insert_with(|| {
+                DeviceMesh::new(Arc::new(SelfComm), &[1], &["local"]).expect("a 1-rank mesh over a 1-rank world")
+            })
+            .clone()
+    })
+}
+
+/// Is `mesh` a [`local_mesh`] (the home of plain local tensors)?
+pub fn is_local_mesh(mesh: &DeviceMesh) -> bool {
+    mesh.comm().backend() == LOCAL_BACKEND
+}
+
+fn expect_local<T: Element>(x: &DTensor<T>, context: &str) -> Result<()> {
+    if is_local_mesh(&x.mesh) {
+        Ok(())
+    } else {
+        Err(Error::InvalidArgument {
+            context: context.into(),
+            reason: format!("expected a local tensor (see DTensor::local_tensor), got a DTensor on {}", x.mesh),
+        })
+    }
+}
+
+/// Wraps this rank's local tensor as a DTensor on `mesh` with autograd: the gradient of the
+/// result flows back into `local` (PyTorch `DTensor.from_local` on a tensor that requires
+/// grad). The backward redistributes the incoming gradient to `opts.grad_placements`
+/// (default: `placements`, Partial → Replicate) and hands back its local shard.
+///
+/// ```
+/// use dtensor_runtime::{run, from_local_grad, DTensor, FromLocal, Shard, ndarray::ArrayD};
+/// run(2, |ctx| {
+///     let mesh = ctx.init_device_mesh(&[2], &["tp"])?;
+///     let l = DTensor::local_tensor(ArrayD::<f64>::ones(vec![2, 3])).requires_grad_(true);
+///     let x = from_local_grad(&l, &mesh, &[Shard(0)], FromLocal::default())?;
+///     x.sum()?.backward()?;
+///     assert_eq!(l.grad().unwrap().local().shape(), &[2, 3]);
+///     Ok(())
+/// }).unwrap();
+/// ```
+pub fn from_local_grad<T: Element>(
+    local: &DTensor<T>,
+    mesh: &DeviceMesh,
+    placements: &[Placement],
+    opts: FromLocal,
+) -> Result<DTensor<T>> {
+    expect_local(local, "from_local_grad")?;
+    let gp = opts.grad_placements.clone();
+    let out = from_local(local.local.clone(), mesh, placements, opts)?;
+    let target = grad_target(&match gp {
+        Some(g) => check_grad_placements(&g, out.ndim(), mesh.ndim())?,
+        None => out.placements.clone(),
+    });
+    Ok(record("from_local_backward", out, &[local], move |g| {
+        let g = redistribute_grad(g, &target, None, "from_local_backward")?;
+        Ok(vec![Some(DTensor::local_tensor(g.local.clone()))])
+    }))
+}
+
+impl<T: Element> DTensor<T> {
+    /// A plain local tensor (this rank only, on [`local_mesh`]), e.g. module parameters
+    /// before `distribute_module`, or the input of [`from_local_grad`].
+    pub fn local_tensor(array: ArrayD<T>) -> DTensor<T> {
+        let shape = array.shape().to_vec();
+        DTensor::new_unchecked(array, local_mesh(), vec![Placement::Replicate], shape, None)
+    }
+
+    /// Is this a plain local tensor (see [`DTensor::local_tensor`])?
+    pub fn is_local_tensor(&self) -> bool {
+        is_local_mesh(&self.mesh)
+    }
+
+    /// The local shard as a local tensor with autograd (PyTorch `to_local(grad_placements=..)`).
+    /// The gradient of the result is taken as the local shard of a DTensor laid out as
+    /// `grad_placements` (default: this tensor's placements).
+    pub fn to_local_grad(&self, grad_placements: Option<&[Placement]>) -> Result<DTensor<T>> {
+        let gp = match grad_placements {
+            Some(g) => check_grad_placements(g, self.ndim(), self.mesh.ndim())?,
+            None => self.placements.clone(),
+        };
+        let out = DTensor::local_tensor(self.local.clone());
+        let (mesh, shape) = (self.mesh.clone(), self.shape.clone());
+        Ok(record("to_local_backward", out, &[self], move |g| {
+            let (expected, _) = local_shape_and_offset(&shape, mesh.shape(), mesh.coordinate(), &gp);
+            if g.local.shape() != expected.as_slice() {
+                return Err(Error::ShapeMismatch {
+                    context: format!("to_local backward: local gradient for grad_placements {}", fmt_placements(&gp)),
+                    expected,
+                    actual: g.local.shape().to_vec(),
+                });
+            }
+            Ok(vec![Some(DTensor::new_unchecked(g.local.clone(), mesh.clone(), gp.clone(), shape.clone(), None))])
+        }))
+    }
+
+    /// The global tensor as a local tensor with autograd (PyTorch `full_tensor(grad_placements=..)`):
+    /// redistribute to Replicate, then [`DTensor::to_local_grad`].
+    pub fn full_tensor_grad(&self, grad_placements: Option<&[Placement]>) -> Result<DTensor<T>> {
+        let r = vec![Placement::Replicate; self.mesh.ndim()];
+        if let Some(g) = grad_placements {
+            normalize_placements(g, self.ndim(), self.mesh.ndim())?;
+        }
+        self.redistribute(&r)?.to_local_grad(grad_placements)
+    }
+}

@@ -1,0 +1,332 @@
+//! Reverse-mode autograd for DTensors.
+//!
+//! Every op that has an input with `requires_grad` records a [`Node`] holding its backward
+//! function and edges to its inputs' nodes (a define-by-run graph, as in PyTorch). A leaf
+//! (a tensor made with `requires_grad`) owns a gradient cell. [`DTensor::backward`] walks
+//! the graph in reverse topological order; gradients are DTensors, and every backward rule
+//! is written with the dynamic ops themselves, so the sharding rules of the forward ops
+//! decide the gradients' layouts and collectives. A leaf's gradient is redistributed to the
+//! leaf's own placements (Partial → Replicate), so `.grad()` has the parameter's layout.
+//!
+//! Nodes are `Arc`s behind `Mutex`es: DTensors stay `Send` and can move between threads.
+//!
+//! ```
+//! use dtensor_runtime::{run, distribute_tensor, Shard, Replicate, ndarray::ArrayD};
+//! let grads = run(2, |ctx| {
+//!     let mesh = ctx.init_device_mesh(&[2], &["tp"])?;
+//!     let x = ArrayD::from_shape_vec(vec![3], vec![1.0f64, 2.0, 3.0]).unwrap();
+//!     let x = distribute_tensor(&x, &mesh, &[Shard(0)], None)?.requires_grad_(true);
+//!     let y = x.mul(&x)?.sum()?; // sum of squares
+//!     y.backward()?;
+//!     Ok(x.grad().unwrap().full_tensor()?.into_raw_vec_and_offset().0)
+//! }).unwrap();
+//! assert_eq!(grads[1], vec![2.0, 4.0, 6.0]);
+//! ```
+
+mod engine;
+mod local;
+
+pub use local::{from_local_grad, local_mesh};
+
+use crate::dtensor::DTensor;
+use crate::element::{DType, Element};
+use crate::error::{Error, Result};
+use crate::placement::{normalize_placements, Placement};
+use std::cell::Cell;
+use std::fmt;
+use std::sync::{Arc, Mutex};
+
+thread_local! {
+    static GRAD_ENABLED: Cell<bool> = const { Cell::new(true) };
+}
+
+/// Is gradient recording on for this thread (rank)?
+pub fn is_grad_enabled() -> bool {
+    GRAD_ENABLED.with(|g| g.get())
+}
+
+/// Restores the previous grad mode when dropped (see [`no_grad_guard`]).
+#[must_use = "grad mode is restored when the guard is dropped"]
+pub struct NoGradGuard {
+    prev: bool,
+}
+
+impl Drop for NoGradGuard {
+    fn drop(&mut self) {
+        GRAD_ENABLED.with(|g| g.set(self.prev));
+    }
+}
+
+/// Turns gradient recording off on this thread until the guard drops.
+pub fn no_grad_guard() -> NoGradGuard {
+    let prev = GRAD_ENABLED.with(|g| g.replace(false));
+    NoGradGuard { prev }
+}
+
+/// Runs `f` without recording gradients (PyTorch `with torch.no_grad()`).
+///
+/// ```
+/// use dtensor_runtime::{run, ones, TensorOptions, autograd::no_grad};
+/// run(1, |ctx| {
+///     ctx.init_device_mesh(&[1], &["x"])?;
+///     let w = ones::<f32>(&[2], &TensorOptions::new().requires_grad(true))?;
+///     let y = no_grad(|| w.mul(&w))?;
+///     assert!(!y.requires_grad());
+///     Ok(())
+/// }).unwrap();
+/// ```
+pub fn no_grad<R>(f: impl FnOnce() -> R) -> R {
+    let _g = no_grad_guard();
+    f()
+}
+
+/// Backward function of a node: gradient of the output → one gradient per input
+/// (`None` where the input needs none).
+pub(crate) type BackwardFn<T> = Box<dyn Fn(&DTensor<T>) -> Result<Vec<Option<DTensor<T>>>> + Send + Sync>;
+
+/// A vertex of the autograd graph.
+pub(crate) struct Node<T: Element> {
+    /// Name of the backward (what collectives in it are attributed to).
+    pub(crate) name: &'static str,
+    pub(crate) kind: NodeKind<T>,
+}
+
+pub(crate) enum NodeKind<T: Element> {
+    /// A tensor made with `requires_grad`: accumulates its gradient in the parameter's layout.
+    Leaf { grad: Box<Mutex<Option<DTensor<T>>>>, placements: Vec<Placement>, shape: Vec<usize> },
+    /// The output of an op.
+    Op { inputs: Vec<Option<Arc<Node<T>>>>, backward: BackwardFn<T> },
+}
+
+/// Per-tensor autograd state: the node that produced the tensor (or its leaf cell).
+#[derive(Clone)]
+pub struct AutogradMeta<T: Element> {
+    pub(crate) node: Option<Arc<Node<T>>>,
+}
+
+impl<T: Element> Default for AutogradMeta<T> {
+    fn default() -> Self {
+        AutogradMeta { node: None }
+    }
+}
+
+impl<T: Element> fmt::Debug for AutogradMeta<T> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match &self.node {
+            None => f.write_str("no grad"),
+            Some(n) => write!(f, "grad_fn={}", n.name),
+        }
+    }
+}
+
+/// Records `out` as produced by an op from `inputs` with `backward`, when grad mode is on
+/// and some input requires grad. `backward` returns one gradient per input.
+pub(crate) fn record<T: Element>(
+    name: &'static str,
+    mut out: DTensor<T>,
+    inputs: &[&DTensor<T>],
+    backward: impl Fn(&DTensor<T>) -> Result<Vec<Option<DTensor<T>>>> + Send + Sync + 'static,
+) -> DTensor<T> {
+    if !is_grad_enabled() || !inputs.iter().any(|x| x.requires_grad()) {
+        out.autograd = AutogradMeta::default();
+        return out;
+    }
+    let inputs = inputs.iter().map(|x| x.autograd.node.clone()).collect();
+    out.autograd.node = Some(Arc::new(Node { name, kind: NodeKind::Op { inputs, backward: Box::new(backward) } }));
+    out
+}
+
+/// Called by `from_local` with the user's `grad_placements`: checks them. (A plain array
+/// has no history; [`from_local_grad`] is the variant whose backward reaches a local tensor.)
+pub(crate) fn on_from_local<T: Element>(dt: &mut DTensor<T>, grad_placements: Option<Vec<Placement>>) -> Result<()> {
+    if let Some(g) = grad_placements {
+        normalize_placements(&g, dt.ndim(), dt.mesh.ndim())?;
+    }
+    Ok(())
+}
+
+/// `redistribute` with its backward recorded.
+pub(crate) fn redistribute_with_grad<T: Element>(x: &DTensor<T>, to: &[Placement]) -> Result<DTensor<T>> {
+    redistribute_op(x, to, "redistribute", None)
+}
+
+/// Sets `requires_grad` on a freshly built tensor.
+pub(crate) fn set_requires_grad<T: Element>(dt: DTensor<T>, requires_grad: bool) -> Result<DTensor<T>> {
+    Ok(dt.requires_grad_(requires_grad))
+}
+
+/// Gradient placements for a tensor laid out as `placements`: Partial becomes Replicate
+/// (the gradient of every partial term is the whole gradient; never R→P or S→P backward).
+pub(crate) fn grad_target(placements: &[Placement]) -> Vec<Placement> {
+    placements.iter().map(|p| if p.is_partial() { Placement::Replicate } else { *p }).collect()
+}
+
+/// A redistribution recorded on the tape; collectives are attributed to `label`.
+/// Backward redistributes the gradient to the source placements (Partial → Replicate),
+/// running its collectives in `backward_dtype` when given.
+pub(crate) fn redistribute_op<T: Element>(
+    x: &DTensor<T>,
+    to: &[Placement],
+    label: &'static str,
+    backward_dtype: Option<DType>,
+) -> Result<DTensor<T>> {
+    let out = x.redistribute_scoped(to, label)?;
+    let target = grad_target(&x.placements);
+    Ok(record("redistribute_backward", out, &[x], move |g| {
+        Ok(vec![Some(redistribute_grad(g, &target, backward_dtype, "redistribute_backward")?)])
+    }))
+}
+
+/// Redistributes a gradient (no history) to `target`, through `dtype` when it differs from `T`.
+pub(crate) fn redistribute_grad<T: Element>(
+    g: &DTensor<T>,
+    target: &[Placement],
+    dtype: Option<DType>,
+    label: &'static str,
+) -> Result<DTensor<T>> {
+    if g.placements == target {
+        return Ok(g.detach());
+    }
+    fn via<T: Element, U: Element>(g: &DTensor<T>, target: &[Placement], label: &'static str) -> Result<DTensor<T>> {
+        Ok(g.cast::<U>().redistribute_scoped(target, label)?.cast::<T>())
+    }
+    match dtype {
+        Some(DType::F32) if T::DTYPE != DType::F32 => via::<T, f32>(g, target, label),
+        Some(DType::F64) if T::DTYPE != DType::F64 => via::<T, f64>(g, target, label),
+        _ => g.redistribute_scoped(target, label),
+    }
+}
+
+impl<T: Element> DTensor<T> {
+    /// Does this tensor take part in autograd (a leaf with `requires_grad`, or an op output
+    /// that depends on one)?
+    pub fn requires_grad(&self) -> bool {
+        self.autograd.node.is_some()
+    }
+
+    /// Is this a tensor the user created (no grad_fn)? Tensors without grad are leaves too.
+    pub fn is_leaf(&self) -> bool {
+        match &self.autograd.node {
+            None => true,
+            Some(n) => matches!(n.kind, NodeKind::Leaf { .. }),
+        }
+    }
+
+    /// Makes this tensor a leaf that accumulates its gradient (`true`), or detaches it
+    /// (`false`). PyTorch `requires_grad_()`; consumes and returns the tensor.
+    pub fn requires_grad_(mut self, requires_grad: bool) -> Self {
+        self.autograd.node = if requires_grad {
+            Some(Arc::new(Node {
+                name: "leaf",
+                kind: NodeKind::Leaf {
+                    grad: Box::new(Mutex::new(None)),
+                    placements: self.placements.clone(),
+                    shape: self.shape.clone(),
+                },
+            }))
+        } else {
+            None
+        };
+        self
+    }
+
+    /// Same data, no autograd history.
+    pub fn detach(&self) -> Self {
+        let mut d = self.clone();
+        d.autograd = AutogradMeta::default();
+        d
+    }
+
+    /// The accumulated gradient of a leaf, laid out like the leaf (`None` before any backward
+    /// or for non-leaves).
+    pub fn grad(&self) -> Option<DTensor<T>> {
+        match self.autograd.node.as_deref() {
+            Some(Node { kind: NodeKind::Leaf { grad, .. }, .. }) => {
+                grad.lock().unwrap_or_else(|e| e.into_inner()).clone()
+            }
+            _ => None,
+        }
+    }
+
+    /// Clears the gradient of a leaf (PyTorch `zero_grad(set_to_none=True)`).
+    pub fn zero_grad(&self) {
+        if let Some(Node { kind: NodeKind::Leaf { grad, .. }, .. }) = self.autograd.node.as_deref() {
+            *grad.lock().unwrap_or_else(|e| e.into_inner()) = None;
+        }
+    }
+
+    /// Name of the backward that produced this tensor (`None` for leaves and tensors
+    /// without grad).
+    pub fn grad_fn(&self) -> Option<&'static str> {
+        match self.autograd.node.as_deref() {
+            Some(Node { kind: NodeKind::Op { .. }, name }) => Some(name),
+            _ => None,
+        }
+    }
+
+    /// Backpropagates from a scalar (one-element) tensor; gradients accumulate into the
+    /// leaves' `.grad()`.
+    pub fn backward(&self) -> Result<()> {
+        if self.numel() != 1 {
+            return Err(Error::Autograd(format!(
+                "backward() needs a scalar (one element), got shape {:?}; use backward_with(grad)",
+                self.shape
+            )));
+        }
+        let one = DTensor::new_unchecked(
+            ndarray::ArrayD::from_elem(
+                crate::layout::local_shape_and_offset(
+                    &self.shape,
+                    self.mesh.shape(),
+                    self.mesh.coordinate(),
+                    &grad_target(&self.placements),
+                )
+                .0,
+                T::one(),
+            ),
+            self.mesh.clone(),
+            grad_target(&self.placements),
+            self.shape.clone(),
+            None,
+        );
+        self.backward_with(&one)
+    }
+
+    /// Backpropagates with an explicit gradient of this tensor (same shape and mesh).
+    pub fn backward_with(&self, grad: &DTensor<T>) -> Result<()> {
+        if grad.shape != self.shape {
+            return Err(Error::ShapeMismatch {
+                context: "backward_with: gradient vs tensor".into(),
+                expected: self.shape.clone(),
+                actual: grad.shape.clone(),
+            });
+        }
+        if !grad.mesh.same_as(&self.mesh) {
+            return Err(Error::MeshMismatch {
+                context: "backward_with".into(),
+                left: self.mesh.to_string(),
+                right: grad.mesh.to_string(),
+            });
+        }
+        engine::run_backward(self, grad.detach())
+    }
+
+    /// Element-type conversion of the data (no autograd history).
+    pub fn cast<U: Element>(&self) -> DTensor<U> {
+        let local = self.local.mapv(|x| U::of_f64(x.as_f64()));
+        let mut d = DTensor::new_unchecked(local, self.mesh.clone(), self.placements.clone(), self.shape.clone(), None);
+        d.stride = self.stride.clone();
+        d
+    }
+
+    /// `redistribute` whose backward runs the gradient's collectives in `backward_dtype`
+    /// (e.g. `DType::F64` for an f32 model: gradients are reduced in double precision).
+    pub fn redistribute_with_dtype(&self, to: &[Placement], backward_dtype: Option<DType>) -> Result<DTensor<T>> {
+        redistribute_op(self, to, "redistribute", backward_dtype)
+    }
+}
+
+/// Checks a `grad_placements` list against a tensor and mesh.
+pub(crate) fn check_grad_placements(gp: &[Placement], ndim: usize, mesh_ndim: usize) -> Result<Vec<Placement>> {
+    normalize_placements(gp, ndim, mesh_ndim)
+}

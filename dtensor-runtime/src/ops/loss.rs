@@ -1,0 +1,38 @@
+//! Losses, composed of the ops above (so their sharding and gradients come for free).
+
+use crate::dtensor::DTensor;
+use crate::element::Element;
+use crate::error::{Error, Result};
+
+impl<T: Element> DTensor<T> {
+    /// Mean cross-entropy of logits `[.., C]` against class ids `[..]` (whole numbers in
+    /// `[0, C)`), as PyTorch `cross_entropy(reduction="mean")`. A 0-d result; Partial(sum)
+    /// when the batch is sharded (read it with `full_tensor`).
+    pub fn cross_entropy(&self, target: &DTensor<T>) -> Result<DTensor<T>> {
+        let nd = self.ndim();
+        if nd == 0 || target.shape() != &self.shape[..nd - 1] {
+            return Err(Error::ShapeMismatch {
+                context: "cross_entropy: target must be the logits' shape without the class dim".into(),
+                expected: self.shape.get(..nd.saturating_sub(1)).unwrap_or(&[]).to_vec(),
+                actual: target.shape().to_vec(),
+            });
+        }
+        let classes = self.shape[nd - 1];
+        let count = target.numel().max(1);
+        let onehot = target.one_hot(classes)?;
+        self.log_softmax(-1)?.mul(&onehot)?.sum()?.mul_scalar(-T::one() / T::of_f64(count as f64))
+    }
+
+    /// Mean squared error against `target` (same shape).
+    pub fn mse_loss(&self, target: &DTensor<T>) -> Result<DTensor<T>> {
+        if self.shape() != target.shape() {
+            return Err(Error::ShapeMismatch {
+                context: "mse_loss: target".into(),
+                expected: self.shape.clone(),
+                actual: target.shape().to_vec(),
+            });
+        }
+        let d = self.sub(target)?;
+        d.mul(&d)?.mean()
+    }
+}

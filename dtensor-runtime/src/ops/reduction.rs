@@ -1,0 +1,143 @@
+//! Reductions: sum, mean, max over some dims or all.
+//!
+//! Rules per mesh dim: R → R; `Shard(d)` with `d` reduced → Partial(sum) (sum, mean) or
+//! Partial(max) (max); `Shard(d)` otherwise → `Shard(d')` (remapped when the dim is dropped);
+//! Partial(sum/avg) stays for sum and mean, Partial(max) stays for max. `mean` is a sum then a
+//! scale by the global count, so it is exact with uneven shards.
+
+use super::strategy::{partial_ops, select, DimRule, Select};
+use super::{new_output, norm_dim};
+use crate::autograd::record;
+use crate::dtensor::DTensor;
+use crate::element::Element;
+use crate::error::Result;
+use crate::placement::{Placement, ReduceOp};
+use ndarray::Axis;
+
+#[derive(Clone, Copy, PartialEq, Debug)]
+enum Kind {
+    Sum,
+    Max,
+}
+
+fn dims_of(op: &str, dims: &[isize], ndim: usize) -> Result<Vec<usize>> {
+    let mut out = dims.iter().map(|&d| norm_dim(op, d, ndim)).collect::<Result<Vec<_>>>()?;
+    out.sort_unstable();
+    out.dedup();
+    Ok(out)
+}
+
+fn reduce<T: Element>(
+    x: &DTensor<T>,
+    op: &'static str,
+    bwd: &'static str,
+    dims: &[usize],
+    keepdim: bool,
+    kind: Kind,
+) -> Result<DTensor<T>> {
+    let nd = x.ndim();
+    let remap = |d: usize| if keepdim { d } else { d - dims.iter().filter(|&&r| r < d).count() };
+    let (reduced, kept_ops): (ReduceOp, &[ReduceOp]) = match kind {
+        Kind::Sum => (ReduceOp::Sum, &[ReduceOp::Sum, ReduceOp::Avg]),
+        Kind::Max => (ReduceOp::Max, &[ReduceOp::Max]),
+    };
+    let mut rs = vec![DimRule::new(&[Placement::Replicate], Placement::Replicate)];
+    for d in 0..nd {
+        let out = if dims.contains(&d) { Placement::Partial(reduced) } else { Placement::Shard(remap(d) as isize) };
+        rs.push(DimRule::new(&[Placement::Shard(d as isize)], out));
+    }
+    for o in partial_ops(&[x], kept_ops) {
+        rs.push(DimRule::new(&[Placement::Partial(o)], Placement::Partial(o)));
+    }
+    let c = select(op, &[x], &rs, Select::default())?;
+    let xi = &c.inputs[0];
+    let mut local = xi.local.clone();
+    for &d in dims.iter().rev() {
+        local = match kind {
+            Kind::Sum => local.sum_axis(Axis(d)),
+            Kind::Max => local.fold_axis(Axis(d), T::neg_infinity(), |a, b| if *b > *a { *b } else { *a }),
+        };
+        if keepdim {
+            local.insert_axis_inplace(Axis(d));
+        }
+    }
+    let mut shape = Vec::with_capacity(nd);
+    for (d, &s) in x.shape.iter().enumerate() {
+        if !dims.contains(&d) {
+            shape.push(s);
+        } else if keepdim {
+            shape.push(1);
+        }
+    }
+    let out = new_output(local, &xi.mesh, c.output, shape);
+    let sx = xi.detach();
+    let sy = out.detach();
+    let dims = dims.to_vec();
+    Ok(record(bwd, out, &[xi], move |g| {
+        // The gradient with the reduced dims kept as size 1.
+        let keep_shape: Vec<usize> =
+            sx.shape.iter().enumerate().map(|(d, &s)| if dims.contains(&d) { 1 } else { s }).collect();
+        let gk = if keepdim { g.clone() } else { g.reshape_to(&keep_shape)? };
+        let gx = match kind {
+            Kind::Sum => gk.expand_like(&sx)?,
+            Kind::Max => {
+                // amax semantics: the gradient is shared evenly between tied maxima.
+                let yk = if keepdim { sy.clone() } else { sy.reshape_to(&keep_shape)? };
+                let mask = sx.eq_mask(&yk)?;
+                let count = mask.sum_dims_usize(&dims, true)?;
+                mask.mul(&gk.div(&count)?)?
+            }
+        };
+        Ok(vec![Some(gx)])
+    }))
+}
+
+impl<T: Element> DTensor<T> {
+    /// Sum over `dim` (negative counts from the end). Over a sharded dim the result is
+    /// Partial(sum) and no communication happens.
+    pub fn sum_dim(&self, dim: isize, keepdim: bool) -> Result<DTensor<T>> {
+        self.sum_dims(&[dim], keepdim)
+    }
+
+    /// Sum over several dims.
+    pub fn sum_dims(&self, dims: &[isize], keepdim: bool) -> Result<DTensor<T>> {
+        let d = dims_of("sum", dims, self.ndim())?;
+        reduce(self, "sum", "sum_backward", &d, keepdim, Kind::Sum)
+    }
+
+    pub(crate) fn sum_dims_usize(&self, dims: &[usize], keepdim: bool) -> Result<DTensor<T>> {
+        reduce(self, "sum", "sum_backward", dims, keepdim, Kind::Sum)
+    }
+
+    /// Sum of every element: a 0-d tensor (Partial(sum) when the input is sharded).
+    pub fn sum(&self) -> Result<DTensor<T>> {
+        let all: Vec<usize> = (0..self.ndim()).collect();
+        reduce(self, "sum", "sum_backward", &all, false, Kind::Sum)
+    }
+
+    /// Mean over `dim`.
+    pub fn mean_dim(&self, dim: isize, keepdim: bool) -> Result<DTensor<T>> {
+        let d = norm_dim("mean", dim, self.ndim())?;
+        let n = self.shape[d];
+        self.sum_dims_usize(&[d], keepdim)?.mul_scalar(T::one() / T::of_f64(n as f64))
+    }
+
+    /// Mean of every element (0-d).
+    pub fn mean(&self) -> Result<DTensor<T>> {
+        let n = self.numel();
+        self.sum()?.mul_scalar(T::one() / T::of_f64(n as f64))
+    }
+
+    /// Maximum over `dim` (values; PyTorch `amax`). Over a sharded dim the result is
+    /// Partial(max). The gradient is shared evenly between tied maxima.
+    pub fn max_dim(&self, dim: isize, keepdim: bool) -> Result<DTensor<T>> {
+        let d = norm_dim("max", dim, self.ndim())?;
+        reduce(self, "max", "max_backward", &[d], keepdim, Kind::Max)
+    }
+
+    /// Maximum of every element (0-d).
+    pub fn max(&self) -> Result<DTensor<T>> {
+        let all: Vec<usize> = (0..self.ndim()).collect();
+        reduce(self, "max", "max_backward", &all, false, Kind::Max)
+    }
+}

@@ -1,0 +1,60 @@
+//! `softmax` / `log_softmax` along one dim.
+//!
+//! Rule: the input must not be sharded on the softmax dim and must not be Partial; any other
+//! shard dim passes through. A tensor sharded on the softmax dim is redistributed first (to
+//! whichever layout is cheapest: all-to-all to another dim, or all-gather).
+
+use super::strategy::{select, DimRule, Select};
+use super::{new_output, norm_dim};
+use crate::autograd::record;
+use crate::dtensor::DTensor;
+use crate::element::Element;
+use crate::error::Result;
+use crate::placement::Placement;
+use ndarray::{ArrayD, Axis};
+
+fn softmax_impl<T: Element>(x: &DTensor<T>, dim: isize, log: bool) -> Result<DTensor<T>> {
+    let op = if log { "log_softmax" } else { "softmax" };
+    let d = norm_dim(op, dim, x.ndim())?;
+    let mut rs = vec![DimRule::new(&[Placement::Replicate], Placement::Replicate)];
+    for e in (0..x.ndim()).filter(|&e| e != d) {
+        rs.push(DimRule::new(&[Placement::Shard(e as isize)], Placement::Shard(e as isize)));
+    }
+    let c = select(op, &[x], &rs, Select::default())?;
+    let xi = &c.inputs[0];
+    let mut local: ArrayD<T> = xi.local.clone();
+    for mut lane in local.lanes_mut(Axis(d)) {
+        let m = lane.fold(T::neg_infinity(), |a, &b| if b > a { b } else { a });
+        let s: T = lane.iter().map(|&v| (v - m).exp()).sum();
+        if log {
+            let ls = s.ln();
+            lane.mapv_inplace(|v| v - m - ls);
+        } else {
+            lane.mapv_inplace(|v| (v - m).exp() / s);
+        }
+    }
+    let out = new_output(local, &xi.mesh, c.output, xi.shape.clone());
+    let sy = out.detach();
+    let bwd = if log { "log_softmax_backward" } else { "softmax_backward" };
+    let dim = d as isize;
+    Ok(record(bwd, out, &[xi], move |g| {
+        let gx = if log {
+            g.sub(&sy.exp()?.mul(&g.sum_dim(dim, true)?)?)?
+        } else {
+            sy.mul(&g.sub(&g.mul(&sy)?.sum_dim(dim, true)?)?)?
+        };
+        Ok(vec![Some(gx)])
+    }))
+}
+
+impl<T: Element> DTensor<T> {
+    /// Softmax along `dim`.
+    pub fn softmax(&self, dim: isize) -> Result<DTensor<T>> {
+        softmax_impl(self, dim, false)
+    }
+
+    /// Log-softmax along `dim` (numerically stable).
+    pub fn log_softmax(&self, dim: isize) -> Result<DTensor<T>> {
+        softmax_impl(self, dim, true)
+    }
+}

@@ -1,0 +1,212 @@
+//! Sharding strategies: how an op picks its input and output placements.
+//!
+//! An op lists, for one mesh dimension, the [`DimRule`]s it supports (input placements →
+//! output placement). A full strategy picks one rule per mesh dim. When the inputs already
+//! match a strategy the op runs as is (no communication); otherwise every strategy is costed
+//! by the bytes its input redistributions move (`plan_redistribute_at(..).bytes()`, seen
+//! from mesh coordinate 0 so that every rank picks the same one), the cheapest wins, the
+//! inputs are redistributed (recorded in [`implicit_redistributions`]) and the op runs.
+
+use crate::autograd::redistribute_op;
+use crate::dtensor::DTensor;
+use crate::element::Element;
+use crate::error::{Error, Result};
+use crate::placement::{fmt_placements, Placement, ReduceOp};
+use crate::redistribute::plan_redistribute_at;
+use std::cell::RefCell;
+
+/// One way an op can run along one mesh dimension.
+#[derive(Debug, Clone, PartialEq)]
+pub(crate) struct DimRule {
+    /// Placement each input must have on this mesh dim.
+    pub inputs: Vec<Placement>,
+    /// Placement of the output on this mesh dim.
+    pub output: Placement,
+}
+
+impl DimRule {
+    pub(crate) fn new(inputs: &[Placement], output: Placement) -> Self {
+        DimRule { inputs: inputs.to_vec(), output }
+    }
+}
+
+/// An input redistribution an op did because its inputs matched none of its rules.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ImplicitRedistribute {
+    /// The op.
+    pub op: &'static str,
+    /// Which input of the op.
+    pub input: usize,
+    /// Placements before.
+    pub from: Vec<Placement>,
+    /// Placements the chosen strategy needed.
+    pub to: Vec<Placement>,
+    /// Bytes moved by the largest rank (the cost the op minimised).
+    pub bytes: usize,
+}
+
+/// How many implicit redistributions the log keeps (the count keeps going).
+const LOG_CAP: usize = 4096;
+
+thread_local! {
+    static LOG: RefCell<(usize, Vec<ImplicitRedistribute>)> = const { RefCell::new((0, Vec::new())) };
+}
+
+/// Number of implicit input redistributions ops did on this rank so far.
+pub fn implicit_redistribution_count() -> usize {
+    LOG.with(|l| l.borrow().0)
+}
+
+/// The implicit redistributions recorded on this rank since the last call (clears the log;
+/// the count keeps going). At most the latest 4096 are kept.
+pub fn implicit_redistributions() -> Vec<ImplicitRedistribute> {
+    LOG.with(|l| std::mem::take(&mut l.borrow_mut().1))
+}
+
+fn log(r: ImplicitRedistribute) {
+    LOG.with(|l| {
+        let mut l = l.borrow_mut();
+        l.0 += 1;
+        if l.1.len() >= LOG_CAP {
+            l.1.remove(0);
+        }
+        l.1.push(r);
+    })
+}
+
+/// A check of a whole strategy: (input placements per input, output placements).
+pub(crate) type ValidFn<'a> = &'a dyn Fn(&[Vec<Placement>], &[Placement]) -> bool;
+
+/// A candidate: (cost, input placements per input, output placements).
+type Candidate = ((usize, usize, usize), Vec<Vec<Placement>>, Vec<Placement>);
+
+/// Extra knobs of [`select`].
+#[derive(Default)]
+pub(crate) struct Select<'a> {
+    /// Rejects combined strategies the per-dim rules cannot express (e.g. reshape divisibility).
+    pub valid: Option<ValidFn<'a>>,
+    /// Among equally cheap strategies, prefer the one whose output is closest to this.
+    pub prefer_output: Option<&'a [Placement]>,
+}
+
+/// The inputs, redistributed to the chosen strategy, and the output placements.
+pub(crate) struct Chosen<T: Element> {
+    pub inputs: Vec<DTensor<T>>,
+    pub output: Vec<Placement>,
+}
+
+/// Placements of several tensors, for error messages.
+pub(crate) fn fmt_inputs<T: Element>(inputs: &[&DTensor<T>]) -> String {
+    inputs.iter().map(|x| fmt_placements(&x.placements)).collect::<Vec<_>>().join(" and ")
+}
+
+/// Checks that every input lives on the mesh of the first.
+pub(crate) fn same_mesh<T: Element>(op: &str, inputs: &[&DTensor<T>]) -> Result<()> {
+    let first = &inputs[0].mesh;
+    for x in &inputs[1..] {
+        if !x.mesh.same_as(first) {
+            return Err(Error::MeshMismatch { context: op.into(), left: first.to_string(), right: x.mesh.to_string() });
+        }
+    }
+    Ok(())
+}
+
+/// Reduce ops of the Partial placements found on the inputs, restricted to `allowed`.
+pub(crate) fn partial_ops<T: Element>(inputs: &[&DTensor<T>], allowed: &[ReduceOp]) -> Vec<ReduceOp> {
+    let mut out = Vec::new();
+    for x in inputs {
+        for p in &x.placements {
+            if let Placement::Partial(op) = p {
+                if allowed.contains(op) && !out.contains(op) {
+                    out.push(*op);
+                }
+            }
+        }
+    }
+    out
+}
+
+/// Picks the cheapest strategy for `inputs` from `rules` (the same rules on every mesh dim)
+/// and redistributes the inputs to it. Collectives are attributed to `op`.
+pub(crate) fn select<T: Element>(
+    op: &'static str,
+    inputs: &[&DTensor<T>],
+    rules: &[DimRule],
+    knobs: Select<'_>,
+) -> Result<Chosen<T>> {
+    same_mesh(op, inputs)?;
+    let mesh = inputs[0].mesh.clone();
+    let m = mesh.ndim();
+    let zero = vec![0usize; m];
+    let no_rule =
+        |hint: &str| Error::NoShardingRule { op: op.into(), placements: fmt_inputs(inputs), hint: hint.to_string() };
+    if rules.is_empty() {
+        return Err(no_rule("the op has no strategy for these shapes"));
+    }
+    // Cost of a candidate: (bytes, steps, output mismatches vs preference).
+    let mut best: Option<Candidate> = None;
+    let mut idx = vec![0usize; m];
+    'combos: loop {
+        let ins: Vec<Vec<Placement>> =
+            (0..inputs.len()).map(|j| idx.iter().map(|&r| rules[r].inputs[j]).collect()).collect();
+        let out: Vec<Placement> = idx.iter().map(|&r| rules[r].output).collect();
+        let mut ok = true;
+        // One reduce op per output: mixed Partials have no well-defined value.
+        let mut pops = out.iter().filter_map(|p| if let Placement::Partial(o) = p { Some(*o) } else { None });
+        if let Some(first) = pops.next() {
+            ok &= pops.all(|o| o == first);
+        }
+        if ok {
+            if let Some(v) = knobs.valid {
+                ok = v(&ins, &out);
+            }
+        }
+        if ok {
+            let mut cost = (0usize, 0usize, 0usize);
+            for (x, want) in inputs.iter().zip(&ins) {
+                if &x.placements == want {
+                    continue;
+                }
+                match plan_redistribute_at::<T>(&x.shape, &mesh, &zero, &x.placements, want) {
+                    Ok(plan) => {
+                        cost.0 += plan.bytes();
+                        cost.1 += plan.steps.len().max(1);
+                    }
+                    Err(_) => {
+                        ok = false;
+                        break;
+                    }
+                }
+            }
+            if let Some(pref) = knobs.prefer_output {
+                cost.2 = out.iter().zip(pref).filter(|(a, b)| a != b).count();
+            }
+            if ok && best.as_ref().is_none_or(|(c, _, _)| cost < *c) {
+                best = Some((cost, ins, out));
+            }
+        }
+        // Next combination (odometer over mesh dims).
+        for d in (0..m).rev() {
+            idx[d] += 1;
+            if idx[d] < rules.len() {
+                continue 'combos;
+            }
+            idx[d] = 0;
+        }
+        break;
+    }
+    let Some((_, ins, output)) = best else {
+        return Err(no_rule("no strategy is reachable from these placements (Shard→Partial is not allowed)"));
+    };
+    let mut moved = Vec::with_capacity(inputs.len());
+    for (j, (x, want)) in inputs.iter().zip(ins).enumerate() {
+        if x.placements == want {
+            moved.push((*x).clone());
+        } else {
+            let bytes = plan_redistribute_at::<T>(&x.shape, &mesh, &zero, &x.placements, &want)?.bytes();
+            log(ImplicitRedistribute { op, input: j, from: x.placements.clone(), to: want.clone(), bytes });
+            moved.push(redistribute_op(x, &want, op, None)?);
+        }
+    }
+    Ok(Chosen { inputs: moved, output })
+}

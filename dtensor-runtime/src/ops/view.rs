@@ -1,0 +1,242 @@
+//! Views: transpose, reshape, unsqueeze, expand.
+//!
+//! transpose swaps shard dims (never communicates). reshape keeps `Shard(d)` when `d` is
+//! the leading (non-1) dim of its group of merged/split dims and, for a real merge or split,
+//! its size and the output's leading size divide by the number of shards (torch.chunk of the
+//! merged dim then equals the merge of the chunks); otherwise the input is redistributed.
+//! expand keeps shards of non-broadcast dims and can shard a broadcast dim for free.
+
+use super::strategy::{partial_ops, select, DimRule, Select};
+use super::{new_output, norm_dim, sum_to};
+use crate::autograd::record;
+use crate::dtensor::DTensor;
+use crate::element::Element;
+use crate::error::{Error, Result};
+use crate::layout::local_shape_and_offset;
+use crate::placement::{Placement, ReduceOp};
+use ndarray::IxDyn;
+
+const ALL_OPS: [ReduceOp; 5] = [ReduceOp::Sum, ReduceOp::Avg, ReduceOp::Min, ReduceOp::Max, ReduceOp::Product];
+
+/// Rules that map `Shard(d)` to `Shard(f(d))` and keep R and every Partial.
+fn remap_rules<T: Element>(x: &DTensor<T>, pairs: &[(usize, usize)]) -> Vec<DimRule> {
+    let mut rs = vec![DimRule::new(&[Placement::Replicate], Placement::Replicate)];
+    for &(i, o) in pairs {
+        rs.push(DimRule::new(&[Placement::Shard(i as isize)], Placement::Shard(o as isize)));
+    }
+    for op in partial_ops(&[x], &ALL_OPS) {
+        rs.push(DimRule::new(&[Placement::Partial(op)], Placement::Partial(op)));
+    }
+    rs
+}
+
+/// Groups of input dims ↔ output dims whose sizes multiply to the same number.
+fn view_groups(input: &[usize], output: &[usize]) -> Vec<(Vec<usize>, Vec<usize>)> {
+    let (mut i, mut j) = (0, 0);
+    let mut groups = Vec::new();
+    while i < input.len() || j < output.len() {
+        let (mut gi, mut gj) = (vec![], vec![]);
+        let (mut pi, mut pj) = (1usize, 1usize);
+        if i < input.len() {
+            pi *= input[i];
+            gi.push(i);
+            i += 1;
+        }
+        if j < output.len() {
+            pj *= output[j];
+            gj.push(j);
+            j += 1;
+        }
+        while pi != pj {
+            if pi < pj && i < input.len() {
+                pi *= input[i];
+                gi.push(i);
+                i += 1;
+            } else if j < output.len() {
+                pj *= output[j];
+                gj.push(j);
+                j += 1;
+            } else {
+                break;
+            }
+        }
+        // Trailing size-1 dims join the group so that later groups start on real dims.
+        while i < input.len() && input[i] == 1 && (j >= output.len() || output[j] != 1) {
+            gi.push(i);
+            i += 1;
+        }
+        while j < output.len() && output[j] == 1 && (i >= input.len() || input[i] != 1) {
+            gj.push(j);
+            j += 1;
+        }
+        groups.push((gi, gj));
+    }
+    groups
+}
+
+fn leading(dims: &[usize], shape: &[usize]) -> Option<usize> {
+    dims.iter().copied().find(|&d| shape[d] != 1).or(dims.first().copied())
+}
+
+impl<T: Element> DTensor<T> {
+    /// Swaps two dims. Shard dims are swapped with them; never communicates.
+    pub fn transpose(&self, dim0: isize, dim1: isize) -> Result<DTensor<T>> {
+        let nd = self.ndim();
+        let (a, b) = (norm_dim("transpose", dim0, nd)?, norm_dim("transpose", dim1, nd)?);
+        let swap = |d: usize| {
+            if d == a {
+                b
+            } else if d == b {
+                a
+            } else {
+                d
+            }
+        };
+        let pairs: Vec<(usize, usize)> = (0..nd).map(|d| (d, swap(d))).collect();
+        let c = select("transpose", &[self], &remap_rules(self, &pairs), Select::default())?;
+        let xi = &c.inputs[0];
+        let mut v = xi.local.view();
+        v.swap_axes(a, b);
+        let mut shape = xi.shape.clone();
+        shape.swap(a, b);
+        let out = new_output(v.as_standard_layout().into_owned(), &xi.mesh, c.output, shape);
+        Ok(record("transpose_backward", out, &[xi], move |g| Ok(vec![Some(g.transpose(a as isize, b as isize)?)])))
+    }
+
+    /// Reshape to `shape` (one entry may be `-1`: inferred). See the module docs for when a
+    /// shard survives.
+    pub fn reshape(&self, shape: &[isize]) -> Result<DTensor<T>> {
+        let numel = self.numel();
+        let bad = |why: String| Error::InvalidArgument { context: "reshape".into(), reason: why };
+        let infer: Vec<usize> = shape.iter().enumerate().filter(|(_, &s)| s == -1).map(|(i, _)| i).collect();
+        if infer.len() > 1 || shape.iter().any(|&s| s < -1) {
+            return Err(bad(format!("invalid target shape {shape:?}")));
+        }
+        let known: usize = shape.iter().filter(|&&s| s >= 0).map(|&s| s as usize).product();
+        let mut out: Vec<usize> = shape.iter().map(|&s| s.max(0) as usize).collect();
+        if let Some(&i) = infer.first() {
+            if known == 0 || !numel.is_multiple_of(known) {
+                return Err(bad(format!("cannot infer -1 in {shape:?} for {numel} elements")));
+            }
+            out[i] = numel / known;
+        }
+        self.reshape_to(&out)
+    }
+
+    /// Reshape to a fully known shape.
+    pub fn reshape_to(&self, out: &[usize]) -> Result<DTensor<T>> {
+        let input = self.shape.clone();
+        if out.iter().product::<usize>() != self.numel() {
+            return Err(Error::ShapeMismatch {
+                context: "reshape: number of elements".into(),
+                expected: input,
+                actual: out.to_vec(),
+            });
+        }
+        let mesh_shape = self.mesh.shape().to_vec();
+        let mut pairs = vec![];
+        // (input dim, output dim, needs divisibility)
+        let mut checks: Vec<(usize, usize, bool)> = vec![];
+        if self.numel() > 0 {
+            for (gi, gj) in view_groups(&input, out) {
+                let (Some(li), Some(lj)) = (leading(&gi, &input), leading(&gj, out)) else { continue };
+                let real_i = gi.iter().filter(|&&d| input[d] != 1).count();
+                let real_j = gj.iter().filter(|&&d| out[d] != 1).count();
+                pairs.push((li, lj));
+                checks.push((li, lj, !(real_i <= 1 && real_j <= 1)));
+            }
+        }
+        let valid = |ins: &[Vec<Placement>], _: &[Placement]| {
+            checks.iter().all(|&(li, lj, divisible)| {
+                if !divisible {
+                    return true;
+                }
+                let shards: usize =
+                    ins[0].iter().zip(&mesh_shape).filter(|(p, _)| p.is_shard_on(li)).map(|(_, &n)| n).product();
+                input[li].is_multiple_of(shards) && out[lj].is_multiple_of(shards)
+            })
+        };
+        let rules = remap_rules(self, &pairs);
+        let c = select("reshape", &[self], &rules, Select { valid: Some(&valid), prefer_output: None })?;
+        let xi = &c.inputs[0];
+        let (local_shape, _) = local_shape_and_offset(out, xi.mesh.shape(), xi.mesh.coordinate(), &c.output);
+        let local = xi
+            .local
+            .as_standard_layout()
+            .into_owned()
+            .into_shape_with_order(IxDyn(&local_shape))
+            .map_err(|e| Error::Unsupported { op: "reshape".into(), reason: e.to_string() })?;
+        let out_t = new_output(local, &xi.mesh, c.output, out.to_vec());
+        let in_shape = xi.shape.clone();
+        Ok(record("reshape_backward", out_t, &[xi], move |g| Ok(vec![Some(g.reshape_to(&in_shape)?)])))
+    }
+
+    /// Inserts a size-1 dim at `dim` (`-1`: at the end).
+    pub fn unsqueeze(&self, dim: isize) -> Result<DTensor<T>> {
+        let d = norm_dim("unsqueeze", dim, self.ndim() + 1)?;
+        let mut shape = self.shape.clone();
+        shape.insert(d, 1);
+        self.reshape_to(&shape)
+    }
+
+    /// Broadcasts to `shape` (PyTorch `expand`).
+    pub fn expand(&self, shape: &[usize]) -> Result<DTensor<T>> {
+        expand_impl(self, shape, None)
+    }
+
+    /// Broadcasts to `like`'s shape, preferring `like`'s placements among free layouts.
+    pub(crate) fn expand_like(&self, like: &DTensor<T>) -> Result<DTensor<T>> {
+        expand_impl(self, &like.shape, Some(&like.placements))
+    }
+}
+
+fn expand_impl<T: Element>(x: &DTensor<T>, shape: &[usize], prefer: Option<&[Placement]>) -> Result<DTensor<T>> {
+    let bad = || Error::ShapeMismatch { context: "expand".into(), expected: shape.to_vec(), actual: x.shape.clone() };
+    if x.ndim() > shape.len() {
+        return Err(bad());
+    }
+    let off = shape.len() - x.ndim();
+    let mut rs = vec![DimRule::new(&[Placement::Replicate], Placement::Replicate)];
+    for (d, &s) in shape.iter().enumerate() {
+        let src = if d >= off { x.shape[d - off] } else { 1 };
+        if src == s {
+            if d >= off {
+                rs.push(DimRule::new(&[Placement::Shard((d - off) as isize)], Placement::Shard(d as isize)));
+            } else {
+                rs.push(DimRule::new(&[Placement::Replicate], Placement::Shard(d as isize)));
+            }
+        } else if src == 1 {
+            rs.push(DimRule::new(&[Placement::Replicate], Placement::Shard(d as isize)));
+        } else {
+            return Err(bad());
+        }
+    }
+    for op in partial_ops(&[x], &[ReduceOp::Sum, ReduceOp::Avg, ReduceOp::Max, ReduceOp::Min]) {
+        rs.push(DimRule::new(&[Placement::Partial(op)], Placement::Partial(op)));
+    }
+    let c = select("expand", &[x], &rs, Select { valid: None, prefer_output: prefer })?;
+    let xi = &c.inputs[0];
+    let (local_shape, _) = local_shape_and_offset(shape, xi.mesh.shape(), xi.mesh.coordinate(), &c.output);
+    let mut padded = xi.local.shape().to_vec();
+    for _ in 0..off {
+        padded.insert(0, 1);
+    }
+    let l = xi.local.view().into_shape_with_order(IxDyn(&padded)).map_err(|_| bad())?;
+    let local = l.broadcast(IxDyn(&local_shape)).ok_or_else(bad)?.to_owned();
+    let out = new_output(local, &xi.mesh, c.output, shape.to_vec());
+    let in_shape = xi.shape.clone();
+    Ok(record("expand_backward", out, &[xi], move |g| Ok(vec![Some(sum_to(g.clone(), &in_shape)?)])))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn groups() {
+        assert_eq!(view_groups(&[2, 3, 4], &[6, 4]), vec![(vec![0, 1], vec![0]), (vec![2], vec![1])]);
+        assert_eq!(view_groups(&[6], &[2, 3]), vec![(vec![0], vec![0, 1])]);
+        assert_eq!(view_groups(&[4, 5], &[4, 1, 5]), vec![(vec![0], vec![0, 1]), (vec![1], vec![2])]);
+        assert_eq!(view_groups(&[1, 4], &[4]), vec![(vec![0, 1], vec![0])]);
+    }
+}
