@@ -21,6 +21,8 @@ pub trait PlacementMarker: sealed::Sealed + 'static {
     const PLACEMENT: Placement;
     /// `D + 1` for `Shard<D>`, 0 otherwise: the smallest tensor rank the marker fits.
     const MIN_RANK: usize;
+    /// `Some(op)` for `Partial<Op>` (layouts may not mix two different ops).
+    const PARTIAL: Option<ReduceOp>;
 }
 
 /// Split along tensor dim `D` (torch.chunk semantics) on one mesh dim.
@@ -79,18 +81,21 @@ impl<const D: usize> sealed::Sealed for Shard<D> {}
 impl<const D: usize> PlacementMarker for Shard<D> {
     const PLACEMENT: Placement = Placement::Shard(D as isize);
     const MIN_RANK: usize = D + 1;
+    const PARTIAL: Option<ReduceOp> = None;
 }
 
 impl sealed::Sealed for Replicate {}
 impl PlacementMarker for Replicate {
     const PLACEMENT: Placement = Placement::Replicate;
     const MIN_RANK: usize = 0;
+    const PARTIAL: Option<ReduceOp> = None;
 }
 
 impl<Op: ReduceMarker> sealed::Sealed for Partial<Op> {}
 impl<Op: ReduceMarker> PlacementMarker for Partial<Op> {
     const PLACEMENT: Placement = Placement::Partial(Op::OP);
     const MIN_RANK: usize = 0;
+    const PARTIAL: Option<ReduceOp> = Some(Op::OP);
 }
 
 #[cfg(test)]

@@ -1,10 +1,10 @@
 //! Typed `matmul` `[.., m, k] @ [k, n]` (DESIGN.md §4), per mesh dim:
 //! `R×R→R`, `S(m or batch)×R→S(same)`, `R×S(n)→S(n)`, `S(k)×S(k)→Partial<Sum>`,
-//! `Partial<Sum>×R→Partial<Sum>`, `R×Partial<Sum>→Partial<Sum>`. Anything else needs a
+//! `P×R→P`, `R×P→P` for `P` = `Partial<Sum>` or `Partial<Avg>`. Anything else needs a
 //! redistribute first. The left operand has rank `LR` (2 to 4), the right one is a matrix.
 
 use super::lift::{lift_binary, never_binary};
-use super::markers::{Partial, Replicate, Shard, Sum};
+use super::markers::{Avg, Partial, Replicate, Shard, Sum};
 use super::{Dt, MeshDims, PlacementMarker, TypedLayout};
 use crate::element::Element;
 use crate::error::Result;
@@ -16,7 +16,7 @@ pub enum Rank<const LR: usize> {}
 #[diagnostic::on_unimplemented(
     message = "matmul of `{Self}` × `{Rhs}` on mesh dim `{Name}` is not a legal layout: redistribute one side first",
     label = "no matmul sharding rule for `{Self}` × `{Rhs}` on mesh dim `{Name}`",
-    note = "legal per mesh dim ([.., m, k] @ [k, n]): R×R→R, S(m or batch)×R→S, R×S(n)→S(n), S(k)×S(k)→Partial<Sum>, Partial<Sum>×R→Partial<Sum>, R×Partial<Sum>→Partial<Sum>"
+    note = "legal per mesh dim ([.., m, k] @ [k, n]): R×R→R, S(m or batch)×R→S, R×S(n)→S(n), S(k)×S(k)→Partial<Sum>, P×R→P, R×P→P (P = Partial<Sum|Avg>)"
 )]
 pub trait MatmulRule<Rhs, Name, Ctx> {
     /// Placement of the product on this mesh dim.
@@ -34,12 +34,18 @@ never_binary!(MatmulRule, Ctx);
 impl<N, const LR: usize> MatmulRule<Replicate, N, Rank<LR>> for Replicate {
     type Out = Replicate;
 }
-impl<N, const LR: usize> MatmulRule<Replicate, N, Rank<LR>> for Partial<Sum> {
-    type Out = Partial<Sum>;
+/// Matmul is linear in each operand: a partial sum / average times a replicated matrix stays one.
+macro_rules! linear_partial {
+    ($($Op:ident),+) => {$(
+        impl<N, const LR: usize> MatmulRule<Replicate, N, Rank<LR>> for Partial<$Op> {
+            type Out = Partial<$Op>;
+        }
+        impl<N, const LR: usize> MatmulRule<Partial<$Op>, N, Rank<LR>> for Replicate {
+            type Out = Partial<$Op>;
+        }
+    )+};
 }
-impl<N, const LR: usize> MatmulRule<Partial<Sum>, N, Rank<LR>> for Replicate {
-    type Out = Partial<Sum>;
-}
+linear_partial!(Sum, Avg);
 
 /// Per left rank: the dims that shard through (batch dims and m), n's dim of the output,
 /// and k's dim of the left operand.

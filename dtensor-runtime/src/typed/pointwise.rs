@@ -1,7 +1,7 @@
 //! Typed element-wise `add`, `sub`, `mul`, `div` of two tensors of the same rank (DESIGN.md §4):
-//! both sides on the same `Shard<D>` or `Replicate` → the same; Partial is linear, so
-//! `P+P→P`, `P−P→P` (Sum or Avg), `P*R`, `R*P`, `P/R` → `Partial<Sum>`. Anything else
-//! (e.g. `P*P`, `S+R`) needs a redistribute first.
+//! both sides on the same `Shard<D>` or `Replicate` → the same; `Partial<Sum>` and
+//! `Partial<Avg>` are linear, so `P±P`, `P±R`, `R±P`, `P*R`, `R*P`, `P/R` → the same Partial.
+//! Anything else (e.g. `P*P`, `R/P`, `S+R`) needs a redistribute first.
 
 use super::lift::{lift_binary, never_binary};
 use super::markers::{Avg, Partial, Replicate, Shard, Sum};
@@ -16,7 +16,7 @@ macro_rules! pointwise_rule {
         #[diagnostic::on_unimplemented(
             message = $msg,
             label = $label,
-            note = "pointwise ops need the same `Shard<D>` or `Replicate` on both sides; a Partial only combines linearly (P+P, P-P, P*R, R*P, P/R)"
+            note = "pointwise ops need the same `Shard<D>` or `Replicate` on both sides; `Partial<Sum>`/`Partial<Avg>` only combine linearly (P±P, P±R, R±P, P*R, R*P, P/R)"
         )]
         pub trait $Rule<Rhs, Name> {
             /// Placement of the result on this mesh dim.
@@ -66,30 +66,40 @@ pointwise_rule!(
     "no `div` sharding rule for `{Self}` / `{Rhs}` on mesh dim `{Name}`"
 );
 
-// Sums and averages are linear: `P ± P` stays partial with the same op.
-impl<N> AddRule<Partial<Sum>, N> for Partial<Sum> {
-    type Out = Partial<Sum>;
+/// Sums and averages are linear: `P ± P`, `P ± R`, `R ± P`, `P * R`, `R * P` and `P / R` stay
+/// partial with the same op (a Replicate operand of `±` becomes partial locally, no comm).
+macro_rules! linear_partial {
+    ($($Op:ident),+) => {$(
+        impl<N> AddRule<Partial<$Op>, N> for Partial<$Op> {
+            type Out = Partial<$Op>;
+        }
+        impl<N> SubRule<Partial<$Op>, N> for Partial<$Op> {
+            type Out = Partial<$Op>;
+        }
+        impl<N> AddRule<Replicate, N> for Partial<$Op> {
+            type Out = Partial<$Op>;
+        }
+        impl<N> AddRule<Partial<$Op>, N> for Replicate {
+            type Out = Partial<$Op>;
+        }
+        impl<N> SubRule<Replicate, N> for Partial<$Op> {
+            type Out = Partial<$Op>;
+        }
+        impl<N> SubRule<Partial<$Op>, N> for Replicate {
+            type Out = Partial<$Op>;
+        }
+        impl<N> MulRule<Replicate, N> for Partial<$Op> {
+            type Out = Partial<$Op>;
+        }
+        impl<N> MulRule<Partial<$Op>, N> for Replicate {
+            type Out = Partial<$Op>;
+        }
+        impl<N> DivRule<Replicate, N> for Partial<$Op> {
+            type Out = Partial<$Op>;
+        }
+    )+};
 }
-impl<N> AddRule<Partial<Avg>, N> for Partial<Avg> {
-    type Out = Partial<Avg>;
-}
-impl<N> SubRule<Partial<Sum>, N> for Partial<Sum> {
-    type Out = Partial<Sum>;
-}
-impl<N> SubRule<Partial<Avg>, N> for Partial<Avg> {
-    type Out = Partial<Avg>;
-}
-
-// Scaling a partial sum by a replicated factor keeps it partial.
-impl<N> MulRule<Replicate, N> for Partial<Sum> {
-    type Out = Partial<Sum>;
-}
-impl<N> MulRule<Partial<Sum>, N> for Replicate {
-    type Out = Partial<Sum>;
-}
-impl<N> DivRule<Replicate, N> for Partial<Sum> {
-    type Out = Partial<Sum>;
-}
+linear_partial!(Sum, Avg);
 
 /// Typed binary methods: each wraps the dynamic op of the same name.
 macro_rules! binary_methods {

@@ -1,10 +1,10 @@
 //! Typed `sum` over one tensor dim (keeping it, so the rank stays a type-level constant):
-//! `Shard<DIM>` → `Partial<Sum>`, another `Shard<D>` stays, `Replicate` stays, a partial sum
-//! stays a partial sum (linear). Other partials (avg of sums is fine in math but min/max/product
-//! are not linear) need a redistribute first.
+//! `Shard<DIM>` → `Partial<Sum>`, another `Shard<D>` stays, `Replicate` stays, `Partial<Sum>`
+//! and `Partial<Avg>` stay (a sum is linear). `Partial<Min|Max|Product>` need a redistribute
+//! first.
 
 use super::lift::lift_unary;
-use super::markers::{Partial, Replicate, Shard, Sum};
+use super::markers::{Avg, Partial, Replicate, Shard, Sum};
 use super::same::SameLayout;
 use super::{Dt, MeshDims, TypedLayout};
 use crate::element::Element;
@@ -16,9 +16,9 @@ pub struct Dim<const DIM: usize>;
 
 /// The `sum(dim)` rule on one mesh dim.
 #[diagnostic::on_unimplemented(
-    message = "sum of `{Self}` on mesh dim `{Name}` is not a legal layout: only `Partial<Sum>` stays partial through a sum; redistribute first",
+    message = "sum of `{Self}` on mesh dim `{Name}` is not a legal layout: only `Partial<Sum>` and `Partial<Avg>` stay partial through a sum; redistribute first",
     label = "no sum rule for `{Self}` on mesh dim `{Name}`",
-    note = "sum keeps `Replicate`, keeps `Shard<D>` for D ≠ the summed dim (tensor dims up to 7), turns `Shard<dim>` into `Partial<Sum>`, and keeps `Partial<Sum>`"
+    note = "sum keeps `Replicate`, keeps `Shard<D>` for D ≠ the summed dim (tensor dims up to 7), turns `Shard<dim>` into `Partial<Sum>`, and keeps `Partial<Sum>` and `Partial<Avg>`"
 )]
 pub trait SumRule<Name, Ctx> {
     /// Placement of the result on this mesh dim.
@@ -37,6 +37,9 @@ impl<N, const DIM: usize> SumRule<N, Dim<DIM>> for Replicate {
 }
 impl<N, const DIM: usize> SumRule<N, Dim<DIM>> for Partial<Sum> {
     type Out = Partial<Sum>;
+}
+impl<N, const DIM: usize> SumRule<N, Dim<DIM>> for Partial<Avg> {
+    type Out = Partial<Avg>;
 }
 
 /// Chooses the output of `Shard<D>` from whether `D` is the summed dim.

@@ -39,15 +39,21 @@ pub struct Dt<T: Element, M: MeshDims, L: TypedLayout<M>, const R: usize> {
 
 impl<T: Element, M: MeshDims, L: TypedLayout<M>, const R: usize> Dt<T, M, L, R> {
     /// Evaluated (at `cargo build`) whenever a `Dt` is made: every `Shard<D>` of the layout
-    /// must address a dim of a rank-`R` tensor.
-    const RANK_FITS: () = assert!(
-        L::MIN_RANK <= R,
-        "the layout shards a tensor dim that does not exist: every `Shard<D>` needs D < the tensor rank R of `Dt<T, M, L, R>`"
-    );
+    /// must address a dim of a rank-`R` tensor, and the layout may not mix two Partial ops.
+    const VALID: () = {
+        assert!(
+            L::MIN_RANK <= R,
+            "the layout shards a tensor dim that does not exist: every `Shard<D>` needs D < the tensor rank R of `Dt<T, M, L, R>`"
+        );
+        assert!(
+            !L::MIXED_PARTIAL,
+            "the layout mixes two different Partial reduce ops (e.g. `Partial<Sum>` and `Partial<Avg>`): reduce one of them first"
+        );
+    };
 
     /// Wraps a dynamic tensor after checking its mesh dim names, placements and rank.
     pub fn from_dtensor(x: DTensor<T>) -> Result<Self> {
-        let () = Self::RANK_FITS;
+        let () = Self::VALID;
         let names = M::names();
         if x.device_mesh().dim_names() != names.as_slice() {
             return Err(Error::TypedMismatch {
@@ -79,7 +85,7 @@ impl<T: Element, M: MeshDims, L: TypedLayout<M>, const R: usize> Dt<T, M, L, R> 
     /// Errors if the mesh dim names or the tensor rank differ from the type, or if the layout
     /// holds a `Partial` (a global tensor has no partial form).
     pub fn distribute(global: &ArrayD<T>, mesh: &DeviceMesh) -> Result<Self> {
-        let () = Self::RANK_FITS;
+        let () = Self::VALID;
         Self::check_mesh(mesh)?;
         if global.ndim() != R {
             return Err(Error::TypedMismatch {
