@@ -86,8 +86,8 @@ mod tests {
     fn min_rank_is_largest_shard_dim_plus_one() {
         assert_eq!(<(Replicate, Partial<Sum>) as TypedLayout<(dp, tp)>>::MIN_RANK, 0);
         assert_eq!(<(Shard<0>, Shard<2>, Replicate) as TypedLayout<(dp, tp, pp)>>::MIN_RANK, 3);
-        assert_eq!(<(Partial<Sum>, Partial<Sum>) as TypedLayout<(dp, tp)>>::MIXED_PARTIAL, false);
-        assert_eq!(<(Partial<Sum>, Replicate, Partial<Avg>) as TypedLayout<(dp, tp, pp)>>::MIXED_PARTIAL, true);
+        const { assert!(!<(Partial<Sum>, Partial<Sum>) as TypedLayout<(dp, tp)>>::MIXED_PARTIAL) };
+        const { assert!(<(Partial<Sum>, Replicate, Partial<Avg>) as TypedLayout<(dp, tp, pp)>>::MIXED_PARTIAL) };
         assert_eq!(
             <(Shard<1>, Partial<Sum>, Replicate) as TypedLayout<(dp, tp, pp)>>::placements(),
             vec![Placement::Shard(1), Placement::PARTIAL_SUM, Placement::Replicate]
