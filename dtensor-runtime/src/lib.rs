@@ -44,6 +44,9 @@ pub use ops::{implicit_redistribution_count, implicit_redistributions};
 pub use placement::{Partial, Placement, ReduceOp, Replicate, Shard};
 pub use redistribute::{plan_redistribute, plan_redistribute_at, RedistributePlan, RedistributeStep};
 pub use rng::manual_seed;
+// The typed markers share their names with the placement constructors above: those live in
+// the value namespace, these in the type namespace, so `Shard(0)` and `Shard<0>` coexist.
+pub use typed::{Avg, Dt, Max, Min, Partial, Product, Replicate, Shard, Sum};
 
 /// Everything a typical program needs.
 pub mod prelude {
