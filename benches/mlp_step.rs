@@ -7,9 +7,9 @@
 //! DTENSOR_BENCH_MESHES=1x1,2x2,1x2 cargo bench --bench mlp_step
 //! ```
 //!
-//! A step = fresh batch, teacher forward (no grad), student forward, MSE, backward (with the
-//! tp all-reduces and the dp gradient all-reduces), SGD update. Under `cargo test --benches`
-//! only the smallest size runs, once.
+//! A step = forward (one tp all-reduce per block), MSE, backward (tp all-reduces for the input
+//! gradients, one dp all-reduce per weight), SGD update, on one fixed batch (the data do not
+//! change the work). Under `cargo test --benches` only the smallest size runs, once.
 
 mod common;
 #[path = "../examples/mlp_tp/model.rs"]
@@ -47,11 +47,12 @@ fn run_steps(cfg: MlpConfig, (dp, tp): (usize, usize), iters: u64) -> Duration {
     let times = dtensor::run(dp * tp, |ctx| {
         let mesh = ctx.init_device_mesh(&[dp, tp], &["dp", "tp"])?;
         let mut trainer = Trainer::new(&mesh, cfg)?;
-        trainer.step()?;
+        let (x, y) = trainer.batch()?;
+        trainer.train_step(&x, &y)?;
         mesh.barrier(Along::All)?;
         let t0 = Instant::now();
         for _ in 0..iters {
-            trainer.step()?;
+            trainer.train_step(&x, &y)?;
         }
         mesh.barrier(Along::All)?;
         Ok(t0.elapsed())

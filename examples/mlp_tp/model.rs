@@ -1,12 +1,18 @@
 //! The model of the `mlp_tp` example, shared with `benches/mlp_step.rs`: a stack of
-//! Megatron MLP blocks `x + w2(gelu(w1(x)))`, `w1` column-parallel and `w2` row-parallel
-//! over the mesh dim `tp`, trained by SGD towards a fixed random teacher of the same shape.
+//! Megatron MLP blocks `x + gelu(x @ w1) @ w2` declared with `#[distribute]`: `w1`
+//! column-parallel, `w2` row-parallel over the mesh dim `tp`. Trained by SGD towards a fixed
+//! random teacher of the same shape.
+//!
+//! The layouts are checked at compile time: `block_forward` only compiles because every op in
+//! it is legal for the declared placements (see `examples/compile_time.rs` for one that is not).
 
-use dtensor::module::{parallelize_module, prefixed, prefixed_mut, ColwiseParallel, LayerHooks, Linear};
-use dtensor::module::{ParallelStyle, RowwiseParallel};
+use dtensor::distribute;
 use dtensor::optim::Sgd;
 use dtensor::prelude::*;
-use dtensor::{manual_seed, randn};
+use dtensor::typed::dims::{dp, tp};
+use dtensor::typed::Dt;
+use dtensor::{local_mesh, manual_seed, rand, randn};
+use ndarray::ArrayD;
 
 /// Seed offset of the teacher network, so that teacher and student differ.
 const TEACHER_SEED: u64 = 0x7eac_4e12;
@@ -28,10 +34,37 @@ pub struct MlpConfig {
     pub seed: u64,
 }
 
-/// One Megatron MLP block: `x + w2(gelu(w1(x)))`.
+/// One Megatron MLP block (no biases): `w1: [dim, hidden]`, `w2: [hidden, dim]`.
+#[distribute(mesh = "dp,tp")]
 pub struct Block {
-    w1: Linear<f32>,
-    w2: Linear<f32>,
+    /// Column parallel: each tp rank holds a slice of the hidden features.
+    #[placements = [Replicate, Shard(1)]]
+    pub w1: DTensor<f32>,
+    /// Row parallel: the matching slice of the hidden features, as rows.
+    #[placements = [Replicate, Shard(0)]]
+    pub w2: DTensor<f32>,
+}
+
+/// `x + gelu(x @ w1) @ w2` on a batch sharded over dp. The hidden activation is
+/// `(Shard<0>, Shard<1>)` and stays on its rank; `@ w2` gives `(Shard<0>, Partial<Sum>)`, and
+/// the redistribution to the declared result `(Shard<0>, Replicate)` is the block's one
+/// all-reduce over tp.
+#[distribute(mesh = "dp,tp", placements = [Shard(0), Replicate])]
+pub fn block_forward(
+    x: &DTensor<f32>,
+    #[placements(Replicate, Shard(1))] w1: &DTensor<f32>,
+    #[placements(Replicate, Shard(0))] w2: &DTensor<f32>,
+) -> Result<DTensor<f32>> {
+    let y = x.matmul(w1)?.gelu()?.matmul(w2)?;
+    x.add(&y.redistribute::<(Shard<0>, Replicate)>()?)
+}
+
+/// Global `[rows, cols]` weight, uniform in `±1/√rows` (PyTorch's Linear init for a fan-in of
+/// `rows`), from the counter-based generator (same values on every rank).
+fn init_weight(rows: usize, cols: usize) -> Result<ArrayD<f32>> {
+    let bound = 1.0 / (rows as f32).sqrt();
+    let u = rand::<f32>(&[rows, cols], &TensorOptions::new().mesh(&local_mesh()))?;
+    Ok(u.into_local().mapv(|v| (2.0 * v - 1.0) * bound))
 }
 
 /// A stack of blocks.
@@ -40,15 +73,29 @@ pub struct Mlp {
 }
 
 impl Mlp {
-    /// Local (1-rank) parameters drawn from the counter-based generator: call
-    /// `manual_seed` with the same seed on every rank first.
-    fn new(cfg: &MlpConfig) -> Result<Mlp> {
-        let blocks = (0..cfg.layers)
-            .map(|_| {
-                Ok(Block { w1: Linear::new(cfg.dim, cfg.hidden, true)?, w2: Linear::new(cfg.hidden, cfg.dim, true)? })
-            })
-            .collect::<Result<_>>()?;
+    /// Draws the global weights (call `manual_seed` first) and distributes them over `mesh`.
+    fn new(cfg: &MlpConfig, mesh: &DeviceMesh, requires_grad: bool) -> Result<Mlp> {
+        let mut blocks = Vec::with_capacity(cfg.layers);
+        for _ in 0..cfg.layers {
+            let global = BlockGlobal { w1: init_weight(cfg.dim, cfg.hidden)?, w2: init_weight(cfg.hidden, cfg.dim)? };
+            let mut block = Block::distribute(global, mesh)?;
+            if requires_grad {
+                for (_, p) in block.named_parameters_mut() {
+                    *p = p.clone().requires_grad_(true);
+                }
+            }
+            blocks.push(block);
+        }
         Ok(Mlp { blocks })
+    }
+
+    /// The forward pass on a batch laid out `(Shard(0), Replicate)`.
+    pub fn forward(&self, x: &DTensor<f32>) -> Result<DTensor<f32>> {
+        let mut h: Dt<f32, (dp, tp), (Shard<0>, Replicate), 2> = Dt::from_dtensor(x.clone())?;
+        for b in &self.blocks {
+            h = block_forward(&h, &b.w1, &b.w2)?;
+        }
+        Ok(h.into_dtensor())
     }
 }
 
@@ -56,38 +103,16 @@ impl Module<f32> for Mlp {
     fn named_parameters(&self) -> Vec<(String, &DTensor<f32>)> {
         let mut v = Vec::new();
         for (i, b) in self.blocks.iter().enumerate() {
-            v.extend(prefixed(&format!("blocks.{i}.w1"), b.w1.named_parameters()));
-            v.extend(prefixed(&format!("blocks.{i}.w2"), b.w2.named_parameters()));
+            v.extend(b.named_parameters().into_iter().map(|(n, p)| (format!("blocks.{i}.{n}"), p)));
         }
         v
     }
     fn named_parameters_mut(&mut self) -> Vec<(String, &mut DTensor<f32>)> {
         let mut v = Vec::new();
         for (i, b) in self.blocks.iter_mut().enumerate() {
-            v.extend(prefixed_mut(&format!("blocks.{i}.w1"), b.w1.named_parameters_mut()));
-            v.extend(prefixed_mut(&format!("blocks.{i}.w2"), b.w2.named_parameters_mut()));
+            v.extend(b.named_parameters_mut().into_iter().map(|(n, p)| (format!("blocks.{i}.{n}"), p)));
         }
         v
-    }
-    fn layer_hooks_mut(&mut self, path: &str) -> Option<&mut LayerHooks> {
-        let rest = path.strip_prefix("blocks.")?;
-        let (i, layer) = rest.split_once('.')?;
-        let b = self.blocks.get_mut(i.parse::<usize>().ok()?)?;
-        match layer {
-            "w1" => b.w1.layer_hooks_mut(""),
-            "w2" => b.w2.layer_hooks_mut(""),
-            _ => None,
-        }
-    }
-}
-
-impl Forward<f32> for Mlp {
-    fn forward(&self, x: &DTensor<f32>) -> Result<DTensor<f32>> {
-        let mut h = x.clone();
-        for b in &self.blocks {
-            h = h.add(&b.w2.forward(&b.w1.forward(&h)?.gelu()?)?)?;
-        }
-        Ok(h)
     }
 }
 
@@ -104,30 +129,26 @@ impl Trainer {
     /// Builds both networks (collective: every rank of `mesh` calls it).
     pub fn new(mesh: &DeviceMesh, cfg: MlpConfig) -> Result<Trainer> {
         manual_seed(cfg.seed.wrapping_add(TEACHER_SEED));
-        let teacher = parallelize_module(Mlp::new(&cfg)?, mesh, &[])?;
+        let teacher = Mlp::new(&cfg, mesh, false)?;
         manual_seed(cfg.seed);
-        let student = Mlp::new(&cfg)?;
-        let (colwise, rowwise) = (ColwiseParallel::new().mesh_dim("tp"), RowwiseParallel::new().mesh_dim("tp"));
-        let paths: Vec<(String, String)> =
-            (0..cfg.layers).map(|i| (format!("blocks.{i}.w1"), format!("blocks.{i}.w2"))).collect();
-        let mut plan: Vec<(&str, &dyn ParallelStyle)> = Vec::new();
-        for (w1, w2) in &paths {
-            plan.push((w1, &colwise));
-            plan.push((w2, &rowwise));
-        }
-        let student = parallelize_module(student, mesh, &plan)?;
+        let student = Mlp::new(&cfg, mesh, true)?;
         let data = TensorOptions::new().mesh(mesh).placements(&[Shard(0), Replicate]);
         Ok(Trainer { student, teacher, opt: Sgd::new(cfg.lr), data, cfg })
     }
 
-    /// One SGD step on a fresh batch; returns the loss (its placements depend on the mesh;
-    /// read it with `full_tensor`, outside any `CommDebugMode` that should not count it).
-    pub fn step(&mut self) -> Result<DTensor<f32>> {
-        // The same global batch whatever the mesh: randn is placement-invariant.
+    /// A fresh batch `x` (`[batch, dim]`, `(Shard(0), Replicate)`) and the teacher's output
+    /// for it. `randn` is placement-invariant: the same global batch whatever the mesh.
+    pub fn batch(&self) -> Result<(DTensor<f32>, DTensor<f32>)> {
         let x = randn::<f32>(&[self.cfg.batch, self.cfg.dim], &self.data)?;
         let y = no_grad(|| self.teacher.forward(&x))?;
+        Ok((x, y))
+    }
+
+    /// One SGD step of the student on `(x, y)`; returns the loss (its placements depend on the
+    /// mesh: read it with `full_tensor`, outside any `CommDebugMode` that should not count it).
+    pub fn train_step(&mut self, x: &DTensor<f32>, y: &DTensor<f32>) -> Result<DTensor<f32>> {
         self.student.zero_grad();
-        let loss = self.student.forward(&x)?.mse_loss(&y)?;
+        let loss = self.student.forward(x)?.mse_loss(y)?;
         loss.backward()?;
         self.opt.step(&mut self.student)?;
         Ok(loss)
