@@ -49,6 +49,8 @@ pub struct Block {
 /// `(Shard<0>, Shard<1>)` and stays on its rank; `@ w2` gives `(Shard<0>, Partial<Sum>)`, and
 /// the redistribution to the declared result `(Shard<0>, Replicate)` is the block's one
 /// all-reduce over tp.
+// The macro turns the result into `Result<Dt<f32, (dp, tp), (Shard<0>, Replicate), 2>>`.
+#[allow(clippy::type_complexity)]
 #[distribute(mesh = "dp,tp", placements = [Shard(0), Replicate])]
 pub fn block_forward(
     x: &DTensor<f32>,
