@@ -1,4 +1,5 @@
-//! Dispatch overhead: a dynamic DTensor op vs the same op on the local ndarray, 8×8 f32.
+//! Dispatch overhead: a typed (`Dt`) and a dynamic (`DTensor`) op vs the same op on the local
+//! ndarray, 8×8 f32.
 //!
 //! ```text
 //! cargo bench --bench dispatch
@@ -6,18 +7,22 @@
 //!
 //! Two layouts, neither of which needs communication, so the difference is pure dispatch
 //! (placement checks, sharding rule, output metadata, no autograd tape):
-//! - `1rank`: a 1-rank mesh, Replicate: the DTensor's local tensor is the whole 8×8;
+//! - `1rank`: a 1×1 mesh, `(Replicate, Replicate)`: the local tensor is the whole 8×8;
 //! - `2x2`: rank 0 of a 2×2 mesh, `x: (Shard(0), Replicate)` (local 4×8); matmul takes
 //!   `w: (Replicate, Shard(1))` (local 8×4), the column-parallel layout.
 //!
-//! The baseline runs the same kernel on the same local arrays with ndarray. The table at the
-//! end gives both times, the overhead in ns per op (target ≤ 1000 ns) and the ratio.
+//! The baseline runs the same kernel on the same local arrays with ndarray. The typed op is
+//! the same tensors as `Dt<f32, (dp, tp), Layout, 2>`: its layout rule runs in the type
+//! system, then it calls the dynamic op and checks the placements it promised. The table at
+//! the end gives the times, the overhead in ns per op (target ≤ 1000 ns) and the ratio.
 
 mod common;
 
 use common::{measuring, Recorder};
 use criterion::{criterion_group, criterion_main, Criterion};
 use dtensor::prelude::*;
+use dtensor::typed::dims::{dp, tp};
+use dtensor::typed::Dt;
 use ndarray::{ArrayD, Ix2};
 use std::hint::black_box;
 use std::sync::LazyLock;
@@ -26,6 +31,9 @@ use std::time::{Duration, Instant};
 const N: usize = 8;
 const GELU_C: f64 = 0.797_884_560_802_865_4; // sqrt(2/pi)
 const GELU_A: f64 = 0.044_715;
+const OPS: [&str; 4] = ["add", "mul", "gelu", "matmul"];
+const LAYOUTS: [&str; 2] = ["1rank", "2x2"];
+const VARIANTS: [&str; 3] = ["ndarray", "dtensor", "typed"];
 
 static RECORDER: LazyLock<Recorder> = LazyLock::new(Recorder::default);
 
@@ -37,17 +45,10 @@ struct Inputs {
     w: DTensor<f32>,
 }
 
-fn inputs(mesh_shape: &'static [usize]) -> Inputs {
-    let world: usize = mesh_shape.iter().product();
-    let out = dtensor::run(world, |ctx| {
-        let names: Vec<&str> = ["dp", "tp"][..mesh_shape.len()].to_vec();
-        let mesh = ctx.init_device_mesh(mesh_shape, &names)?;
+fn inputs(mesh_shape: [usize; 2], row: [Placement; 2], col: [Placement; 2]) -> Inputs {
+    let out = dtensor::run(mesh_shape[0] * mesh_shape[1], |ctx| {
+        let mesh = ctx.init_device_mesh(&mesh_shape, &["dp", "tp"])?;
         let global = |k: f32| ArrayD::from_shape_fn(vec![N, N], |ix| (ix[0] * N + ix[1]) as f32 * 0.01 + k);
-        let (row, col) = if mesh_shape.len() == 2 {
-            (vec![Shard(0), Replicate], vec![Replicate, Shard(1)])
-        } else {
-            (vec![Replicate], vec![Replicate])
-        };
         let x = distribute_tensor(global(0.0), &mesh, &row, None)?;
         let y = distribute_tensor(global(1.0), &mesh, &row, None)?;
         let w = distribute_tensor(global(-0.5), &mesh, &col, None)?;
@@ -70,22 +71,49 @@ fn dot(a: &ArrayD<f32>, b: &ArrayD<f32>) -> ArrayD<f32> {
     a.dot(&b).into_dyn()
 }
 
-type DynOp = fn(&Inputs) -> Result<DTensor<f32>>;
-type LocalOp = fn(&ArrayD<f32>, &ArrayD<f32>, &ArrayD<f32>) -> ArrayD<f32>;
+/// One op of one variant, ready to run (captures its inputs).
+type Op<'a> = Box<dyn Fn() -> ArrayD<f32> + 'a>;
 
-/// (name, DTensor op, the same kernel on the local arrays x, y, w).
-const OPS: [(&str, DynOp, LocalOp); 4] = [
-    ("add", |i| i.x.add(&i.y), |x, y, _| x + y),
-    ("mul", |i| i.x.mul(&i.y), |x, y, _| x * y),
-    ("gelu", |i| i.x.gelu(), |x, _, _| x.mapv(gelu)),
-    ("matmul", |i| i.x.matmul(&i.w), |x, _, w| dot(x, w)),
-];
+fn local_ops(i: &Inputs) -> Vec<Op<'_>> {
+    let (x, y, w) = (i.x.local(), i.y.local(), i.w.local());
+    vec![Box::new(move || x + y), Box::new(move || x * y), Box::new(move || x.mapv(gelu)), Box::new(move || dot(x, w))]
+}
+
+/// The result's local tensor is moved out (no copy) so that every variant returns the same.
+fn dyn_ops(i: &Inputs) -> Vec<Op<'_>> {
+    let run = |r: Result<DTensor<f32>>| r.expect("dynamic op").into_local();
+    vec![
+        Box::new(move || run(i.x.add(&i.y))),
+        Box::new(move || run(i.x.mul(&i.y))),
+        Box::new(move || run(i.x.gelu())),
+        Box::new(move || run(i.x.matmul(&i.w))),
+    ]
+}
+
+/// The typed ops for layouts `Lx` (x, y) and `Lw` (w); one expansion per layout pair, since
+/// each pair is a different type.
+macro_rules! typed_ops {
+    ($i:expr, $Lx:ty, $Lw:ty) => {{
+        let x = Dt::<f32, (dp, tp), $Lx, 2>::from_dtensor($i.x.clone()).expect("x has the typed layout");
+        let y = Dt::<f32, (dp, tp), $Lx, 2>::from_dtensor($i.y.clone()).expect("y has the typed layout");
+        let w = Dt::<f32, (dp, tp), $Lw, 2>::from_dtensor($i.w.clone()).expect("w has the typed layout");
+        let (x, y, w) = (std::rc::Rc::new(x), std::rc::Rc::new(y), std::rc::Rc::new(w));
+        let (x2, y2, x3, x4) = (x.clone(), y.clone(), x.clone(), x.clone());
+        let ops: Vec<Op<'static>> = vec![
+            Box::new(move || x.add(&y).expect("typed add").into_dtensor().into_local()),
+            Box::new(move || x2.mul(&y2).expect("typed mul").into_dtensor().into_local()),
+            Box::new(move || x3.gelu::<$Lx>().expect("typed gelu").into_dtensor().into_local()),
+            Box::new(move || x4.matmul(&w).expect("typed matmul").into_dtensor().into_local()),
+        ];
+        ops
+    }};
+}
 
 /// Times `iters` calls of `f` and records them under `key`.
-fn timed(key: &str, iters: u64, mut f: impl FnMut()) -> Duration {
+fn timed(key: &str, iters: u64, f: &dyn Fn() -> ArrayD<f32>) -> Duration {
     let t0 = Instant::now();
     for _ in 0..iters {
-        f();
+        drop(black_box(f()));
     }
     let t = t0.elapsed();
     RECORDER.add(key, iters, t);
@@ -93,46 +121,52 @@ fn timed(key: &str, iters: u64, mut f: impl FnMut()) -> Duration {
 }
 
 fn bench_dispatch(c: &mut Criterion) {
-    let layouts: [(&str, &'static [usize]); 2] = [("1rank", &[1]), ("2x2", &[2, 2])];
+    use dtensor::typed::{Replicate as R, Shard as S};
     let mut group = c.benchmark_group("dispatch");
     group.sample_size(20).warm_up_time(Duration::from_millis(300)).measurement_time(Duration::from_secs(1));
-    for (layout, shape) in layouts {
-        let inp = inputs(shape);
-        // The DTensor op must agree with its baseline, or the comparison means nothing.
-        for (name, dyn_op, local_op) in OPS {
-            let got = dyn_op(&inp).unwrap_or_else(|e| panic!("{name} on {layout}: {e}"));
-            let want = local_op(inp.x.local(), inp.y.local(), inp.w.local());
-            assert_eq!(got.local(), &want, "{name} on {layout}: DTensor result differs from ndarray");
-            let (kd, kl) = (format!("{name}/{layout}/dtensor"), format!("{name}/{layout}/ndarray"));
-            group.bench_function(&kd, |b| {
-                b.iter_custom(|iters| timed(&kd, iters, || drop(black_box(dyn_op(black_box(&inp))))))
-            });
-            group.bench_function(&kl, |b| {
-                b.iter_custom(|iters| {
-                    timed(&kl, iters, || drop(black_box(local_op(inp.x.local(), inp.y.local(), inp.w.local()))))
-                })
-            });
+    for layout in LAYOUTS {
+        let (inp, typed) = if layout == "1rank" {
+            let inp = inputs([1, 1], [Replicate, Replicate], [Replicate, Replicate]);
+            let typed = typed_ops!(inp, (R, R), (R, R));
+            (inp, typed)
+        } else {
+            let inp = inputs([2, 2], [Shard(0), Replicate], [Replicate, Shard(1)]);
+            let typed = typed_ops!(inp, (S<0>, R), (R, S<1>));
+            (inp, typed)
+        };
+        let variants = [local_ops(&inp), dyn_ops(&inp), typed];
+        for (k, name) in OPS.iter().enumerate() {
+            // Every variant must compute the same thing, or the comparison means nothing.
+            let want = variants[0][k]();
+            for (v, ops) in VARIANTS.iter().zip(&variants) {
+                assert_eq!(ops[k](), want, "{name} on {layout}: {v} differs from ndarray");
+                let key = format!("{name}/{layout}/{v}");
+                group.bench_function(&key, |b| b.iter_custom(|iters| timed(&key, iters, &*ops[k])));
+            }
         }
     }
     group.finish();
     println!();
-    println!("Dispatch overhead of dynamic DTensor ops on 8x8 f32 (target: overhead <= 1000 ns/op)");
+    println!("Dispatch overhead of DTensor ops on 8x8 f32 vs ndarray on the local shard (target: <= 1000 ns/op)");
     if !measuring() {
         println!("(test mode: one iteration each, timings are not measurements; run `cargo bench --bench dispatch`)");
     }
     println!(
-        "{:<8} {:<7} {:>12} {:>12} {:>14} {:>7}",
-        "op", "layout", "ndarray ns", "DTensor ns", "overhead ns", "ratio"
+        "{:<8} {:<7} {:>11} {:>12} {:>13} {:>7} {:>10} {:>13} {:>7}",
+        "op", "layout", "ndarray ns", "dynamic ns", "overhead ns", "ratio", "typed ns", "overhead ns", "ratio"
     );
-    for (layout, _) in layouts {
-        for (name, _, _) in OPS {
-            let (Some(d), Some(l)) = (
-                RECORDER.median_ns(&format!("{name}/{layout}/dtensor")),
-                RECORDER.median_ns(&format!("{name}/{layout}/ndarray")),
-            ) else {
-                continue;
-            };
-            println!("{name:<8} {layout:<7} {l:>12.0} {d:>12.0} {:>14.0} {:>7.2}", d - l, d / l);
+    for layout in LAYOUTS {
+        for name in OPS {
+            let t: Vec<Option<f64>> =
+                VARIANTS.iter().map(|v| RECORDER.median_ns(&format!("{name}/{layout}/{v}"))).collect();
+            let (Some(l), Some(d), Some(ty)) = (t[0], t[1], t[2]) else { continue };
+            println!(
+                "{name:<8} {layout:<7} {l:>11.0} {d:>12.0} {:>13.0} {:>7.2} {ty:>10.0} {:>13.0} {:>7.2}",
+                d - l,
+                d / l,
+                ty - l,
+                ty / l
+            );
         }
     }
 }
