@@ -73,7 +73,7 @@ fn with_reference(ty: &TensorTy, inner: TokenStream) -> TokenStream {
 
 /// The mesh from the arguments, or an error when it is missing.
 fn require_mesh<'a>(args: &'a Args, item: &impl ToTokens, errs: &mut Errors) -> Option<&'a MeshAst> {
-    if args.mesh.is_none() {
+    if args.mesh.is_none() && !args.had_error {
         errs.spanned(item, "missing `mesh`: `#[distribute(mesh = \"dp,tp\")]`");
     }
     args.mesh.as_ref()
@@ -82,13 +82,19 @@ fn require_mesh<'a>(args: &'a Args, item: &impl ToTokens, errs: &mut Errors) -> 
 /// Resolves the placements of one tensor slot (its own list, else the default).
 fn resolve_slot(
     slot: &TensorSlot,
-    default: Option<&attr::PlacementList>,
+    args: &Args,
     mesh: &MeshAst,
     usage: Use,
     what_kind: &str,
     errs: &mut Errors,
 ) -> Option<Vec<Marker>> {
-    let Some(list) = slot.placements.as_ref().or(default) else {
+    if slot.placements_invalid {
+        return None; // its own attribute was reported
+    }
+    let Some(list) = slot.placements.as_ref().or(args.placements.as_ref()) else {
+        if args.had_error {
+            return None; // e.g. a misspelt or invalid `placements` argument, already reported
+        }
         errs.spanned(
             &slot.span_tokens,
             format!(
@@ -128,7 +134,7 @@ pub(crate) fn expand_struct(args: Args, mut item: ItemStruct, mut errs: Errors) 
     }
     let mut resolved = Vec::new();
     for (i, s) in &slots {
-        if let Some(ms) = resolve_slot(s, args.placements.as_ref(), mesh, Use::Parameter, "field", &mut errs) {
+        if let Some(ms) = resolve_slot(s, &args, mesh, Use::Parameter, "field", &mut errs) {
             resolved.push((*i, ms));
         }
     }
@@ -248,6 +254,7 @@ fn dyn_placement(m: Marker) -> TokenStream {
 fn strip_struct(item: &mut ItemStruct) {
     for f in item.fields.iter_mut() {
         f.attrs.retain(|a| !attr::is_placements_attr(a));
+        ast::strip_rank(&mut f.ty);
     }
 }
 
@@ -283,7 +290,7 @@ pub(crate) fn expand_fn(args: Args, mut item: ItemFn, mut errs: Errors) -> Token
     let Some(mesh) = mesh else { return fallback_fn(item, errs) };
     let mut resolved = Vec::new();
     for (i, s) in &slots {
-        if let Some(ms) = resolve_slot(s, args.placements.as_ref(), mesh, Use::Value, "argument", &mut errs) {
+        if let Some(ms) = resolve_slot(s, &args, mesh, Use::Value, "argument", &mut errs) {
             resolved.push((*i, ms));
         }
     }
@@ -292,7 +299,12 @@ pub(crate) fn expand_fn(args: Args, mut item: ItemFn, mut errs: Errors) -> Token
     let mut new_ret = None;
     if let Some(ty) = &ret {
         let mut ty = ty.clone();
-        let ctx = RetCtx { list: args.returns.as_ref().or(args.placements.as_ref()), mesh, mesh_ty: &mesh_ty };
+        let ctx = RetCtx {
+            list: args.returns.as_ref().or(args.placements.as_ref()),
+            had_error: args.had_error,
+            mesh,
+            mesh_ty: &mesh_ty,
+        };
         rewrite_ret(&mut ty, &ctx, &mut errs);
         new_ret = Some(ty);
     }
@@ -365,6 +377,7 @@ pub(crate) fn expand_fn(args: Args, mut item: ItemFn, mut errs: Errors) -> Token
 /// What a `DTensor` in the return type turns into.
 struct RetCtx<'a> {
     list: Option<&'a attr::PlacementList>,
+    had_error: bool,
     mesh: &'a MeshAst,
     mesh_ty: &'a TokenStream,
 }
@@ -374,6 +387,9 @@ fn rewrite_ret(ty: &mut Type, ctx: &RetCtx<'_>, errs: &mut Errors) {
     match errs.ok(ast::tensor_ty(ty)) {
         Some(Some(t)) => {
             let Some(list) = ctx.list else {
+                if ctx.had_error {
+                    return;
+                }
                 errs.spanned(
                     &t.tokens,
                     "the result has no placements: add `returns = [..]` or `placements = [..]` to `#[distribute]`",
@@ -414,7 +430,11 @@ fn strip_fn(item: &mut ItemFn) {
     for arg in item.sig.inputs.iter_mut() {
         if let FnArg::Typed(pt) = arg {
             pt.attrs.retain(|a| !attr::is_placements_attr(a));
+            ast::strip_rank(&mut pt.ty);
         }
+    }
+    if let ReturnType::Type(_, t) = &mut item.sig.output {
+        ast::strip_rank(t);
     }
 }
 
