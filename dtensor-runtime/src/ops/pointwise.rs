@@ -240,13 +240,7 @@ impl<T: Element> DTensor<T> {
     /// 1 where `self == other` (broadcasting), else 0. Not differentiable (no history).
     pub fn eq_mask(&self, other: &DTensor<T>) -> Result<DTensor<T>> {
         let eq = |a: T, b: T| if a == b { T::one() } else { T::zero() };
-        let no_grad = |_: &DTensor<T>,
-                       _: &DTensor<T>,
-                       _: &DTensor<T>,
-                       _: [bool; 2]|
-         -> Result<(Option<DTensor<T>>, Option<DTensor<T>>)> {
-            Err(Error::Autograd("eq_mask has no gradient".into()))
-        };
+        let no_grad: BinaryBackward<T> = |_, _, _, _| Err(Error::Autograd("eq_mask has no gradient".into()));
         crate::autograd::no_grad(|| binary("eq", "eq_backward", self, other, Linearity::None, eq, no_grad))
     }
 

@@ -220,7 +220,7 @@ mod tests {
     fn unreachable_strategy_is_a_no_sharding_rule_error() {
         let out = run(2, |ctx| {
             let mesh = ctx.init_device_mesh(&[2], &["tp"])?;
-            let x = distribute_tensor(&ndarray::ArrayD::<f32>::ones(vec![4]), &mesh, &[Placement::Shard(0)], None)?;
+            let x = distribute_tensor(ndarray::ArrayD::<f32>::ones(vec![4]), &mesh, &[Placement::Shard(0)], None)?;
             // A rule set that only accepts Partial: Shard → Partial is not a redistribution.
             let rules = [DimRule::new(&[Placement::PARTIAL_SUM], Placement::PARTIAL_SUM)];
             Ok(select("only_partial", &[&x], &rules, Select::default()).err())
