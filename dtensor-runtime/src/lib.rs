@@ -18,7 +18,9 @@ pub mod factory;
 pub mod launcher;
 pub mod layout;
 pub mod mesh;
+pub mod module;
 pub mod ops;
+pub mod optim;
 pub mod placement;
 pub mod redistribute;
 pub mod rng;
@@ -26,6 +28,7 @@ pub mod typed;
 
 pub use ndarray;
 
+pub use autograd::{from_local_grad, local_mesh, no_grad};
 pub use comm::collectives::Along;
 pub use comm::debug::{op_scope, CollectiveKind, CollectiveRecord, CommDebugGuard, CommDebugMode};
 pub use comm::threads::{ThreadComm, ThreadWorld};
@@ -36,6 +39,8 @@ pub use error::{Error, Result};
 pub use factory::{empty, full, linspace, logspace, ones, rand, randn, zeros, TensorOptions};
 pub use launcher::{current_mesh, run, set_current_mesh, LocalWorld, RankCtx};
 pub use mesh::DeviceMesh;
+pub use module::{distribute_module, parallelize_module, Forward, Module};
+pub use ops::{implicit_redistribution_count, implicit_redistributions};
 pub use placement::{Partial, Placement, ReduceOp, Replicate, Shard};
 pub use redistribute::{plan_redistribute, plan_redistribute_at, RedistributePlan, RedistributeStep};
 pub use rng::manual_seed;
@@ -46,7 +51,7 @@ pub use typed::{Avg, Dt, Max, Min, Partial, Product, Replicate, Shard, Sum};
 /// Everything a typical program needs.
 pub mod prelude {
     pub use crate::{
-        distribute_tensor, from_local, run, DTensor, DeviceMesh, Element, Error, FromLocal, Partial, Placement,
-        ReduceOp, Replicate, Result, Shard, TensorOptions,
+        distribute_tensor, from_local, no_grad, run, DTensor, DeviceMesh, Element, Error, Forward, FromLocal, Module,
+        Partial, Placement, ReduceOp, Replicate, Result, Shard, TensorOptions,
     };
 }

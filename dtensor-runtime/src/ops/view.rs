@@ -221,7 +221,8 @@ fn expand_impl<T: Element>(x: &DTensor<T>, shape: &[usize], prefer: Option<&[Pla
     for _ in 0..off {
         padded.insert(0, 1);
     }
-    let l = xi.local.view().into_shape_with_order(IxDyn(&padded)).map_err(|_| bad())?;
+    let std = xi.local.as_standard_layout();
+    let l = std.view().into_shape_with_order(IxDyn(&padded)).map_err(|_| bad())?;
     let local = l.broadcast(IxDyn(&local_shape)).ok_or_else(bad)?.to_owned();
     let out = new_output(local, &xi.mesh, c.output, shape.to_vec());
     let in_shape = xi.shape.clone();

@@ -1,0 +1,197 @@
+//! Layers: Linear, Embedding, LayerNorm, RmsNorm. Built with local parameters drawn from the
+//! counter-based generator (call `manual_seed` with the same seed on every rank first).
+
+use super::{Forward, LayerHooks, LayerKind, Module};
+use crate::autograd::{local_mesh, no_grad};
+use crate::dtensor::DTensor;
+use crate::element::Element;
+use crate::error::{Error, Result};
+use crate::factory::{ones, rand, randn, zeros, TensorOptions};
+
+fn local_opts() -> TensorOptions {
+    TensorOptions::new().mesh(&local_mesh())
+}
+
+/// Uniform in `(-bound, bound)`, a leaf that requires grad.
+fn uniform<T: Element>(shape: &[usize], bound: f64) -> Result<DTensor<T>> {
+    let u = rand::<T>(shape, &local_opts())?;
+    let b = T::of_f64(bound);
+    Ok(no_grad(|| u.mul_scalar(b + b)?.sub_scalar(b))?.requires_grad_(true))
+}
+
+fn check_positive(context: &str, sizes: &[usize]) -> Result<()> {
+    if sizes.contains(&0) {
+        return Err(Error::InvalidArgument {
+            context: context.into(),
+            reason: format!("sizes must be positive, got {sizes:?}"),
+        });
+    }
+    Ok(())
+}
+
+/// `y = x Wᵀ + b` with `W: [out, in]` and `b: [out]` (PyTorch `nn.Linear`, same init).
+pub struct Linear<T: Element> {
+    pub weight: DTensor<T>,
+    pub bias: Option<DTensor<T>>,
+    pub hooks: LayerHooks,
+}
+
+impl<T: Element> Linear<T> {
+    /// Kaiming-uniform weight and uniform bias in `±1/√in`, as PyTorch.
+    pub fn new(in_features: usize, out_features: usize, bias: bool) -> Result<Self> {
+        check_positive("Linear::new", &[in_features, out_features])?;
+        let bound = 1.0 / (in_features as f64).sqrt();
+        let weight = uniform(&[out_features, in_features], bound)?;
+        let bias = if bias { Some(uniform(&[out_features], bound)?) } else { None };
+        Ok(Linear { weight, bias, hooks: LayerHooks::new(LayerKind::Linear) })
+    }
+}
+
+impl<T: Element> Module<T> for Linear<T> {
+    fn named_parameters(&self) -> Vec<(String, &DTensor<T>)> {
+        let mut v = vec![("weight".to_string(), &self.weight)];
+        if let Some(b) = &self.bias {
+            v.push(("bias".to_string(), b));
+        }
+        v
+    }
+    fn named_parameters_mut(&mut self) -> Vec<(String, &mut DTensor<T>)> {
+        let mut v = vec![("weight".to_string(), &mut self.weight)];
+        if let Some(b) = &mut self.bias {
+            v.push(("bias".to_string(), b));
+        }
+        v
+    }
+    fn layer_hooks_mut(&mut self, path: &str) -> Option<&mut LayerHooks> {
+        path.is_empty().then_some(&mut self.hooks)
+    }
+}
+
+impl<T: Element> Forward<T> for Linear<T> {
+    fn forward(&self, x: &DTensor<T>) -> Result<DTensor<T>> {
+        let x = self.hooks.input(x)?;
+        let mut y = x.matmul(&self.weight.transpose(0, 1)?)?;
+        if let Some(b) = &self.bias {
+            y = y.add(b)?;
+        }
+        self.hooks.output(&y)
+    }
+}
+
+/// Lookup table `[num_embeddings, dim]`, N(0, 1) init (PyTorch `nn.Embedding`). Its input is
+/// a tensor of whole-number ids (see [`DTensor::embedding`]).
+pub struct Embedding<T: Element> {
+    pub weight: DTensor<T>,
+    pub hooks: LayerHooks,
+}
+
+impl<T: Element> Embedding<T> {
+    /// A table of `num_embeddings` rows of size `dim`.
+    pub fn new(num_embeddings: usize, dim: usize) -> Result<Self> {
+        check_positive("Embedding::new", &[num_embeddings, dim])?;
+        let weight = randn::<T>(&[num_embeddings, dim], &local_opts())?.requires_grad_(true);
+        Ok(Embedding { weight, hooks: LayerHooks::new(LayerKind::Embedding) })
+    }
+}
+
+impl<T: Element> Module<T> for Embedding<T> {
+    fn named_parameters(&self) -> Vec<(String, &DTensor<T>)> {
+        vec![("weight".to_string(), &self.weight)]
+    }
+    fn named_parameters_mut(&mut self) -> Vec<(String, &mut DTensor<T>)> {
+        vec![("weight".to_string(), &mut self.weight)]
+    }
+    fn layer_hooks_mut(&mut self, path: &str) -> Option<&mut LayerHooks> {
+        path.is_empty().then_some(&mut self.hooks)
+    }
+}
+
+impl<T: Element> Forward<T> for Embedding<T> {
+    fn forward(&self, ids: &DTensor<T>) -> Result<DTensor<T>> {
+        let ids = self.hooks.input(ids)?;
+        self.hooks.output(&self.weight.embedding(&ids)?)
+    }
+}
+
+/// Layer normalisation over the last dim with affine weight and bias (PyTorch `nn.LayerNorm`).
+pub struct LayerNorm<T: Element> {
+    pub weight: DTensor<T>,
+    pub bias: DTensor<T>,
+    pub eps: T,
+    pub hooks: LayerHooks,
+}
+
+impl<T: Element> LayerNorm<T> {
+    /// Weight ones, bias zeros, `eps = 1e-5`.
+    pub fn new(dim: usize) -> Result<Self> {
+        check_positive("LayerNorm::new", &[dim])?;
+        Ok(LayerNorm {
+            weight: ones::<T>(&[dim], &local_opts())?.requires_grad_(true),
+            bias: zeros::<T>(&[dim], &local_opts())?.requires_grad_(true),
+            eps: T::of_f64(1e-5),
+            hooks: LayerHooks::new(LayerKind::Norm),
+        })
+    }
+}
+
+impl<T: Element> Module<T> for LayerNorm<T> {
+    fn named_parameters(&self) -> Vec<(String, &DTensor<T>)> {
+        vec![("weight".to_string(), &self.weight), ("bias".to_string(), &self.bias)]
+    }
+    fn named_parameters_mut(&mut self) -> Vec<(String, &mut DTensor<T>)> {
+        vec![("weight".to_string(), &mut self.weight), ("bias".to_string(), &mut self.bias)]
+    }
+    fn layer_hooks_mut(&mut self, path: &str) -> Option<&mut LayerHooks> {
+        path.is_empty().then_some(&mut self.hooks)
+    }
+}
+
+impl<T: Element> Forward<T> for LayerNorm<T> {
+    fn forward(&self, x: &DTensor<T>) -> Result<DTensor<T>> {
+        let x = self.hooks.input(x)?;
+        let xc = x.sub(&x.mean_dim(-1, true)?)?;
+        let var = xc.mul(&xc)?.mean_dim(-1, true)?;
+        let y = xc.div(&var.add_scalar(self.eps)?.sqrt()?)?.mul(&self.weight)?.add(&self.bias)?;
+        self.hooks.output(&y)
+    }
+}
+
+/// Root-mean-square normalisation over the last dim with a weight (PyTorch `nn.RMSNorm`).
+pub struct RmsNorm<T: Element> {
+    pub weight: DTensor<T>,
+    pub eps: T,
+    pub hooks: LayerHooks,
+}
+
+impl<T: Element> RmsNorm<T> {
+    /// Weight ones, `eps = 1e-6`.
+    pub fn new(dim: usize) -> Result<Self> {
+        check_positive("RmsNorm::new", &[dim])?;
+        Ok(RmsNorm {
+            weight: ones::<T>(&[dim], &local_opts())?.requires_grad_(true),
+            eps: T::of_f64(1e-6),
+            hooks: LayerHooks::new(LayerKind::Norm),
+        })
+    }
+}
+
+impl<T: Element> Module<T> for RmsNorm<T> {
+    fn named_parameters(&self) -> Vec<(String, &DTensor<T>)> {
+        vec![("weight".to_string(), &self.weight)]
+    }
+    fn named_parameters_mut(&mut self) -> Vec<(String, &mut DTensor<T>)> {
+        vec![("weight".to_string(), &mut self.weight)]
+    }
+    fn layer_hooks_mut(&mut self, path: &str) -> Option<&mut LayerHooks> {
+        path.is_empty().then_some(&mut self.hooks)
+    }
+}
+
+impl<T: Element> Forward<T> for RmsNorm<T> {
+    fn forward(&self, x: &DTensor<T>) -> Result<DTensor<T>> {
+        let x = self.hooks.input(x)?;
+        let ms = x.mul(&x)?.mean_dim(-1, true)?;
+        let y = x.div(&ms.add_scalar(self.eps)?.sqrt()?)?.mul(&self.weight)?;
+        self.hooks.output(&y)
+    }
+}

@@ -1,0 +1,157 @@
+//! Modules: named parameters, `distribute_module`, layers and tensor-parallel styles.
+//!
+//! # The [`Module`] trait
+//!
+//! A module exposes its parameters (and buffers) by dotted path, as PyTorch's
+//! `named_parameters()` does: a field `w1: Linear` contributes `w1.weight` and `w1.bias`.
+//! The trait is object safe; `#[distribute]` structs (dtensor-macros) generate it from their
+//! fields. Implementing it by hand:
+//!
+//! ```
+//! use dtensor_runtime::module::{Module, Forward, Linear, prefixed, prefixed_mut};
+//! use dtensor_runtime::{DTensor, Result};
+//!
+//! struct Mlp { w1: Linear<f32>, w2: Linear<f32> }
+//!
+//! impl Module<f32> for Mlp {
+//!     fn named_parameters(&self) -> Vec<(String, &DTensor<f32>)> {
+//!         let mut v = prefixed("w1", self.w1.named_parameters());
+//!         v.extend(prefixed("w2", self.w2.named_parameters()));
+//!         v
+//!     }
+//!     fn named_parameters_mut(&mut self) -> Vec<(String, &mut DTensor<f32>)> {
+//!         let mut v = prefixed_mut("w1", self.w1.named_parameters_mut());
+//!         v.extend(prefixed_mut("w2", self.w2.named_parameters_mut()));
+//!         v
+//!     }
+//! }
+//!
+//! impl Forward<f32> for Mlp {
+//!     fn forward(&self, x: &DTensor<f32>) -> Result<DTensor<f32>> {
+//!         self.w2.forward(&self.w1.forward(x)?.gelu()?)
+//!     }
+//! }
+//!
+//! let m = Mlp { w1: Linear::new(4, 8, true)?, w2: Linear::new(8, 4, true)? };
+//! let names: Vec<String> = m.named_parameters().into_iter().map(|(n, _)| n).collect();
+//! assert_eq!(names, ["w1.weight", "w1.bias", "w2.weight", "w2.bias"]);
+//! # Ok::<(), dtensor_runtime::Error>(())
+//! ```
+//!
+//! Parameters of a freshly built module are *local tensors* (see
+//! [`DTensor::local_tensor`]): the module runs on one rank as is.
+//! [`distribute_module`] and [`parallelize_module`] turn them into DTensors on a mesh.
+
+mod distribute;
+mod layers;
+mod parallel;
+
+pub use distribute::{distribute_module, Distributed, InputFn, OutputFn, PartitionFn};
+pub use layers::{Embedding, LayerNorm, Linear, RmsNorm};
+pub use parallel::{parallelize_module, ColwiseParallel, ParallelStyle, RowwiseParallel, SequenceParallel};
+
+use crate::dtensor::DTensor;
+use crate::element::Element;
+use crate::error::Result;
+use crate::placement::Placement;
+
+/// Something with named parameters (PyTorch `nn.Module` without the forward).
+pub trait Module<T: Element> {
+    /// Every parameter with its dotted path, in a stable order.
+    fn named_parameters(&self) -> Vec<(String, &DTensor<T>)>;
+    /// Same, mutable (distribution and optimizers replace or update them).
+    fn named_parameters_mut(&mut self) -> Vec<(String, &mut DTensor<T>)>;
+    /// Non-trainable state (default: none).
+    fn named_buffers(&self) -> Vec<(String, &DTensor<T>)> {
+        vec![]
+    }
+    /// Same, mutable (default: none).
+    fn named_buffers_mut(&mut self) -> Vec<(String, &mut DTensor<T>)> {
+        vec![]
+    }
+    /// The activation-layout hooks of the layer at `path` (`""`: this module), which
+    /// tensor-parallel styles set. Layers return their own for `""`; containers may forward
+    /// to a field. Default: none (then a style only distributes the parameters and the
+    /// activations' layouts follow from sharding propagation).
+    fn layer_hooks_mut(&mut self, _path: &str) -> Option<&mut LayerHooks> {
+        None
+    }
+    /// Clears every parameter's gradient.
+    fn zero_grad(&self) {
+        for (_, p) in self.named_parameters() {
+            p.zero_grad();
+        }
+    }
+}
+
+/// A module's computation.
+pub trait Forward<T: Element> {
+    /// Runs the module on `input`.
+    fn forward(&self, input: &DTensor<T>) -> Result<DTensor<T>>;
+}
+
+/// What kind of layer a [`LayerHooks`] belongs to (styles shard weights by it).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum LayerKind {
+    /// `y = x Wᵀ + b`, weight `[out, in]`.
+    Linear,
+    /// Lookup table `[vocab, dim]`.
+    Embedding,
+    /// Normalisation over the last dim (weight/bias `[dim]`).
+    Norm,
+}
+
+/// Activation layouts a tensor-parallel style puts around a layer's forward: on mesh dim
+/// `mesh_dim`, the input is redistributed to `input` before and the output to `output` after
+/// (other mesh dims keep their placements).
+#[derive(Debug, Clone, PartialEq)]
+pub struct LayerHooks {
+    pub kind: LayerKind,
+    pub mesh_dim: usize,
+    pub input: Option<Placement>,
+    pub output: Option<Placement>,
+}
+
+impl LayerHooks {
+    /// No hooks for a layer of `kind`.
+    pub fn new(kind: LayerKind) -> Self {
+        LayerHooks { kind, mesh_dim: 0, input: None, output: None }
+    }
+
+    fn apply<T: Element>(&self, x: &DTensor<T>, want: Option<Placement>) -> Result<DTensor<T>> {
+        let Some(p) = want else { return Ok(x.clone()) };
+        if x.is_local_tensor() || self.mesh_dim >= x.device_mesh().ndim() {
+            return Ok(x.clone());
+        }
+        let mut target = x.placements().to_vec();
+        target[self.mesh_dim] = p.normalize(x.ndim())?;
+        if target == x.placements() {
+            Ok(x.clone())
+        } else {
+            x.redistribute(&target)
+        }
+    }
+
+    /// Applies the input layout.
+    pub fn input<T: Element>(&self, x: &DTensor<T>) -> Result<DTensor<T>> {
+        self.apply(x, self.input)
+    }
+
+    /// Applies the output layout.
+    pub fn output<T: Element>(&self, y: &DTensor<T>) -> Result<DTensor<T>> {
+        self.apply(y, self.output)
+    }
+}
+
+/// Prefixes the names of a child's parameters with `prefix.`.
+pub fn prefixed<'a, T: Element>(prefix: &str, v: Vec<(String, &'a DTensor<T>)>) -> Vec<(String, &'a DTensor<T>)> {
+    v.into_iter().map(|(n, p)| (format!("{prefix}.{n}"), p)).collect()
+}
+
+/// Mutable version of [`prefixed`].
+pub fn prefixed_mut<'a, T: Element>(
+    prefix: &str,
+    v: Vec<(String, &'a mut DTensor<T>)>,
+) -> Vec<(String, &'a mut DTensor<T>)> {
+    v.into_iter().map(|(n, p)| (format!("{prefix}.{n}"), p)).collect()
+}

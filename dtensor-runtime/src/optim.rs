@@ -1,0 +1,124 @@
+//! Optimizers that update DTensor parameters in place, shard by shard: a parameter's gradient
+//! has the parameter's placements, so the update is purely local (no communication).
+
+use crate::dtensor::DTensor;
+use crate::element::Element;
+use crate::error::{Error, Result};
+use crate::module::Module;
+use ndarray::{ArrayD, Zip};
+use std::collections::HashMap;
+
+/// Gradient of `p` as an array shaped like `p`'s local shard, or `None` without a gradient.
+fn local_grad<T: Element>(name: &str, p: &DTensor<T>) -> Result<Option<ArrayD<T>>> {
+    let Some(g) = p.grad() else { return Ok(None) };
+    if g.placements() != p.placements() || g.local().shape() != p.local().shape() {
+        return Err(Error::ShapeMismatch {
+            context: format!("optimizer: gradient of `{name}` is laid out differently from the parameter"),
+            expected: p.local().shape().to_vec(),
+            actual: g.local().shape().to_vec(),
+        });
+    }
+    Ok(Some(g.into_local()))
+}
+
+/// Stochastic gradient descent with optional momentum and (coupled) weight decay, as
+/// PyTorch `optim.SGD`.
+#[derive(Debug, Clone)]
+pub struct Sgd<T: Element> {
+    pub lr: T,
+    pub momentum: T,
+    pub weight_decay: T,
+    buf: HashMap<String, ArrayD<T>>,
+}
+
+impl<T: Element> Sgd<T> {
+    /// Plain SGD with learning rate `lr`.
+    pub fn new(lr: T) -> Self {
+        Sgd { lr, momentum: T::zero(), weight_decay: T::zero(), buf: HashMap::new() }
+    }
+    /// Sets the momentum.
+    pub fn momentum(mut self, m: T) -> Self {
+        self.momentum = m;
+        self
+    }
+    /// Sets the weight decay.
+    pub fn weight_decay(mut self, wd: T) -> Self {
+        self.weight_decay = wd;
+        self
+    }
+
+    /// One update of every parameter of `module` that has a gradient.
+    pub fn step<M: Module<T> + ?Sized>(&mut self, module: &mut M) -> Result<()> {
+        for (name, p) in module.named_parameters_mut() {
+            let Some(mut g) = local_grad(&name, p)? else { continue };
+            if self.weight_decay != T::zero() {
+                g.zip_mut_with(&p.local, |g, &w| *g += self.weight_decay * w);
+            }
+            if self.momentum != T::zero() {
+                let m = self.momentum;
+                // The first step starts the buffer at g (PyTorch).
+                match self.buf.get_mut(&name) {
+                    None => {
+                        self.buf.insert(name, g.clone());
+                    }
+                    Some(b) => {
+                        b.zip_mut_with(&g, |b, &g| *b = m * *b + g);
+                        g = b.clone();
+                    }
+                }
+            }
+            let lr = self.lr;
+            p.local.zip_mut_with(&g, |w, &g| *w -= lr * g);
+        }
+        Ok(())
+    }
+}
+
+/// Adam with decoupled weight decay, as PyTorch `optim.AdamW`.
+#[derive(Debug, Clone)]
+pub struct AdamW<T: Element> {
+    pub lr: T,
+    pub betas: (T, T),
+    pub eps: T,
+    pub weight_decay: T,
+    state: HashMap<String, (usize, ArrayD<T>, ArrayD<T>)>,
+}
+
+impl<T: Element> AdamW<T> {
+    /// PyTorch defaults: betas (0.9, 0.999), eps 1e-8, weight decay 0.01.
+    pub fn new(lr: T) -> Self {
+        AdamW {
+            lr,
+            betas: (T::of_f64(0.9), T::of_f64(0.999)),
+            eps: T::of_f64(1e-8),
+            weight_decay: T::of_f64(0.01),
+            state: HashMap::new(),
+        }
+    }
+    /// Sets the weight decay.
+    pub fn weight_decay(mut self, wd: T) -> Self {
+        self.weight_decay = wd;
+        self
+    }
+
+    /// One update of every parameter of `module` that has a gradient.
+    pub fn step<M: Module<T> + ?Sized>(&mut self, module: &mut M) -> Result<()> {
+        let (b1, b2) = self.betas;
+        let (lr, eps, wd) = (self.lr, self.eps, self.weight_decay);
+        for (name, p) in module.named_parameters_mut() {
+            let Some(g) = local_grad(&name, p)? else { continue };
+            let (t, m, v) =
+                self.state.entry(name).or_insert_with(|| (0, ArrayD::zeros(g.raw_dim()), ArrayD::zeros(g.raw_dim())));
+            *t += 1;
+            let c1 = T::one() - b1.powi(*t as i32);
+            let c2 = T::one() - b2.powi(*t as i32);
+            Zip::from(&mut p.local).and(&g).and(m).and(v).for_each(|w, &g, m, v| {
+                *w -= lr * wd * *w;
+                *m = b1 * *m + (T::one() - b1) * g;
+                *v = b2 * *v + (T::one() - b2) * g * g;
+                *w -= lr * (*m / c1) / ((*v / c2).sqrt() + eps);
+            });
+        }
+        Ok(())
+    }
+}

@@ -1,0 +1,49 @@
+//! softmax / log_softmax and the losses, forward and backward, on several layouts.
+
+mod ops_util;
+
+use dtensor_runtime::{Replicate as R, Shard as S};
+use ops_util::{case, check_op, ids, inp, Case};
+
+fn cases() -> Vec<Case> {
+    vec![
+        case(&[2, 2], vec![inp(&[5, 4], &[S(0), R])], Some(&[S(0), R])),
+        case(&[2, 2], vec![inp(&[2, 3, 5], &[S(0), S(1)])], Some(&[S(0), S(1)])),
+        case(&[3], vec![inp(&[7, 3], &[S(0)])], Some(&[S(0)])),
+        // sharded on the softmax dim: redistributed first
+        case(&[3], vec![inp(&[4, 5], &[S(1)])], None),
+    ]
+}
+
+#[test]
+fn softmax() {
+    check_op("softmax(-1)", &cases(), true, &|x| x[0].softmax(-1));
+}
+
+#[test]
+fn log_softmax() {
+    check_op("log_softmax(-1)", &cases(), true, &|x| x[0].log_softmax(-1));
+}
+
+#[test]
+fn cross_entropy() {
+    let cases = vec![
+        // batch-sharded logits and targets
+        case(&[2, 2], vec![inp(&[5, 4], &[S(0), R]), ids(&[5], &[S(0), R], 4)], None),
+        // class-sharded logits (vocab parallel)
+        case(&[2, 2], vec![inp(&[4, 6], &[R, S(1)]), ids(&[4], &[R, R], 6)], None),
+        case(&[3], vec![inp(&[7, 3], &[S(0)]), ids(&[7], &[R], 3)], None),
+        case(&[2, 2], vec![inp(&[2, 3, 4], &[S(0), S(1)]), ids(&[2, 3], &[S(0), S(1)], 4)], None),
+    ];
+    check_op("cross_entropy", &cases, true, &|x| x[0].cross_entropy(&x[1]));
+}
+
+#[test]
+fn mse_loss() {
+    let cases = vec![
+        case(&[2, 2], vec![inp(&[5, 4], &[S(0), R]), inp(&[5, 4], &[S(0), R])], None),
+        case(&[3], vec![inp(&[4, 5], &[S(1)]), inp(&[4, 5], &[R])], None),
+        case(&[2, 2], vec![inp(&[3, 3], &[S(0), S(1)]), inp(&[3, 3], &[S(1), S(0)])], None),
+    ];
+    check_op("mse_loss", &cases, true, &|x| x[0].mse_loss(&x[1]));
+}
