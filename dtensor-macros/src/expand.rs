@@ -165,6 +165,7 @@ pub(crate) fn expand_struct(args: Args, mut item: ItemStruct, mut errs: Errors) 
     let global_ident = format_ident!("{}Global", ident);
     let (impl_g, ty_g, where_g) = item.generics.split_for_impl();
     let dynamic = slots[0].1.ty.dynamic.clone();
+    let elem = slots[0].1.ty.elem.clone();
 
     let mut global_fields = Vec::new();
     let mut init = Vec::new();
@@ -183,7 +184,7 @@ pub(crate) fn expand_struct(args: Args, mut item: ItemStruct, mut errs: Errors) 
                 let typed = dt_type(&slot.ty, &mesh_ty, &layout);
                 let elem = &slot.ty.elem;
                 global_fields.push(quote!(#(#fattrs)* #fvis #fname: ::dtensor::ndarray::ArrayD<#elem>));
-                init.push(quote!(#fname: ::dtensor::typed::Dt::distribute(&global.#fname, mesh)?));
+                init.push(quote!(#fname: ::dtensor::typed::Dt::distribute(&global.#fname, mesh)?.requires_grad_(true)));
                 let key = fname.to_string();
                 refs.push(quote!((::std::string::String::from(#key), self.#fname.as_dtensor())));
                 muts.push(quote!((::std::string::String::from(#key), self.#fname.as_dtensor_mut())));
@@ -214,7 +215,7 @@ pub(crate) fn expand_struct(args: Args, mut item: ItemStruct, mut errs: Errors) 
             pub const MESH_DIMS: &'static [&'static str] = &[#(#mesh_names),*];
 
             /// Distributes global parameters over `mesh` with the declared placements
-            /// (rank 0's data is scattered / broadcast).
+            /// (rank 0's data is scattered / broadcast); the parameters require grad.
             pub fn distribute(global: #global_ident #ty_g, mesh: &::dtensor::DeviceMesh) -> ::dtensor::Result<Self> {
                 ::std::result::Result::Ok(Self { #(#init,)* })
             }
@@ -232,6 +233,15 @@ pub(crate) fn expand_struct(args: Args, mut item: ItemStruct, mut errs: Errors) 
             /// The declared placements of every parameter.
             pub fn parameter_placements() -> ::std::vec::Vec<(&'static str, ::std::vec::Vec<::dtensor::Placement>)> {
                 ::std::vec![#(#placements),*]
+            }
+        }
+
+        impl #impl_g ::dtensor::Module<#elem> for #ident #ty_g #where_g {
+            fn named_parameters(&self) -> ::std::vec::Vec<(::std::string::String, &#dynamic)> {
+                #ident::named_parameters(self)
+            }
+            fn named_parameters_mut(&mut self) -> ::std::vec::Vec<(::std::string::String, &mut #dynamic)> {
+                #ident::named_parameters_mut(self)
             }
         }
     }

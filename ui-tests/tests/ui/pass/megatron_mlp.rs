@@ -40,8 +40,12 @@ fn main() {
     let out = dtensor::run(4, |ctx| {
         let mesh = ctx.init_device_mesh(&[2, 2], &["dp", "tp"])?;
         let mlp = Mlp::distribute(MlpGlobal { w1: w1.clone(), w2: w2.clone() }, &mesh)?;
-        let names: Vec<String> = mlp.named_parameters().into_iter().map(|(n, _)| n).collect();
-        assert_eq!(names, ["w1", "w2"]);
+        // The generated `Module` impl: what optimizers and checkpoints use.
+        fn names<M: dtensor::Module<f32>>(m: &M) -> Vec<String> {
+            m.named_parameters().into_iter().map(|(n, _)| n).collect()
+        }
+        assert_eq!(names(&mlp), ["w1", "w2"]);
+        assert!(mlp.w1.as_dtensor().requires_grad());
         assert_eq!(mlp.w1.local().shape(), &[4, 5]);
         let xd: Dt<f32, (dp, tp), (Shard<0>, Replicate), 2> = Dt::distribute(&x, &mesh)?;
         let y = forward(&xd, &mlp)?;
