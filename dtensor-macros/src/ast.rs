@@ -24,6 +24,36 @@ pub(crate) struct TensorTy {
     pub dynamic: TokenStream,
 }
 
+/// Replaces every `DTensor<T, N>` inside `ty` by `DTensor<T>` (the fallback expansion emits
+/// the user's types, and `DTensor` has no rank parameter).
+pub(crate) fn strip_rank(ty: &mut Type) {
+    match ty {
+        Type::Path(p) => {
+            if let Ok(Some(t)) = tensor_ty(&Type::Path(p.clone())) {
+                if let Ok(dynamic) = syn::parse2::<Type>(t.dynamic) {
+                    *ty = dynamic;
+                }
+                return;
+            }
+            for seg in p.path.segments.iter_mut() {
+                if let PathArguments::AngleBracketed(a) = &mut seg.arguments {
+                    for g in a.args.iter_mut() {
+                        if let GenericArgument::Type(t) = g {
+                            strip_rank(t);
+                        }
+                    }
+                }
+            }
+        }
+        Type::Reference(r) => strip_rank(&mut r.elem),
+        Type::Tuple(t) => t.elems.iter_mut().for_each(strip_rank),
+        Type::Paren(p) => strip_rank(&mut p.elem),
+        Type::Array(a) => strip_rank(&mut a.elem),
+        Type::Slice(s) => strip_rank(&mut s.elem),
+        _ => {}
+    }
+}
+
 /// Recognises `DTensor<T>`, `DTensor<T, N>` (any path ending in `DTensor`) and references to
 /// them. `Ok(None)`: not a tensor type.
 pub(crate) fn tensor_ty(ty: &Type) -> syn::Result<Option<TensorTy>> {
@@ -87,6 +117,8 @@ pub(crate) struct TensorSlot {
     pub ty: TensorTy,
     /// Its own `#[placements]`, if any.
     pub placements: Option<PlacementList>,
+    /// It had a `#[placements]` attribute that was invalid (already reported).
+    pub placements_invalid: bool,
     /// Where to point "needs placements" errors.
     pub span_tokens: TokenStream,
 }
@@ -103,7 +135,10 @@ pub(crate) fn slot(
     let had_attr = attrs.iter().any(attr::is_placements_attr);
     let placements = attr::take_placements_attr(attrs, errs);
     match errs.ok(tensor_ty(ty)).flatten() {
-        Some(ty) => Some(TensorSlot { name, ty, placements, span_tokens }),
+        Some(ty) => {
+            let placements_invalid = had_attr && placements.is_none();
+            Some(TensorSlot { name, ty, placements, placements_invalid, span_tokens })
+        }
         None => {
             if had_attr {
                 errs.spanned(ty, format!("`#[placements]` on `{name}`, which is not a `DTensor<T>`"));

@@ -62,6 +62,9 @@ pub(crate) struct Args {
     pub mesh: Option<MeshAst>,
     pub placements: Option<PlacementList>,
     pub returns: Option<PlacementList>,
+    /// Some argument was given but was invalid or unknown (already reported): follow-up
+    /// "missing" errors would only repeat it.
+    pub had_error: bool,
 }
 
 /// Parses the arguments of `#[distribute(..)]`.
@@ -71,6 +74,7 @@ pub(crate) fn parse_args(tokens: TokenStream, errs: &mut Errors) -> Args {
         Ok(m) => m,
         Err(e) => {
             errs.push(e);
+            args.had_error = true;
             return args;
         }
     };
@@ -80,12 +84,19 @@ pub(crate) fn parse_args(tokens: TokenStream, errs: &mut Errors) -> Args {
                 &meta,
                 "expected `key = value`: `#[distribute(mesh = \"dp,tp\", placements = [Shard(0), Replicate])]`",
             );
+            args.had_error = true;
             continue;
         };
         let key = nv.path.get_ident().map(|i| i.to_string()).unwrap_or_default();
-        match key.as_str() {
-            "mesh" if args.mesh.is_some() => errs.spanned(&nv.path, "duplicate `mesh` argument"),
-            "mesh" => args.mesh = parse_mesh(&nv.value, errs),
+        let ok = match key.as_str() {
+            "mesh" if args.mesh.is_some() => {
+                errs.spanned(&nv.path, "duplicate `mesh` argument");
+                true
+            }
+            "mesh" => {
+                args.mesh = parse_mesh(&nv.value, errs);
+                args.mesh.is_some()
+            }
             "placements" | "returns" => {
                 let slot = if key == "returns" { &mut args.returns } else { &mut args.placements };
                 if slot.is_some() {
@@ -93,15 +104,20 @@ pub(crate) fn parse_args(tokens: TokenStream, errs: &mut Errors) -> Args {
                 } else {
                     *slot = parse_list_expr(&nv.value, errs);
                 }
+                slot.is_some()
             }
-            _ => errs.spanned(
-                &nv.path,
-                format!(
-                    "unknown `#[distribute]` argument `{}`: expected `mesh`, `placements` or `returns`",
-                    nv.path.to_token_stream()
-                ),
-            ),
-        }
+            _ => {
+                errs.spanned(
+                    &nv.path,
+                    format!(
+                        "unknown `#[distribute]` argument `{}`: expected `mesh`, `placements` or `returns`",
+                        nv.path.to_token_stream()
+                    ),
+                );
+                false
+            }
+        };
+        args.had_error |= !ok;
     }
     args
 }

@@ -73,7 +73,7 @@ fn with_reference(ty: &TensorTy, inner: TokenStream) -> TokenStream {
 
 /// The mesh from the arguments, or an error when it is missing.
 fn require_mesh<'a>(args: &'a Args, item: &impl ToTokens, errs: &mut Errors) -> Option<&'a MeshAst> {
-    if args.mesh.is_none() {
+    if args.mesh.is_none() && !args.had_error {
         errs.spanned(item, "missing `mesh`: `#[distribute(mesh = \"dp,tp\")]`");
     }
     args.mesh.as_ref()
@@ -82,13 +82,19 @@ fn require_mesh<'a>(args: &'a Args, item: &impl ToTokens, errs: &mut Errors) -> 
 /// Resolves the placements of one tensor slot (its own list, else the default).
 fn resolve_slot(
     slot: &TensorSlot,
-    default: Option<&attr::PlacementList>,
+    args: &Args,
     mesh: &MeshAst,
     usage: Use,
     what_kind: &str,
     errs: &mut Errors,
 ) -> Option<Vec<Marker>> {
-    let Some(list) = slot.placements.as_ref().or(default) else {
+    if slot.placements_invalid {
+        return None; // its own attribute was reported
+    }
+    let Some(list) = slot.placements.as_ref().or(args.placements.as_ref()) else {
+        if args.had_error {
+            return None; // e.g. a misspelt or invalid `placements` argument, already reported
+        }
         errs.spanned(
             &slot.span_tokens,
             format!(
@@ -128,7 +134,7 @@ pub(crate) fn expand_struct(args: Args, mut item: ItemStruct, mut errs: Errors) 
     }
     let mut resolved = Vec::new();
     for (i, s) in &slots {
-        if let Some(ms) = resolve_slot(s, args.placements.as_ref(), mesh, Use::Parameter, "field", &mut errs) {
+        if let Some(ms) = resolve_slot(s, &args, mesh, Use::Parameter, "field", &mut errs) {
             resolved.push((*i, ms));
         }
     }
@@ -159,6 +165,7 @@ pub(crate) fn expand_struct(args: Args, mut item: ItemStruct, mut errs: Errors) 
     let global_ident = format_ident!("{}Global", ident);
     let (impl_g, ty_g, where_g) = item.generics.split_for_impl();
     let dynamic = slots[0].1.ty.dynamic.clone();
+    let elem = slots[0].1.ty.elem.clone();
 
     let mut global_fields = Vec::new();
     let mut init = Vec::new();
@@ -177,7 +184,7 @@ pub(crate) fn expand_struct(args: Args, mut item: ItemStruct, mut errs: Errors) 
                 let typed = dt_type(&slot.ty, &mesh_ty, &layout);
                 let elem = &slot.ty.elem;
                 global_fields.push(quote!(#(#fattrs)* #fvis #fname: ::dtensor::ndarray::ArrayD<#elem>));
-                init.push(quote!(#fname: ::dtensor::typed::Dt::distribute(&global.#fname, mesh)?));
+                init.push(quote!(#fname: ::dtensor::typed::Dt::distribute(&global.#fname, mesh)?.requires_grad_(true)));
                 let key = fname.to_string();
                 refs.push(quote!((::std::string::String::from(#key), self.#fname.as_dtensor())));
                 muts.push(quote!((::std::string::String::from(#key), self.#fname.as_dtensor_mut())));
@@ -208,7 +215,7 @@ pub(crate) fn expand_struct(args: Args, mut item: ItemStruct, mut errs: Errors) 
             pub const MESH_DIMS: &'static [&'static str] = &[#(#mesh_names),*];
 
             /// Distributes global parameters over `mesh` with the declared placements
-            /// (rank 0's data is scattered / broadcast).
+            /// (rank 0's data is scattered / broadcast); the parameters require grad.
             pub fn distribute(global: #global_ident #ty_g, mesh: &::dtensor::DeviceMesh) -> ::dtensor::Result<Self> {
                 ::std::result::Result::Ok(Self { #(#init,)* })
             }
@@ -226,6 +233,15 @@ pub(crate) fn expand_struct(args: Args, mut item: ItemStruct, mut errs: Errors) 
             /// The declared placements of every parameter.
             pub fn parameter_placements() -> ::std::vec::Vec<(&'static str, ::std::vec::Vec<::dtensor::Placement>)> {
                 ::std::vec![#(#placements),*]
+            }
+        }
+
+        impl #impl_g ::dtensor::Module<#elem> for #ident #ty_g #where_g {
+            fn named_parameters(&self) -> ::std::vec::Vec<(::std::string::String, &#dynamic)> {
+                #ident::named_parameters(self)
+            }
+            fn named_parameters_mut(&mut self) -> ::std::vec::Vec<(::std::string::String, &mut #dynamic)> {
+                #ident::named_parameters_mut(self)
             }
         }
     }
@@ -248,6 +264,7 @@ fn dyn_placement(m: Marker) -> TokenStream {
 fn strip_struct(item: &mut ItemStruct) {
     for f in item.fields.iter_mut() {
         f.attrs.retain(|a| !attr::is_placements_attr(a));
+        ast::strip_rank(&mut f.ty);
     }
 }
 
@@ -283,7 +300,7 @@ pub(crate) fn expand_fn(args: Args, mut item: ItemFn, mut errs: Errors) -> Token
     let Some(mesh) = mesh else { return fallback_fn(item, errs) };
     let mut resolved = Vec::new();
     for (i, s) in &slots {
-        if let Some(ms) = resolve_slot(s, args.placements.as_ref(), mesh, Use::Value, "argument", &mut errs) {
+        if let Some(ms) = resolve_slot(s, &args, mesh, Use::Value, "argument", &mut errs) {
             resolved.push((*i, ms));
         }
     }
@@ -292,7 +309,12 @@ pub(crate) fn expand_fn(args: Args, mut item: ItemFn, mut errs: Errors) -> Token
     let mut new_ret = None;
     if let Some(ty) = &ret {
         let mut ty = ty.clone();
-        let ctx = RetCtx { list: args.returns.as_ref().or(args.placements.as_ref()), mesh, mesh_ty: &mesh_ty };
+        let ctx = RetCtx {
+            list: args.returns.as_ref().or(args.placements.as_ref()),
+            had_error: args.had_error,
+            mesh,
+            mesh_ty: &mesh_ty,
+        };
         rewrite_ret(&mut ty, &ctx, &mut errs);
         new_ret = Some(ty);
     }
@@ -365,6 +387,7 @@ pub(crate) fn expand_fn(args: Args, mut item: ItemFn, mut errs: Errors) -> Token
 /// What a `DTensor` in the return type turns into.
 struct RetCtx<'a> {
     list: Option<&'a attr::PlacementList>,
+    had_error: bool,
     mesh: &'a MeshAst,
     mesh_ty: &'a TokenStream,
 }
@@ -374,6 +397,9 @@ fn rewrite_ret(ty: &mut Type, ctx: &RetCtx<'_>, errs: &mut Errors) {
     match errs.ok(ast::tensor_ty(ty)) {
         Some(Some(t)) => {
             let Some(list) = ctx.list else {
+                if ctx.had_error {
+                    return;
+                }
                 errs.spanned(
                     &t.tokens,
                     "the result has no placements: add `returns = [..]` or `placements = [..]` to `#[distribute]`",
@@ -414,7 +440,11 @@ fn strip_fn(item: &mut ItemFn) {
     for arg in item.sig.inputs.iter_mut() {
         if let FnArg::Typed(pt) = arg {
             pt.attrs.retain(|a| !attr::is_placements_attr(a));
+            ast::strip_rank(&mut pt.ty);
         }
+    }
+    if let ReturnType::Type(_, t) = &mut item.sig.output {
+        ast::strip_rank(t);
     }
 }
 

@@ -3,8 +3,8 @@
 //!
 //! Use it through the facade crate `dtensor` (generated code refers to `::dtensor::...`).
 //!
-//! Structure (as thiserror-impl): [`attr`] parses the macro's syntax, [`ast`] finds the tensor
-//! fields / arguments, [`valid`] checks placements against the mesh and the rank, [`expand`]
+//! Structure (as thiserror-impl): `attr` parses the macro's syntax, `ast` finds the tensor
+//! fields / arguments, `valid` checks placements against the mesh and the rank, `expand`
 //! generates code. Every problem is reported on the token that caused it, all at once, and a
 //! failed expansion still emits the item (without the macro's attributes) so that no follow-up
 //! errors bury the real one.

@@ -5,8 +5,20 @@ use crate::comm::debug::op_scope;
 use crate::dtensor::DTensor;
 use crate::element::Element;
 use crate::error::{Error, Result};
+use std::cell::RefCell;
 use std::collections::HashMap;
 use std::sync::Arc;
+
+thread_local! {
+    /// Which inputs of the node whose backward is running need a gradient.
+    static NEEDS: RefCell<Vec<bool>> = const { RefCell::new(Vec::new()) };
+}
+
+/// Inside a backward function: does input `i` need a gradient? (Lets a backward skip work,
+/// and the collectives that work would need, for inputs without `requires_grad`.)
+pub(crate) fn input_needs_grad(i: usize) -> bool {
+    NEEDS.with(|n| n.borrow().get(i).copied().unwrap_or(true))
+}
 
 fn key<T: Element>(n: &Arc<Node<T>>) -> usize {
     Arc::as_ptr(n) as usize
@@ -69,7 +81,10 @@ pub(super) fn run_backward<T: Element>(root: &DTensor<T>, grad: DTensor<T>) -> R
                 });
             }
             NodeKind::Op { inputs, backward } => {
-                let input_grads = op_scope(node.name, || backward(&g))?;
+                NEEDS.with(|n| *n.borrow_mut() = inputs.iter().map(|i| i.is_some()).collect());
+                let input_grads = op_scope(node.name, || backward(&g));
+                NEEDS.with(|n| n.borrow_mut().clear());
+                let input_grads = input_grads?;
                 if input_grads.len() != inputs.len() {
                     return Err(Error::Autograd(format!(
                         "{} returned {} gradients for {} inputs",

@@ -26,7 +26,8 @@
 mod engine;
 mod local;
 
-pub use local::{from_local_grad, local_mesh};
+pub(crate) use engine::input_needs_grad;
+pub use local::{from_local_grad, is_local_mesh, local_mesh};
 
 use crate::dtensor::DTensor;
 use crate::element::{DType, Element};

@@ -6,7 +6,7 @@
 
 use super::new_output;
 use super::strategy::{partial_ops, select, DimRule, Select};
-use crate::autograd::record;
+use crate::autograd::{input_needs_grad, record};
 use crate::dtensor::DTensor;
 use crate::element::Element;
 use crate::error::{Error, Result};
@@ -119,7 +119,10 @@ impl<T: Element> DTensor<T> {
         let out = new_output(local, &a.mesh, c.output, shape);
         let (sa, sb) = (a.detach(), b.detach());
         Ok(record("matmul_backward", out, &[a, b], move |g| {
-            let ga = g.matmul(&sb.transpose(-1, -2)?)?;
+            let ga = if input_needs_grad(0) { Some(g.matmul(&sb.transpose(-1, -2)?)?) } else { None };
+            if !input_needs_grad(1) {
+                return Ok(vec![ga, None]);
+            }
             let gb = if sb.ndim() == 2 && sa.ndim() > 2 {
                 // Sum over the batch of a_iᵀ g_i.
                 let mut gb = sa.transpose(-1, -2)?.matmul(g)?;
@@ -130,7 +133,7 @@ impl<T: Element> DTensor<T> {
             } else {
                 sa.transpose(-1, -2)?.matmul(g)?
             };
-            Ok(vec![Some(ga), Some(gb)])
+            Ok(vec![ga, Some(gb)])
         }))
     }
 }

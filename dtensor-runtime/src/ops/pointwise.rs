@@ -8,7 +8,7 @@
 
 use super::strategy::{partial_ops, select, DimRule, Select};
 use super::{new_output, sum_to};
-use crate::autograd::record;
+use crate::autograd::{input_needs_grad, record};
 use crate::dtensor::DTensor;
 use crate::element::Element;
 use crate::error::{Error, Result};
@@ -106,7 +106,18 @@ fn zip_local<T: Element>(op: &str, a: &ArrayD<T>, b: &ArrayD<T>, f: impl Fn(T, T
     Ok(Zip::from(&av).and(&bv).map_collect(|x, y| f(*x, *y)))
 }
 
-type BinaryBackward<T> = fn(&DTensor<T>, &DTensor<T>, &DTensor<T>) -> Result<(DTensor<T>, DTensor<T>)>;
+/// Input gradients of a binary op: (g, a, b, which inputs need one) → (ga, gb).
+type BinaryBackward<T> =
+    fn(&DTensor<T>, &DTensor<T>, &DTensor<T>, [bool; 2]) -> Result<(Option<DTensor<T>>, Option<DTensor<T>>)>;
+
+/// `f()` when `need`, else `None`.
+fn when<T: Element>(need: bool, f: impl FnOnce() -> Result<DTensor<T>>) -> Result<Option<DTensor<T>>> {
+    if need {
+        f().map(Some)
+    } else {
+        Ok(None)
+    }
+}
 
 fn binary<T: Element>(
     op: &'static str,
@@ -126,8 +137,10 @@ fn binary<T: Element>(
     let out = new_output(local, &x.mesh, c.output, out_shape);
     let (sa, sb) = (x.detach(), y.detach());
     Ok(record(bwd, out, &[x, y], move |g| {
-        let (ga, gb) = backward(g, &sa, &sb)?;
-        Ok(vec![Some(sum_to(ga, &sa.shape)?), Some(sum_to(gb, &sb.shape)?)])
+        let (ga, gb) = backward(g, &sa, &sb, [input_needs_grad(0), input_needs_grad(1)])?;
+        let ga = ga.map(|ga| sum_to(ga, &sa.shape)).transpose()?;
+        let gb = gb.map(|gb| sum_to(gb, &sb.shape)).transpose()?;
+        Ok(vec![ga, gb])
     }))
 }
 
@@ -174,12 +187,28 @@ impl<T: Element> DTensor<T> {
     /// Element-wise `self + other` (broadcasting). `P + P → P`; `P + R → P` (the Replicate
     /// operand is made Partial locally).
     pub fn add(&self, other: &DTensor<T>) -> Result<DTensor<T>> {
-        binary("add", "add_backward", self, other, Linearity::All, |a, b| a + b, |g, _, _| Ok((g.clone(), g.clone())))
+        binary(
+            "add",
+            "add_backward",
+            self,
+            other,
+            Linearity::All,
+            |a, b| a + b,
+            |g, _, _, n| Ok((when(n[0], || Ok(g.clone()))?, when(n[1], || Ok(g.clone()))?)),
+        )
     }
 
     /// Element-wise `self - other` (broadcasting).
     pub fn sub(&self, other: &DTensor<T>) -> Result<DTensor<T>> {
-        binary("sub", "sub_backward", self, other, Linearity::All, |a, b| a - b, |g, _, _| Ok((g.clone(), g.neg()?)))
+        binary(
+            "sub",
+            "sub_backward",
+            self,
+            other,
+            Linearity::All,
+            |a, b| a - b,
+            |g, _, _, n| Ok((when(n[0], || Ok(g.clone()))?, when(n[1], || g.neg())?)),
+        )
     }
 
     /// Element-wise `self * other` (broadcasting). `P * R → P`, `R * P → P`.
@@ -191,7 +220,7 @@ impl<T: Element> DTensor<T> {
             other,
             Linearity::AnyOne,
             |a, b| a * b,
-            |g, a, b| Ok((g.mul(b)?, g.mul(a)?)),
+            |g, a, b, n| Ok((when(n[0], || g.mul(b))?, when(n[1], || g.mul(a))?)),
         )
     }
 
@@ -204,16 +233,14 @@ impl<T: Element> DTensor<T> {
             other,
             Linearity::First,
             |a, b| a / b,
-            |g, a, b| Ok((g.div(b)?, g.mul(a)?.div(&b.mul(b)?)?.neg()?)),
+            |g, a, b, n| Ok((when(n[0], || g.div(b))?, when(n[1], || g.mul(a)?.div(&b.mul(b)?)?.neg())?)),
         )
     }
 
     /// 1 where `self == other` (broadcasting), else 0. Not differentiable (no history).
     pub fn eq_mask(&self, other: &DTensor<T>) -> Result<DTensor<T>> {
         let eq = |a: T, b: T| if a == b { T::one() } else { T::zero() };
-        let no_grad = |_: &DTensor<T>, _: &DTensor<T>, _: &DTensor<T>| -> Result<(DTensor<T>, DTensor<T>)> {
-            Err(Error::Autograd("eq_mask has no gradient".into()))
-        };
+        let no_grad: BinaryBackward<T> = |_, _, _, _| Err(Error::Autograd("eq_mask has no gradient".into()));
         crate::autograd::no_grad(|| binary("eq", "eq_backward", self, other, Linearity::None, eq, no_grad))
     }
 

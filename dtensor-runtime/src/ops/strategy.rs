@@ -210,3 +210,28 @@ pub(crate) fn select<T: Element>(
     }
     Ok(Chosen { inputs: moved, output })
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::{distribute_tensor, run};
+
+    #[test]
+    fn unreachable_strategy_is_a_no_sharding_rule_error() {
+        let out = run(2, |ctx| {
+            let mesh = ctx.init_device_mesh(&[2], &["tp"])?;
+            let x = distribute_tensor(ndarray::ArrayD::<f32>::ones(vec![4]), &mesh, &[Placement::Shard(0)], None)?;
+            // A rule set that only accepts Partial: Shard → Partial is not a redistribution.
+            let rules = [DimRule::new(&[Placement::PARTIAL_SUM], Placement::PARTIAL_SUM)];
+            Ok(select("only_partial", &[&x], &rules, Select::default()).err())
+        })
+        .unwrap();
+        match &out[0] {
+            Some(Error::NoShardingRule { op, placements, .. }) => {
+                assert_eq!(op, "only_partial");
+                assert_eq!(placements, "(S(0))");
+            }
+            other => panic!("{other:?}"),
+        }
+    }
+}

@@ -1,7 +1,7 @@
 //! Mesh dimension names at the type level, so that rule errors can say *which* mesh dim
 //! (`on mesh dim `tp``) is at fault, and conversions can check the runtime mesh's names.
 //!
-//! The common names are predefined (`dp`, `tp`, ...); declare others with [`mesh_dim!`].
+//! The common names are predefined (`dp`, `tp`, ...); declare others with [`mesh_dim!`](crate::mesh_dim).
 //! A mesh type is a tuple of names, one per mesh dim: `(dp, tp)`.
 #![allow(non_camel_case_types)] // the type *is* the dim name users see in errors
 

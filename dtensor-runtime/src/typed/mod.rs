@@ -7,7 +7,7 @@
 //! it, and an illegal combination fails to compile with a message naming the op, the markers
 //! and the mesh dim:
 //!
-//! ```compile_fail
+//! ```compile_fail,E0277
 //! use dtensor_runtime::typed::{dims::{dp, tp}, Dt, Replicate, Shard};
 //! fn f(a: &Dt<f32, (dp, tp), (Replicate, Shard<0>), 2>, b: &Dt<f32, (dp, tp), (Replicate, Shard<0>), 2>) {
 //!     // error: matmul of `Shard<0>` × `Shard<0>` on mesh dim `tp` is not a legal layout

@@ -81,7 +81,7 @@ impl<T: Element, M: MeshDims, L: TypedLayout<M>, const R: usize> Dt<T, M, L, R> 
         L: SameLayout<Lx>,
         Lx: SumLayout<M, Dim<DIM>>,
     {
-        const { assert!(DIM < R, "`sum::<DIM>()`: DIM must be a dim of the tensor (DIM < R)") };
+        const { assert!(DIM < R, "`sum(Dim::<DIM>)`: DIM must be a dim of the tensor (DIM < R)") };
         Dt::from_op("sum", self.as_dtensor().sum_dim(DIM as isize, true))
     }
 }

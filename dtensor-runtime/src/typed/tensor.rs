@@ -158,6 +158,12 @@ impl<T: Element, M: MeshDims, L: TypedLayout<M>, const R: usize> Dt<T, M, L, R> 
         &mut self.inner
     }
 
+    /// Sets whether autograd records ops on this tensor (parameters do); see
+    /// [`DTensor::requires_grad_`].
+    pub fn requires_grad_(self, requires_grad: bool) -> Self {
+        Dt { inner: self.inner.requires_grad_(requires_grad), _layout: PhantomData }
+    }
+
     /// Unwraps into the dynamic tensor (free).
     pub fn into_dtensor(self) -> DTensor<T> {
         self.inner

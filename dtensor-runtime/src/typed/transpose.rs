@@ -75,7 +75,7 @@ impl<T: Element, M: MeshDims, L: TypedLayout<M>, const R: usize> Dt<T, M, L, R> 
         L: SameLayout<Lx>,
         Lx: TransposeLayout<M, Swap<D0, D1>>,
     {
-        const { assert!(D0 < R && D1 < R, "`transpose::<D0, D1>()`: both dims must be < the tensor rank R") };
+        const { assert!(D0 < R && D1 < R, "`transpose(Dim::<D0>, Dim::<D1>)`: both dims must be < the tensor rank R") };
         Dt::from_op("transpose", self.as_dtensor().transpose(D0 as isize, D1 as isize))
     }
 
