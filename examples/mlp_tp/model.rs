@@ -10,7 +10,7 @@ use dtensor::distribute;
 use dtensor::optim::Sgd;
 use dtensor::prelude::*;
 use dtensor::typed::dims::{dp, tp};
-use dtensor::typed::Dt;
+use dtensor::typed::{Dt, Sum};
 use dtensor::{local_mesh, manual_seed, rand, randn};
 use ndarray::ArrayD;
 
@@ -45,20 +45,17 @@ pub struct Block {
     pub w2: DTensor<f32>,
 }
 
-/// `x + gelu(x @ w1) @ w2` on a batch sharded over dp. The hidden activation is
-/// `(Shard<0>, Shard<1>)` and stays on its rank; `@ w2` gives `(Shard<0>, Partial<Sum>)`, and
-/// the redistribution to the declared result `(Shard<0>, Replicate)` is the block's one
-/// all-reduce over tp.
+/// `x + gelu(x @ w1) @ w2` on a batch sharded over dp. Every layout below is computed and
+/// checked by the type system; the one collective is the redistribution of the Partial output
+/// of `@ w2` to the declared result layout (an all-reduce over tp).
 // The macro turns the result into `Result<Dt<f32, (dp, tp), (Shard<0>, Replicate), 2>>`.
 #[allow(clippy::type_complexity)]
 #[distribute(mesh = "dp,tp", placements = [Shard(0), Replicate])]
-pub fn block_forward(
-    x: &DTensor<f32>,
-    #[placements(Replicate, Shard(1))] w1: &DTensor<f32>,
-    #[placements(Replicate, Shard(0))] w2: &DTensor<f32>,
-) -> Result<DTensor<f32>> {
-    let y = x.matmul(w1)?.gelu()?.matmul(w2)?;
-    x.add(&y.redistribute::<(Shard<0>, Replicate)>()?)
+pub fn block_forward(x: &DTensor<f32>, block: &Block) -> Result<DTensor<f32>> {
+    let h: Dt<f32, (dp, tp), (Shard<0>, Shard<1>), 2> = x.matmul(&block.w1)?.gelu()?;
+    let y: Dt<f32, (dp, tp), (Shard<0>, Partial<Sum>), 2> = h.matmul(&block.w2)?;
+    let y: Dt<f32, (dp, tp), (Shard<0>, Replicate), 2> = y.redistribute()?;
+    x.add(&y)
 }
 
 /// Global `[rows, cols]` weight, uniform in `±1/√rows` (PyTorch's Linear init for a fan-in of
@@ -75,19 +72,16 @@ pub struct Mlp {
 }
 
 impl Mlp {
-    /// Draws the global weights (call `manual_seed` first) and distributes them over `mesh`.
-    fn new(cfg: &MlpConfig, mesh: &DeviceMesh, requires_grad: bool) -> Result<Mlp> {
-        let mut blocks = Vec::with_capacity(cfg.layers);
-        for _ in 0..cfg.layers {
-            let global = BlockGlobal { w1: init_weight(cfg.dim, cfg.hidden)?, w2: init_weight(cfg.hidden, cfg.dim)? };
-            let mut block = Block::distribute(global, mesh)?;
-            if requires_grad {
-                for (_, p) in block.named_parameters_mut() {
-                    *p = p.clone().requires_grad_(true);
-                }
-            }
-            blocks.push(block);
-        }
+    /// Draws the global weights (call `manual_seed` first) and distributes them over `mesh`
+    /// (the generated `Block::distribute` makes them leaves that require grad).
+    fn new(cfg: &MlpConfig, mesh: &DeviceMesh) -> Result<Mlp> {
+        let blocks = (0..cfg.layers)
+            .map(|_| {
+                let global =
+                    BlockGlobal { w1: init_weight(cfg.dim, cfg.hidden)?, w2: init_weight(cfg.hidden, cfg.dim)? };
+                Block::distribute(global, mesh)
+            })
+            .collect::<Result<_>>()?;
         Ok(Mlp { blocks })
     }
 
@@ -95,7 +89,7 @@ impl Mlp {
     pub fn forward(&self, x: &DTensor<f32>) -> Result<DTensor<f32>> {
         let mut h: Dt<f32, (dp, tp), (Shard<0>, Replicate), 2> = Dt::from_dtensor(x.clone())?;
         for b in &self.blocks {
-            h = block_forward(&h, &b.w1, &b.w2)?;
+            h = block_forward(&h, b)?;
         }
         Ok(h.into_dtensor())
     }
@@ -131,9 +125,9 @@ impl Trainer {
     /// Builds both networks (collective: every rank of `mesh` calls it).
     pub fn new(mesh: &DeviceMesh, cfg: MlpConfig) -> Result<Trainer> {
         manual_seed(cfg.seed.wrapping_add(TEACHER_SEED));
-        let teacher = Mlp::new(&cfg, mesh, false)?;
+        let teacher = Mlp::new(&cfg, mesh)?;
         manual_seed(cfg.seed);
-        let student = Mlp::new(&cfg, mesh, true)?;
+        let student = Mlp::new(&cfg, mesh)?;
         let data = TensorOptions::new().mesh(mesh).placements(&[Shard(0), Replicate]);
         Ok(Trainer { student, teacher, opt: Sgd::new(cfg.lr), data, cfg })
     }
