@@ -15,6 +15,9 @@ mod errors;
 mod expand;
 mod valid;
 
+#[cfg(test)]
+mod tests;
+
 use proc_macro::TokenStream;
 
 /// Lays out a struct's parameters or a function's tensors on a named device mesh, with
