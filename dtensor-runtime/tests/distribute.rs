@@ -5,14 +5,15 @@ mod common;
 use common::{check_layout, coord_of, expected_shard, global};
 use dtensor_runtime::ndarray::{ArrayD, IxDyn};
 use dtensor_runtime::{
-    distribute_tensor, from_local, plan_redistribute, run, CollectiveKind, CommDebugMode, Error, FromLocal,
-    Placement, ReduceOp, Replicate, Shard,
+    distribute_tensor, from_local, plan_redistribute, run, CollectiveKind, CommDebugMode, Error, FromLocal, Placement,
+    ReduceOp, Replicate, Shard,
 };
 
 #[test]
 fn distribute_from_source_rank_uses_only_its_data() {
     // Every rank passes different data; with src_data_rank = Some(2) the result is rank 2's.
-    for p in [vec![Shard(0), Shard(1)], vec![Replicate, Replicate], vec![Shard(1), Replicate], vec![Shard(0), Shard(0)]] {
+    for p in [vec![Shard(0), Shard(1)], vec![Replicate, Replicate], vec![Shard(1), Replicate], vec![Shard(0), Shard(0)]]
+    {
         let out = run(4, |ctx| {
             let mesh = ctx.init_device_mesh(&[2, 2], &["dp", "tp"])?;
             let mine = global(&[5, 3], ctx.rank() as u64);

@@ -6,8 +6,8 @@ use common::coord_of;
 use dtensor_runtime::layout::local_shape_and_offset;
 use dtensor_runtime::ndarray::ArrayD;
 use dtensor_runtime::{
-    empty, full, linspace, logspace, manual_seed, ones, rand, randn, run, zeros, DTensor, Error, Placement,
-    Replicate, Shard, TensorOptions,
+    empty, full, linspace, logspace, manual_seed, ones, rand, randn, run, zeros, DTensor, Error, Placement, Replicate,
+    Shard, TensorOptions,
 };
 
 fn layouts_2x2() -> Vec<Vec<Placement>> {
@@ -93,7 +93,11 @@ fn random_single_rank(normal: bool) -> ArrayD<f32> {
         ctx.init_device_mesh(&[1], &["x"])?;
         manual_seed(1234);
         let _ = rand::<f32>(&[3], &TensorOptions::new())?;
-        let t = if normal { randn::<f32>(&[9, 7], &TensorOptions::new())? } else { rand::<f32>(&[9, 7], &TensorOptions::new())? };
+        let t = if normal {
+            randn::<f32>(&[9, 7], &TensorOptions::new())?
+        } else {
+            rand::<f32>(&[9, 7], &TensorOptions::new())?
+        };
         Ok(t.to_local())
     })
     .unwrap()
