@@ -197,7 +197,7 @@ fn partial_sources_reduce_to_their_global_value() {
 fn redistribute_errors() {
     let errs = run(2, |ctx| {
         let mesh = ctx.init_device_mesh(&[2], &["x"])?;
-        let dt = distribute_tensor(&global(&[4], 0), &mesh, &[Shard(0)], None)?;
+        let dt = distribute_tensor(global(&[4], 0), &mesh, &[Shard(0)], None)?;
         let p = from_local(ArrayD::<f64>::zeros(vec![4]), &mesh, &[Placement::PARTIAL_SUM], FromLocal::default())?;
         Ok(vec![
             dt.redistribute(&[Placement::PARTIAL_SUM]).unwrap_err(),
