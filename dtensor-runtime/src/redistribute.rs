@@ -16,6 +16,7 @@ use crate::mesh::DeviceMesh;
 use crate::placement::{fmt_placements, normalize_placements, Placement, ReduceOp};
 use crate::Along;
 use ndarray::{ArrayD, Axis, IxDyn, Slice};
+use std::borrow::Cow;
 use std::fmt;
 
 /// One step of a redistribution: mesh dim `mesh_dim` goes from `from` to `to`.
@@ -242,23 +243,24 @@ impl<T: Element> DTensor<T> {
     /// Redistribution without autograd bookkeeping.
     pub(crate) fn redistribute_raw(&self, to: &[Placement]) -> Result<DTensor<T>> {
         let plan = self.plan_redistribute(to)?;
-        let mut local = self.local.clone();
         let mut cur = self.placements.clone();
-        op_scope("redistribute", || -> Result<()> {
+        // The first step reads our local tensor in place; later steps own their input.
+        let local = op_scope("redistribute", || -> Result<Cow<'_, ArrayD<T>>> {
+            let mut local = Cow::Borrowed(&self.local);
             for step in &plan.steps {
-                local = execute_step(&self.mesh, &local, step)?;
+                local = Cow::Owned(execute_step(&self.mesh, local, step)?);
                 cur[step.mesh_dim] = step.to;
             }
-            Ok(())
+            Ok(local)
         })?;
-        Ok(DTensor::new_unchecked(local, self.mesh.clone(), cur, self.shape.clone(), None))
+        Ok(DTensor::new_unchecked(local.into_owned(), self.mesh.clone(), cur, self.shape.clone(), None))
     }
 }
 
 /// Runs one step on this rank's local tensor.
 pub(crate) fn execute_step<T: Element>(
     mesh: &DeviceMesh,
-    local: &ArrayD<T>,
+    local: Cow<'_, ArrayD<T>>,
     step: &RedistributeStep,
 ) -> Result<ArrayD<T>> {
     let i = step.mesh_dim;
@@ -266,23 +268,26 @@ pub(crate) fn execute_step<T: Element>(
     let k = mesh.coordinate()[i];
     let shape = &step.logical_shape;
     Ok(match (step.from, step.to) {
-        (a, b) if a == b => local.clone(),
-        (Placement::Shard(d), Placement::Replicate) => all_gather_dim(mesh, i, local, d as usize, shape[d as usize])?,
+        (a, b) if a == b => local.into_owned(),
+        (Placement::Shard(d), Placement::Replicate) => all_gather_dim(mesh, i, &local, d as usize, shape[d as usize])?,
         (Placement::Partial(op), Placement::Replicate) => {
-            let mut data = to_vec(local);
-            mesh.all_reduce(Along::Dim(i), &mut data, op)?;
-            from_vec(local.shape(), data)
+            // In place on our own copy: no extra buffer.
+            let a = local.into_owned();
+            let mut a = if a.is_standard_layout() { a } else { a.as_standard_layout().into_owned() };
+            let data = a.as_slice_mut().expect("standard layout is contiguous");
+            mesh.all_reduce(Along::Dim(i), data, op)?;
+            a
         }
         (Placement::Partial(op), Placement::Shard(d)) => {
-            reduce_scatter_dim(mesh, i, local, d as usize, shape[d as usize], op)?
+            reduce_scatter_dim(mesh, i, &local, d as usize, shape[d as usize], op)?
         }
         (Placement::Replicate, Placement::Shard(d)) => {
             let d = d as usize;
             let (sz, off) = chunk_size_and_offset(shape[d], n, k);
             local.slice_axis(Axis(d), Slice::from(off..off + sz)).to_owned()
         }
-        (Placement::Shard(d), Placement::Shard(e)) => all_to_all_dims(mesh, i, local, d as usize, e as usize, shape)?,
-        (Placement::Replicate, Placement::Partial(op)) => replicate_to_partial(local, op, k),
+        (Placement::Shard(d), Placement::Shard(e)) => all_to_all_dims(mesh, i, &local, d as usize, e as usize, shape)?,
+        (Placement::Replicate, Placement::Partial(op)) => replicate_to_partial(&local, op, k),
         (from, to) => {
             return Err(Error::InvalidRedistribute {
                 mesh_dim: i,
@@ -303,27 +308,25 @@ pub(crate) fn replicate_to_partial<T: Element>(local: &ArrayD<T>, op: ReduceOp, 
     }
 }
 
-fn to_vec<T: Element>(a: &ArrayD<T>) -> Vec<T> {
-    match a.as_slice() {
-        Some(s) => s.to_vec(),
-        None => a.iter().copied().collect(),
-    }
-}
-
 fn from_vec<T: Element>(shape: &[usize], v: Vec<T>) -> ArrayD<T> {
     ArrayD::from_shape_vec(IxDyn(shape), v).expect("collective returned the planned size")
 }
 
 /// Data of `a` with axis `d` moved to the front, row-major; returns (data, moved shape).
-fn front<T: Element>(a: &ArrayD<T>, d: usize) -> (Vec<T>, Vec<usize>) {
+/// Borrows when `a` already is in that order.
+fn front<T: Element>(a: &ArrayD<T>, d: usize) -> (Cow<'_, [T]>, Vec<usize>) {
     if d == 0 {
-        return (to_vec(a), a.shape().to_vec());
+        let data = match a.as_slice() {
+            Some(s) => Cow::Borrowed(s),
+            None => Cow::Owned(a.iter().copied().collect()),
+        };
+        return (data, a.shape().to_vec());
     }
     let mut axes: Vec<usize> = vec![d];
     axes.extend((0..a.ndim()).filter(|&x| x != d));
     let v = a.view().permuted_axes(IxDyn(&axes));
     let shape = v.shape().to_vec();
-    (v.iter().copied().collect(), shape)
+    (Cow::Owned(v.iter().copied().collect()), shape)
 }
 
 /// Inverse of [`front`].
@@ -356,14 +359,20 @@ fn all_gather_dim<T: Element>(
     let c = padded_chunk(full, n);
     let (mut data, mut fshape) = front(local, d);
     let row: usize = fshape[1..].iter().product();
-    data.resize(c * row, T::zero());
+    if data.len() != c * row {
+        data.to_mut().resize(c * row, T::zero());
+    }
     let gathered = mesh.all_gather(Along::Dim(i), &data)?;
+    fshape[0] = full;
+    if c * n == full {
+        // Even: the gathered blocks already are the result.
+        return Ok(unfront(gathered, &fshape, d));
+    }
     let mut out = Vec::with_capacity(full * row);
     for j in 0..n {
         let sz = chunk_size_and_offset(full, n, j).0;
         out.extend_from_slice(&gathered[j * c * row..(j * c + sz) * row]);
     }
-    fshape[0] = full;
     Ok(unfront(out, &fshape, d))
 }
 
@@ -380,11 +389,16 @@ fn reduce_scatter_dim<T: Element>(
     let c = padded_chunk(full, n);
     let (data, mut fshape) = front(local, d);
     let row: usize = fshape[1..].iter().product();
-    let mut send = vec![T::zero(); n * c * row];
-    for j in 0..n {
-        let (sz, off) = chunk_size_and_offset(full, n, j);
-        send[j * c * row..(j * c + sz) * row].copy_from_slice(&data[off * row..(off + sz) * row]);
-    }
+    let send = if c * n == full {
+        data
+    } else {
+        let mut send = vec![T::zero(); n * c * row];
+        for j in 0..n {
+            let (sz, off) = chunk_size_and_offset(full, n, j);
+            send[j * c * row..(j * c + sz) * row].copy_from_slice(&data[off * row..(off + sz) * row]);
+        }
+        Cow::Owned(send)
+    };
     let mut mine = mesh.reduce_scatter(Along::Dim(i), &send, op)?;
     let sz = chunk_size_and_offset(full, n, k).0;
     mine.truncate(sz * row);
