@@ -153,12 +153,16 @@ pub fn layout_of(shape: &[usize], mesh: &DeviceMesh, placements: &[Placement]) -
             pts.windows(2).map(|w| w[0]..w[1]).collect()
         })
         .collect();
-    let (rows, cols) =
-        if shape.len() == 1 { (vec![0..1], cuts[0].clone()) } else { (cuts[0].clone(), cuts[1].clone()) };
+    // A 1-D tensor is one row of blocks; a 2-D one a grid of row blocks × column blocks.
+    let (rows, cols): (Vec<Option<Range<usize>>>, &[Range<usize>]) = match &cuts[..] {
+        [c] => (vec![None], c),
+        [r, c] => (r.iter().cloned().map(Some).collect(), c),
+        _ => unreachable!("rank checked above"),
+    };
     let mut blocks = Vec::with_capacity(rows.len() * cols.len());
     for r in &rows {
-        for c in &cols {
-            let ranges = if shape.len() == 1 { vec![c.clone()] } else { vec![r.clone(), c.clone()] };
+        for c in cols {
+            let ranges: Vec<Range<usize>> = r.iter().cloned().chain([c.clone()]).collect();
             let mut ranks: Vec<usize> = boxes
                 .iter()
                 .filter(|(_, b)| {
@@ -269,10 +273,15 @@ fn render(layout: &ShardingLayout, opts: &VisualizeOptions) -> String {
     let ch = chars(opts.style);
     let cols = layout.cols.max(1);
     let rows = layout.blocks.len() / cols;
-    let text: Vec<[String; 2]> =
-        layout.blocks.iter().map(|b| [range_label(&b.ranges), ranks_label(&b.ranks)]).collect();
+    // Two text lines per cell: the index range, then the ranks.
+    let labels: [Vec<String>; 2] = [
+        layout.blocks.iter().map(|b| range_label(&b.ranges)).collect(),
+        layout.blocks.iter().map(|b| ranks_label(&b.ranks)).collect(),
+    ];
     let width: Vec<usize> = (0..cols)
-        .map(|c| (0..rows).flat_map(|r| text[r * cols + c].iter().map(|s| s.chars().count())).max().unwrap_or(0) + 2)
+        .map(|c| {
+            labels.iter().flat_map(|l| (0..rows).map(move |r| l[r * cols + c].chars().count())).max().unwrap_or(0) + 2
+        })
         .collect();
     // Colour index per distinct rank set, in first-seen order.
     let mut sets: Vec<&[usize]> = Vec::new();
@@ -294,11 +303,11 @@ fn render(layout: &ShardingLayout, opts: &VisualizeOptions) -> String {
     };
     let mut out = rule(0);
     for r in 0..rows {
-        for line in 0..2 {
+        for line in &labels {
             out.push(ch.v);
-            for c in 0..cols {
+            for (c, &w) in width.iter().enumerate() {
                 let i = r * cols + c;
-                let cell = center(&text[i][line], width[c]);
+                let cell = center(&line[i], w);
                 if opts.color {
                     out.push_str(&format!("\x1b[30;48;5;{}m{cell}\x1b[0m", PALETTE[color_of[i] % PALETTE.len()]));
                 } else {

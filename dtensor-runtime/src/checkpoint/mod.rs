@@ -100,12 +100,8 @@ fn reduce_partials<T: Element>(t: &DTensor<T>) -> Result<DTensor<T>> {
 }
 
 /// The blocks of a tensor with `placements` as saved: one per distinct non-empty block, owned
-/// by the replica at coordinate 0 of every non-sharding mesh dim. `(rank, offset, shape)`.
-fn owned_blocks(
-    shape: &[usize],
-    mesh: &DeviceMesh,
-    placements: &[Placement],
-) -> Result<Vec<(usize, Vec<usize>, Vec<usize>)>> {
+/// by the replica at coordinate 0 of every non-sharding mesh dim.
+fn owned_blocks(shape: &[usize], mesh: &DeviceMesh, placements: &[Placement]) -> Result<Vec<ShardEntry>> {
     let mut out = Vec::new();
     for &rank in mesh.ranks() {
         let c = mesh.coordinate_of(rank)?;
@@ -114,7 +110,7 @@ fn owned_blocks(
         }
         let (sz, off) = local_shape_and_offset(shape, mesh.shape(), &c, placements);
         if sz.iter().all(|&s| s > 0) {
-            out.push((rank, off, sz));
+            out.push(ShardEntry { file: shard_file_name(rank), rank, offset: off, shape: sz });
         }
     }
     Ok(out)
@@ -147,7 +143,7 @@ pub fn save<T: Element>(dir: impl AsRef<Path>, state: &[(String, DTensor<T>)]) -
     let mut meta = HashMap::from([("format".to_string(), FORMAT.to_string()), ("rank".to_string(), me.to_string())]);
     for ((name, _), t) in state.iter().zip(&reduced) {
         let blocks = owned_blocks(t.shape(), mesh, t.placements())?;
-        if blocks.iter().any(|(r, _, _)| *r == me) {
+        if blocks.iter().any(|b| b.rank == me) {
             mine.push((name.clone(), RawTensor::of(t.local())));
             meta.insert(format!("{name}.offset"), format!("{:?}", t.local_offset()));
             meta.insert(format!("{name}.global_shape"), format!("{:?}", t.shape()));
@@ -157,10 +153,7 @@ pub fn save<T: Element>(dir: impl AsRef<Path>, state: &[(String, DTensor<T>)]) -
             dtype: dtype_name(T::DTYPE).to_string(),
             shape: t.shape().to_vec(),
             placements: t.placements().iter().map(|p| p.to_string()).collect(),
-            shards: blocks
-                .into_iter()
-                .map(|(rank, offset, shape)| ShardEntry { file: shard_file_name(rank), rank, offset, shape })
-                .collect(),
+            shards: blocks,
         });
     }
     if !mine.is_empty() {

@@ -97,6 +97,8 @@ impl CollectiveRecord {
 }
 
 type Sink = Arc<Mutex<Vec<CollectiveRecord>>>;
+/// Stats per (kind, mesh dim label).
+type KindStats = BTreeMap<(CollectiveKind, String), CommStats>;
 
 thread_local! {
     static SINKS: RefCell<Vec<Sink>> = const { RefCell::new(Vec::new()) };
@@ -304,7 +306,7 @@ impl CommDebugMode {
     /// ```
     pub fn tracing_table(&self) -> String {
         // Scope paths in first-seen order, each with its own (kind, dim) stats.
-        let mut paths: Vec<(Vec<String>, BTreeMap<(CollectiveKind, String), CommStats>)> = Vec::new();
+        let mut paths: Vec<(Vec<String>, KindStats)> = Vec::new();
         for r in lock(&self.sink).iter() {
             let path = if r.op_path.is_empty() { vec!["user".to_string()] } else { r.op_path.clone() };
             let i = match paths.iter().position(|(p, _)| *p == path) {
