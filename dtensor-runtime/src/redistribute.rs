@@ -205,7 +205,7 @@ fn step_cost(
     elem: usize,
 ) -> (Option<CollectiveKind>, usize) {
     let numel: usize = shape.iter().product();
-    let rows_other = |d: usize| if shape[d] == 0 { 0 } else { numel / shape[d] };
+    let rows_other = |d: usize| numel.checked_div(shape[d]).unwrap_or(0);
     match (from, to) {
         (Placement::Shard(d), Placement::Replicate) => {
             let d = d as usize;
