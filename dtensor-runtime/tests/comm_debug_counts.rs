@@ -90,7 +90,9 @@ fn partial_to_shard_is_one_reduce_scatter_per_rank() {
 
 #[test]
 fn every_transition_records_what_its_plan_says() {
-    let cases: Vec<(Vec<Placement>, Vec<Placement>, Vec<(CollectiveKind, &str)>)> = vec![
+    // (from, to, the collectives expected on every rank)
+    type Case = (Vec<Placement>, Vec<Placement>, Vec<(CollectiveKind, &'static str)>);
+    let cases: Vec<Case> = vec![
         (vec![Shard(0), Replicate], vec![Replicate, Replicate], vec![(AllGather, "dp")]),
         // tp must be undone first (dp will split dim 1 before tp splits dim 0), then dp swaps
         // its dims by all-to-all and tp re-shards locally.
