@@ -15,13 +15,14 @@ fn bits(a: &ArrayD<f64>) -> Vec<u64> {
 }
 
 /// (name, global shape, placements on the 2×2 saving mesh): uneven shapes, an empty shard
-/// (`e`: 1 row over 2 ranks) and a replicated mesh dim (`b`).
+/// (`e`: 1 row over 2 ranks), a replicated mesh dim (`b`) and a 3-D tensor (`t`).
 fn spec() -> Vec<(&'static str, Vec<usize>, Vec<Placement>)> {
     vec![
         ("w", vec![5, 7], vec![Shard(0), Shard(1)]),
         ("v", vec![9, 4], vec![Shard(0), Shard(1)]),
         ("e", vec![1, 3], vec![Shard(0), Shard(1)]),
         ("b", vec![7], vec![Replicate, Shard(0)]),
+        ("t", vec![3, 4, 5], vec![Shard(2), Shard(0)]),
     ]
 }
 
@@ -81,8 +82,8 @@ fn load_and_check(dir: &Path, mesh_shape: &[usize], placements: &[Placement]) ->
 fn save_2x2_s0_s1_load_on_4_ranks_s1_and_on_1_rank_bit_exact() {
     let dir = tempfile::tempdir().unwrap();
     save_on_2x2(dir.path());
-    println!("saved on 2x2 (S(0), S(1)); `b` is (R, S(0))");
-    println!("-- load on mesh [4] with (S(-1)) = S(1) for 2-D, S(0) for 1-D:");
+    println!("saved on 2x2 (S(0), S(1)); `b` is (R, S(0)), `t` is (S(2), S(0))");
+    println!("-- load on mesh [4] with (S(-1)): S(1) for 2-D, S(0) for 1-D, S(2) for 3-D:");
     for l in load_and_check(dir.path(), &[4], &[Shard(-1)]) {
         println!("{l}");
     }
@@ -127,7 +128,7 @@ fn index_describes_blocks_once() {
     assert_eq!(idx.mesh.shape, vec![2, 2]);
     assert_eq!(idx.mesh.dim_names, vec!["dp".to_string(), "tp".to_string()]);
     let names: Vec<&str> = idx.tensors.iter().map(|t| t.name.as_str()).collect();
-    assert_eq!(names, vec!["w", "v", "e", "b"]);
+    assert_eq!(names, vec!["w", "v", "e", "b", "t"]);
     let w = idx.tensor("w").unwrap();
     assert_eq!(w.placements, vec!["S(0)".to_string(), "S(1)".to_string()]);
     let blocks: Vec<(usize, Vec<usize>, Vec<usize>)> =
