@@ -140,7 +140,7 @@ fn ops_scopes_attribute_and_summarise() {
         );
         assert_eq!(
             lines[1].split_whitespace().collect::<Vec<_>>(),
-            ["all_gather", "tp", "2", "redistribute", "1", "64", "B"]
+            ["all_gather", "tp", "2", "mlp/layer0/redistribute", "1", "64", "B"]
         );
         assert_eq!(
             lines[2].split_whitespace().collect::<Vec<_>>(),

@@ -94,6 +94,14 @@ impl CollectiveRecord {
     pub fn mesh_dim_label(&self) -> &str {
         self.mesh_dim.as_deref().unwrap_or("*")
     }
+    /// The scope path joined by `/` (`mlp/fc1/redistribute`), `user` outside any scope.
+    pub fn op_path_label(&self) -> String {
+        if self.op_path.is_empty() {
+            "user".to_string()
+        } else {
+            self.op_path.join("/")
+        }
+    }
 }
 
 type Sink = Arc<Mutex<Vec<CollectiveRecord>>>;
@@ -256,19 +264,20 @@ impl CommDebugMode {
         m
     }
 
-    /// A summary table: one row per (collective, mesh dim, group size, op) with count and
-    /// bytes, then a total row.
+    /// A summary table: one row per (collective, mesh dim, group size, op scope path) with
+    /// count and bytes this rank sent, then a total row (barriers not counted).
     ///
     /// ```text
-    /// collective      mesh dim  group  op            count   bytes
-    /// all_gather      dp        2      redistribute      1   128 B
-    /// ...
-    /// total                                              3   384 B
+    /// collective      mesh dim  group  op                         count  bytes
+    /// all_gather      dp        2      mlp/fc1/redistribute           1   96 B
+    /// all_gather      tp        2      mlp/fc1/redistribute           1   48 B
+    /// reduce_scatter  tp        2      mlp/fc2/redistribute           1  192 B
+    /// total                                                           3  336 B
     /// ```
     pub fn summary(&self) -> String {
         let mut rows: BTreeMap<(CollectiveKind, String, usize, String), CommStats> = BTreeMap::new();
         for r in lock(&self.sink).iter() {
-            rows.entry((r.kind, r.mesh_dim_label().to_string(), r.group_size, r.op.clone())).or_default().add(r);
+            rows.entry((r.kind, r.mesh_dim_label().to_string(), r.group_size, r.op_path_label())).or_default().add(r);
         }
         let mut table: Vec<[String; 6]> =
             vec![["collective".into(), "mesh dim".into(), "group".into(), "op".into(), "count".into(), "bytes".into()]];
