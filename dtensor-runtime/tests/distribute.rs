@@ -255,3 +255,42 @@ fn plans_take_the_cheap_collective() {
     })
     .unwrap();
 }
+
+#[test]
+fn plans_agree_across_ranks_and_beat_gather_everything() {
+    let layouts = [
+        vec![Shard(0), Shard(1)],
+        vec![Shard(1), Shard(0)],
+        vec![Shard(0), Shard(0)],
+        vec![Replicate, Shard(1)],
+        vec![Placement::PARTIAL_SUM, Shard(0)],
+    ];
+    let out = run(4, |ctx| {
+        let mesh = ctx.init_device_mesh(&[2, 2], &["dp", "tp"])?;
+        let mut res = vec![];
+        for from in &layouts {
+            for to in &layouts {
+                if to.iter().any(|p| p.is_partial()) && from != to {
+                    continue;
+                }
+                // 7 x 5: uneven on both mesh dims.
+                let plan = plan_redistribute::<f32>(&[7, 5], &mesh, from, to)?;
+                let naive_gather = plan_redistribute::<f32>(&[7, 5], &mesh, from, &[Replicate, Replicate])?;
+                let shape: Vec<_> = plan.steps.iter().map(|s| (s.mesh_dim, s.from, s.to, s.collective)).collect();
+                res.push((from.clone(), to.clone(), shape, plan.bytes(), naive_gather.bytes()));
+            }
+        }
+        Ok(res)
+    })
+    .unwrap();
+    for other in &out[1..] {
+        for (a, b) in out[0].iter().zip(other) {
+            // Same steps on every rank (sizes may differ with uneven shards).
+            assert_eq!(a.2, b.2, "{:?} -> {:?}", a.0, a.1);
+        }
+    }
+    for (from, to, _, bytes, gather_all) in &out[0] {
+        // Never more than gathering everything (after which the target is a local chunk).
+        assert!(bytes <= gather_all, "{from:?} -> {to:?}: {bytes} > {gather_all}");
+    }
+}
