@@ -25,6 +25,21 @@ impl Mlp {
     }
 }
 
+/// The same parameters as a plain (dynamic) module.
+struct LocalMlp {
+    w1: dtensor::DTensor<f32>,
+    w2: dtensor::DTensor<f32>,
+}
+
+impl dtensor::Module<f32> for LocalMlp {
+    fn named_parameters(&self) -> Vec<(String, &dtensor::DTensor<f32>)> {
+        vec![("w1".into(), &self.w1), ("w2".into(), &self.w2)]
+    }
+    fn named_parameters_mut(&mut self) -> Vec<(String, &mut dtensor::DTensor<f32>)> {
+        vec![("w1".into(), &mut self.w1), ("w2".into(), &mut self.w2)]
+    }
+}
+
 fn array(rows: usize, cols: usize, seed: usize) -> ArrayD<f32> {
     ArrayD::from_shape_fn(IxDyn(&[rows, cols]), |ix| (((ix[0] * cols + ix[1]) * 7 + seed) % 11) as f32 / 8.0 - 0.6)
 }
@@ -49,6 +64,13 @@ fn main() {
         }
         assert_eq!(names(&mlp), ["w1", "w2"]);
         assert!(mlp.w1.as_dtensor().requires_grad());
+        // The declared placements also drive `distribute_module` on a dynamic module.
+        let local = LocalMlp { w1: dtensor::DTensor::local_tensor(w1.clone()), w2: dtensor::DTensor::local_tensor(w2.clone()) };
+        let dynamic = dtensor::distribute_module(local, &mesh, Some(&Mlp::partition), None, None)?;
+        let typed = mlp.named_parameters();
+        for ((n, p), (tn, tp)) in dtensor::Module::named_parameters(&dynamic).into_iter().zip(typed) {
+            assert_eq!((n.as_str(), p.placements(), p.local()), (tn.as_str(), tp.placements(), tp.local()));
+        }
         assert_eq!(mlp.w1.local().shape(), &[4, 5]);
         let xd: Dt<f32, (dp, tp), (Shard<0>, Replicate), 2> = Dt::distribute(&x, &mesh)?;
         let comm = dtensor::CommDebugMode::new();
