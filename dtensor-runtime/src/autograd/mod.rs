@@ -120,6 +120,12 @@ impl<T: Element> fmt::Debug for AutogradMeta<T> {
     }
 }
 
+/// Will [`record`] attach a node for these inputs? (Ops check it before copying the tensors
+/// their backward saves.)
+pub(crate) fn recording<T: Element>(inputs: &[&DTensor<T>]) -> bool {
+    is_grad_enabled() && inputs.iter().any(|x| x.requires_grad())
+}
+
 /// Records `out` as produced by an op from `inputs` with `backward`, when grad mode is on
 /// and some input requires grad. `backward` returns one gradient per input.
 pub(crate) fn record<T: Element>(
@@ -128,7 +134,7 @@ pub(crate) fn record<T: Element>(
     inputs: &[&DTensor<T>],
     backward: impl Fn(&DTensor<T>) -> Result<Vec<Option<DTensor<T>>>> + Send + Sync + 'static,
 ) -> DTensor<T> {
-    if !is_grad_enabled() || !inputs.iter().any(|x| x.requires_grad()) {
+    if !recording(inputs) {
         out.autograd = AutogradMeta::default();
         return out;
     }
