@@ -1,6 +1,6 @@
 //! Reverse-mode autograd for DTensors.
 //!
-//! Every op that has an input with `requires_grad` records a [`Node`] holding its backward
+//! Every op that has an input with `requires_grad` records a node holding its backward
 //! function and edges to its inputs' nodes (a define-by-run graph, as in PyTorch). A leaf
 //! (a tensor made with `requires_grad`) owns a gradient cell. [`DTensor::backward`] walks
 //! the graph in reverse topological order; gradients are DTensors, and every backward rule

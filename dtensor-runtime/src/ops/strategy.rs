@@ -1,6 +1,6 @@
 //! Sharding strategies: how an op picks its input and output placements.
 //!
-//! An op lists, for one mesh dimension, the [`DimRule`]s it supports (input placements →
+//! An op lists, for one mesh dimension, the `DimRule`s it supports (input placements →
 //! output placement). A full strategy picks one rule per mesh dim. When the inputs already
 //! match a strategy the op runs as is (no communication); otherwise every strategy is costed
 //! by the bytes its input redistributions move (`plan_redistribute_at(..).bytes()`, seen
