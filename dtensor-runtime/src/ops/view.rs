@@ -123,6 +123,11 @@ impl<T: Element> DTensor<T> {
         self.reshape_to(&out)
     }
 
+    /// PyTorch `view`: the same as [`DTensor::reshape`] (local shards are always contiguous).
+    pub fn view(&self, shape: &[isize]) -> Result<DTensor<T>> {
+        self.reshape(shape)
+    }
+
     /// Reshape to a fully known shape.
     pub fn reshape_to(&self, out: &[usize]) -> Result<DTensor<T>> {
         let input = self.shape.clone();
