@@ -6,6 +6,9 @@
 //!
 //! Start with [`run`] (in-process ranks), [`RankCtx::init_device_mesh`],
 //! [`distribute_tensor`], [`DTensor::redistribute`] and [`DTensor::full_tensor`].
+//! Models run on DTensors through [`ops`] (each op a sharding rule plus a local kernel),
+//! [`autograd`] (`requires_grad_`, `backward`, `grad`), [`module`] (`Module`,
+//! `distribute_module`, `parallelize_module`, tensor-parallel styles) and [`optim`].
 #![warn(missing_docs)]
 #![allow(missing_docs)] // field-level docs are tracked per module; items carry rustdoc
 

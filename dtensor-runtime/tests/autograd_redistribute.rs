@@ -113,10 +113,15 @@ fn from_local_grad_returns_the_local_shard_of_the_gradient() {
         // Partial from_local: every rank's local gets the whole (replicated) gradient.
         let lp = DTensor::local_tensor(ArrayD::<f64>::ones(vec![2])).requires_grad_(true);
         from_local_grad(&lp, &mesh, &[p()], FromLocal::default())?.sum()?.backward()?;
-        Ok((ctx.rank(), l.grad().expect("grad").to_local(), lp.grad().expect("grad").to_local()))
+        // Partial(avg): each local term counts 1/2.
+        let la = DTensor::local_tensor(ArrayD::<f64>::ones(vec![2])).requires_grad_(true);
+        from_local_grad(&la, &mesh, &[Partial(ReduceOp::Avg)], FromLocal::default())?.sum()?.backward()?;
+        let ga = la.grad().expect("grad").to_local();
+        Ok((ctx.rank(), l.grad().expect("grad").to_local(), lp.grad().expect("grad").to_local(), ga))
     })
     .unwrap();
-    for (rank, g, gp) in out {
+    for (rank, g, gp, ga) in out {
+        assert!(ga.iter().all(|&v| v == 0.5), "{ga}");
         let off = if rank == 0 { 0 } else { 3 };
         let rows = if rank == 0 { 3 } else { 2 };
         for i in 0..rows {
