@@ -234,6 +234,26 @@ pub(crate) fn expand_struct(args: Args, mut item: ItemStruct, mut errs: Errors) 
             pub fn parameter_placements() -> ::std::vec::Vec<(&'static str, ::std::vec::Vec<::dtensor::Placement>)> {
                 ::std::vec![#(#placements),*]
             }
+
+            /// A `partition_fn` for `distribute_module` that lays out a *dynamic* module with
+            /// the same parameter names as this struct declares (other names: replicated).
+            /// Errors if `mesh` does not have this struct's mesh dims.
+            pub fn partition(
+                name: &str,
+                _param: &#dynamic,
+                mesh: &::dtensor::DeviceMesh,
+            ) -> ::dtensor::Result<::std::option::Option<::std::vec::Vec<::dtensor::Placement>>> {
+                if mesh.dim_names() != Self::MESH_DIMS {
+                    return ::std::result::Result::Err(::dtensor::Error::TypedMismatch {
+                        what: ::std::string::String::from("mesh dims"),
+                        expected: ::std::format!("{:?}", Self::MESH_DIMS),
+                        actual: ::std::format!("{:?}", mesh.dim_names()),
+                    });
+                }
+                ::std::result::Result::Ok(
+                    Self::parameter_placements().into_iter().find(|(n, _)| *n == name).map(|(_, p)| p),
+                )
+            }
         }
 
         impl #impl_g ::dtensor::Module<#elem> for #ident #ty_g #where_g {

@@ -15,6 +15,9 @@ mod errors;
 mod expand;
 mod valid;
 
+#[cfg(test)]
+mod tests;
+
 use proc_macro::TokenStream;
 
 /// Lays out a struct's parameters or a function's tensors on a named device mesh, with
@@ -40,7 +43,9 @@ use proc_macro::TokenStream;
 /// `Dt<T, Mesh, Layout, RANK>`. Placements come from the field's `#[placements = [..]]` or the
 /// struct-level default `placements = [..]`; parameters cannot be `Partial`. Generated: the
 /// `{Name}Global` struct of global arrays, `Name::distribute(global, &mesh)`,
-/// `named_parameters`, `named_parameters_mut`, `parameter_placements`, `MESH_DIMS`.
+/// `named_parameters`, `named_parameters_mut`, `parameter_placements`, `MESH_DIMS`, the
+/// `Module` impl, and `Name::partition` (a `partition_fn` for `distribute_module` that lays out
+/// a dynamic module with the same parameter names).
 ///
 /// # On a function
 ///

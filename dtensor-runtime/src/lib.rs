@@ -6,10 +6,14 @@
 //!
 //! Start with [`run`] (in-process ranks), [`RankCtx::init_device_mesh`],
 //! [`distribute_tensor`], [`DTensor::redistribute`] and [`DTensor::full_tensor`].
+//! Models run on DTensors through [`ops`] (each op a sharding rule plus a local kernel),
+//! [`autograd`] (`requires_grad_`, `backward`, `grad`), [`module`] (`Module`,
+//! `distribute_module`, `parallelize_module`, tensor-parallel styles) and [`optim`].
 #![warn(missing_docs)]
 #![allow(missing_docs)] // field-level docs are tracked per module; items carry rustdoc
 
 pub mod autograd;
+pub mod checkpoint;
 pub mod comm;
 pub mod dtensor;
 pub mod element;
@@ -25,12 +29,13 @@ pub mod placement;
 pub mod redistribute;
 pub mod rng;
 pub mod typed;
+pub mod visualize;
 
 pub use ndarray;
 
 pub use autograd::{from_local_grad, local_mesh, no_grad};
 pub use comm::collectives::Along;
-pub use comm::debug::{op_scope, CollectiveKind, CollectiveRecord, CommDebugGuard, CommDebugMode};
+pub use comm::debug::{op_scope, CollectiveKind, CollectiveRecord, CommDebugGuard, CommDebugMode, CommStats};
 pub use comm::threads::{ThreadComm, ThreadWorld};
 pub use comm::Communicator;
 pub use dtensor::{distribute_tensor, from_local, DTensor, DistributeSource, FromLocal};
@@ -47,6 +52,7 @@ pub use rng::manual_seed;
 // The typed markers share their names with the placement constructors above: those live in
 // the value namespace, these in the type namespace, so `Shard(0)` and `Shard<0>` coexist.
 pub use typed::{Avg, Dt, Max, Min, Partial, Product, Replicate, Shard, Sum};
+pub use visualize::{print_sharding, visualize_sharding, visualize_sharding_plain};
 
 /// Everything a typical program needs.
 pub mod prelude {

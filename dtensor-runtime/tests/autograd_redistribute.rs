@@ -15,11 +15,14 @@ fn p() -> Placement {
     Partial(ReduceOp::Sum)
 }
 
+/// (mesh shape, tensor shape, from, to).
+type RedistCase = (Vec<usize>, Vec<usize>, Vec<Placement>, Vec<Placement>);
+
 /// For each (from, to): leaf with `from` (Partial reached from a Replicate leaf), `y =
 /// x.redistribute(to)`, loss `sum(y * W)`: the leaf's gradient is W, laid out as the leaf.
 #[test]
 fn redistribute_backward_gives_the_identity_gradient_in_the_source_layout() {
-    let pairs: Vec<(Vec<usize>, Vec<usize>, Vec<Placement>, Vec<Placement>)> = vec![
+    let pairs: Vec<RedistCase> = vec![
         (vec![2, 2], vec![5, 3], vec![S(0), S(1)], vec![R, R]),
         (vec![2, 2], vec![5, 3], vec![S(0), R], vec![S(1), S(0)]),
         (vec![2, 2], vec![5, 3], vec![R, S(1)], vec![S(0), S(0)]),
@@ -51,17 +54,18 @@ fn redistribute_backward_gives_the_identity_gradient_in_the_source_layout() {
     }
 }
 
-/// Backward of an all-gather (S(0) → R) is a reduce-scatter when the gradient is Partial,
+/// Backward of an all-gather (S(0) → R) is a reduce-scatter when the gradient is Partial (even
+/// shape: with uneven padding the planner may find all-reduce + chunk cheaper),
 /// and a local chunk when it is Replicate.
 #[test]
 fn backward_of_all_gather_is_reduce_scatter_for_partial_gradients() {
     let out = run(2, |ctx| {
         let mesh = ctx.init_device_mesh(&[2], &["tp"])?;
-        let x = distribute_tensor(&values(&[5, 3], Kind::Real, 3), &mesh, &[S(0)], None)?.requires_grad_(true);
+        let x = distribute_tensor(values(&[6, 3], Kind::Real, 3), &mesh, &[S(0)], None)?.requires_grad_(true);
         let y = x.redistribute(&[R])?;
         // Each rank's local loss differs; grad_placements = Partial says "sum them".
         let l = y.to_local_grad(Some(&[p()]))?;
-        let scale = DTensor::local_tensor(ArrayD::from_elem(vec![5, 3], (ctx.rank() + 1) as f64));
+        let scale = DTensor::local_tensor(ArrayD::from_elem(vec![6, 3], (ctx.rank() + 1) as f64));
         let loss = l.mul(&scale)?.sum()?;
         let mode = CommDebugMode::new();
         mode.scope(|| loss.backward())?;
@@ -83,7 +87,7 @@ fn to_local_grad_placements_replicate_vs_partial() {
     for (gp, expect) in [(None, 1.0), (Some(vec![p()]), 2.0)] {
         let out = run(2, |ctx| {
             let mesh = ctx.init_device_mesh(&[2], &["tp"])?;
-            let x = distribute_tensor(&ArrayD::<f64>::zeros(vec![3]), &mesh, &[R], None)?.requires_grad_(true);
+            let x = distribute_tensor(ArrayD::<f64>::zeros(vec![3]), &mesh, &[R], None)?.requires_grad_(true);
             x.to_local_grad(gp.as_deref())?.sum()?.backward()?;
             let g = x.grad().expect("grad");
             Ok((g.placements().to_vec(), g.full_tensor()?))
@@ -109,10 +113,15 @@ fn from_local_grad_returns_the_local_shard_of_the_gradient() {
         // Partial from_local: every rank's local gets the whole (replicated) gradient.
         let lp = DTensor::local_tensor(ArrayD::<f64>::ones(vec![2])).requires_grad_(true);
         from_local_grad(&lp, &mesh, &[p()], FromLocal::default())?.sum()?.backward()?;
-        Ok((ctx.rank(), l.grad().expect("grad").to_local(), lp.grad().expect("grad").to_local()))
+        // Partial(avg): each local term counts 1/2.
+        let la = DTensor::local_tensor(ArrayD::<f64>::ones(vec![2])).requires_grad_(true);
+        from_local_grad(&la, &mesh, &[Partial(ReduceOp::Avg)], FromLocal::default())?.sum()?.backward()?;
+        let ga = la.grad().expect("grad").to_local();
+        Ok((ctx.rank(), l.grad().expect("grad").to_local(), lp.grad().expect("grad").to_local(), ga))
     })
     .unwrap();
-    for (rank, g, gp) in out {
+    for (rank, g, gp, ga) in out {
+        assert!(ga.iter().all(|&v| v == 0.5), "{ga}");
         let off = if rank == 0 { 0 } else { 3 };
         let rows = if rank == 0 { 3 } else { 2 };
         for i in 0..rows {
@@ -129,7 +138,7 @@ fn full_tensor_grad_with_partial_grad_placements_sums_rank_contributions() {
     let w = values(&[5, 3], Kind::Real, 5);
     let out = run(2, |ctx| {
         let mesh = ctx.init_device_mesh(&[2], &["tp"])?;
-        let x = distribute_tensor(&values(&[5, 3], Kind::Real, 6), &mesh, &[S(0)], None)?.requires_grad_(true);
+        let x = distribute_tensor(values(&[5, 3], Kind::Real, 6), &mesh, &[S(0)], None)?.requires_grad_(true);
         let f = x.full_tensor_grad(Some(&[p()]))?;
         let scale = DTensor::local_tensor(w.mapv(|v| v * (ctx.rank() + 1) as f64));
         f.mul(&scale)?.sum()?.backward()?;
@@ -148,7 +157,7 @@ fn backward_dtype_runs_gradient_collectives_in_f64() {
     let bytes = |dtype: Option<DType>| {
         run(2, move |ctx| {
             let mesh = ctx.init_device_mesh(&[2], &["tp"])?;
-            let x = distribute_tensor(&ArrayD::<f32>::ones(vec![6, 4]), &mesh, &[S(0)], None)?.requires_grad_(true);
+            let x = distribute_tensor(ArrayD::<f32>::ones(vec![6, 4]), &mesh, &[S(0)], None)?.requires_grad_(true);
             let y = x.redistribute_with_dtype(&[R], dtype)?;
             let loss = y.to_local_grad(Some(&[p()]))?.sum()?;
             let mode = CommDebugMode::new();
@@ -168,7 +177,7 @@ fn backward_dtype_runs_gradient_collectives_in_f64() {
 fn no_grad_and_errors() {
     let out = run(1, |ctx| {
         let mesh = ctx.init_device_mesh(&[1], &["x"])?;
-        let x = distribute_tensor(&ArrayD::<f64>::ones(vec![3]), &mesh, &[R], None)?.requires_grad_(true);
+        let x = distribute_tensor(ArrayD::<f64>::ones(vec![3]), &mesh, &[R], None)?.requires_grad_(true);
         let y = no_grad(|| x.mul(&x))?;
         let under_no_grad = y.requires_grad();
         let no_history = y.sum()?.backward().err();
@@ -201,7 +210,7 @@ fn disagreeing_partials_are_reduced_first_and_recorded() {
     // Partial(max) + Partial(sum) has no Partial rule: both sides are all-reduced.
     let out = run(2, |ctx| {
         let mesh = ctx.init_device_mesh(&[2], &["tp"])?;
-        let a = distribute_tensor(&ArrayD::<f64>::ones(vec![2, 2]), &mesh, &[R], None)?;
+        let a = distribute_tensor(ArrayD::<f64>::ones(vec![2, 2]), &mesh, &[R], None)?;
         let m = a.redistribute(&[Partial(ReduceOp::Max)])?;
         let s = a.mul_scalar(2.0)?.redistribute(&[p()])?;
         let before = dtensor_runtime::implicit_redistribution_count();

@@ -141,9 +141,9 @@ fn megatron_block_does_one_tp_all_reduce_per_block() {
         let g = |shape: &[usize], k: usize| {
             ArrayD::from_shape_fn(IxDyn(shape), |ix| ((ix[0] * 5 + ix[1] * 3 + k) % 7) as f32 / 7.0 - 0.5)
         };
-        let x = distribute_tensor(&g(&[8, 6], 0), &mesh, &[S(0), R], None)?.requires_grad_(true);
-        let w1 = distribute_tensor(&g(&[6, 10], 1), &mesh, &[R, S(1)], None)?.requires_grad_(true);
-        let w2 = distribute_tensor(&g(&[10, 6], 2), &mesh, &[R, S(0)], None)?.requires_grad_(true);
+        let x = distribute_tensor(g(&[8, 6], 0), &mesh, &[S(0), R], None)?.requires_grad_(true);
+        let w1 = distribute_tensor(g(&[6, 10], 1), &mesh, &[R, S(1)], None)?.requires_grad_(true);
+        let w2 = distribute_tensor(g(&[10, 6], 2), &mesh, &[R, S(0)], None)?.requires_grad_(true);
         let fwd = CommDebugMode::new();
         let (h1, y) = fwd.scope(|| -> Result<_> {
             let h = x.matmul(&w1)?;
@@ -188,7 +188,7 @@ fn megatron_module_forward_does_one_tp_all_reduce() {
         let (col, row) = (ColwiseParallel::new(), RowwiseParallel::new());
         let plan: Vec<(&str, &dyn ParallelStyle)> = vec![("w1", &col), ("w2", &row)];
         let m = parallelize_module(m, &mesh, &plan)?;
-        let x = distribute_tensor(&ArrayD::<f32>::ones(vec![8, 6]), &mesh, &[S(0), R], None)?;
+        let x = distribute_tensor(ArrayD::<f32>::ones(vec![8, 6]), &mesh, &[S(0), R], None)?;
         let mode = CommDebugMode::new();
         let y = mode.scope(|| m.forward(&x))?;
         Ok((y.placements().to_vec(), mode.count_on(CollectiveKind::AllReduce, "tp"), mode.total()))

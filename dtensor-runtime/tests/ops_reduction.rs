@@ -15,7 +15,7 @@ fn pmax() -> Placement {
 
 #[test]
 fn sum_dim() {
-    let cases = vec![
+    let cases = [
         case(&[2, 2], vec![inp(&[5, 4], &[S(0), R])], Some(&[p(), R])),
         case(&[2, 2], vec![inp(&[5, 4], &[S(0), S(1)])], Some(&[S(0), p()])),
         case(&[3], vec![inp(&[7, 2], &[S(0)])], Some(&[p()])),
@@ -41,7 +41,7 @@ fn sum_all_and_mean() {
     ];
     check_op("sum", &cases, true, &|x| x[0].sum());
     check_op("mean", &cases, true, &|x| x[0].mean());
-    let dims = vec![
+    let dims = [
         case(&[2, 2], vec![inp(&[5, 3], &[S(0), R])], Some(&[p(), R])),
         case(&[3], vec![inp(&[5, 3], &[S(1)])], Some(&[S(0)])),
         case(&[2, 2], vec![inp(&[5, 3], &[p(), S(0)])], Some(&[p(), p()])),

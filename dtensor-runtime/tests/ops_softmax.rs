@@ -10,8 +10,9 @@ fn cases() -> Vec<Case> {
         case(&[2, 2], vec![inp(&[5, 4], &[S(0), R])], Some(&[S(0), R])),
         case(&[2, 2], vec![inp(&[2, 3, 5], &[S(0), S(1)])], Some(&[S(0), S(1)])),
         case(&[3], vec![inp(&[7, 3], &[S(0)])], Some(&[S(0)])),
-        // sharded on the softmax dim: redistributed first
+        // sharded on the softmax dim: two-pass (max and sum statistics all-reduced)
         case(&[3], vec![inp(&[4, 5], &[S(1)])], None),
+        case(&[2, 2], vec![inp(&[3, 7], &[S(1), S(1)])], None),
     ]
 }
 
@@ -46,4 +47,25 @@ fn mse_loss() {
         case(&[2, 2], vec![inp(&[3, 3], &[S(0), S(1)]), inp(&[3, 3], &[S(1), S(0)])], None),
     ];
     check_op("mse_loss", &cases, true, &|x| x[0].mse_loss(&x[1]));
+}
+
+/// Softmax over the sharded dim moves only per-row statistics: two all-reduces of `[rows, 1]`
+/// and no all-gather of the input.
+#[test]
+fn softmax_on_sharded_dim_reduces_statistics_only() {
+    use dtensor_runtime::{distribute_tensor, run, CollectiveKind, CommDebugMode};
+    let x = ops_util::values(&[4, 9], ops_util::Kind::Real, 1);
+    let out = run(3, |ctx| {
+        let mesh = ctx.init_device_mesh(&[3], &["tp"])?;
+        let xd = distribute_tensor(&x, &mesh, &[S(1)], None)?;
+        let mode = CommDebugMode::new();
+        let y = mode.scope(|| xd.softmax(1))?;
+        Ok((y.placements().to_vec(), mode.count(CollectiveKind::AllReduce), mode.total(), mode.total_bytes()))
+    })
+    .unwrap();
+    for (pl, ar, total, bytes) in out {
+        assert_eq!(pl, vec![S(1)]);
+        assert_eq!((ar, total), (2, 2));
+        assert_eq!(bytes, 2 * 4 * 8, "two [4, 1] f64 statistics");
+    }
 }

@@ -53,7 +53,7 @@ fn unsqueeze_and_expand() {
         case(&[2, 2], vec![inp(&[3, 5], &[p(), R])], Some(&[p(), R])),
     ];
     check_op("unsqueeze(1)", &cases, true, &|x| x[0].unsqueeze(1));
-    let ex = vec![
+    let ex = [
         case(&[2, 2], vec![inp(&[1, 4], &[R, S(1)])], Some(&[R, S(1)])),
         case(&[3], vec![inp(&[5, 1], &[S(0)])], Some(&[S(1)])),
         case(&[2, 2], vec![inp(&[1, 4], &[p(), R])], Some(&[p(), R])),

@@ -321,7 +321,7 @@ fn conversion_from_dynamic_checks_names_rank_and_placements() {
         let g = global(&[4, 6], 12, false);
         let x: Dt<f64, (dp, tp), (S0, R), 2> = Dt::distribute(&g, &mesh)?;
         let d: DTensor<f64> = x.clone().into();
-        let back: Result<Dt<f64, (dp, tp), (S0, R), 2>> = Dt::try_from(d.clone());
+        let back = Dt::<f64, (dp, tp), (S0, R), 2>::try_from(d.clone());
         let wrong_layout = Dt::<f64, (dp, tp), (R, S1), 2>::from_dtensor(d.clone()).err();
         let wrong_rank = Dt::<f64, (dp, tp), (S0, R), 3>::from_dtensor(d.clone()).err();
         let wrong_names = Dt::<f64, (tp, dp), (S0, R), 2>::from_dtensor(d).err();

@@ -96,7 +96,9 @@ fn expect_local<T: Element>(x: &DTensor<T>, context: &str) -> Result<()> {
 /// Wraps this rank's local tensor as a DTensor on `mesh` with autograd: the gradient of the
 /// result flows back into `local` (PyTorch `DTensor.from_local` on a tensor that requires
 /// grad). The backward redistributes the incoming gradient to `opts.grad_placements`
-/// (default: `placements`, Partial → Replicate) and hands back its local shard.
+/// (default: `placements`, Partial → Replicate) and hands back its local shard, scaled by
+/// `1/n` on mesh dims that are Partial(avg) (each local term counts `1/n`). For
+/// Partial(max/min) every rank gets the whole gradient, as in PyTorch.
 ///
 /// ```
 /// use dtensor_runtime::{run, from_local_grad, DTensor, FromLocal, Shard, ndarray::ArrayD};
@@ -118,13 +120,25 @@ pub fn from_local_grad<T: Element>(
     expect_local(local, "from_local_grad")?;
     let gp = opts.grad_placements.clone();
     let out = from_local(local.local.clone(), mesh, placements, opts)?;
-    let target = grad_target(&match gp {
+    let gp = match gp {
         Some(g) => check_grad_placements(&g, out.ndim(), mesh.ndim())?,
         None => out.placements.clone(),
-    });
+    };
+    let target = grad_target(&gp);
+    // Each local term of a Partial(avg) counts 1/n in the logical value.
+    let avg_scale: f64 = gp
+        .iter()
+        .enumerate()
+        .filter(|(_, p)| **p == Placement::Partial(ReduceOp::Avg))
+        .map(|(i, _)| 1.0 / mesh.size(i) as f64)
+        .product();
     Ok(record("from_local_backward", out, &[local], move |g| {
         let g = redistribute_grad(g, &target, None, "from_local_backward")?;
-        Ok(vec![Some(DTensor::local_tensor(g.local.clone()))])
+        let mut l = g.local.clone();
+        if avg_scale != 1.0 {
+            l.mapv_inplace(|v| v * T::of_f64(avg_scale));
+        }
+        Ok(vec![Some(DTensor::local_tensor(l))])
     }))
 }
 

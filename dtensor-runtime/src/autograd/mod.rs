@@ -1,6 +1,6 @@
 //! Reverse-mode autograd for DTensors.
 //!
-//! Every op that has an input with `requires_grad` records a [`Node`] holding its backward
+//! Every op that has an input with `requires_grad` records a node holding its backward
 //! function and edges to its inputs' nodes (a define-by-run graph, as in PyTorch). A leaf
 //! (a tensor made with `requires_grad`) owns a gradient cell. [`DTensor::backward`] walks
 //! the graph in reverse topological order; gradients are DTensors, and every backward rule
@@ -120,6 +120,12 @@ impl<T: Element> fmt::Debug for AutogradMeta<T> {
     }
 }
 
+/// Will [`record`] attach a node for these inputs? (Ops check it before copying the tensors
+/// their backward saves.)
+pub(crate) fn recording<T: Element>(inputs: &[&DTensor<T>]) -> bool {
+    is_grad_enabled() && inputs.iter().any(|x| x.requires_grad())
+}
+
 /// Records `out` as produced by an op from `inputs` with `backward`, when grad mode is on
 /// and some input requires grad. `backward` returns one gradient per input.
 pub(crate) fn record<T: Element>(
@@ -128,7 +134,7 @@ pub(crate) fn record<T: Element>(
     inputs: &[&DTensor<T>],
     backward: impl Fn(&DTensor<T>) -> Result<Vec<Option<DTensor<T>>>> + Send + Sync + 'static,
 ) -> DTensor<T> {
-    if !is_grad_enabled() || !inputs.iter().any(|x| x.requires_grad()) {
+    if !recording(inputs) {
         out.autograd = AutogradMeta::default();
         return out;
     }

@@ -8,7 +8,7 @@
 
 use super::new_output;
 use super::strategy::{partial_ops, select, DimRule, Select};
-use crate::autograd::record;
+use crate::autograd::{record, recording};
 use crate::dtensor::DTensor;
 use crate::element::Element;
 use crate::error::{Error, Result};
@@ -52,7 +52,7 @@ fn embedding_backward<T: Element>(
         rs.push(DimRule::new(&[Placement::Partial(op), R], Placement::Partial(op)));
     }
     let c = select("embedding_backward", &[g, ids], &rs, Select { valid: None, prefer_output: Some(prefer) })?;
-    let (gi, ii) = (&c.inputs[0], &c.inputs[1]);
+    let (gi, ii) = (&*c.inputs[0], &*c.inputs[1]);
     let dim = g.shape[q];
     let shape = vec![vocab, dim];
     let (lshape, loff) = local_shape_and_offset(&shape, gi.mesh.shape(), gi.mesh.coordinate(), &c.output);
@@ -95,7 +95,7 @@ impl<T: Element> DTensor<T> {
             rs.push(DimRule::new(&[Placement::Partial(op), R], Placement::Partial(op)));
         }
         let c = select("embedding", &[self, ids], &rs, Select::default())?;
-        let (w, ii) = (&c.inputs[0], &c.inputs[1]);
+        let (w, ii) = (&*c.inputs[0], &*c.inputs[1]);
         let vocab = self.shape[0];
         let (rows, cols) = (w.local.shape()[0], w.local.shape()[1]);
         let row0 = w.local_offset()[0];
@@ -114,6 +114,9 @@ impl<T: Element> DTensor<T> {
         let mut shape = ids.shape.clone();
         shape.push(self.shape[1]);
         let out = new_output(out, &w.mesh, c.output, shape);
+        if !recording(&[w]) {
+            return Ok(out);
+        }
         let (sids, wpl) = (ii.detach(), w.placements.clone());
         Ok(record("embedding_backward", out, &[w], move |g| Ok(vec![Some(embedding_backward(g, &sids, vocab, &wpl)?)])))
     }
@@ -124,7 +127,7 @@ impl<T: Element> DTensor<T> {
         let mut rs = vec![DimRule::new(&[R], R)];
         rs.extend((0..self.ndim()).map(|d| DimRule::new(&[shard(d)], shard(d))));
         let c = select("one_hot", &[self], &rs, Select::default())?;
-        let ii = &c.inputs[0];
+        let ii = &*c.inputs[0];
         let mut lshape = ii.local.shape().to_vec();
         lshape.push(classes);
         let mut out = ArrayD::<T>::zeros(IxDyn(&[ii.local.len(), classes]));

@@ -6,7 +6,7 @@
 
 use super::new_output;
 use super::strategy::{partial_ops, select, DimRule, Select};
-use crate::autograd::{input_needs_grad, record};
+use crate::autograd::{input_needs_grad, record, recording};
 use crate::dtensor::DTensor;
 use crate::element::Element;
 use crate::error::{Error, Result};
@@ -114,9 +114,12 @@ impl<T: Element> DTensor<T> {
         let pops = partial_ops(&[self, other], &[ReduceOp::Sum, ReduceOp::Avg]);
         let rs = rules(self.ndim(), other.ndim(), &pops);
         let c = select("matmul", &[self, other], &rs, Select::default())?;
-        let (a, b) = (&c.inputs[0], &c.inputs[1]);
+        let (a, b) = (&*c.inputs[0], &*c.inputs[1]);
         let local = local_matmul(&a.local, &b.local)?;
         let out = new_output(local, &a.mesh, c.output, shape);
+        if !recording(&[a, b]) {
+            return Ok(out);
+        }
         let (sa, sb) = (a.detach(), b.detach());
         Ok(record("matmul_backward", out, &[a, b], move |g| {
             let ga = if input_needs_grad(0) { Some(g.matmul(&sb.transpose(-1, -2)?)?) } else { None };

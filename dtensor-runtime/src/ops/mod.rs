@@ -13,7 +13,7 @@
 //!
 //! When the inputs match no rule, the op redistributes them to the strategy that moves the
 //! fewest bytes (see [`strategy`]) and records it ([`implicit_redistributions`]); when no
-//! strategy is reachable it returns [`Error::NoShardingRule`](crate::Error::NoShardingRule).
+//! strategy is reachable it returns [`Error::NoShardingRule`].
 //! Collectives an op issues are attributed to it in [`CommDebugMode`](crate::CommDebugMode).
 //!
 //! The signatures of `add sub mul div relu gelu matmul sum_dim transpose` are the contract the

@@ -8,7 +8,7 @@
 
 use super::strategy::{partial_ops, select, DimRule, Select};
 use super::{new_output, sum_to};
-use crate::autograd::{input_needs_grad, record};
+use crate::autograd::{input_needs_grad, record, recording};
 use crate::dtensor::DTensor;
 use crate::element::Element;
 use crate::error::{Error, Result};
@@ -132,9 +132,12 @@ fn binary<T: Element>(
     let pops = if lin == Linearity::None { vec![] } else { partial_ops(&[a, b], &LINEAR) };
     let rs = rules(&[&a.shape, &b.shape], &out_shape, lin, &pops);
     let c = select(op, &[a, b], &rs, Select::default())?;
-    let (x, y) = (&c.inputs[0], &c.inputs[1]);
+    let (x, y) = (&*c.inputs[0], &*c.inputs[1]);
     let local = zip_local(op, &x.local, &y.local, f)?;
     let out = new_output(local, &x.mesh, c.output, out_shape);
+    if !recording(&[x, y]) {
+        return Ok(out);
+    }
     let (sa, sb) = (x.detach(), y.detach());
     Ok(record(bwd, out, &[x, y], move |g| {
         let (ga, gb) = backward(g, &sa, &sb, [input_needs_grad(0), input_needs_grad(1)])?;
@@ -158,8 +161,11 @@ fn unary<T: Element>(
     rs.extend((0..x.ndim()).map(|d| DimRule::new(&[Placement::Shard(d as isize)], Placement::Shard(d as isize))));
     rs.extend(pops.into_iter().map(|o| DimRule::new(&[Placement::Partial(o)], Placement::Partial(o))));
     let c = select(op, &[x], &rs, Select::default())?;
-    let xi = &c.inputs[0];
+    let xi = &*c.inputs[0];
     let out = new_output(xi.local.mapv(f), &xi.mesh, c.output, xi.shape.clone());
+    if !recording(&[xi]) {
+        return Ok(out);
+    }
     let (sx, sy) = (xi.detach(), out.detach());
     Ok(record(bwd, out, &[xi], move |g| Ok(vec![Some(backward(g, &sx, &sy)?)])))
 }

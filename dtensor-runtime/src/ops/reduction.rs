@@ -7,7 +7,7 @@
 
 use super::strategy::{partial_ops, select, DimRule, Select};
 use super::{new_output, norm_dim};
-use crate::autograd::record;
+use crate::autograd::{record, recording};
 use crate::dtensor::DTensor;
 use crate::element::Element;
 use crate::error::Result;
@@ -50,7 +50,7 @@ fn reduce<T: Element>(
         rs.push(DimRule::new(&[Placement::Partial(o)], Placement::Partial(o)));
     }
     let c = select(op, &[x], &rs, Select::default())?;
-    let xi = &c.inputs[0];
+    let xi = &*c.inputs[0];
     let mut local = xi.local.clone();
     for &d in dims.iter().rev() {
         local = match kind {
@@ -70,6 +70,9 @@ fn reduce<T: Element>(
         }
     }
     let out = new_output(local, &xi.mesh, c.output, shape);
+    if !recording(&[xi]) {
+        return Ok(out);
+    }
     let sx = xi.detach();
     let sy = out.detach();
     let dims = dims.to_vec();

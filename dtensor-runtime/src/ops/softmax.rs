@@ -1,27 +1,47 @@
 //! `softmax` / `log_softmax` along one dim.
 //!
-//! Rule: the input must not be sharded on the softmax dim and must not be Partial; any other
-//! shard dim passes through. A tensor sharded on the softmax dim is redistributed first (to
-//! whichever layout is cheapest: all-to-all to another dim, or all-gather).
+//! Rule: R → R and `Shard(e)` → `Shard(e)` for `e` ≠ the softmax dim, computed locally; a
+//! Partial input is reduced first. A tensor sharded *on* the softmax dim uses the two-pass
+//! trick instead of gathering it: a local max reduced to a Partial(max) of one element per row
+//! (all-reduced), then a local sum of exponentials reduced the same way — composed of the
+//! dynamic ops, so only `[.., 1]`-sized statistics travel and autograd comes for free.
 
 use super::strategy::{select, DimRule, Select};
 use super::{new_output, norm_dim};
-use crate::autograd::record;
+use crate::autograd::{no_grad, record, recording};
+use crate::comm::debug::op_scope;
 use crate::dtensor::DTensor;
 use crate::element::Element;
 use crate::error::Result;
 use crate::placement::Placement;
 use ndarray::{ArrayD, Axis};
 
+/// Softmax of a tensor sharded on `d`: two all-reduces of per-row statistics.
+fn two_pass<T: Element>(x: &DTensor<T>, d: usize, log: bool) -> Result<DTensor<T>> {
+    let dim = d as isize;
+    // The shift does not change the result, so it carries no gradient.
+    let m = no_grad(|| x.max_dim(dim, true))?;
+    let z = x.sub(&m)?;
+    let s = z.exp()?.sum_dim(dim, true)?;
+    if log {
+        z.sub(&s.log()?)
+    } else {
+        z.exp()?.div(&s)
+    }
+}
+
 fn softmax_impl<T: Element>(x: &DTensor<T>, dim: isize, log: bool) -> Result<DTensor<T>> {
     let op = if log { "log_softmax" } else { "softmax" };
     let d = norm_dim(op, dim, x.ndim())?;
+    if x.placements.iter().any(|p| p.is_shard_on(d)) {
+        return op_scope(op, || two_pass(x, d, log));
+    }
     let mut rs = vec![DimRule::new(&[Placement::Replicate], Placement::Replicate)];
     for e in (0..x.ndim()).filter(|&e| e != d) {
         rs.push(DimRule::new(&[Placement::Shard(e as isize)], Placement::Shard(e as isize)));
     }
     let c = select(op, &[x], &rs, Select::default())?;
-    let xi = &c.inputs[0];
+    let xi = &*c.inputs[0];
     let mut local: ArrayD<T> = xi.local.clone();
     for mut lane in local.lanes_mut(Axis(d)) {
         let m = lane.fold(T::neg_infinity(), |a, &b| if b > a { b } else { a });
@@ -34,6 +54,9 @@ fn softmax_impl<T: Element>(x: &DTensor<T>, dim: isize, log: bool) -> Result<DTe
         }
     }
     let out = new_output(local, &xi.mesh, c.output, xi.shape.clone());
+    if !recording(&[xi]) {
+        return Ok(out);
+    }
     let sy = out.detach();
     let bwd = if log { "log_softmax_backward" } else { "softmax_backward" };
     let dim = d as isize;

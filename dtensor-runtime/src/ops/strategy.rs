@@ -1,6 +1,6 @@
 //! Sharding strategies: how an op picks its input and output placements.
 //!
-//! An op lists, for one mesh dimension, the [`DimRule`]s it supports (input placements →
+//! An op lists, for one mesh dimension, the `DimRule`s it supports (input placements →
 //! output placement). A full strategy picks one rule per mesh dim. When the inputs already
 //! match a strategy the op runs as is (no communication); otherwise every strategy is costed
 //! by the bytes its input redistributions move (`plan_redistribute_at(..).bytes()`, seen
@@ -13,6 +13,7 @@ use crate::element::Element;
 use crate::error::{Error, Result};
 use crate::placement::{fmt_placements, Placement, ReduceOp};
 use crate::redistribute::plan_redistribute_at;
+use std::borrow::Cow;
 use std::cell::RefCell;
 
 /// One way an op can run along one mesh dimension.
@@ -90,8 +91,9 @@ pub(crate) struct Select<'a> {
 }
 
 /// The inputs, redistributed to the chosen strategy, and the output placements.
-pub(crate) struct Chosen<T: Element> {
-    pub inputs: Vec<DTensor<T>>,
+pub(crate) struct Chosen<'a, T: Element> {
+    /// Borrowed when an input needed no redistribution.
+    pub inputs: Vec<Cow<'a, DTensor<T>>>,
     pub output: Vec<Placement>,
 }
 
@@ -128,12 +130,12 @@ pub(crate) fn partial_ops<T: Element>(inputs: &[&DTensor<T>], allowed: &[ReduceO
 
 /// Picks the cheapest strategy for `inputs` from `rules` (the same rules on every mesh dim)
 /// and redistributes the inputs to it. Collectives are attributed to `op`.
-pub(crate) fn select<T: Element>(
+pub(crate) fn select<'a, T: Element>(
     op: &'static str,
-    inputs: &[&DTensor<T>],
+    inputs: &[&'a DTensor<T>],
     rules: &[DimRule],
     knobs: Select<'_>,
-) -> Result<Chosen<T>> {
+) -> Result<Chosen<'a, T>> {
     same_mesh(op, inputs)?;
     let mesh = inputs[0].mesh.clone();
     let m = mesh.ndim();
@@ -201,11 +203,11 @@ pub(crate) fn select<T: Element>(
     let mut moved = Vec::with_capacity(inputs.len());
     for (j, (x, want)) in inputs.iter().zip(ins).enumerate() {
         if x.placements == want {
-            moved.push((*x).clone());
+            moved.push(Cow::Borrowed(*x));
         } else {
             let bytes = plan_redistribute_at::<T>(&x.shape, &mesh, &zero, &x.placements, &want)?.bytes();
             log(ImplicitRedistribute { op, input: j, from: x.placements.clone(), to: want.clone(), bytes });
-            moved.push(redistribute_op(x, &want, op, None)?);
+            moved.push(Cow::Owned(redistribute_op(x, &want, op, None)?));
         }
     }
     Ok(Chosen { inputs: moved, output })

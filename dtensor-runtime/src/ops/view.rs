@@ -94,7 +94,7 @@ impl<T: Element> DTensor<T> {
         };
         let pairs: Vec<(usize, usize)> = (0..nd).map(|d| (d, swap(d))).collect();
         let c = select("transpose", &[self], &remap_rules(self, &pairs), Select::default())?;
-        let xi = &c.inputs[0];
+        let xi = &*c.inputs[0];
         let mut v = xi.local.view();
         v.swap_axes(a, b);
         let mut shape = xi.shape.clone();
@@ -121,6 +121,11 @@ impl<T: Element> DTensor<T> {
             out[i] = numel / known;
         }
         self.reshape_to(&out)
+    }
+
+    /// PyTorch `view`: the same as [`DTensor::reshape`] (local shards are always contiguous).
+    pub fn view(&self, shape: &[isize]) -> Result<DTensor<T>> {
+        self.reshape(shape)
     }
 
     /// Reshape to a fully known shape.
@@ -158,7 +163,7 @@ impl<T: Element> DTensor<T> {
         };
         let rules = remap_rules(self, &pairs);
         let c = select("reshape", &[self], &rules, Select { valid: Some(&valid), prefer_output: None })?;
-        let xi = &c.inputs[0];
+        let xi = &*c.inputs[0];
         let (local_shape, _) = local_shape_and_offset(out, xi.mesh.shape(), xi.mesh.coordinate(), &c.output);
         let local = xi
             .local
@@ -215,7 +220,7 @@ fn expand_impl<T: Element>(x: &DTensor<T>, shape: &[usize], prefer: Option<&[Pla
         rs.push(DimRule::new(&[Placement::Partial(op)], Placement::Partial(op)));
     }
     let c = select("expand", &[x], &rs, Select { valid: None, prefer_output: prefer })?;
-    let xi = &c.inputs[0];
+    let xi = &*c.inputs[0];
     let (local_shape, _) = local_shape_and_offset(shape, xi.mesh.shape(), xi.mesh.coordinate(), &c.output);
     let mut padded = xi.local.shape().to_vec();
     for _ in 0..off {

@@ -17,8 +17,8 @@ pub struct Experts<T: Element> {
 }
 
 #[distribute(mesh = "expert,tp", placements = [Replicate, Partial(Sum)], returns = [Replicate, Replicate])]
-fn reduce<T: Element>(partial: &DTensor<T>, #[placements(Replicate, Replicate)] bias: &DTensor<T>) -> dtensor::Result<DTensor<T>> {
-    partial.redistribute::<(Replicate, Replicate)>()?.add(bias)
+fn reduce<T: Element>(partial: &DTensor<T>, #[placements(Replicate, Replicate)] bias: DTensor<T>) -> dtensor::Result<DTensor<T>> {
+    partial.redistribute::<(Replicate, Replicate)>()?.add(&bias)
 }
 
 fn main() {
@@ -41,7 +41,7 @@ fn main() {
         let b: Dt<f32, _, (Replicate, Shard<0>), 2> = Dt::distribute(&ArrayD::ones(IxDyn(&[4, 2])), &mesh)?;
         let p: Dt<f32, _, (Replicate, Partial<Sum>), 2> = a.matmul(&b)?;
         let bias: Dt<f32, _, (Replicate, Replicate), 2> = Dt::distribute(&ArrayD::ones(IxDyn(&[2, 2])), &mesh)?;
-        Ok(reduce(&p, &bias)?.to_local())
+        Ok(reduce(&p, bias)?.to_local())
     })
     .unwrap();
     for local in out {

@@ -15,11 +15,29 @@ pub struct Mlp {
     pub w2: DTensor<f32>,
 }
 
-#[distribute(mesh = "dp,tp", placements = [Shard(0), Replicate])]
-fn forward(x: &DTensor<f32>, mlp: &Mlp) -> dtensor::Result<DTensor<f32>> {
-    let h: Dt<f32, (dp, tp), (Shard<0>, Shard<1>), 2> = x.matmul(&mlp.w1)?.gelu()?;
-    let y: Dt<f32, (dp, tp), (Shard<0>, Partial<Sum>), 2> = h.matmul(&mlp.w2)?;
-    y.redistribute() // one all-reduce over tp; the target layout comes from the return type
+impl Mlp {
+    /// The input and the output are batch-sharded over dp and replicated over tp.
+    #[distribute(mesh = "dp,tp", placements = [Shard(0), Replicate])]
+    pub fn forward(&self, x: &DTensor<f32>) -> dtensor::Result<DTensor<f32>> {
+        let h: Dt<f32, (dp, tp), (Shard<0>, Shard<1>), 2> = x.matmul(&self.w1)?.gelu()?;
+        let y: Dt<f32, (dp, tp), (Shard<0>, Partial<Sum>), 2> = h.matmul(&self.w2)?;
+        y.redistribute() // one all-reduce over tp; the target layout comes from the return type
+    }
+}
+
+/// The same parameters as a plain (dynamic) module.
+struct LocalMlp {
+    w1: dtensor::DTensor<f32>,
+    w2: dtensor::DTensor<f32>,
+}
+
+impl dtensor::Module<f32> for LocalMlp {
+    fn named_parameters(&self) -> Vec<(String, &dtensor::DTensor<f32>)> {
+        vec![("w1".into(), &self.w1), ("w2".into(), &self.w2)]
+    }
+    fn named_parameters_mut(&mut self) -> Vec<(String, &mut dtensor::DTensor<f32>)> {
+        vec![("w1".into(), &mut self.w1), ("w2".into(), &mut self.w2)]
+    }
 }
 
 fn array(rows: usize, cols: usize, seed: usize) -> ArrayD<f32> {
@@ -46,9 +64,20 @@ fn main() {
         }
         assert_eq!(names(&mlp), ["w1", "w2"]);
         assert!(mlp.w1.as_dtensor().requires_grad());
+        // The declared placements also drive `distribute_module` on a dynamic module.
+        let local = LocalMlp { w1: dtensor::DTensor::local_tensor(w1.clone()), w2: dtensor::DTensor::local_tensor(w2.clone()) };
+        let dynamic = dtensor::distribute_module(local, &mesh, Some(&Mlp::partition), None, None)?;
+        let typed = mlp.named_parameters();
+        for ((n, p), (tn, tp)) in dtensor::Module::named_parameters(&dynamic).into_iter().zip(typed) {
+            assert_eq!((n.as_str(), p.placements(), p.local()), (tn.as_str(), tp.placements(), tp.local()));
+        }
         assert_eq!(mlp.w1.local().shape(), &[4, 5]);
         let xd: Dt<f32, (dp, tp), (Shard<0>, Replicate), 2> = Dt::distribute(&x, &mesh)?;
-        let y = forward(&xd, &mlp)?;
+        let comm = dtensor::CommDebugMode::new();
+        let y = comm.scope(|| mlp.forward(&xd))?;
+        // The layouts the types computed need exactly one collective: the all-reduce over tp.
+        assert_eq!(comm.total(), 1, "{}", comm.summary());
+        assert_eq!(comm.count_on(dtensor::CollectiveKind::AllReduce, "tp"), 1);
         assert_eq!(y.placements(), &[dtensor::Shard(0), dtensor::Replicate]);
         y.full_tensor()
     })
