@@ -23,9 +23,8 @@
 mod model;
 
 use clap::Parser;
-use dtensor::layout::local_shape_and_offset;
 use dtensor::prelude::*;
-use dtensor::{CollectiveKind, CommDebugMode, RankCtx};
+use dtensor::{visualize_sharding, CollectiveKind, CommDebugMode, RankCtx};
 use indicatif::{ProgressBar, ProgressStyle};
 use model::{Mlp, MlpConfig, Trainer};
 use std::collections::BTreeMap;
@@ -196,15 +195,8 @@ fn human_bytes(b: usize) -> String {
 fn print_layouts(model: &Mlp, mesh: &DeviceMesh) -> Result<()> {
     println!("parameter layouts on {mesh}:");
     for (name, p) in model.named_parameters() {
-        println!("  {name:<18} global {:?} placements {:?}", p.shape(), p.placements());
-        let mut cells = Vec::new();
-        for &rank in mesh.ranks() {
-            let coord = mesh.coordinate_of(rank)?;
-            let (shape, offset) = local_shape_and_offset(p.shape(), mesh.shape(), &coord, p.placements());
-            let ranges: Vec<String> = shape.iter().zip(&offset).map(|(s, o)| format!("{o}..{}", o + s)).collect();
-            cells.push(format!("r{rank}{coord:?}=[{}]", ranges.join(", ")));
-        }
-        println!("      {}", cells.join("  "));
+        println!("{name}:");
+        print!("{}", visualize_sharding(p)?);
     }
     Ok(())
 }
