@@ -23,7 +23,9 @@
 //! gives memcpy GB/s and each layer's ratio `t(memcpy) / t(layer)` (target ≥ 0.8).
 //!
 //! Under `cargo test --benches` criterion runs every routine once; sizes shrink to 1 MiB.
-//! `DTENSOR_BENCH_MAX_GIB` (default 8) skips configurations whose buffers would exceed it.
+//! `DTENSOR_BENCH_MAX_GIB` (default 8) skips layers whose buffers would exceed it, and
+//! `DTENSOR_BENCH_MAX_WORLD_MIB` (default 1024) configurations whose ranks hold more than that
+//! of tensor in all (8 ranks × 256 MiB takes minutes per configuration on a 2-core machine).
 
 mod common;
 
@@ -216,6 +218,7 @@ fn bench_collectives(c: &mut Criterion) {
     let sizes = env_list("DTENSOR_BENCH_SIZES_MIB", if full { &[1, 16, 256] } else { &[1] });
     let ranks = env_list("DTENSOR_BENCH_RANKS", &[2, 4, 8]);
     let budget = (env_f64("DTENSOR_BENCH_MAX_GIB", 8.0) * (1u64 << 30) as f64) as usize;
+    let world_budget = (env_f64("DTENSOR_BENCH_MAX_WORLD_MIB", 1024.0) * MIB as f64) as usize;
     let mut skipped = Vec::new();
     for kind in Kind::ALL {
         let mut group = c.benchmark_group(kind.name());
@@ -227,6 +230,10 @@ fn bench_collectives(c: &mut Criterion) {
                 // Every shard must be whole rows (and all-to-all blocks whole columns).
                 if n == 0 || !(s / (COLS * 4)).is_multiple_of(n) || !COLS.is_multiple_of(n) {
                     skipped.push(format!("{} {n} ranks {mib} MiB: rows or columns not divisible", kind.name()));
+                    continue;
+                }
+                if n * s > world_budget {
+                    skipped.push(format!("{} {n} ranks {mib} MiB: over DTENSOR_BENCH_MAX_WORLD_MIB", kind.name()));
                     continue;
                 }
                 group.throughput(Throughput::Bytes(kind.moved_bytes(s, n) as u64));
