@@ -2,8 +2,9 @@
 """PyTorch DTensor baseline for `cargo bench --bench collectives` and `cargo bench --bench mlp_step`.
 
 Runs the same redistributions (S(0)->R, P->R, P->S(0), S(0)->S(1) of an f32 tensor with 1024
-columns on a 1-d mesh of every rank) and the same Megatron MLP training step (mesh dp x tp,
-w1 column-parallel, w2 row-parallel, MSE against a fixed random teacher, SGD) with PyTorch
+columns on a 1-d mesh of every rank) and the same Megatron MLP training step (blocks
+x + w2(gelu(w1(x))) without biases on mesh dp x tp, w1 column-parallel, w2 row-parallel, MSE
+against a fixed random teacher on one fixed batch, SGD) with PyTorch
 DTensor on CPU over gloo, and prints them in the same units as the Rust benches:
 redistribution bandwidth as a fraction of a memcpy of the same bytes per rank, and MLP step
 time per sample.
@@ -13,7 +14,11 @@ Optional dependency: without torch it prints a message and exits 0 (CI never ins
     pip install torch --index-url https://download.pytorch.org/whl/cpu
     torchrun --standalone --nproc-per-node 4 scripts/bench_torch.py
     torchrun --standalone --nproc-per-node 4 scripts/bench_torch.py --sizes-mib 1,16 --dp 2 --tp 2 \
-        --batch 64 --dim 256 --hidden 1024 --steps 20
+        --batch 128 --dim 256 --hidden 1024 --steps 20
+
+The redistributions run over every rank (compare with the Rust rows of the same rank count);
+the MLP defaults (2 blocks, batch 64, dim 128, hidden 512, dp x tp = world/2 x 2) match the
+middle row of `cargo bench --bench mlp_step`. Each rank uses one thread, as in-process ranks do.
 """
 
 import argparse
@@ -32,8 +37,9 @@ def parse_args():
     p.add_argument("--dp", type=int, default=0, help="MLP data-parallel size (default: world / tp)")
     p.add_argument("--tp", type=int, default=2, help="MLP tensor-parallel size")
     p.add_argument("--batch", type=int, default=64, help="global batch (samples per step)")
-    p.add_argument("--dim", type=int, default=256, help="model width")
-    p.add_argument("--hidden", type=int, default=1024, help="MLP hidden width")
+    p.add_argument("--dim", type=int, default=128, help="model width")
+    p.add_argument("--hidden", type=int, default=512, help="MLP hidden width")
+    p.add_argument("--layers", type=int, default=2, help="MLP blocks")
     p.add_argument("--steps", type=int, default=20, help="timed MLP steps")
     p.add_argument("--lr", type=float, default=0.05)
     p.add_argument("--seed", type=int, default=0)
@@ -151,31 +157,44 @@ def bench_mlp(args):
         return
     mesh = init_device_mesh("cpu", (dp, tp), mesh_dim_names=("dp", "tp"))
 
-    class Mlp(nn.Module):
+    class Block(nn.Module):
         def __init__(self, dim, hidden):
             super().__init__()
             self.w1 = nn.Linear(dim, hidden, bias=False)
             self.w2 = nn.Linear(hidden, dim, bias=False)
 
+    class Mlp(nn.Module):
+        """x + w2(gelu(w1(x))) per block, as examples/mlp_tp/model.rs."""
+
+        def __init__(self, dim, hidden, layers):
+            super().__init__()
+            self.blocks = nn.ModuleList(Block(dim, hidden) for _ in range(layers))
+
         def forward(self, x):
-            return self.w2(F.gelu(self.w1(x), approximate="tanh"))
+            for b in self.blocks:
+                x = x + b.w2(F.gelu(b.w1(x), approximate="tanh"))
+            return x
 
     torch.manual_seed(args.seed)
-    teacher = Mlp(args.dim, args.hidden)
-    model = Mlp(args.dim, args.hidden)
-    model = parallelize_module(model, mesh["tp"], {"w1": ColwiseParallel(), "w2": RowwiseParallel()})
+    teacher = Mlp(args.dim, args.hidden, args.layers)
+    model = Mlp(args.dim, args.hidden, args.layers)
+    plan = {}
+    for i in range(args.layers):
+        plan[f"blocks.{i}.w1"] = ColwiseParallel()
+        plan[f"blocks.{i}.w2"] = RowwiseParallel()
+    model = parallelize_module(model, mesh["tp"], plan)
     opt = torch.optim.SGD(model.parameters(), lr=args.lr)
     dp_group = mesh.get_group("dp")
     per_dp = args.batch // dp
     dp_rank = mesh.get_local_rank("dp")
-    gen = torch.Generator().manual_seed(args.seed + 1)
+    # One fixed batch, as benches/mlp_step.rs (the data do not change the work).
+    x = torch.randn(args.batch, args.dim, generator=torch.Generator().manual_seed(args.seed + 1))
+    with torch.no_grad():
+        y = teacher(x)
+    xs, ys = x[dp_rank * per_dp:(dp_rank + 1) * per_dp], y[dp_rank * per_dp:(dp_rank + 1) * per_dp]
     losses = []
 
     def step():
-        x = torch.randn(args.batch, args.dim, generator=gen)
-        with torch.no_grad():
-            y = teacher(x)
-        xs, ys = x[dp_rank * per_dp:(dp_rank + 1) * per_dp], y[dp_rank * per_dp:(dp_rank + 1) * per_dp]
         opt.zero_grad()
         loss = F.mse_loss(model(xs), ys)
         loss.backward()
@@ -188,8 +207,8 @@ def bench_mlp(args):
 
     t = timed(step, args.steps)
     if dist.get_rank() == 0:
-        print(f"\nPyTorch MLP step on mesh dp={dp} x tp={tp}: batch {args.batch}, dim {args.dim}, "
-              f"hidden {args.hidden}: {t * 1e3:.3f} ms/step, {t / args.batch * 1e6:.2f} us/sample; "
+        print(f"\nPyTorch MLP step on mesh dp={dp} x tp={tp}: {args.layers} blocks, batch {args.batch}, "
+              f"dim {args.dim}, hidden {args.hidden}: {t * 1e3:.3f} ms/step, {t / args.batch * 1e6:.2f} us/sample; "
               f"loss {losses[0]:.5f} -> {losses[-1]:.5f}")
 
 
