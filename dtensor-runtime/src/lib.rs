@@ -13,6 +13,7 @@
 #![allow(missing_docs)] // field-level docs are tracked per module; items carry rustdoc
 
 pub mod autograd;
+pub mod checkpoint;
 pub mod comm;
 pub mod dtensor;
 pub mod element;
@@ -28,12 +29,13 @@ pub mod placement;
 pub mod redistribute;
 pub mod rng;
 pub mod typed;
+pub mod visualize;
 
 pub use ndarray;
 
 pub use autograd::{from_local_grad, local_mesh, no_grad};
 pub use comm::collectives::Along;
-pub use comm::debug::{op_scope, CollectiveKind, CollectiveRecord, CommDebugGuard, CommDebugMode};
+pub use comm::debug::{op_scope, CollectiveKind, CollectiveRecord, CommDebugGuard, CommDebugMode, CommStats};
 pub use comm::threads::{ThreadComm, ThreadWorld};
 pub use comm::Communicator;
 pub use dtensor::{distribute_tensor, from_local, DTensor, DistributeSource, FromLocal};
@@ -47,6 +49,7 @@ pub use ops::{implicit_redistribution_count, implicit_redistributions};
 pub use placement::{Partial, Placement, ReduceOp, Replicate, Shard};
 pub use redistribute::{plan_redistribute, plan_redistribute_at, RedistributePlan, RedistributeStep};
 pub use rng::manual_seed;
+pub use visualize::{print_sharding, visualize_sharding, visualize_sharding_plain};
 
 /// Everything a typical program needs.
 pub mod prelude {
