@@ -10,6 +10,7 @@
 #![allow(missing_docs)] // field-level docs are tracked per module; items carry rustdoc
 
 pub mod autograd;
+pub mod backend;
 pub mod comm;
 pub mod dtensor;
 pub mod element;
@@ -26,6 +27,7 @@ pub mod typed;
 
 pub use ndarray;
 
+pub use backend::{launch, Backend};
 pub use comm::collectives::Along;
 pub use comm::debug::{op_scope, CollectiveKind, CollectiveRecord, CommDebugGuard, CommDebugMode};
 pub use comm::threads::{ThreadComm, ThreadWorld};

@@ -11,6 +11,8 @@
 
 pub mod collectives;
 pub mod debug;
+#[cfg(feature = "mpi")]
+pub mod mpi;
 pub mod reduce;
 pub mod threads;
 
