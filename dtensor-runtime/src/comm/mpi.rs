@@ -289,7 +289,7 @@ fn typed<T: bytemuck::Pod>(b: &[u8]) -> Vec<T> {
 }
 
 fn check_elems(op: &str, len: usize, dtype: DType) -> Result<()> {
-    if len % dtype.size_of() != 0 {
+    if !len.is_multiple_of(dtype.size_of()) {
         return Err(Error::BufferMismatch {
             op: op.into(),
             reason: format!("{len} bytes is not a whole number of {dtype}"),
@@ -408,7 +408,7 @@ impl Communicator for MpiComm {
 
     fn all_to_all(&self, group: &[usize], send: &[u8], recv: &mut [u8]) -> Result<()> {
         let n = group.len();
-        if send.len() != recv.len() || send.len() % n != 0 {
+        if send.len() != recv.len() || !send.len().is_multiple_of(n) {
             return Err(Error::BufferMismatch {
                 op: "all_to_all".into(),
                 reason: format!("send ({}) and recv ({}) must be equal and divisible by {n}", send.len(), recv.len()),
