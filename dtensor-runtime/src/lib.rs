@@ -12,6 +12,7 @@
 pub mod autograd;
 pub mod backend;
 pub mod comm;
+pub mod cuda;
 pub mod dtensor;
 pub mod element;
 pub mod error;
