@@ -13,6 +13,8 @@ pub mod collectives;
 pub mod debug;
 #[cfg(feature = "mpi")]
 pub mod mpi;
+#[cfg(feature = "cuda")]
+pub mod nccl;
 pub mod reduce;
 pub mod threads;
 

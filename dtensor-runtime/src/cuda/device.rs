@@ -51,6 +51,11 @@ impl CudaDevice {
         &self.stream
     }
 
+    /// The CUDA context (made current on the calling thread by cudarc calls).
+    pub fn context(&self) -> &Arc<CudaContext> {
+        &self.ctx
+    }
+
     /// Waits until all queued work has finished.
     pub fn synchronize(&self) -> Result<()> {
         self.stream.synchronize().map_err(|e| cuda_err("stream synchronize", e))
