@@ -9,6 +9,7 @@ use crate::placement::Placement;
 
 /// Per-tensor autograd state.
 #[derive(Clone)]
+#[allow(dead_code)] // read once the autograd engine lands
 pub struct AutogradMeta<T: Element> {
     _marker: std::marker::PhantomData<T>,
 }

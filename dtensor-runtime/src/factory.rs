@@ -152,7 +152,7 @@ pub fn linspace<T: Element>(start: f64, end: f64, steps: usize, opts: &TensorOpt
 
 /// `base ^ linspace(start, end, steps)`.
 pub fn logspace<T: Element>(start: f64, end: f64, steps: usize, base: f64, opts: &TensorOptions) -> Result<DTensor<T>> {
-    if !(base > 0.0) {
+    if base.is_nan() || base <= 0.0 {
         return Err(Error::InvalidArgument {
             context: "logspace".into(),
             reason: format!("base must be > 0, got {base}"),

@@ -4,7 +4,7 @@ use crate::error::{Error, Result};
 use std::fmt;
 
 /// Reduction of a [`Placement::Partial`] tensor (and of reducing collectives).
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, Default)]
 pub enum ReduceOp {
     #[default]
     Sum,
@@ -55,7 +55,7 @@ impl fmt::Display for ReduceOp {
 /// // negative dims count from the end, as in PyTorch
 /// assert_eq!(Placement::Shard(-1).normalize(3).unwrap(), Placement::Shard(2));
 /// ```
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub enum Placement {
     /// Split along tensor dim `dim` (torch.chunk semantics). Negative dims count from the end.
     Shard(isize),

@@ -1,11 +1,11 @@
 //! Redistribution: planning a layout change as per-mesh-dim steps, and executing them.
 //!
-//! The planner undoes mesh dims inner-first (last mesh dim first) where they must change,
-//! taking the direct collective when it is legal at that point (Shard→Shard as all-to-all,
-//! Partial→Shard as reduce-scatter, which move far fewer bytes than all-gather + chunk), then
-//! redoes the remaining Replicate→Shard / Replicate→Partial steps outer-first, which are local.
-//! This keeps nested sharding (`(S(0), S(0))`) correct: an inner split is never left in
-//! place while an outer one changes.
+//! The planner searches the cheapest sequence of single-mesh-dim steps (Dijkstra over
+//! placement states, cost = bytes sent; ties → fewer steps). A step is legal only where it
+//! keeps nested sharding correct: mesh dim `i` may split or gather tensor dim `d` only when no
+//! inner mesh dim (`j > i`) currently shards `d`, so `(S(0), S(0))` is undone inner-first.
+//! Direct collectives (Shard→Shard as all-to-all, Partial→Shard as reduce-scatter) are
+//! found whenever they are legal, since they move far fewer bytes than all-gather + chunk.
 
 use crate::comm::debug::{op_scope, CollectiveKind};
 use crate::dtensor::DTensor;
@@ -16,6 +16,10 @@ use crate::mesh::DeviceMesh;
 use crate::placement::{fmt_placements, normalize_placements, Placement, ReduceOp};
 use crate::Along;
 use ndarray::{ArrayD, Axis, IxDyn, Slice};
+use std::borrow::Cow;
+use std::cell::RefCell;
+use std::cmp::Reverse;
+use std::collections::{BinaryHeap, HashMap};
 use std::fmt;
 
 /// One step of a redistribution: mesh dim `mesh_dim` goes from `from` to `to`.
@@ -112,88 +116,147 @@ pub fn plan_redistribute<T: Element>(
     for i in 0..mesh.ndim() {
         check_transition(i, from[i], to[i])?;
     }
-    let n = mesh.ndim();
-    let mut cur = from.clone();
-    // Mesh dims that must be redone: those that change, closed under nesting (if mesh dim i
-    // touches tensor dim d, every inner mesh dim sharding d must be undone too).
-    let mut undo: Vec<bool> = (0..n).map(|i| from[i] != to[i]).collect();
-    loop {
-        let mut changed = false;
-        for i in 0..n {
-            if !undo[i] {
-                continue;
-            }
-            for d in [from[i].shard_dim(), to[i].shard_dim()].into_iter().flatten() {
-                for j in i + 1..n {
-                    if !undo[j] && from[j].is_shard_on(d) {
-                        undo[j] = true;
-                        changed = true;
-                    }
-                }
-            }
-        }
-        if !changed {
-            break;
-        }
+    let path = cached_path(global_shape, mesh.shape(), &from, &to);
+    if path.is_empty() && from != to {
+        // Unreachable for targets that pass `check_transition` (everything goes through
+        // Replicate); kept as an error rather than a wrong layout.
+        let i = (0..from.len()).find(|&i| from[i] != to[i]).unwrap_or(0);
+        return Err(Error::InvalidRedistribute {
+            mesh_dim: i,
+            from: from[i],
+            to: to[i],
+            reason: format!("no plan from {} to {}", fmt_placements(&from), fmt_placements(&to)),
+        });
     }
     let elem = std::mem::size_of::<T>();
-    let mut steps = Vec::new();
-    let mut push = |cur: &mut Vec<Placement>, i: usize, target: Placement| {
-        let shape = level_shape(global_shape, mesh.shape(), mesh.coordinate(), cur, i);
+    let mut cur = from;
+    let mut steps = Vec::with_capacity(path.len());
+    for (i, target) in path {
+        let shape = level_shape(global_shape, mesh.shape(), mesh.coordinate(), &cur, i);
         let (collective, bytes) = step_cost(&shape, mesh.size(i), cur[i], target, elem);
         steps.push(RedistributeStep { mesh_dim: i, from: cur[i], to: target, logical_shape: shape, collective, bytes });
         cur[i] = target;
-    };
-    // Can mesh dim i introduce a shard of tensor dim e now without breaking nesting?
-    let shard_ok = |cur: &[Placement], pending: &[bool], i: usize, e: usize| {
-        (0..n).all(|j| {
-            if j > i {
-                !cur[j].is_shard_on(e)
-            } else if j < i && pending[j] {
-                !cur[j].is_shard_on(e) && !to[j].is_shard_on(e)
-            } else {
-                true
-            }
-        })
-    };
-    // Undo, inner-first.
-    let mut pending = undo.clone();
-    for i in (0..n).rev() {
-        if !undo[i] {
-            continue;
-        }
-        pending[i] = false;
-        match (cur[i], to[i]) {
-            (Placement::Shard(d), Placement::Shard(e)) if d != e => {
-                let (d, e) = (d as usize, e as usize);
-                let inner_free = (i + 1..n).all(|j| !cur[j].is_shard_on(d));
-                if inner_free && shard_ok(&cur, &pending, i, e) {
-                    push(&mut cur, i, to[i]);
-                } else {
-                    push(&mut cur, i, Placement::Replicate);
-                }
-            }
-            (Placement::Partial(_), Placement::Shard(e)) if shard_ok(&cur, &pending, i, e as usize) => {
-                push(&mut cur, i, to[i]);
-            }
-            (Placement::Shard(_), _) | (Placement::Partial(_), Placement::Replicate | Placement::Shard(_)) => {
-                push(&mut cur, i, Placement::Replicate);
-            }
-            _ => {}
-        }
-        // Pending dims that only needed to be undone are now Replicate or final.
-        if cur[i] == to[i] {
-            undo[i] = false;
-        }
-    }
-    // Redo, outer-first: only local steps are left.
-    for i in 0..n {
-        if cur[i] != to[i] {
-            debug_assert!(cur[i].is_replicate() || cur[i] == to[i], "planner left {} on mesh dim {i}", cur[i]);
-            push(&mut cur, i, to[i]);
-        }
     }
     Ok(RedistributePlan { steps })
+}
+
+type PathKey = (Vec<usize>, Vec<usize>, Vec<Placement>, Vec<Placement>);
+
+thread_local! {
+    static PATHS: RefCell<HashMap<PathKey, Vec<(usize, Placement)>>> = RefCell::new(HashMap::new());
+}
+
+/// [`search_path`] behind a per-thread cache (ops cost candidate strategies with plans).
+fn cached_path(shape: &[usize], mesh: &[usize], from: &[Placement], to: &[Placement]) -> Vec<(usize, Placement)> {
+    let key = (shape.to_vec(), mesh.to_vec(), from.to_vec(), to.to_vec());
+    if let Some(p) = PATHS.with(|c| c.borrow().get(&key).cloned()) {
+        return p;
+    }
+    let path = search_path(shape, mesh, from, to);
+    PATHS.with(|c| {
+        let mut c = c.borrow_mut();
+        if c.len() > 4096 {
+            c.clear();
+        }
+        c.insert(key, path.clone());
+    });
+    path
+}
+
+/// No mesh dim after `i` currently shards tensor dim `d` (so mesh dim `i` may split or
+/// gather `d`: nested shardings nest left to right).
+fn inner_free(x: &[Placement], i: usize, d: usize) -> bool {
+    x[i + 1..].iter().all(|p| !p.is_shard_on(d))
+}
+
+/// Is changing mesh dim `i` of state `x` to `to` one legal direct step?
+fn legal_step(x: &[Placement], i: usize, to: Placement, dst: &[Placement]) -> bool {
+    match (x[i], to) {
+        (Placement::Shard(d), Placement::Replicate) => inner_free(x, i, d as usize),
+        (Placement::Replicate, Placement::Shard(d)) | (Placement::Partial(_), Placement::Shard(d)) => {
+            inner_free(x, i, d as usize)
+        }
+        (Placement::Shard(d), Placement::Shard(e)) => {
+            d != e && inner_free(x, i, d as usize) && inner_free(x, i, e as usize)
+        }
+        (Placement::Partial(_), Placement::Replicate) => true,
+        // Only the Partial the target asks for is ever introduced.
+        (Placement::Replicate, p @ Placement::Partial(_)) => p == dst[i],
+        _ => false,
+    }
+}
+
+/// Cheapest sequence of legal single-mesh-dim steps from `src` to `dst` (Dijkstra over
+/// placement states; cost = bytes sent, ties broken by fewer steps).
+///
+/// Costs use padded (ceil) chunk sizes, which do not depend on the rank's coordinate: every
+/// rank must choose the same plan, or their collectives would not match.
+fn search_path(shape: &[usize], mesh: &[usize], src: &[Placement], dst: &[Placement]) -> Vec<(usize, Placement)> {
+    if src == dst {
+        return Vec::new();
+    }
+    let m = mesh.len();
+    let mut options: Vec<Vec<Placement>> = Vec::with_capacity(m);
+    for i in 0..m {
+        let mut o: Vec<Placement> = std::iter::once(Placement::Replicate)
+            .chain((0..shape.len()).map(|d| Placement::Shard(d as isize)))
+            .collect();
+        for p in [src[i], dst[i]] {
+            if p.is_partial() && !o.contains(&p) {
+                o.push(p);
+            }
+        }
+        options.push(o);
+    }
+    let padded_level = |x: &[Placement], i: usize| -> Vec<usize> {
+        let mut s = shape.to_vec();
+        for (j, p) in x.iter().enumerate().take(i) {
+            if let Some(d) = p.shard_dim() {
+                s[d] = padded_chunk(s[d], mesh[j]);
+            }
+        }
+        s
+    };
+    let mut best: HashMap<Vec<Placement>, (usize, usize)> = HashMap::new();
+    let mut prev: HashMap<Vec<Placement>, (Vec<Placement>, usize, Placement)> = HashMap::new();
+    let mut heap = BinaryHeap::new();
+    best.insert(src.to_vec(), (0, 0));
+    heap.push(Reverse((0usize, 0usize, src.to_vec())));
+    while let Some(Reverse((cost, steps, x))) = heap.pop() {
+        if x == dst {
+            break;
+        }
+        if best.get(&x).is_some_and(|&b| b < (cost, steps)) {
+            continue;
+        }
+        for i in 0..m {
+            for &p in &options[i] {
+                if p == x[i] || !legal_step(&x, i, p, dst) {
+                    continue;
+                }
+                let bytes = step_cost(&padded_level(&x, i), mesh[i], x[i], p, 1).1;
+                let mut y = x.clone();
+                y[i] = p;
+                let next = (cost + bytes, steps + 1);
+                if best.get(&y).is_none_or(|&b| next < b) {
+                    best.insert(y.clone(), next);
+                    prev.insert(y.clone(), (x.clone(), i, p));
+                    heap.push(Reverse((next.0, next.1, y)));
+                }
+            }
+        }
+    }
+    let mut path = Vec::new();
+    let mut x = dst.to_vec();
+    while let Some((p, i, to)) = prev.get(&x) {
+        path.push((*i, *to));
+        x = p.clone();
+        if x == src {
+            break;
+        }
+    }
+    path.reverse();
+    path
 }
 
 /// (collective, bytes sent by this rank) of one step.
@@ -205,7 +268,7 @@ fn step_cost(
     elem: usize,
 ) -> (Option<CollectiveKind>, usize) {
     let numel: usize = shape.iter().product();
-    let rows_other = |d: usize| if shape[d] == 0 { 0 } else { numel / shape[d] };
+    let rows_other = |d: usize| numel.checked_div(shape[d]).unwrap_or(0);
     match (from, to) {
         (Placement::Shard(d), Placement::Replicate) => {
             let d = d as usize;
@@ -242,23 +305,24 @@ impl<T: Element> DTensor<T> {
     /// Redistribution without autograd bookkeeping.
     pub(crate) fn redistribute_raw(&self, to: &[Placement]) -> Result<DTensor<T>> {
         let plan = self.plan_redistribute(to)?;
-        let mut local = self.local.clone();
         let mut cur = self.placements.clone();
-        op_scope("redistribute", || -> Result<()> {
+        // The first step reads our local tensor in place; later steps own their input.
+        let local = op_scope("redistribute", || -> Result<Cow<'_, ArrayD<T>>> {
+            let mut local = Cow::Borrowed(&self.local);
             for step in &plan.steps {
-                local = execute_step(&self.mesh, &local, step)?;
+                local = Cow::Owned(execute_step(&self.mesh, local, step)?);
                 cur[step.mesh_dim] = step.to;
             }
-            Ok(())
+            Ok(local)
         })?;
-        Ok(DTensor::new_unchecked(local, self.mesh.clone(), cur, self.shape.clone(), None))
+        Ok(DTensor::new_unchecked(local.into_owned(), self.mesh.clone(), cur, self.shape.clone(), None))
     }
 }
 
 /// Runs one step on this rank's local tensor.
 pub(crate) fn execute_step<T: Element>(
     mesh: &DeviceMesh,
-    local: &ArrayD<T>,
+    local: Cow<'_, ArrayD<T>>,
     step: &RedistributeStep,
 ) -> Result<ArrayD<T>> {
     let i = step.mesh_dim;
@@ -266,23 +330,26 @@ pub(crate) fn execute_step<T: Element>(
     let k = mesh.coordinate()[i];
     let shape = &step.logical_shape;
     Ok(match (step.from, step.to) {
-        (a, b) if a == b => local.clone(),
-        (Placement::Shard(d), Placement::Replicate) => all_gather_dim(mesh, i, local, d as usize, shape[d as usize])?,
+        (a, b) if a == b => local.into_owned(),
+        (Placement::Shard(d), Placement::Replicate) => all_gather_dim(mesh, i, &local, d as usize, shape[d as usize])?,
         (Placement::Partial(op), Placement::Replicate) => {
-            let mut data = to_vec(local);
-            mesh.all_reduce(Along::Dim(i), &mut data, op)?;
-            from_vec(local.shape(), data)
+            // In place on our own copy: no extra buffer.
+            let a = local.into_owned();
+            let mut a = if a.is_standard_layout() { a } else { a.as_standard_layout().into_owned() };
+            let data = a.as_slice_mut().expect("standard layout is contiguous");
+            mesh.all_reduce(Along::Dim(i), data, op)?;
+            a
         }
         (Placement::Partial(op), Placement::Shard(d)) => {
-            reduce_scatter_dim(mesh, i, local, d as usize, shape[d as usize], op)?
+            reduce_scatter_dim(mesh, i, &local, d as usize, shape[d as usize], op)?
         }
         (Placement::Replicate, Placement::Shard(d)) => {
             let d = d as usize;
             let (sz, off) = chunk_size_and_offset(shape[d], n, k);
             local.slice_axis(Axis(d), Slice::from(off..off + sz)).to_owned()
         }
-        (Placement::Shard(d), Placement::Shard(e)) => all_to_all_dims(mesh, i, local, d as usize, e as usize, shape)?,
-        (Placement::Replicate, Placement::Partial(op)) => replicate_to_partial(local, op, k),
+        (Placement::Shard(d), Placement::Shard(e)) => all_to_all_dims(mesh, i, &local, d as usize, e as usize, shape)?,
+        (Placement::Replicate, Placement::Partial(op)) => replicate_to_partial(&local, op, k),
         (from, to) => {
             return Err(Error::InvalidRedistribute {
                 mesh_dim: i,
@@ -303,27 +370,25 @@ pub(crate) fn replicate_to_partial<T: Element>(local: &ArrayD<T>, op: ReduceOp, 
     }
 }
 
-fn to_vec<T: Element>(a: &ArrayD<T>) -> Vec<T> {
-    match a.as_slice() {
-        Some(s) => s.to_vec(),
-        None => a.iter().copied().collect(),
-    }
-}
-
 fn from_vec<T: Element>(shape: &[usize], v: Vec<T>) -> ArrayD<T> {
     ArrayD::from_shape_vec(IxDyn(shape), v).expect("collective returned the planned size")
 }
 
 /// Data of `a` with axis `d` moved to the front, row-major; returns (data, moved shape).
-fn front<T: Element>(a: &ArrayD<T>, d: usize) -> (Vec<T>, Vec<usize>) {
+/// Borrows when `a` already is in that order.
+fn front<T: Element>(a: &ArrayD<T>, d: usize) -> (Cow<'_, [T]>, Vec<usize>) {
     if d == 0 {
-        return (to_vec(a), a.shape().to_vec());
+        let data = match a.as_slice() {
+            Some(s) => Cow::Borrowed(s),
+            None => Cow::Owned(a.iter().copied().collect()),
+        };
+        return (data, a.shape().to_vec());
     }
     let mut axes: Vec<usize> = vec![d];
     axes.extend((0..a.ndim()).filter(|&x| x != d));
     let v = a.view().permuted_axes(IxDyn(&axes));
     let shape = v.shape().to_vec();
-    (v.iter().copied().collect(), shape)
+    (Cow::Owned(v.iter().copied().collect()), shape)
 }
 
 /// Inverse of [`front`].
@@ -356,14 +421,20 @@ fn all_gather_dim<T: Element>(
     let c = padded_chunk(full, n);
     let (mut data, mut fshape) = front(local, d);
     let row: usize = fshape[1..].iter().product();
-    data.resize(c * row, T::zero());
+    if data.len() != c * row {
+        data.to_mut().resize(c * row, T::zero());
+    }
     let gathered = mesh.all_gather(Along::Dim(i), &data)?;
+    fshape[0] = full;
+    if c * n == full {
+        // Even: the gathered blocks already are the result.
+        return Ok(unfront(gathered, &fshape, d));
+    }
     let mut out = Vec::with_capacity(full * row);
     for j in 0..n {
         let sz = chunk_size_and_offset(full, n, j).0;
         out.extend_from_slice(&gathered[j * c * row..(j * c + sz) * row]);
     }
-    fshape[0] = full;
     Ok(unfront(out, &fshape, d))
 }
 
@@ -380,11 +451,16 @@ fn reduce_scatter_dim<T: Element>(
     let c = padded_chunk(full, n);
     let (data, mut fshape) = front(local, d);
     let row: usize = fshape[1..].iter().product();
-    let mut send = vec![T::zero(); n * c * row];
-    for j in 0..n {
-        let (sz, off) = chunk_size_and_offset(full, n, j);
-        send[j * c * row..(j * c + sz) * row].copy_from_slice(&data[off * row..(off + sz) * row]);
-    }
+    let send = if c * n == full {
+        data
+    } else {
+        let mut send = vec![T::zero(); n * c * row];
+        for j in 0..n {
+            let (sz, off) = chunk_size_and_offset(full, n, j);
+            send[j * c * row..(j * c + sz) * row].copy_from_slice(&data[off * row..(off + sz) * row]);
+        }
+        Cow::Owned(send)
+    };
     let mut mine = mesh.reduce_scatter(Along::Dim(i), &send, op)?;
     let sz = chunk_size_and_offset(full, n, k).0;
     mine.truncate(sz * row);

@@ -83,6 +83,6 @@ impl Stream {
         let u2 = u32_to_unit_f64(words[pair + 1]);
         let r = (-2.0 * u1.ln()).sqrt();
         let theta = 2.0 * std::f64::consts::PI * u2;
-        T::of_f64(if lane % 2 == 0 { r * theta.cos() } else { r * theta.sin() })
+        T::of_f64(if lane.is_multiple_of(2) { r * theta.cos() } else { r * theta.sin() })
     }
 }

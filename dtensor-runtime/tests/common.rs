@@ -45,48 +45,41 @@ pub fn check_layout(
     tol: f64,
 ) -> Result<(), String> {
     let world: usize = mesh.iter().product();
+    let partial_dims: Vec<usize> = (0..mesh.len()).filter(|&i| placements[i].is_partial()).collect();
+    // All Partials of one list share a reduce op (the generators guarantee it).
+    let op = partial_dims
+        .iter()
+        .find_map(|&i| match placements[i] {
+            Placement::Partial(o) => Some(o),
+            _ => None,
+        })
+        .unwrap_or(ReduceOp::Sum);
     for rank in 0..world {
         let c = coord_of(rank, mesh);
-        // Ranks that differ from `c` only on Partial mesh dims.
-        let partial_dims: Vec<usize> = (0..mesh.len()).filter(|&i| placements[i].is_partial()).collect();
+        // Reduce over the ranks that differ from `c` only on Partial mesh dims.
         let mut acc: Option<ArrayD<f64>> = None;
         let mut count = 0usize;
-        let mut op = ReduceOp::Sum;
-        for other in 0..world {
+        for (other, l) in locals.iter().enumerate().take(world) {
             let oc = coord_of(other, mesh);
             if (0..mesh.len()).any(|i| !partial_dims.contains(&i) && oc[i] != c[i]) {
                 continue;
             }
-            let l = &locals[other];
             count += 1;
-            acc = Some(match acc {
-                None => l.clone(),
-                Some(a) => {
-                    let mut a = a;
-                    for &pd in &partial_dims {
-                        if let Placement::Partial(o) = placements[pd] {
-                            op = o;
-                        }
+            match acc.as_mut() {
+                None => acc = Some(l.clone()),
+                Some(a) => a.zip_mut_with(l, |x, y| {
+                    *x = match op {
+                        ReduceOp::Sum | ReduceOp::Avg => *x + *y,
+                        ReduceOp::Min => x.min(*y),
+                        ReduceOp::Max => x.max(*y),
+                        ReduceOp::Product => *x * *y,
                     }
-                    // Mixed partial ops across mesh dims do not occur in generated chains
-                    // except as (sum, sum) etc.; reduce with the op of the partial dims.
-                    a.zip_mut_with(l, |x, y| {
-                        *x = match op {
-                            ReduceOp::Sum | ReduceOp::Avg => *x + *y,
-                            ReduceOp::Min => x.min(*y),
-                            ReduceOp::Max => x.max(*y),
-                            ReduceOp::Product => *x * *y,
-                        }
-                    });
-                    a
-                }
-            });
+                }),
+            }
         }
         let mut got = acc.expect("at least the rank itself");
-        if let Some(&pd) = partial_dims.first() {
-            if placements[pd] == Placement::Partial(ReduceOp::Avg) {
-                got.mapv_inplace(|x| x / count as f64);
-            }
+        if op == ReduceOp::Avg && !partial_dims.is_empty() {
+            got.mapv_inplace(|x| x / count as f64);
         }
         let want = expected_shard(g, mesh, &c, placements);
         if got.shape() != want.shape() {

@@ -315,7 +315,7 @@ impl Communicator for ThreadComm {
     fn all_reduce(&self, group: &[usize], buf: &mut [u8], dtype: DType, op: ReduceOp) -> Result<()> {
         let n = group.len();
         let es = dtype.size_of();
-        if buf.len() % es != 0 {
+        if !buf.len().is_multiple_of(es) {
             return Err(size_err("all_reduce", format!("{} bytes is not a whole number of {dtype}", buf.len())));
         }
         let elems = buf.len() / es;
@@ -381,7 +381,7 @@ impl Communicator for ThreadComm {
 
     fn all_to_all(&self, group: &[usize], send: &[u8], recv: &mut [u8]) -> Result<()> {
         let n = group.len();
-        if send.len() != recv.len() || send.len() % n != 0 {
+        if send.len() != recv.len() || !send.len().is_multiple_of(n) {
             return Err(size_err(
                 "all_to_all",
                 format!("send ({}) and recv ({}) must be equal and divisible by {n}", send.len(), recv.len()),

@@ -1,0 +1,101 @@
+//! DeviceMesh: coordinates, groups, sub-meshes and errors.
+
+use dtensor_runtime::mesh::parse_mesh_spec;
+use dtensor_runtime::{run, DeviceMesh, Error};
+use std::sync::Arc;
+
+#[test]
+fn coordinates_and_groups_of_a_2x3_mesh() {
+    let out = run(6, |ctx| {
+        let mesh = ctx.init_device_mesh(&[2, 3], &["dp", "tp"])?;
+        let tp = mesh.submesh("tp")?;
+        let dp = mesh.submesh("dp")?;
+        let swapped = mesh.submesh_dims(&["tp", "dp"])?;
+        Ok((
+            mesh.coordinate().to_vec(),
+            mesh.group(0).to_vec(),
+            mesh.group(1).to_vec(),
+            tp.ranks().to_vec(),
+            dp.ranks().to_vec(),
+            swapped.ranks().to_vec(),
+            mesh.dim_index("tp")?,
+            mesh.rank_at(&[1, 2])?,
+            mesh.to_string(),
+        ))
+    })
+    .unwrap();
+    for (rank, (coord, g0, g1, tp, dp, swapped, tp_idx, at, name)) in out.into_iter().enumerate() {
+        assert_eq!(coord, vec![rank / 3, rank % 3]);
+        assert_eq!(g0, vec![rank % 3, 3 + rank % 3]);
+        assert_eq!(g1, (3 * (rank / 3)..3 * (rank / 3) + 3).collect::<Vec<_>>());
+        assert_eq!(tp, g1);
+        assert_eq!(dp, g0);
+        assert_eq!(swapped, vec![0, 3, 1, 4, 2, 5]);
+        assert_eq!(tp_idx, 1);
+        assert_eq!(at, 5);
+        assert_eq!(name, "DeviceMesh(dp=2, tp=3)");
+    }
+}
+
+#[test]
+fn all_groups_partition_the_mesh() {
+    run(8, |ctx| {
+        let mesh = ctx.init_device_mesh(&[2, 2, 2], &[])?;
+        for d in 0..3 {
+            let groups = mesh.all_groups(d);
+            assert_eq!(groups.len(), 4);
+            let mut all: Vec<usize> = groups.concat();
+            all.sort();
+            assert_eq!(all, (0..8).collect::<Vec<_>>());
+            assert!(groups.contains(&mesh.group(d).to_vec()));
+        }
+        assert_eq!(mesh.dim_names(), &["dim0", "dim1", "dim2"]);
+        Ok(())
+    })
+    .unwrap();
+}
+
+#[test]
+fn mesh_errors_name_the_problem() {
+    let errs = run(4, |ctx| {
+        let comm = Arc::clone(ctx.comm());
+        let e = |r: dtensor_runtime::Result<DeviceMesh>| r.unwrap_err();
+        let mesh = ctx.init_device_mesh(&[2, 2], &["dp", "tp"])?;
+        Ok(vec![
+            e(DeviceMesh::new(Arc::clone(&comm), &[3], &["x"])),
+            e(DeviceMesh::new(Arc::clone(&comm), &[2, 2], &["a", "a"])),
+            e(DeviceMesh::new(Arc::clone(&comm), &[4], &["a", "b"])),
+            e(DeviceMesh::new(Arc::clone(&comm), &[], &[])),
+            e(DeviceMesh::new(Arc::clone(&comm), &[4, 0], &[])),
+            e(DeviceMesh::from_spec(Arc::clone(&comm), "dp:2")),
+            e(DeviceMesh::from_spec(Arc::clone(&comm), "")),
+            e(DeviceMesh::from_spec(Arc::clone(&comm), "dp=x")),
+            mesh.submesh("pp").unwrap_err(),
+            mesh.submesh_dims(&["dp", "dp"]).unwrap_err(),
+            mesh.rank_at(&[2, 0]).unwrap_err(),
+            mesh.coordinate_of(9).unwrap_err(),
+        ])
+    })
+    .unwrap();
+    let e = &errs[0];
+    assert!(matches!(&e[0], Error::MeshSizeMismatch { mesh_size: 3, world_size: 4, .. }), "{}", e[0]);
+    assert!(matches!(&e[1], Error::DuplicateMeshDim { name } if name == "a"), "{}", e[1]);
+    assert!(matches!(&e[2], Error::InvalidMesh { .. }), "{}", e[2]);
+    assert!(matches!(&e[3], Error::InvalidMesh { .. }), "{}", e[3]);
+    assert!(matches!(&e[4], Error::InvalidMesh { .. }), "{}", e[4]);
+    assert!(matches!(&e[5], Error::InvalidMesh { .. }), "{}", e[5]);
+    assert!(matches!(&e[6], Error::InvalidMesh { .. }), "{}", e[6]);
+    assert!(matches!(&e[7], Error::InvalidMesh { .. }), "{}", e[7]);
+    assert!(matches!(&e[8], Error::UnknownMeshDim { name, .. } if name == "pp"), "{}", e[8]);
+    assert!(e[8].to_string().contains("[\"dp\", \"tp\"]"));
+    assert!(matches!(&e[9], Error::DuplicateMeshDim { .. }), "{}", e[9]);
+    assert!(matches!(&e[10], Error::InvalidArgument { .. }), "{}", e[10]);
+    assert!(matches!(&e[11], Error::RankOutOfRange { rank: 9, .. }), "{}", e[11]);
+}
+
+#[test]
+fn spec_strings_parse() {
+    assert_eq!(parse_mesh_spec("dp=2, tp=4").unwrap(), (vec!["dp".to_string(), "tp".to_string()], vec![2, 4]));
+    let out = run(4, |ctx| Ok(DeviceMesh::from_spec(Arc::clone(ctx.comm()), "dp=2,tp=2")?.shape().to_vec())).unwrap();
+    assert_eq!(out[3], vec![2, 2]);
+}
