@@ -192,7 +192,7 @@ fn barrier_waits_for_the_slowest(ctx: &RankCtx) -> Result<Outcome, String> {
 /// Typed mesh collectives over the prepared per-dim sub-communicators (MPI_Comm_split).
 fn mesh_dim_collectives(ctx: &RankCtx) -> Result<Outcome, String> {
     let n = ctx.world_size();
-    if n % 2 != 0 {
+    if !n.is_multiple_of(2) {
         return Ok(Outcome::Skip(format!("needs an even number of ranks, has {n}")));
     }
     let mesh = ctx.init_device_mesh(&[2, n / 2], &["dp", "tp"]).map_err(fail)?;

@@ -33,7 +33,7 @@ fn placement_lists(mesh_ndim: usize, ndim: usize) -> Vec<Vec<Placement>> {
 fn meshes(ctx: &RankCtx) -> Vec<Vec<usize>> {
     let n = ctx.world_size();
     let mut m = vec![vec![n]];
-    if n % 2 == 0 {
+    if n.is_multiple_of(2) {
         m.push(vec![2, n / 2]);
     }
     m
@@ -86,7 +86,7 @@ fn distribute_uneven_every_layout(ctx: &RankCtx) -> Result<Outcome, String> {
 /// Every (source, target) pair of Shard/Replicate lists on the 2-d mesh, uneven shapes.
 fn redistribute_all_pairs_2d_mesh(ctx: &RankCtx) -> Result<Outcome, String> {
     let n = ctx.world_size();
-    if n % 2 != 0 {
+    if !n.is_multiple_of(2) {
         return Ok(Outcome::Skip(format!("needs an even number of ranks, has {n}")));
     }
     let mshape = vec![2, n / 2];
@@ -115,7 +115,7 @@ fn redistribute_all_pairs_2d_mesh(ctx: &RankCtx) -> Result<Outcome, String> {
 /// global slice), redistributed to Replicate and to Shard on the partial mesh dim.
 fn partial_sources_reduce(ctx: &RankCtx) -> Result<Outcome, String> {
     let n = ctx.world_size();
-    if n % 2 != 0 {
+    if !n.is_multiple_of(2) {
         return Ok(Outcome::Skip(format!("needs an even number of ranks, has {n}")));
     }
     let mshape = vec![2, n / 2];

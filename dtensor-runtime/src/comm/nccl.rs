@@ -221,7 +221,9 @@ impl NcclComm {
             unsafe {
                 let _ = result::comm_abort(comm);
             }
-            st.world.take().map(std::mem::forget);
+            if let Some(w) = st.world.take() {
+                std::mem::forget(w);
+            }
             st.groups.drain().for_each(|(_, r)| std::mem::forget(r));
             return Err(e);
         }

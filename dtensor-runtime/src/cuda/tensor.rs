@@ -165,7 +165,7 @@ impl<T: CudaElement> CudaTensor<T> {
                 })
             }
         };
-        let rows = if k == 0 { self.shape[..self.shape.len() - 1].iter().product() } else { self.numel() / k };
+        let rows: usize = self.shape[..self.shape.len() - 1].iter().product();
         let mut out_shape = self.shape[..self.shape.len() - 1].to_vec();
         out_shape.push(n);
         let mut out = Self::zeros(&self.device, &out_shape)?;

@@ -89,11 +89,11 @@ pub fn case_strategy(meshes: impl Strategy<Value = Vec<usize>>) -> impl Strategy
 
 /// Every mesh shape of 1-3 dims whose sizes multiply to exactly `world` (MPI: fixed world).
 pub fn mesh_factorizations(world: usize) -> Vec<Vec<usize>> {
-    let divs: Vec<usize> = (1..=world).filter(|d| world % d == 0).collect();
+    let divs: Vec<usize> = (1..=world).filter(|d| world.is_multiple_of(*d)).collect();
     let mut out: Vec<Vec<usize>> = vec![vec![world]];
     for &a in &divs {
         out.push(vec![a, world / a]);
-        for &b in divs.iter().filter(|&&b| (world / a) % b == 0) {
+        for &b in divs.iter().filter(|&&b| (world / a).is_multiple_of(b)) {
             out.push(vec![a, b, world / a / b]);
         }
     }
