@@ -4,7 +4,7 @@
 
 mod mpi_harness;
 
-use dtensor_runtime::{Along, DType, RankCtx, ReduceOp};
+use dtensor_runtime::{launch, Along, Backend, DType, Error, RankCtx, ReduceOp};
 use mpi_harness::{fail, Outcome, TestFn};
 use std::time::{Duration, Instant};
 
@@ -215,7 +215,6 @@ fn mesh_dim_collectives(ctx: &RankCtx) -> Result<Outcome, String> {
 
 /// Bad input gets a typed error on every rank, before any message moves.
 fn bad_input_is_a_typed_error(ctx: &RankCtx) -> Result<Outcome, String> {
-    use dtensor_runtime::Error;
     let c = ctx.comm();
     let n = ctx.world_size();
     let world: Vec<usize> = (0..n).collect();
@@ -263,6 +262,16 @@ fn backend_name_and_world(ctx: &RankCtx) -> Result<Outcome, String> {
     Ok(Outcome::Pass)
 }
 
+/// `launch(Backend::Mpi, n, ..)` with `n` different from mpirun's `-np`: a typed error on
+/// every rank, before the closure runs.
+fn launch_rejects_a_wrong_world_size(ctx: &RankCtx) -> Result<Outcome, String> {
+    let n = ctx.world_size();
+    match launch(Backend::Mpi, n + 1, |_| -> dtensor_runtime::Result<()> { panic!("must not run") }) {
+        Err(Error::InvalidArgument { .. }) => Ok(Outcome::Pass),
+        other => Err(format!("launch with {} ranks under -np {n} gave {other:?}", n + 1)),
+    }
+}
+
 fn main() {
     let tests: &[(&str, TestFn)] = &[
         ("backend_name_and_world", backend_name_and_world),
@@ -275,6 +284,7 @@ fn main() {
         ("barrier_waits_for_the_slowest", barrier_waits_for_the_slowest),
         ("mesh_dim_collectives", mesh_dim_collectives),
         ("bad_input_is_a_typed_error", bad_input_is_a_typed_error),
+        ("launch_rejects_a_wrong_world_size", launch_rejects_a_wrong_world_size),
     ];
     mpi_harness::main("mpi_collectives", tests);
 }

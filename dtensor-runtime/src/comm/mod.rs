@@ -9,6 +9,7 @@
 //! which works on typed slices, pads uneven shards and records every call for
 //! [`CommDebugMode`](crate::CommDebugMode).
 
+pub mod bootstrap;
 pub mod collectives;
 pub mod debug;
 #[cfg(feature = "mpi")]

@@ -17,7 +17,8 @@
 //!
 //! Bootstrap (the 128-byte NCCL unique id must reach every rank):
 //! * [`NcclComm::from_env`]: `RANK`, `WORLD_SIZE`, `MASTER_ADDR`, `MASTER_PORT` as torchrun
-//!   sets them; rank 0 creates the id and serves it over one TCP connection per peer;
+//!   sets them; rank 0 creates the id and serves it over one TCP connection per peer
+//!   ([`Rendezvous`](super::bootstrap::Rendezvous));
 //! * [`NcclComm::from_mpi`] (features `cuda` + `mpi`): rank 0's id is broadcast over MPI;
 //! * [`NcclComm::single`]: a world of one GPU.
 //!
@@ -25,6 +26,7 @@
 //! `DTENSOR_TIMEOUT_MS` the communicator is aborted (`ncclCommAbort`) and the call returns
 //! [`Error::Backend`] / [`Error::CollectiveTimeout`]; the communicator is unusable afterwards.
 
+use super::bootstrap::Rendezvous;
 use super::reduce;
 use super::Communicator;
 use crate::cuda::{cuda_err, require, CudaDevice, CudaLib};
@@ -36,8 +38,6 @@ use cudarc::nccl::{result, sys};
 use std::collections::HashMap;
 use std::ffi::c_void;
 use std::fmt;
-use std::io::{Read, Write};
-use std::net::{TcpListener, TcpStream};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
@@ -102,21 +102,6 @@ fn env_timeout() -> Duration {
         .unwrap_or(crate::launcher::DEFAULT_TIMEOUT)
 }
 
-fn env_var(name: &str) -> Result<String> {
-    std::env::var(name).map_err(|_| Error::InvalidArgument {
-        context: "NcclComm::from_env".into(),
-        reason: format!("environment variable {name} is not set (expected RANK, WORLD_SIZE, MASTER_ADDR, MASTER_PORT)"),
-    })
-}
-
-fn env_num(name: &str) -> Result<usize> {
-    let v = env_var(name)?;
-    v.trim().parse().map_err(|_| Error::InvalidArgument {
-        context: "NcclComm::from_env".into(),
-        reason: format!("{name}={v} is not a non-negative integer"),
-    })
-}
-
 impl NcclComm {
     /// Joins the communicator identified by `id` as `rank` of `size` on `device`.
     /// Collective: every rank calls it with the same id.
@@ -151,18 +136,9 @@ impl NcclComm {
     /// creates the id and sends it to every peer over TCP; peers retry connecting until
     /// `DTENSOR_TIMEOUT_MS`.
     pub fn from_env(device: &Arc<CudaDevice>) -> Result<NcclComm> {
-        let rank = env_num("RANK")?;
-        let size = env_num("WORLD_SIZE")?;
-        if size <= 1 {
-            return Self::with_id(device, rank, size.max(1), &unique_id()?);
-        }
-        let addr = env_var("MASTER_ADDR")?;
-        let port = u16::try_from(env_num("MASTER_PORT")?).map_err(|_| Error::InvalidArgument {
-            context: "NcclComm::from_env".into(),
-            reason: "MASTER_PORT is not a TCP port".into(),
-        })?;
-        let id = exchange_id_tcp(rank, size, &addr, port, env_timeout())?;
-        Self::with_id(device, rank, size, &id)
+        let rv = Rendezvous::from_env()?;
+        let id = rv.share_from_rank0(env_timeout(), unique_id)?;
+        Self::with_id(device, rv.rank, rv.world_size, &id)
     }
 
     /// Bootstrap over an MPI world: rank 0's id is broadcast (features `cuda` + `mpi`).
@@ -289,45 +265,6 @@ fn nccl_op(op: ReduceOp) -> sys::ncclRedOp_t {
 }
 
 const U8: sys::ncclDataType_t = sys::ncclDataType_t::ncclUint8;
-
-/// Rank 0 serves `id` to `size - 1` peers on `port`; the others fetch it from `addr:port`.
-fn exchange_id_tcp(rank: usize, size: usize, addr: &str, port: u16, timeout: Duration) -> Result<NcclId> {
-    let io = |what: &str, e: std::io::Error| nccl_err(&format!("NCCL id bootstrap: {what}"), e);
-    let deadline = Instant::now() + timeout;
-    if rank == 0 {
-        let id = unique_id()?;
-        let listener = TcpListener::bind(("0.0.0.0", port)).map_err(|e| io(&format!("bind port {port}"), e))?;
-        listener.set_nonblocking(true).map_err(|e| io("nonblocking", e))?;
-        let mut served = 0;
-        while served < size - 1 {
-            match listener.accept() {
-                Ok((mut s, _)) => {
-                    s.set_nonblocking(false).map_err(|e| io("blocking", e))?;
-                    s.write_all(&id).map_err(|e| io("send id", e))?;
-                    served += 1;
-                }
-                Err(e) if e.kind() == std::io::ErrorKind::WouldBlock && Instant::now() < deadline => {
-                    std::thread::sleep(Duration::from_millis(20));
-                }
-                Err(e) => return Err(io(&format!("{served} of {} peers connected", size - 1), e)),
-            }
-        }
-        Ok(id)
-    } else {
-        loop {
-            match TcpStream::connect((addr, port)) {
-                Ok(mut s) => {
-                    s.set_read_timeout(Some(timeout)).map_err(|e| io("timeout", e))?;
-                    let mut id = [0u8; 128];
-                    s.read_exact(&mut id).map_err(|e| io("receive id", e))?;
-                    return Ok(id);
-                }
-                Err(_) if Instant::now() < deadline => std::thread::sleep(Duration::from_millis(100)),
-                Err(e) => return Err(io(&format!("connect {addr}:{port}"), e)),
-            }
-        }
-    }
-}
 
 impl Communicator for NcclComm {
     fn rank(&self) -> usize {
