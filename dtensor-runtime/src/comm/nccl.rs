@@ -18,7 +18,7 @@
 //! Bootstrap (the 128-byte NCCL unique id must reach every rank):
 //! * [`NcclComm::from_env`]: `RANK`, `WORLD_SIZE`, `MASTER_ADDR`, `MASTER_PORT` as torchrun
 //!   sets them; rank 0 creates the id and serves it over one TCP connection per peer
-//!   ([`Rendezvous`](super::bootstrap::Rendezvous));
+//!   ([`super::bootstrap::Rendezvous`]);
 //! * [`NcclComm::from_mpi`] (features `cuda` + `mpi`): rank 0's id is broadcast over MPI;
 //! * [`NcclComm::single`]: a world of one GPU.
 //!
@@ -192,15 +192,17 @@ impl NcclComm {
         let out = enqueue(comm, me)?;
         if let Err(e) = self.wait(comm, op, group) {
             st.failed = Some(e.to_string());
-            // SAFETY: aborting releases NCCL resources; the handle is not used afterwards
-            // except by Drop, which then only destroys the aborted handle's remains.
-            unsafe {
-                let _ = result::comm_abort(comm);
+            // A failed collective leaves every communicator of this rank in an unknown state:
+            // abort them all (releases NCCL's resources and unblocks its kernels). The handles
+            // are forgotten, not destroyed: ncclCommDestroy on an aborted handle is invalid.
+            let all: Vec<Raw> = st.world.take().into_iter().chain(st.groups.drain().map(|(_, r)| r)).collect();
+            for r in all {
+                // SAFETY: a live handle, aborted once and never used again.
+                unsafe {
+                    let _ = result::comm_abort(r.0);
+                }
+                std::mem::forget(r);
             }
-            if let Some(w) = st.world.take() {
-                std::mem::forget(w);
-            }
-            st.groups.drain().for_each(|(_, r)| std::mem::forget(r));
             return Err(e);
         }
         Ok(out)

@@ -2,8 +2,8 @@
 //! local tensor with host round trips, cuBLAS matmul and nvrtc element-wise kernels.
 //!
 //! Layers, in the spirit of cudarc's sys/result/safe split: cudarc provides the raw bindings
-//! and checked calls; [`CudaDevice`] owns one context, one stream and the lazily created
-//! cuBLAS handle and kernel module; [`CudaTensor`] is the safe, shape-carrying tensor.
+//! and checked calls; `CudaDevice` owns one context, one stream and the lazily created
+//! cuBLAS handle and kernel module; `CudaTensor` is the safe, shape-carrying tensor.
 //!
 //! cudarc loads the CUDA libraries at run time and *panics* when one is missing; every entry
 //! point here checks with cudarc's `is_culib_present` first and returns
@@ -21,6 +21,8 @@ mod tensor;
 
 #[cfg(feature = "cuda")]
 pub use device::CudaDevice;
+#[cfg(feature = "cuda")]
+pub use kernels::{BINARY, UNARY};
 #[cfg(feature = "cuda")]
 pub use tensor::{CudaElement, CudaTensor};
 

@@ -189,7 +189,7 @@ impl<T: CudaElement> CudaTensor<T> {
         Ok(out)
     }
 
-    /// Element-wise `op` (one of [`BINARY`](super::kernels::BINARY)) of two same-shape tensors.
+    /// Element-wise `op` (one of [`BINARY`](super::BINARY)) of two same-shape tensors.
     pub fn binary(&self, op: &str, other: &Self) -> Result<Self> {
         self.same_device(other, op)?;
         if self.shape != other.shape {
@@ -202,7 +202,7 @@ impl<T: CudaElement> CudaTensor<T> {
         self.launch(op, Second::Tensor(other.data.as_ref()))
     }
 
-    /// Element-wise unary `op` (one of [`UNARY`](super::kernels::UNARY)) with scalar `s`.
+    /// Element-wise unary `op` (one of [`UNARY`](super::UNARY)) with scalar `s`.
     pub fn unary(&self, op: &str, s: T) -> Result<Self> {
         self.launch(op, Second::Scalar(s))
     }
