@@ -10,6 +10,8 @@
 //! [`CommDebugMode`](crate::CommDebugMode).
 
 pub mod bootstrap;
+#[cfg(any(feature = "mpi", feature = "cuda"))]
+mod check;
 pub mod collectives;
 pub mod debug;
 #[cfg(feature = "mpi")]

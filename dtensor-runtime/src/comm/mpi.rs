@@ -30,8 +30,8 @@
 //! one process may [`launch`] several programs in turn. Every call into MPI from this module is
 //! serialised by one lock, so the communicator is safe to share between threads.
 
-use super::reduce;
 use super::Communicator;
+use super::{check, reduce};
 use crate::element::DType;
 use crate::error::{Error, Result};
 use crate::launcher::{set_current_mesh, RankCtx};
@@ -208,16 +208,7 @@ impl MpiComm {
     }
 
     fn my_index(&self, op: &str, group: &[usize]) -> Result<usize> {
-        if let Some(&r) = group.iter().find(|&&r| r >= self.size) {
-            return Err(Error::RankOutOfRange { rank: r, world_size: self.size });
-        }
-        if group.iter().enumerate().any(|(i, r)| group[..i].contains(r)) {
-            return Err(backend_err(format!("`{op}`: group {group:?} lists a rank twice")));
-        }
-        group.iter().position(|&r| r == self.rank).ok_or_else(|| Error::BufferMismatch {
-            op: op.into(),
-            reason: format!("rank {} is not a member of group {group:?}", self.rank),
-        })
+        check::member(op, self.rank, self.size, group)
     }
 
     fn is_world(&self, group: &[usize]) -> bool {
@@ -286,16 +277,6 @@ fn mpi_op(op: ReduceOp) -> SystemOperation {
 /// Typed copy of a byte buffer (bytes from callers need not be aligned for `T`).
 fn typed<T: bytemuck::Pod>(b: &[u8]) -> Vec<T> {
     bytemuck::pod_collect_to_vec(b)
-}
-
-fn check_elems(op: &str, len: usize, dtype: DType) -> Result<()> {
-    if !len.is_multiple_of(dtype.size_of()) {
-        return Err(Error::BufferMismatch {
-            op: op.into(),
-            reason: format!("{len} bytes is not a whole number of {dtype}"),
-        });
-    }
-    Ok(())
 }
 
 fn all_reduce_typed<T: bytemuck::Pod + Equivalence>(c: &SimpleCommunicator, buf: &mut [u8], op: ReduceOp) {
@@ -369,18 +350,12 @@ impl Communicator for MpiComm {
     }
 
     fn all_gather(&self, group: &[usize], send: &[u8], recv: &mut [u8]) -> Result<()> {
-        let n = group.len();
-        if recv.len() != send.len() * n {
-            return Err(Error::BufferMismatch {
-                op: "all_gather".into(),
-                reason: format!("recv has {} bytes, expected {n} x {}", recv.len(), send.len()),
-            });
-        }
+        check::blocks("all_gather", "recv", recv.len(), group.len(), send.len())?;
         self.with_group("all_gather", group, &[recv.len()], |c, _| c.all_gather_into(send, recv))
     }
 
     fn all_reduce(&self, group: &[usize], buf: &mut [u8], dtype: DType, op: ReduceOp) -> Result<()> {
-        check_elems("all_reduce", buf.len(), dtype)?;
+        check::whole("all_reduce", buf.len(), dtype)?;
         self.with_group("all_reduce", group, &[buf.len()], |c, _| match dtype {
             DType::F32 => all_reduce_typed::<f32>(c, buf, op),
             DType::F64 => all_reduce_typed::<f64>(c, buf, op),
@@ -390,51 +365,30 @@ impl Communicator for MpiComm {
     }
 
     fn reduce_scatter(&self, group: &[usize], send: &[u8], recv: &mut [u8], dtype: DType, op: ReduceOp) -> Result<()> {
-        let n = group.len();
-        if send.len() != recv.len() * n {
-            return Err(Error::BufferMismatch {
-                op: "reduce_scatter".into(),
-                reason: format!("send has {} bytes, expected {n} x {}", send.len(), recv.len()),
-            });
-        }
-        check_elems("reduce_scatter", recv.len(), dtype)?;
+        check::blocks("reduce_scatter", "send", send.len(), group.len(), recv.len())?;
+        check::whole("reduce_scatter", recv.len(), dtype)?;
         self.with_group("reduce_scatter", group, &[send.len()], |c, _| match dtype {
             DType::F32 => reduce_scatter_typed::<f32>(c, send, recv, op),
             DType::F64 => reduce_scatter_typed::<f64>(c, send, recv, op),
         })?;
-        reduce::finish(dtype, op, recv, n);
+        reduce::finish(dtype, op, recv, group.len());
         Ok(())
     }
 
     fn all_to_all(&self, group: &[usize], send: &[u8], recv: &mut [u8]) -> Result<()> {
-        let n = group.len();
-        if send.len() != recv.len() || !send.len().is_multiple_of(n) {
-            return Err(Error::BufferMismatch {
-                op: "all_to_all".into(),
-                reason: format!("send ({}) and recv ({}) must be equal and divisible by {n}", send.len(), recv.len()),
-            });
-        }
+        check::all_to_all(send.len(), recv.len(), group.len())?;
         self.with_group("all_to_all", group, &[send.len()], |c, _| c.all_to_all_into(send, recv))
     }
 
     fn broadcast(&self, group: &[usize], buf: &mut [u8], root: usize) -> Result<()> {
-        if root >= group.len() {
-            return Err(Error::RankOutOfRange { rank: root, world_size: group.len() });
-        }
+        check::root(root, group.len())?;
         self.with_group("broadcast", group, &[buf.len()], |c, _| c.process_at_rank(root as i32).broadcast_into(buf))
     }
 
     fn scatter(&self, group: &[usize], send: &[u8], recv: &mut [u8], root: usize) -> Result<()> {
-        let n = group.len();
-        if root >= n {
-            return Err(Error::RankOutOfRange { rank: root, world_size: n });
-        }
-        let me = self.my_index("scatter", group)?;
-        if me == root && send.len() != recv.len() * n {
-            return Err(Error::BufferMismatch {
-                op: "scatter".into(),
-                reason: format!("root send has {} bytes, expected {n} x {}", send.len(), recv.len()),
-            });
+        check::root(root, group.len())?;
+        if self.my_index("scatter", group)? == root {
+            check::blocks("scatter", "root send", send.len(), group.len(), recv.len())?;
         }
         self.with_group("scatter", group, &[send.len(), recv.len()], |c, me| {
             let root_proc = c.process_at_rank(root as i32);

@@ -27,8 +27,8 @@
 //! [`Error::Backend`] / [`Error::CollectiveTimeout`]; the communicator is unusable afterwards.
 
 use super::bootstrap::Rendezvous;
-use super::reduce;
 use super::Communicator;
+use super::{check, reduce};
 use crate::cuda::{cuda_err, require, CudaDevice, CudaLib};
 use crate::element::DType;
 use crate::error::{Error, Result};
@@ -156,13 +156,7 @@ impl NcclComm {
     }
 
     fn my_index(&self, op: &str, group: &[usize]) -> Result<usize> {
-        if let Some(&r) = group.iter().find(|&&r| r >= self.size) {
-            return Err(Error::RankOutOfRange { rank: r, world_size: self.size });
-        }
-        group.iter().position(|&r| r == self.rank).ok_or_else(|| Error::BufferMismatch {
-            op: op.into(),
-            reason: format!("rank {} is not a member of group {group:?}", self.rank),
-        })
+        check::member(op, self.rank, self.size, group)
     }
 
     fn is_world(&self, group: &[usize]) -> bool {
@@ -304,12 +298,7 @@ impl Communicator for NcclComm {
     }
 
     fn all_gather(&self, group: &[usize], send: &[u8], recv: &mut [u8]) -> Result<()> {
-        if recv.len() != send.len() * group.len() {
-            return Err(Error::BufferMismatch {
-                op: "all_gather".into(),
-                reason: format!("recv has {} bytes, expected {} x {}", recv.len(), group.len(), send.len()),
-            });
-        }
+        check::blocks("all_gather", "recv", recv.len(), group.len(), send.len())?;
         if send.is_empty() {
             return self.my_index("all_gather", group).map(|_| ());
         }
@@ -328,12 +317,7 @@ impl Communicator for NcclComm {
     }
 
     fn all_reduce(&self, group: &[usize], buf: &mut [u8], dtype: DType, op: ReduceOp) -> Result<()> {
-        if !buf.len().is_multiple_of(dtype.size_of()) {
-            return Err(Error::BufferMismatch {
-                op: "all_reduce".into(),
-                reason: format!("{} bytes is not a whole number of {dtype}", buf.len()),
-            });
-        }
+        check::whole("all_reduce", buf.len(), dtype)?;
         if buf.is_empty() {
             return self.my_index("all_reduce", group).map(|_| ());
         }
@@ -362,12 +346,8 @@ impl Communicator for NcclComm {
 
     fn reduce_scatter(&self, group: &[usize], send: &[u8], recv: &mut [u8], dtype: DType, op: ReduceOp) -> Result<()> {
         let n = group.len();
-        if send.len() != recv.len() * n || !recv.len().is_multiple_of(dtype.size_of()) {
-            return Err(Error::BufferMismatch {
-                op: "reduce_scatter".into(),
-                reason: format!("send has {} bytes, expected {n} x {} whole {dtype} elements", send.len(), recv.len()),
-            });
-        }
+        check::blocks("reduce_scatter", "send", send.len(), n, recv.len())?;
+        check::whole("reduce_scatter", recv.len(), dtype)?;
         if recv.is_empty() {
             return self.my_index("reduce_scatter", group).map(|_| ());
         }
@@ -398,12 +378,7 @@ impl Communicator for NcclComm {
 
     fn all_to_all(&self, group: &[usize], send: &[u8], recv: &mut [u8]) -> Result<()> {
         let n = group.len();
-        if send.len() != recv.len() || !send.len().is_multiple_of(n) {
-            return Err(Error::BufferMismatch {
-                op: "all_to_all".into(),
-                reason: format!("send ({}) and recv ({}) must be equal and divisible by {n}", send.len(), recv.len()),
-            });
-        }
+        check::all_to_all(send.len(), recv.len(), n)?;
         if send.is_empty() {
             return self.my_index("all_to_all", group).map(|_| ());
         }
@@ -432,9 +407,7 @@ impl Communicator for NcclComm {
     }
 
     fn broadcast(&self, group: &[usize], buf: &mut [u8], root: usize) -> Result<()> {
-        if root >= group.len() {
-            return Err(Error::RankOutOfRange { rank: root, world_size: group.len() });
-        }
+        check::root(root, group.len())?;
         if buf.is_empty() {
             return self.my_index("broadcast", group).map(|_| ());
         }
@@ -460,16 +433,11 @@ impl Communicator for NcclComm {
 
     fn scatter(&self, group: &[usize], send: &[u8], recv: &mut [u8], root: usize) -> Result<()> {
         let n = group.len();
-        if root >= n {
-            return Err(Error::RankOutOfRange { rank: root, world_size: n });
-        }
+        check::root(root, n)?;
         let me = self.my_index("scatter", group)?;
         let l = recv.len();
-        if me == root && send.len() != l * n {
-            return Err(Error::BufferMismatch {
-                op: "scatter".into(),
-                reason: format!("root send has {} bytes, expected {n} x {l}", send.len()),
-            });
+        if me == root {
+            check::blocks("scatter", "root send", send.len(), n, l)?;
         }
         if l == 0 {
             return Ok(());
