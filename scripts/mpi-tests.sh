@@ -6,12 +6,12 @@
 #   mpi_failure       a failing / panicking / stuck rank ends the job (MPI_Abort), never a hang
 #   mlp_tp example    `--backend mpi` must print PASS (when examples/mlp_tp.rs exists)
 # Needs: apt-get install -y libopenmpi-dev openmpi-bin libclang-dev
-# Env: NP, DTENSOR_MPI_PROPTEST_CASES (default 48), CARGO_FLAGS (extra cargo flags).
+# Env: NP, DTENSOR_MPI_PROPTEST_CASES (default 200), CARGO_FLAGS (extra cargo flags).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
 NP=${NP:-4}
-export DTENSOR_MPI_PROPTEST_CASES=${DTENSOR_MPI_PROPTEST_CASES:-48}
+export DTENSOR_MPI_PROPTEST_CASES=${DTENSOR_MPI_PROPTEST_CASES:-200}
 # Containers often forbid the cross-memory-attach syscalls OpenMPI's shared-memory transport uses.
 export OMPI_MCA_btl_vader_single_copy_mechanism=${OMPI_MCA_btl_vader_single_copy_mechanism:-none}
 MPIRUN=(mpirun --allow-run-as-root --oversubscribe -np "$NP")

@@ -209,7 +209,7 @@ fn gather_outputs(ctx: &RankCtx, mine: &RankOutput) -> dtensor_runtime::Result<V
 }
 
 fn redistribution_property(ctx: &RankCtx) -> Result<Outcome, String> {
-    let cases: u32 = std::env::var("DTENSOR_MPI_PROPTEST_CASES").ok().and_then(|v| v.parse().ok()).unwrap_or(48);
+    let cases: u32 = std::env::var("DTENSOR_MPI_PROPTEST_CASES").ok().and_then(|v| v.parse().ok()).unwrap_or(200);
     let config = Config { cases, failure_persistence: None, max_shrink_iters: 256, ..Config::default() };
     // Same seed in every process: every rank draws the same cases in the same order.
     let mut runner = TestRunner::new_with_rng(config, TestRng::deterministic_rng(RngAlgorithm::ChaCha));
