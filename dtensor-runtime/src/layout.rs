@@ -51,8 +51,11 @@ pub fn local_shape_and_offset(
     (shape, offset)
 }
 
-/// Size of each tensor dim as mesh dim `mesh_dim` sees it: the global shape split by the
-/// shardings of mesh dims `< mesh_dim` only.
+/// Shape of the tensor as mesh dim `mesh_dim` sees it: this rank's local shape if mesh dim
+/// `mesh_dim` were `Replicate` (the global shape split by every *other* mesh dim's sharding).
+///
+/// A redistribution step on `mesh_dim` only touches tensor dims that no inner mesh dim
+/// shards, so for those dims this is the size split by the outer mesh dims alone.
 pub fn level_shape(
     global_shape: &[usize],
     mesh_shape: &[usize],
@@ -61,7 +64,7 @@ pub fn level_shape(
     mesh_dim: usize,
 ) -> Vec<usize> {
     let mut shape = global_shape.to_vec();
-    for (i, p) in placements.iter().enumerate().take(mesh_dim) {
+    for (i, p) in placements.iter().enumerate().filter(|&(i, _)| i != mesh_dim) {
         if let Some(d) = p.shard_dim() {
             shape[d] = chunk_size_and_offset(shape[d], mesh_shape[i], coord[i]).0;
         }
@@ -139,6 +142,8 @@ mod tests {
         assert_eq!(got[2], (vec![3, 3], vec![5, 0]));
         assert_eq!(got[3], (vec![2, 3], vec![8, 0]));
         assert_eq!(level_shape(&[10, 3], &[2, 2], &[1, 1], &p, 1), vec![5, 3]);
+        // Inner mesh dims that shard other tensor dims count too.
+        assert_eq!(level_shape(&[8, 7], &[2, 2], &[1, 1], &[Replicate, Shard(1)], 0), vec![8, 3]);
     }
 
     #[test]

@@ -11,6 +11,7 @@
 
 pub mod autograd;
 pub mod backend;
+pub mod checkpoint;
 pub mod comm;
 pub mod cuda;
 pub mod dtensor;
@@ -25,12 +26,13 @@ pub mod placement;
 pub mod redistribute;
 pub mod rng;
 pub mod typed;
+pub mod visualize;
 
 pub use ndarray;
 
 pub use backend::{launch, Backend};
 pub use comm::collectives::Along;
-pub use comm::debug::{op_scope, CollectiveKind, CollectiveRecord, CommDebugGuard, CommDebugMode};
+pub use comm::debug::{op_scope, CollectiveKind, CollectiveRecord, CommDebugGuard, CommDebugMode, CommStats};
 pub use comm::threads::{ThreadComm, ThreadWorld};
 pub use comm::Communicator;
 pub use dtensor::{distribute_tensor, from_local, DTensor, DistributeSource, FromLocal};
@@ -42,6 +44,7 @@ pub use mesh::DeviceMesh;
 pub use placement::{Partial, Placement, ReduceOp, Replicate, Shard};
 pub use redistribute::{plan_redistribute, RedistributePlan, RedistributeStep};
 pub use rng::manual_seed;
+pub use visualize::{print_sharding, visualize_sharding, visualize_sharding_plain};
 
 /// Everything a typical program needs.
 pub mod prelude {

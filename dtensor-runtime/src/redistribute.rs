@@ -29,13 +29,17 @@ pub struct RedistributeStep {
     pub mesh_dim: usize,
     pub from: Placement,
     pub to: Placement,
-    /// The tensor's shape as this mesh dim sees it on this rank (global shape split by the
-    /// outer mesh dims' shardings at that point).
+    /// The tensor's shape as this mesh dim sees it on this rank: the local shape if this mesh
+    /// dim were Replicate (see [`crate::layout::level_shape`]).
     pub logical_shape: Vec<usize>,
     /// The collective it needs (`None`: local).
     pub collective: Option<CollectiveKind>,
-    /// Bytes this rank sends in that collective (padded), for `size_of::<T>() == elem_bytes`.
+    /// Bytes this rank hands to that collective (padded), as `CommDebugMode` records them.
     pub bytes: usize,
+    /// Bytes this rank moves over the wire under the ring model the planner minimises
+    /// (all-gather / reduce-scatter: `(n-1)` chunks; all-reduce: twice that; all-to-all:
+    /// `(n-1)` blocks), with padded chunk sizes, so it is the same on every rank.
+    pub wire_bytes: usize,
 }
 
 impl fmt::Display for RedistributeStep {
@@ -52,9 +56,13 @@ pub struct RedistributePlan {
 }
 
 impl RedistributePlan {
-    /// Total bytes this rank sends.
+    /// Total bytes this rank hands to collectives (what `CommDebugMode` records).
     pub fn bytes(&self) -> usize {
         self.steps.iter().map(|s| s.bytes).sum()
+    }
+    /// Total wire bytes under the ring model (the planner's cost; identical on every rank).
+    pub fn wire_bytes(&self) -> usize {
+        self.steps.iter().map(|s| s.wire_bytes).sum()
     }
     /// Number of steps that communicate.
     pub fn num_collectives(&self) -> usize {
@@ -97,10 +105,14 @@ fn check_transition(mesh_dim: usize, from: Placement, to: Placement) -> Result<(
 /// use dtensor_runtime::{run, plan_redistribute, Shard, Replicate, CollectiveKind};
 /// run(4, |ctx| {
 ///     let mesh = ctx.init_device_mesh(&[2, 2], &["dp", "tp"])?;
-///     // nested sharding is undone inner-first
-///     let plan = plan_redistribute::<f32>(&[8, 8], &mesh, &[Shard(0), Shard(0)], &[Replicate, Shard(0)])?;
-///     let dims: Vec<_> = plan.steps.iter().map(|s| (s.mesh_dim, s.collective)).collect();
-///     assert_eq!(dims, vec![(1, Some(CollectiveKind::AllGather)), (0, Some(CollectiveKind::AllGather)), (1, None)]);
+///     // nested sharding: only the inner split is undone
+///     let plan = plan_redistribute::<f32>(&[8, 8], &mesh, &[Shard(0), Shard(0)], &[Shard(0), Replicate])?;
+///     let steps: Vec<_> = plan.steps.iter().map(|s| (s.mesh_dim, s.collective)).collect();
+///     assert_eq!(steps, vec![(1, Some(CollectiveKind::AllGather))]);
+///     // Shard(0) -> Shard(1) is one all-to-all, not an all-gather and a chunk
+///     let plan = plan_redistribute::<f32>(&[8, 8], &mesh, &[Replicate, Shard(0)], &[Replicate, Shard(1)])?;
+///     assert_eq!(plan.steps[0].collective, Some(CollectiveKind::AllToAll));
+///     println!("{plan}"); // mesh dim 1: S(0) -> S(1) (all_to_all, 128 B)
 ///     Ok(())
 /// }).unwrap();
 /// ```
@@ -134,7 +146,17 @@ pub fn plan_redistribute<T: Element>(
     for (i, target) in path {
         let shape = level_shape(global_shape, mesh.shape(), mesh.coordinate(), &cur, i);
         let (collective, bytes) = step_cost(&shape, mesh.size(i), cur[i], target, elem);
-        steps.push(RedistributeStep { mesh_dim: i, from: cur[i], to: target, logical_shape: shape, collective, bytes });
+        let wire_bytes =
+            wire_cost(&padded_level(global_shape, mesh.shape(), &cur, i), mesh.size(i), cur[i], target) * elem;
+        steps.push(RedistributeStep {
+            mesh_dim: i,
+            from: cur[i],
+            to: target,
+            logical_shape: shape,
+            collective,
+            bytes,
+            wire_bytes,
+        });
         cur[i] = target;
     }
     Ok(RedistributePlan { steps })
@@ -208,25 +230,18 @@ fn search_path(shape: &[usize], mesh: &[usize], src: &[Placement], dst: &[Placem
         }
         options.push(o);
     }
-    let padded_level = |x: &[Placement], i: usize| -> Vec<usize> {
-        let mut s = shape.to_vec();
-        for (j, p) in x.iter().enumerate().take(i) {
-            if let Some(d) = p.shard_dim() {
-                s[d] = padded_chunk(s[d], mesh[j]);
-            }
-        }
-        s
-    };
-    let mut best: HashMap<Vec<Placement>, (usize, usize)> = HashMap::new();
+    // Cost: (wire elements, collectives, steps), compared lexicographically.
+    type Cost = (usize, usize, usize);
+    let mut best: HashMap<Vec<Placement>, Cost> = HashMap::new();
     let mut prev: HashMap<Vec<Placement>, (Vec<Placement>, usize, Placement)> = HashMap::new();
     let mut heap = BinaryHeap::new();
-    best.insert(src.to_vec(), (0, 0));
-    heap.push(Reverse((0usize, 0usize, src.to_vec())));
-    while let Some(Reverse((cost, steps, x))) = heap.pop() {
+    best.insert(src.to_vec(), (0, 0, 0));
+    heap.push(Reverse(((0usize, 0usize, 0usize), src.to_vec())));
+    while let Some(Reverse((cost, x))) = heap.pop() {
         if x == dst {
             break;
         }
-        if best.get(&x).is_some_and(|&b| b < (cost, steps)) {
+        if best.get(&x).is_some_and(|&b| b < cost) {
             continue;
         }
         for i in 0..m {
@@ -234,14 +249,15 @@ fn search_path(shape: &[usize], mesh: &[usize], src: &[Placement], dst: &[Placem
                 if p == x[i] || !legal_step(&x, i, p, dst) {
                     continue;
                 }
-                let bytes = step_cost(&padded_level(&x, i), mesh[i], x[i], p, 1).1;
+                let wire = wire_cost(&padded_level(shape, mesh, &x, i), mesh[i], x[i], p);
+                let communicates = collective_of(x[i], p).is_some() as usize;
                 let mut y = x.clone();
                 y[i] = p;
-                let next = (cost + bytes, steps + 1);
+                let next = (cost.0 + wire, cost.1 + communicates, cost.2 + 1);
                 if best.get(&y).is_none_or(|&b| next < b) {
                     best.insert(y.clone(), next);
                     prev.insert(y.clone(), (x.clone(), i, p));
-                    heap.push(Reverse((next.0, next.1, y)));
+                    heap.push(Reverse((next, y)));
                 }
             }
         }
@@ -259,7 +275,40 @@ fn search_path(shape: &[usize], mesh: &[usize], src: &[Placement], dst: &[Placem
     path
 }
 
-/// (collective, bytes sent by this rank) of one step.
+/// [`level_shape`] with padded (ceil) chunks: the same on every rank.
+fn padded_level(shape: &[usize], mesh: &[usize], x: &[Placement], i: usize) -> Vec<usize> {
+    let mut s = shape.to_vec();
+    for (j, p) in x.iter().enumerate().filter(|&(j, _)| j != i) {
+        if let Some(d) = p.shard_dim() {
+            s[d] = padded_chunk(s[d], mesh[j]);
+        }
+    }
+    s
+}
+
+/// Elements a rank moves over the wire in one step under the ring model the planner
+/// optimises: all-gather and reduce-scatter move `(n-1)` chunks, all-to-all `(n-1)` blocks,
+/// all-reduce twice as much as either (it is a reduce-scatter plus an all-gather).
+fn wire_cost(shape: &[usize], n: usize, from: Placement, to: Placement) -> usize {
+    let numel: usize = shape.iter().product();
+    let rows_other = |d: usize| numel.checked_div(shape[d]).unwrap_or(0);
+    let hops = n - 1;
+    match (from, to) {
+        (Placement::Shard(d), Placement::Replicate) | (Placement::Partial(_), Placement::Shard(d)) => {
+            let d = d as usize;
+            hops * padded_chunk(shape[d], n) * rows_other(d)
+        }
+        (Placement::Shard(d), Placement::Shard(e)) if d != e => {
+            let (d, e) = (d as usize, e as usize);
+            let other = rows_other(d).checked_div(shape[e]).unwrap_or(0);
+            hops * padded_chunk(shape[d], n) * padded_chunk(shape[e], n) * other
+        }
+        (Placement::Partial(_), Placement::Replicate) => 2 * hops * padded_chunk(numel, n),
+        _ => 0,
+    }
+}
+
+/// (collective, bytes this rank hands to it) of one step: what `CommDebugMode` records.
 fn step_cost(
     shape: &[usize],
     n: usize,
@@ -269,22 +318,29 @@ fn step_cost(
 ) -> (Option<CollectiveKind>, usize) {
     let numel: usize = shape.iter().product();
     let rows_other = |d: usize| numel.checked_div(shape[d]).unwrap_or(0);
-    match (from, to) {
-        (Placement::Shard(d), Placement::Replicate) => {
-            let d = d as usize;
-            (Some(CollectiveKind::AllGather), padded_chunk(shape[d], n) * rows_other(d) * elem)
-        }
+    let kind = collective_of(from, to);
+    let elems = match (from, to) {
+        (Placement::Shard(d), Placement::Replicate) => padded_chunk(shape[d as usize], n) * rows_other(d as usize),
         (Placement::Shard(d), Placement::Shard(e)) if d != e => {
             let (d, e) = (d as usize, e as usize);
-            let other = if shape[d] == 0 || shape[e] == 0 { 0 } else { numel / shape[d] / shape[e] };
-            (Some(CollectiveKind::AllToAll), padded_chunk(shape[d], n) * padded_chunk(shape[e], n) * n * other * elem)
+            let other = rows_other(d).checked_div(shape[e]).unwrap_or(0);
+            padded_chunk(shape[d], n) * padded_chunk(shape[e], n) * n * other
         }
-        (Placement::Partial(_), Placement::Replicate) => (Some(CollectiveKind::AllReduce), numel * elem),
-        (Placement::Partial(_), Placement::Shard(d)) => {
-            let d = d as usize;
-            (Some(CollectiveKind::ReduceScatter), padded_chunk(shape[d], n) * n * rows_other(d) * elem)
-        }
-        _ => (None, 0),
+        (Placement::Partial(_), Placement::Replicate) => numel,
+        (Placement::Partial(_), Placement::Shard(d)) => padded_chunk(shape[d as usize], n) * n * rows_other(d as usize),
+        _ => 0,
+    };
+    (kind, elems * elem)
+}
+
+/// The collective a direct step needs (`None`: local).
+fn collective_of(from: Placement, to: Placement) -> Option<CollectiveKind> {
+    match (from, to) {
+        (Placement::Shard(_), Placement::Replicate) => Some(CollectiveKind::AllGather),
+        (Placement::Shard(d), Placement::Shard(e)) if d != e => Some(CollectiveKind::AllToAll),
+        (Placement::Partial(_), Placement::Replicate) => Some(CollectiveKind::AllReduce),
+        (Placement::Partial(_), Placement::Shard(_)) => Some(CollectiveKind::ReduceScatter),
+        _ => None,
     }
 }
 

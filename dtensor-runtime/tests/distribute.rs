@@ -235,11 +235,22 @@ fn plans_take_the_cheap_collective() {
         assert_eq!(kinds(&[Replicate, Replicate], &[Shard(0), Shard(1)]), vec![(0, None), (1, None)]);
         // Nested: (S0,S0) -> (S0,R) only undoes the inner split.
         assert_eq!(kinds(&[Shard(0), Shard(0)], &[Shard(0), Replicate]), vec![(1, Some(CollectiveKind::AllGather))]);
-        // (R,S0) -> (S0,S0): the inner split must be redone under the new outer one.
+        // (R,S0) -> (S0,S0): the inner split must be redone under the new outer one. Gathering
+        // it (32 elements on the wire per rank) costs more than moving it aside with an
+        // all-to-all (16) and back under the new outer split (8): the planner takes the latter.
         assert_eq!(
             kinds(&[Replicate, Shard(0)], &[Shard(0), Shard(0)]),
-            vec![(1, Some(CollectiveKind::AllGather)), (0, None), (1, None)]
+            vec![(1, Some(CollectiveKind::AllToAll)), (0, None), (1, Some(CollectiveKind::AllToAll))]
         );
+        let wire = |from: &[Placement], to: &[Placement]| {
+            plan_redistribute::<f32>(&[8, 8], &mesh, from, to).unwrap().wire_bytes()
+        };
+        assert_eq!(wire(&[Replicate, Shard(0)], &[Shard(0), Shard(0)]), (16 + 8) * 4);
+        assert_eq!(wire(&[Replicate, Shard(0)], &[Replicate, Replicate]), 32 * 4);
+        // Uneven Partial -> Shard still takes the reduce-scatter (an all-reduce costs twice).
+        let uneven = plan_redistribute::<f32>(&[5, 4], &mesh, &[Replicate, p], &[Replicate, Shard(0)])?;
+        assert_eq!(uneven.steps.len(), 1);
+        assert_eq!(uneven.steps[0].collective, Some(CollectiveKind::ReduceScatter));
         // Identity: nothing.
         assert!(kinds(&[Shard(0), p], &[Shard(0), p]).is_empty());
         // The bytes a plan reports are what the collectives record.
@@ -277,7 +288,7 @@ fn plans_agree_across_ranks_and_beat_gather_everything() {
                 let plan = plan_redistribute::<f32>(&[7, 5], &mesh, from, to)?;
                 let naive_gather = plan_redistribute::<f32>(&[7, 5], &mesh, from, &[Replicate, Replicate])?;
                 let shape: Vec<_> = plan.steps.iter().map(|s| (s.mesh_dim, s.from, s.to, s.collective)).collect();
-                res.push((from.clone(), to.clone(), shape, plan.bytes(), naive_gather.bytes()));
+                res.push((from.clone(), to.clone(), shape, plan.wire_bytes(), naive_gather.wire_bytes()));
             }
         }
         Ok(res)

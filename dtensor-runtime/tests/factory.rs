@@ -64,8 +64,8 @@ fn constant_factories_hold_their_value() {
     })
     .unwrap();
     for (z, on, f) in out {
-        assert_eq!(z, ArrayD::zeros(vec![4, 2]));
-        assert_eq!(on, ArrayD::ones(vec![4, 2]));
+        assert_eq!(z, ArrayD::<f64>::zeros(vec![4, 2]));
+        assert_eq!(on, ArrayD::<f64>::ones(vec![4, 2]));
         assert_eq!(f, ArrayD::from_elem(vec![4, 2], -2.25));
     }
 }

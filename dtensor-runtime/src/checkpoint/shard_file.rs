@@ -1,0 +1,198 @@
+//! Reading and writing the safetensors files of a checkpoint: the header is parsed on its
+//! own and tensor data is read by byte range (seek + read), so loading a shard never reads
+//! the parts of a file it does not need.
+
+use super::index::safetensors_dtype;
+use crate::element::Element;
+use crate::error::{Error, Result};
+use crate::layout::contiguous_strides;
+use ndarray::ArrayD;
+use safetensors::tensor::Metadata;
+use std::borrow::Cow;
+use std::collections::HashMap;
+use std::fs::File;
+use std::io::{Read, Seek, SeekFrom};
+use std::path::{Path, PathBuf};
+
+/// Same bound as the safetensors crate: a larger header is treated as corrupt.
+const MAX_HEADER: u64 = 100_000_000;
+
+fn err(path: &Path, reason: impl Into<String>) -> Error {
+    Error::Checkpoint { path: path.display().to_string(), reason: reason.into() }
+}
+
+/// An open safetensors file whose header has been parsed and checked against its length.
+pub(crate) struct ShardFile {
+    path: PathBuf,
+    file: File,
+    /// Byte offset of the data section.
+    data_start: u64,
+    meta: Metadata,
+    /// Current file position (to skip seeks between adjacent runs).
+    pos: u64,
+    /// Tensor payload bytes read so far.
+    pub(crate) payload_read: u64,
+}
+
+impl ShardFile {
+    /// Opens `path` and reads only its header.
+    pub(crate) fn open(path: &Path) -> Result<ShardFile> {
+        let mut file = File::open(path).map_err(|e| err(path, format!("cannot open: {e}")))?;
+        let len = file.metadata().map_err(|e| err(path, format!("cannot stat: {e}")))?.len();
+        let mut n = [0u8; 8];
+        file.read_exact(&mut n)
+            .map_err(|_| err(path, format!("truncated: {len} bytes, less than the 8-byte header length")))?;
+        let n = u64::from_le_bytes(n);
+        if n > MAX_HEADER || n > len - 8 {
+            return Err(err(path, format!("bad header: header length {n} does not fit in a {len}-byte file")));
+        }
+        let mut header = vec![0u8; n as usize];
+        file.read_exact(&mut header).map_err(|e| err(path, format!("truncated header: {e}")))?;
+        let meta: Metadata = serde_json::from_slice(&header)
+            .map_err(|e| err(path, format!("bad header: not a safetensors header: {e}")))?;
+        let data_start = 8 + n;
+        let want = data_start + meta.data_len() as u64;
+        if want != len {
+            let what = if want > len { "truncated" } else { "corrupt" };
+            return Err(err(path, format!("{what}: the header describes {want} bytes but the file has {len}")));
+        }
+        Ok(ShardFile { path: path.to_path_buf(), file, data_start, meta, pos: data_start, payload_read: 0 })
+    }
+
+    /// Byte offset (absolute) of tensor `name`'s data, after checking its dtype and shape.
+    pub(crate) fn locate<T: Element>(&self, name: &str, shape: &[usize]) -> Result<u64> {
+        let info =
+            self.meta.info(name).ok_or_else(|| err(&self.path, format!("tensor `{name}` is missing from the file")))?;
+        if info.dtype != safetensors_dtype(T::DTYPE) || info.shape != shape {
+            return Err(err(
+                &self.path,
+                format!(
+                    "tensor `{name}` is {:?} {:?} in the file but the index says {} {shape:?}",
+                    info.dtype,
+                    info.shape,
+                    super::index::dtype_name(T::DTYPE)
+                ),
+            ));
+        }
+        Ok(self.data_start + info.data_offsets.0 as u64)
+    }
+
+    /// Reads `dst.len()` elements starting at absolute byte `at`.
+    fn read_at<T: Element>(&mut self, at: u64, dst: &mut [T]) -> Result<()> {
+        if self.pos != at {
+            self.file.seek(SeekFrom::Start(at)).map_err(|e| err(&self.path, format!("cannot seek: {e}")))?;
+        }
+        let bytes: &mut [u8] = bytemuck::cast_slice_mut(dst);
+        self.file
+            .read_exact(bytes)
+            .map_err(|e| err(&self.path, format!("cannot read {} bytes at {at}: {e}", bytes.len())))?;
+        from_le_in_place::<T>(bytes);
+        self.pos = at + bytes.len() as u64;
+        self.payload_read += bytes.len() as u64;
+        Ok(())
+    }
+}
+
+/// A block of a saved tensor and where its data starts in a file.
+pub(crate) struct SavedBlock<'a> {
+    pub offset: &'a [usize],
+    pub shape: &'a [usize],
+    pub data_at: u64,
+}
+
+/// Copies the part of `src` that falls inside the destination block (`dst_offset`,
+/// `dst_shape`, row-major `dst`) from the file; returns the number of elements copied.
+///
+/// Reads are runs that are contiguous in both the file and `dst`: the innermost dims the
+/// intersection covers completely in both are merged into one read.
+pub(crate) fn read_intersection<T: Element>(
+    file: &mut ShardFile,
+    src: &SavedBlock<'_>,
+    dst_offset: &[usize],
+    dst_shape: &[usize],
+    dst: &mut [T],
+) -> Result<usize> {
+    let nd = dst_shape.len();
+    let lo: Vec<usize> = (0..nd).map(|d| src.offset[d].max(dst_offset[d])).collect();
+    let hi: Vec<usize> = (0..nd).map(|d| (src.offset[d] + src.shape[d]).min(dst_offset[d] + dst_shape[d])).collect();
+    if (0..nd).any(|d| lo[d] >= hi[d]) {
+        return Ok(0);
+    }
+    let ext: Vec<usize> = (0..nd).map(|d| hi[d] - lo[d]).collect();
+    // Dims after `k` are whole in source and destination, so they merge into the run.
+    let mut k = nd.saturating_sub(1);
+    while k > 0 && ext[k] == src.shape[k] && ext[k] == dst_shape[k] {
+        k -= 1;
+    }
+    let run: usize = ext[k.min(nd)..].iter().product();
+    let (ss, ds) = (contiguous_strides(src.shape), contiguous_strides(dst_shape));
+    let elem = std::mem::size_of::<T>() as u64;
+    let outer: usize = ext[..k].iter().product();
+    let mut idx = vec![0usize; k];
+    for _ in 0..outer {
+        let (mut s, mut t) = (0usize, 0usize);
+        for d in 0..nd {
+            let i = if d < k { idx[d] } else { 0 };
+            s += (lo[d] - src.offset[d] + i) * ss[d];
+            t += (lo[d] - dst_offset[d] + i) * ds[d];
+        }
+        file.read_at(src.data_at + s as u64 * elem, &mut dst[t..t + run])?;
+        // Next outer index, last dim fastest.
+        for d in (0..k).rev() {
+            idx[d] += 1;
+            if idx[d] < ext[d] {
+                break;
+            }
+            idx[d] = 0;
+        }
+    }
+    Ok(outer * run)
+}
+
+/// A tensor to write: safetensors' `View` over owned little-endian bytes.
+pub(crate) struct RawTensor {
+    pub dtype: safetensors::Dtype,
+    pub shape: Vec<usize>,
+    pub data: Vec<u8>,
+}
+
+impl RawTensor {
+    pub(crate) fn of<T: Element>(a: &ArrayD<T>) -> RawTensor {
+        let mut data: Vec<u8> = match a.as_slice() {
+            Some(s) => bytemuck::cast_slice(s).to_vec(),
+            None => a.iter().flat_map(|x| bytemuck::bytes_of(x).to_vec()).collect(),
+        };
+        from_le_in_place::<T>(&mut data); // the swap is its own inverse
+        RawTensor { dtype: safetensors_dtype(T::DTYPE), shape: a.shape().to_vec(), data }
+    }
+}
+
+impl safetensors::View for &RawTensor {
+    fn dtype(&self) -> safetensors::Dtype {
+        self.dtype
+    }
+    fn shape(&self) -> &[usize] {
+        &self.shape
+    }
+    fn data(&self) -> Cow<'_, [u8]> {
+        Cow::Borrowed(&self.data)
+    }
+    fn data_len(&self) -> usize {
+        self.data.len()
+    }
+}
+
+/// Writes a safetensors file atomically (the crate writes a temporary file and renames it).
+pub(crate) fn write_file(path: &Path, tensors: &[(String, RawTensor)], meta: HashMap<String, String>) -> Result<()> {
+    safetensors::serialize_to_file(tensors.iter().map(|(n, t)| (n.as_str(), t)), Some(meta), path)
+        .map_err(|e| err(path, format!("cannot write: {e}")))
+}
+
+/// safetensors data is little-endian; on a big-endian host swap every element.
+fn from_le_in_place<T: Element>(bytes: &mut [u8]) {
+    if cfg!(target_endian = "big") {
+        for c in bytes.chunks_exact_mut(std::mem::size_of::<T>()) {
+            c.reverse();
+        }
+    }
+}
