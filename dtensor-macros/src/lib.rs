@@ -1,1 +1,92 @@
-//! Proc macros of dtensor-rs (filled by the DSL work).
+//! Proc macros of dtensor-rs: `#[distribute]` turns structs and functions over `DTensor`s into
+//! typed code (`dtensor::typed::Dt`), so that illegal layouts fail at `cargo build`.
+//!
+//! Use it through the facade crate `dtensor` (generated code refers to `::dtensor::...`).
+//!
+//! Structure (as thiserror-impl): `attr` parses the macro's syntax, `ast` finds the tensor
+//! fields / arguments, `valid` checks placements against the mesh and the rank, `expand`
+//! generates code. Every problem is reported on the token that caused it, all at once, and a
+//! failed expansion still emits the item (without the macro's attributes) so that no follow-up
+//! errors bury the real one.
+
+mod ast;
+mod attr;
+mod errors;
+mod expand;
+mod valid;
+
+#[cfg(test)]
+mod tests;
+
+use proc_macro::TokenStream;
+
+/// Lays out a struct's parameters or a function's tensors on a named device mesh, with
+/// placements checked at compile time.
+///
+/// # On a struct
+///
+/// ```ignore
+/// use dtensor::DTensor;
+///
+/// #[dtensor::distribute(mesh = "dp,tp")]
+/// pub struct Mlp {
+///     #[placements = [Replicate, Shard(1)]] // column parallel
+///     pub w1: DTensor<f32>,
+///     #[placements = [Replicate, Shard(0)]] // row parallel
+///     pub w2: DTensor<f32>,
+/// }
+/// // w1: Dt<f32, (dp, tp), (Replicate, Shard<1>), 2>, ...
+/// // let mlp = Mlp::distribute(MlpGlobal { w1, w2 }, &mesh)?;
+/// ```
+///
+/// Every `DTensor<T>` field (rank 2 unless written `DTensor<T, RANK>`) becomes a typed
+/// `Dt<T, Mesh, Layout, RANK>`. Placements come from the field's `#[placements = [..]]` or the
+/// struct-level default `placements = [..]`; parameters cannot be `Partial`. Generated: the
+/// `{Name}Global` struct of global arrays, `Name::distribute(global, &mesh)`,
+/// `named_parameters`, `named_parameters_mut`, `parameter_placements`, `MESH_DIMS`, the
+/// `Module` impl, and `Name::partition` (a `partition_fn` for `distribute_module` that lays out
+/// a dynamic module with the same parameter names).
+///
+/// # On a function
+///
+/// ```ignore
+/// #[dtensor::distribute(mesh = "dp,tp", placements = [Shard(0), Replicate])]
+/// fn forward(x: &DTensor<f32>, #[placements(Replicate, Shard(1))] w: &DTensor<f32>) -> dtensor::Result<DTensor<f32>> {
+///     x.matmul(w)?.redistribute() // (Shard<0>, Shard<1>) -> the declared result layout
+/// }
+/// ```
+///
+/// `DTensor` arguments take their own `#[placements(..)]` or the default `placements`; the
+/// result takes `returns = [..]` or the default. A call with a tensor of another layout does
+/// not compile (the error names both layouts).
+///
+/// # Placement syntax
+///
+/// `Shard(d)` (negative `d` counts from the end), `Replicate`, `Partial(Sum|Avg|Min|Max|Product)`
+/// (bare `Partial` is `Partial(Sum)`), one per mesh dim in order, or by name:
+/// `[tp = Shard(1)]` (unnamed dims are `Replicate`). Mesh dim names other than `dp`, `tp`, `pp`,
+/// `cp`, `sp`, `ep`, `fsdp`, `dim0`..`dim3` must be declared with `dtensor::mesh_dim!`.
+#[proc_macro_attribute]
+pub fn distribute(args: TokenStream, item: TokenStream) -> TokenStream {
+    let mut errs = errors::Errors::default();
+    let args = attr::parse_args(args.into(), &mut errs);
+    let out = match syn::parse::<syn::Item>(item.clone()) {
+        Ok(syn::Item::Struct(s)) => expand::expand_struct(args, s, errs),
+        Ok(syn::Item::Fn(f)) => expand::expand_fn(args, f, errs),
+        Ok(other) => {
+            let e = syn::Error::new_spanned(
+                &other,
+                "`#[distribute]` applies to a struct (its parameters) or a function (its tensor arguments and result)",
+            )
+            .into_compile_error();
+            let item = proc_macro2::TokenStream::from(item);
+            quote::quote!(#e #item)
+        }
+        Err(e) => {
+            let e = e.into_compile_error();
+            let item = proc_macro2::TokenStream::from(item);
+            quote::quote!(#e #item)
+        }
+    };
+    out.into()
+}

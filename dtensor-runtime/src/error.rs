@@ -40,6 +40,9 @@ pub enum Error {
     /// A redistribution that has no meaning (Shard→Partial, Partial(a)→Partial(b)).
     #[error("cannot redistribute mesh dim {mesh_dim} from {from} to {to}: {reason}")]
     InvalidRedistribute { mesh_dim: usize, from: Placement, to: Placement, reason: String },
+    /// A dynamic tensor does not have the layout, mesh or rank a typed tensor (`typed::Dt`) declares.
+    #[error("typed tensor: {what} mismatch: the type declares {expected}, the dynamic tensor has {actual}")]
+    TypedMismatch { what: String, expected: String, actual: String },
     /// Two DTensors live on different meshes.
     #[error("{context}: the tensors live on different device meshes ({left} vs {right})")]
     MeshMismatch { context: String, left: String, right: String },

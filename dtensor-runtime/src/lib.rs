@@ -13,8 +13,10 @@
 #![allow(missing_docs)] // field-level docs are tracked per module; items carry rustdoc
 
 pub mod autograd;
+pub mod backend;
 pub mod checkpoint;
 pub mod comm;
+pub mod cuda;
 pub mod dtensor;
 pub mod element;
 pub mod error;
@@ -34,6 +36,7 @@ pub mod visualize;
 pub use ndarray;
 
 pub use autograd::{from_local_grad, local_mesh, no_grad};
+pub use backend::{launch, Backend};
 pub use comm::collectives::Along;
 pub use comm::debug::{op_scope, CollectiveKind, CollectiveRecord, CommDebugGuard, CommDebugMode, CommStats};
 pub use comm::threads::{ThreadComm, ThreadWorld};
@@ -49,6 +52,9 @@ pub use ops::{implicit_redistribution_count, implicit_redistributions};
 pub use placement::{Partial, Placement, ReduceOp, Replicate, Shard};
 pub use redistribute::{plan_redistribute, plan_redistribute_at, RedistributePlan, RedistributeStep};
 pub use rng::manual_seed;
+// The typed markers share their names with the placement constructors above: those live in
+// the value namespace, these in the type namespace, so `Shard(0)` and `Shard<0>` coexist.
+pub use typed::{Avg, Dt, Max, Min, Partial, Product, Replicate, Shard, Sum};
 pub use visualize::{print_sharding, visualize_sharding, visualize_sharding_plain};
 
 /// Everything a typical program needs.

@@ -1,1 +1,2 @@
-//! trybuild UI tests of the #[distribute] DSL live in tests/.
+//! trybuild UI tests of the `#[distribute]` DSL and the typed layer live in `tests/`; see the
+//! README for how to regenerate the snapshots.

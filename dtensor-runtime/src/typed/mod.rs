@@ -1,1 +1,42 @@
-//! Compile-time layer: placement marker types and typed DTensors (filled by the DSL work).
+//! Compile-time sharding layer: placement marker types, per-op rule traits and the typed
+//! tensor [`Dt`].
+//!
+//! A layout is a tuple of markers, one per mesh dim: `(Shard<0>, Replicate)`. Each op's
+//! placement rule is a trait on one mesh dim ([`MatmulRule`], [`AddRule`], ...), lifted to the
+//! whole layout; the output layout is the trait's associated type, so the type system computes
+//! it, and an illegal combination fails to compile with a message naming the op, the markers
+//! and the mesh dim:
+//!
+//! ```compile_fail,E0277
+//! use dtensor_runtime::typed::{dims::{dp, tp}, Dt, Replicate, Shard};
+//! fn f(a: &Dt<f32, (dp, tp), (Replicate, Shard<0>), 2>, b: &Dt<f32, (dp, tp), (Replicate, Shard<0>), 2>) {
+//!     // error: matmul of `Shard<0>` × `Shard<0>` on mesh dim `tp` is not a legal layout
+//!     let _ = a.matmul(b);
+//! }
+//! ```
+//!
+//! The dynamic [`DTensor`](crate::DTensor) stays the ground truth: every typed op calls the
+//! dynamic op and checks that its placements are the ones the type promised.
+
+pub mod activation;
+pub mod dims;
+pub mod layout;
+mod lift;
+pub mod markers;
+pub mod matmul;
+pub mod pointwise;
+pub mod reduce;
+pub mod same;
+pub mod tensor;
+pub mod transpose;
+
+pub use activation::{NonlinearLayout, NonlinearRule};
+pub use dims::{MeshDim, MeshDims};
+pub use layout::TypedLayout;
+pub use markers::{Avg, Max, Min, Partial, PlacementMarker, Product, ReduceMarker, Replicate, Shard, Sum};
+pub use matmul::{MatmulLayout, MatmulRule, Rank};
+pub use pointwise::{AddLayout, AddRule, DivLayout, DivRule, MulLayout, MulRule, SubLayout, SubRule};
+pub use reduce::{Dim, SumLayout, SumRule};
+pub use same::SameLayout;
+pub use tensor::Dt;
+pub use transpose::{Swap, TransposeLayout, TransposeRule};

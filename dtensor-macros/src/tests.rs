@@ -1,0 +1,96 @@
+//! Unit tests of parsing, validation and expansion (the trybuild tests in `ui-tests` check the
+//! messages as users see them).
+
+use crate::attr::{self, Kind, ListKind};
+use crate::errors::Errors;
+use crate::expand;
+use quote::quote;
+
+fn args(tokens: proc_macro2::TokenStream) -> (attr::Args, Option<String>) {
+    let mut errs = Errors::default();
+    let a = attr::parse_args(tokens, &mut errs);
+    (a, errs.into_compile_errors().map(|e| e.to_string()))
+}
+
+#[test]
+fn parses_mesh_and_placement_forms() {
+    let (a, e) = args(quote!(mesh = " dp , tp ", placements = [Shard(-1), Partial(avg)], returns = [tp = Shard(0)]));
+    assert!(e.is_none(), "{e:?}");
+    assert_eq!(a.mesh.as_ref().map(|m| m.names.clone()), Some(vec!["dp".to_string(), "tp".to_string()]));
+    let Some(ListKind::Positional(ps)) = a.placements.map(|l| l.kind) else { panic!("positional list") };
+    assert!(matches!(ps[0].kind, Kind::Shard(-1)));
+    assert!(matches!(ps[1].kind, Kind::Partial("Avg")));
+    let Some(ListKind::Keyed(kv)) = a.returns.map(|l| l.kind) else { panic!("keyed list") };
+    assert_eq!(kv[0].0, "tp");
+    assert!(matches!(kv[0].2.kind, Kind::Shard(0)));
+}
+
+#[test]
+fn reports_every_bad_argument() {
+    let (a, e) = args(quote!(mesh = "dp,,dp", placements = [Shard, Partial(median)], layout = 1));
+    let e = e.expect("errors");
+    for needle in [
+        "empty mesh dim name",
+        "duplicate mesh dim name `dp`",
+        "`Shard` needs",
+        "unknown reduce op",
+        "unknown `#[distribute]` argument `layout`",
+    ] {
+        assert!(e.contains(needle), "missing `{needle}` in {e}");
+    }
+    assert!(a.had_error && a.mesh.is_none() && a.placements.is_none());
+}
+
+#[test]
+fn struct_expansion_types_fields_and_generates_glue() {
+    let (a, _) = args(quote!(mesh = "dp,tp"));
+    let item: syn::ItemStruct = syn::parse_quote! {
+        pub struct Mlp {
+            #[placements = [Replicate, Shard(-1)]]
+            pub w: DTensor<f32, 3>,
+            pub n: usize,
+        }
+    };
+    let out = expand::expand_struct(a, item, Errors::default()).to_string();
+    assert!(out.contains(":: dtensor :: typed :: Dt < f32 , (:: dtensor :: typed :: dims :: dp , :: dtensor :: typed :: dims :: tp ,) , (:: dtensor :: Replicate , :: dtensor :: Shard < 2 > ,) , 3 >"), "{out}");
+    for needle in [
+        "struct MlpGlobal",
+        "fn distribute",
+        "fn named_parameters",
+        ":: dtensor :: Module < f32 > for Mlp",
+        "pub n : usize",
+    ] {
+        assert!(out.contains(needle), "missing `{needle}` in {out}");
+    }
+    assert!(!out.contains("compile_error"), "{out}");
+}
+
+#[test]
+fn fn_expansion_makes_arguments_generic_over_a_same_layout_bound() {
+    let (a, _) = args(quote!(mesh = "tp", placements = [Shard(0)], returns = [Replicate]));
+    let item: syn::ItemFn = syn::parse_quote! {
+        fn f(mut x: DTensor<f64>, #[placements(Replicate)] w: &DTensor<f64>) -> Result<DTensor<f64>> { todo!() }
+    };
+    let out = expand::expand_fn(a, item, Errors::default()).to_string();
+    for needle in [
+        "__DtLayout0 : :: dtensor :: typed :: SameLayout < (:: dtensor :: Shard < 0 > ,) >",
+        "__DtLayout1 : :: dtensor :: typed :: SameLayout < (:: dtensor :: Replicate ,) >",
+        "let mut x : :: dtensor :: typed :: Dt < f64 , (:: dtensor :: typed :: dims :: tp ,) , (:: dtensor :: Shard < 0 > ,) , 2 > = < __DtLayout0",
+        ":: cast_ref (w)",
+        "-> Result < :: dtensor :: typed :: Dt < f64 , (:: dtensor :: typed :: dims :: tp ,) , (:: dtensor :: Replicate ,) , 2 > >",
+    ] {
+        assert!(out.contains(needle), "missing `{needle}` in {out}");
+    }
+}
+
+#[test]
+fn invalid_input_falls_back_to_the_plain_item() {
+    let (a, _) = args(quote!(mesh = "dp,tp"));
+    let item: syn::ItemStruct = syn::parse_quote! {
+        pub struct L { #[placements = [Shard(3), Replicate]] pub w: DTensor<f32, 3> }
+    };
+    let out = expand::expand_struct(a, item, Errors::default()).to_string();
+    assert!(out.contains("compile_error"), "{out}");
+    assert!(out.contains("pub w : DTensor < f32 >"), "rank stripped in the fallback: {out}");
+    assert!(!out.contains("placements"), "helper attribute stripped: {out}");
+}

@@ -1,0 +1,122 @@
+//! Lifts a per-mesh-dim rule trait to a whole layout (a tuple of markers, one per mesh dim).
+//!
+//! Each op defines its rule on one mesh dim (`Self` = the left marker, `Name` = the mesh dim
+//! name, so the rule's `on_unimplemented` message can name it). The layout-level trait holds
+//! exactly when the rule holds on every mesh dim, and its `Out` is the tuple of the per-dim
+//! outputs. The layout-level traits carry no message of their own: rustc then reports the
+//! failing per-dim rule, with its message, and notes which layout required it.
+
+/// `lift_binary!(LayoutTrait, RuleTrait)` or, with a context type (`Rank<R>`, ...),
+/// `lift_binary!(LayoutTrait, RuleTrait, ctx)`.
+macro_rules! lift_binary {
+    ($(#[$doc:meta])* $TypedLayout:ident, $Rule:ident) => {
+        $(#[$doc])*
+        pub trait $TypedLayout<Rhs, M: $crate::typed::MeshDims>: $crate::typed::TypedLayout<M> {
+            /// The output layout.
+            type Out: $crate::typed::TypedLayout<M>;
+        }
+        lift_binary!(@arity $TypedLayout, $Rule, []; (A0 B0 N0));
+        lift_binary!(@arity $TypedLayout, $Rule, []; (A0 B0 N0) (A1 B1 N1));
+        lift_binary!(@arity $TypedLayout, $Rule, []; (A0 B0 N0) (A1 B1 N1) (A2 B2 N2));
+        lift_binary!(@arity $TypedLayout, $Rule, []; (A0 B0 N0) (A1 B1 N1) (A2 B2 N2) (A3 B3 N3));
+    };
+    ($(#[$doc:meta])* $TypedLayout:ident, $Rule:ident, ctx) => {
+        $(#[$doc])*
+        pub trait $TypedLayout<Rhs, M: $crate::typed::MeshDims, Ctx>: $crate::typed::TypedLayout<M> {
+            /// The output layout.
+            type Out: $crate::typed::TypedLayout<M>;
+        }
+        lift_binary!(@arity $TypedLayout, $Rule, [Ctx]; (A0 B0 N0));
+        lift_binary!(@arity $TypedLayout, $Rule, [Ctx]; (A0 B0 N0) (A1 B1 N1));
+        lift_binary!(@arity $TypedLayout, $Rule, [Ctx]; (A0 B0 N0) (A1 B1 N1) (A2 B2 N2));
+        lift_binary!(@arity $TypedLayout, $Rule, [Ctx]; (A0 B0 N0) (A1 B1 N1) (A2 B2 N2) (A3 B3 N3));
+    };
+    (@arity $TypedLayout:ident, $Rule:ident, []; $(($a:ident $b:ident $n:ident))+) => {
+        impl<$($a, $b, $n,)+> $TypedLayout<($($b,)+), ($($n,)+)> for ($($a,)+)
+        where
+            $($a: $Rule<$b, $n> + $crate::typed::PlacementMarker,
+              $b: $crate::typed::PlacementMarker,
+              $n: $crate::typed::MeshDim,)+
+        {
+            type Out = ($(<$a as $Rule<$b, $n>>::Out,)+);
+        }
+    };
+    (@arity $TypedLayout:ident, $Rule:ident, [$ctx:ident]; $(($a:ident $b:ident $n:ident))+) => {
+        impl<$($a, $b, $n,)+ $ctx> $TypedLayout<($($b,)+), ($($n,)+), $ctx> for ($($a,)+)
+        where
+            $($a: $Rule<$b, $n, $ctx> + $crate::typed::PlacementMarker,
+              $b: $crate::typed::PlacementMarker,
+              $n: $crate::typed::MeshDim,)+
+        {
+            type Out = ($(<$a as $Rule<$b, $n, $ctx>>::Out,)+);
+        }
+    };
+}
+
+/// Like [`lift_binary`] for ops of one tensor.
+macro_rules! lift_unary {
+    ($(#[$doc:meta])* $TypedLayout:ident, $Rule:ident) => {
+        $(#[$doc])*
+        pub trait $TypedLayout<M: $crate::typed::MeshDims>: $crate::typed::TypedLayout<M> {
+            /// The output layout.
+            type Out: $crate::typed::TypedLayout<M>;
+        }
+        lift_unary!(@arity $TypedLayout, $Rule, []; (A0 N0));
+        lift_unary!(@arity $TypedLayout, $Rule, []; (A0 N0) (A1 N1));
+        lift_unary!(@arity $TypedLayout, $Rule, []; (A0 N0) (A1 N1) (A2 N2));
+        lift_unary!(@arity $TypedLayout, $Rule, []; (A0 N0) (A1 N1) (A2 N2) (A3 N3));
+    };
+    ($(#[$doc:meta])* $TypedLayout:ident, $Rule:ident, ctx) => {
+        $(#[$doc])*
+        pub trait $TypedLayout<M: $crate::typed::MeshDims, Ctx>: $crate::typed::TypedLayout<M> {
+            /// The output layout.
+            type Out: $crate::typed::TypedLayout<M>;
+        }
+        lift_unary!(@arity $TypedLayout, $Rule, [Ctx]; (A0 N0));
+        lift_unary!(@arity $TypedLayout, $Rule, [Ctx]; (A0 N0) (A1 N1));
+        lift_unary!(@arity $TypedLayout, $Rule, [Ctx]; (A0 N0) (A1 N1) (A2 N2));
+        lift_unary!(@arity $TypedLayout, $Rule, [Ctx]; (A0 N0) (A1 N1) (A2 N2) (A3 N3));
+    };
+    (@arity $TypedLayout:ident, $Rule:ident, []; $(($a:ident $n:ident))+) => {
+        impl<$($a, $n,)+> $TypedLayout<($($n,)+)> for ($($a,)+)
+        where
+            $($a: $Rule<$n> + $crate::typed::PlacementMarker,
+              $n: $crate::typed::MeshDim,)+
+        {
+            type Out = ($(<$a as $Rule<$n>>::Out,)+);
+        }
+    };
+    (@arity $TypedLayout:ident, $Rule:ident, [$ctx:ident]; $(($a:ident $n:ident))+) => {
+        impl<$($a, $n,)+ $ctx> $TypedLayout<($($n,)+), $ctx> for ($($a,)+)
+        where
+            $($a: $Rule<$n, $ctx> + $crate::typed::PlacementMarker,
+              $n: $crate::typed::MeshDim,)+
+        {
+            type Out = ($(<$a as $Rule<$n, $ctx>>::Out,)+);
+        }
+    };
+}
+
+/// One hidden, uninhabited impl of a binary rule per marker kind (see `markers::Never`).
+macro_rules! never_binary {
+    ($Rule:ident $(, $ctx:ident)?) => {
+        #[diagnostic::do_not_recommend]
+        impl<const D: usize, N $(, $ctx)?> $Rule<$crate::typed::markers::Never, N $(, $ctx)?>
+            for $crate::typed::Shard<D>
+        {
+            type Out = $crate::typed::Replicate;
+        }
+        #[diagnostic::do_not_recommend]
+        impl<N $(, $ctx)?> $Rule<$crate::typed::markers::Never, N $(, $ctx)?> for $crate::typed::Replicate {
+            type Out = $crate::typed::Replicate;
+        }
+        #[diagnostic::do_not_recommend]
+        impl<Op: $crate::typed::ReduceMarker, N $(, $ctx)?> $Rule<$crate::typed::markers::Never, N $(, $ctx)?>
+            for $crate::typed::Partial<Op>
+        {
+            type Out = $crate::typed::Replicate;
+        }
+    };
+}
+
+pub(crate) use {lift_binary, lift_unary, never_binary};

@@ -1,0 +1,83 @@
+//! Typed `matmul` `[.., m, k] @ [k, n]` (DESIGN.md §4), per mesh dim:
+//! `R×R→R`, `S(m or batch)×R→S(same)`, `R×S(n)→S(n)`, `S(k)×S(k)→Partial<Sum>`,
+//! `P×R→P`, `R×P→P` for `P` = `Partial<Sum>` or `Partial<Avg>`. Anything else needs a
+//! redistribute first. The left operand has rank `LR` (2 to 4), the right one is a matrix.
+
+use super::lift::{lift_binary, never_binary};
+use super::markers::{Avg, Partial, Replicate, Shard, Sum};
+use super::{Dt, MeshDims, PlacementMarker, TypedLayout};
+use crate::element::Element;
+use crate::error::Result;
+
+/// Context of the matmul rule: the rank of the left operand.
+pub enum Rank<const LR: usize> {}
+
+/// The matmul rule on one mesh dim: `Self @ Rhs` on mesh dim `Name`.
+#[diagnostic::on_unimplemented(
+    message = "matmul of `{Self}` × `{Rhs}` on mesh dim `{Name}` is not a legal layout: redistribute one side first",
+    label = "no matmul sharding rule for `{Self}` × `{Rhs}` on mesh dim `{Name}`",
+    note = "legal per mesh dim ([.., m, k] @ [k, n]): R×R→R, S(m or batch)×R→S, R×S(n)→S(n), S(k)×S(k)→Partial<Sum>, P×R→P, R×P→P (P = Partial<Sum|Avg>)"
+)]
+pub trait MatmulRule<Rhs, Name, Ctx> {
+    /// Placement of the product on this mesh dim.
+    type Out: PlacementMarker;
+}
+
+lift_binary!(
+    /// The matmul rule on every mesh dim of a layout.
+    MatmulLayout,
+    MatmulRule,
+    ctx
+);
+never_binary!(MatmulRule, Ctx);
+
+impl<N, const LR: usize> MatmulRule<Replicate, N, Rank<LR>> for Replicate {
+    type Out = Replicate;
+}
+/// Matmul is linear in each operand: a partial sum / average times a replicated matrix stays one.
+macro_rules! linear_partial {
+    ($($Op:ident),+) => {$(
+        impl<N, const LR: usize> MatmulRule<Replicate, N, Rank<LR>> for Partial<$Op> {
+            type Out = Partial<$Op>;
+        }
+        impl<N, const LR: usize> MatmulRule<Partial<$Op>, N, Rank<LR>> for Replicate {
+            type Out = Partial<$Op>;
+        }
+    )+};
+}
+linear_partial!(Sum, Avg);
+
+/// Per left rank: the dims that shard through (batch dims and m), n's dim of the output,
+/// and k's dim of the left operand.
+macro_rules! rank_rules {
+    ($($lr:literal: [$($through:literal),+], n = $n:literal, k = $k:literal;)+) => {$(
+        $(impl<N> MatmulRule<Replicate, N, Rank<$lr>> for Shard<$through> {
+            type Out = Shard<$through>;
+        })+
+        impl<N> MatmulRule<Shard<1>, N, Rank<$lr>> for Replicate {
+            type Out = Shard<$n>;
+        }
+        impl<N> MatmulRule<Shard<0>, N, Rank<$lr>> for Shard<$k> {
+            type Out = Partial<Sum>;
+        }
+    )+};
+}
+
+rank_rules! {
+    2: [0], n = 1, k = 1;
+    3: [0, 1], n = 2, k = 2;
+    4: [0, 1, 2], n = 3, k = 3;
+}
+
+impl<T: Element, M: MeshDims, L: TypedLayout<M>, const R: usize> Dt<T, M, L, R> {
+    /// `self @ rhs` for a matrix `rhs`; the output layout is computed per mesh dim by
+    /// [`MatmulRule`], and an illegal pair does not compile.
+    #[allow(clippy::type_complexity)] // the output layout is a projection, spelled out once
+    pub fn matmul<L2>(&self, rhs: &Dt<T, M, L2, 2>) -> Result<Dt<T, M, <L as MatmulLayout<L2, M, Rank<R>>>::Out, R>>
+    where
+        L: MatmulLayout<L2, M, Rank<R>>,
+        L2: TypedLayout<M>,
+    {
+        Dt::from_op("matmul", self.as_dtensor().matmul(rhs.as_dtensor()))
+    }
+}

@@ -1,0 +1,208 @@
+//! `Dt<T, M, L, R>`: a [`DTensor`] whose mesh dims `M`, layout `L` and rank `R` are types.
+
+use super::dims::MeshDims;
+use super::layout::TypedLayout;
+use crate::dtensor::{distribute_tensor, DTensor};
+use crate::element::Element;
+use crate::error::{Error, Result};
+use crate::mesh::DeviceMesh;
+use crate::placement::fmt_placements;
+use ndarray::ArrayD;
+use std::fmt;
+use std::marker::PhantomData;
+
+/// A typed distributed tensor: the dynamic [`DTensor`] plus, at the type level, the names of
+/// the mesh dims (`M`, e.g. `(dp, tp)`), the layout (`L`, e.g. `(Shard<0>, Replicate)`) and
+/// the tensor rank `R`.
+///
+/// It costs nothing at run time (`repr(transparent)` over the `DTensor`). Its ops only
+/// compile for legal layouts and compute the output layout in the type system; an illegal
+/// combination is a compile error that names the op, the markers and the mesh dim.
+///
+/// ```
+/// use dtensor_runtime::typed::{dims::{dp, tp}, Dt, Replicate, Shard};
+/// let ok = dtensor_runtime::run(4, |ctx| {
+///     let mesh = ctx.init_device_mesh(&[2, 2], &["dp", "tp"])?;
+///     let g = ndarray::ArrayD::<f32>::ones(vec![4, 6]);
+///     let x: Dt<f32, (dp, tp), (Shard<0>, Replicate), 2> = Dt::distribute(&g, &mesh)?;
+///     let y = x.redistribute::<(Replicate, Shard<1>)>()?;
+///     Ok(y.local().shape().to_vec())
+/// })
+/// .unwrap();
+/// assert_eq!(ok[0], vec![4, 3]);
+/// ```
+#[repr(transparent)]
+pub struct Dt<T: Element, M: MeshDims, L: TypedLayout<M>, const R: usize> {
+    inner: DTensor<T>,
+    _layout: PhantomData<fn() -> (M, L)>,
+}
+
+impl<T: Element, M: MeshDims, L: TypedLayout<M>, const R: usize> Dt<T, M, L, R> {
+    /// Evaluated (at `cargo build`) whenever a `Dt` is made: every `Shard<D>` of the layout
+    /// must address a dim of a rank-`R` tensor, and the layout may not mix two Partial ops.
+    const VALID: () = {
+        assert!(
+            L::MIN_RANK <= R,
+            "the layout shards a tensor dim that does not exist: every `Shard<D>` needs D < the tensor rank R of `Dt<T, M, L, R>`"
+        );
+        assert!(
+            !L::MIXED_PARTIAL,
+            "the layout mixes two different Partial reduce ops (e.g. `Partial<Sum>` and `Partial<Avg>`): reduce one of them first"
+        );
+    };
+
+    /// Wraps a dynamic tensor after checking its mesh dim names, placements and rank.
+    pub fn from_dtensor(x: DTensor<T>) -> Result<Self> {
+        let () = Self::VALID;
+        let names = M::names();
+        if x.device_mesh().dim_names() != names.as_slice() {
+            return Err(Error::TypedMismatch {
+                what: "mesh dims".into(),
+                expected: format!("{names:?}"),
+                actual: format!("{:?}", x.device_mesh().dim_names()),
+            });
+        }
+        if x.ndim() != R {
+            return Err(Error::TypedMismatch {
+                what: "tensor rank".into(),
+                expected: R.to_string(),
+                actual: format!("{} (shape {:?})", x.ndim(), x.shape()),
+            });
+        }
+        let want = L::placements();
+        if x.placements() != want.as_slice() {
+            return Err(Error::TypedMismatch {
+                what: "placements".into(),
+                expected: fmt_placements(&want),
+                actual: fmt_placements(x.placements()),
+            });
+        }
+        Ok(Dt { inner: x, _layout: PhantomData })
+    }
+
+    /// Distributes a global tensor with this type's layout (`src_data_rank = 0`).
+    ///
+    /// Errors if the mesh dim names or the tensor rank differ from the type, or if the layout
+    /// holds a `Partial` (a global tensor has no partial form).
+    pub fn distribute(global: &ArrayD<T>, mesh: &DeviceMesh) -> Result<Self> {
+        let () = Self::VALID;
+        Self::check_mesh(mesh)?;
+        if global.ndim() != R {
+            return Err(Error::TypedMismatch {
+                what: "tensor rank".into(),
+                expected: R.to_string(),
+                actual: format!("{} (shape {:?})", global.ndim(), global.shape()),
+            });
+        }
+        Self::from_dtensor(distribute_tensor(global, mesh, &L::placements(), Some(0))?)
+    }
+
+    fn check_mesh(mesh: &DeviceMesh) -> Result<()> {
+        let names = M::names();
+        if mesh.dim_names() != names.as_slice() {
+            return Err(Error::TypedMismatch {
+                what: "mesh dims".into(),
+                expected: format!("{names:?}"),
+                actual: format!("{:?}", mesh.dim_names()),
+            });
+        }
+        Ok(())
+    }
+
+    /// Redistributes to the layout `L2` (runs the collectives). Always compiles; the runtime
+    /// rejects what has no meaning (Shard → Partial, Partial(a) → Partial(b)).
+    pub fn redistribute<L2: TypedLayout<M>>(&self) -> Result<Dt<T, M, L2, R>> {
+        Dt::from_dtensor(self.inner.redistribute(&L2::placements())?)
+    }
+
+    /// This rank's local shard.
+    pub fn local(&self) -> &ArrayD<T> {
+        self.inner.local()
+    }
+
+    /// This rank's local shard, owned.
+    pub fn to_local(&self) -> ArrayD<T> {
+        self.inner.to_local()
+    }
+
+    /// The global tensor on every rank (all-gathers / all-reduces as needed).
+    pub fn full_tensor(&self) -> Result<ArrayD<T>> {
+        self.inner.full_tensor()
+    }
+
+    /// Global shape.
+    pub fn shape(&self) -> &[usize] {
+        self.inner.shape()
+    }
+
+    /// The mesh.
+    pub fn device_mesh(&self) -> &DeviceMesh {
+        self.inner.device_mesh()
+    }
+
+    /// The dynamic placements (always `L`'s).
+    pub fn placements(&self) -> &[crate::placement::Placement] {
+        self.inner.placements()
+    }
+
+    /// The dynamic tensor. There is deliberately no `Deref` to it: a typed op whose rule does
+    /// not hold must fail to compile, not fall back to the dynamic op of the same name.
+    pub fn as_dtensor(&self) -> &DTensor<T> {
+        &self.inner
+    }
+
+    /// The dynamic tensor, mutably: for in-place updates of the local values (an optimizer
+    /// step). Changing its mesh, placements or shape through it breaks the type's promise;
+    /// the next typed op then reports a [`Error::TypedMismatch`].
+    pub fn as_dtensor_mut(&mut self) -> &mut DTensor<T> {
+        &mut self.inner
+    }
+
+    /// Sets whether autograd records ops on this tensor (parameters do); see
+    /// [`DTensor::requires_grad_`].
+    pub fn requires_grad_(self, requires_grad: bool) -> Self {
+        Dt { inner: self.inner.requires_grad_(requires_grad), _layout: PhantomData }
+    }
+
+    /// Unwraps into the dynamic tensor (free).
+    pub fn into_dtensor(self) -> DTensor<T> {
+        self.inner
+    }
+
+    /// Wraps the output of a dynamic op whose layout the type system computed. The check is a
+    /// comparison of a few placements; it guards against the dynamic op and the typed rule
+    /// ever disagreeing.
+    pub(crate) fn from_op(op: &str, out: Result<DTensor<T>>) -> Result<Self> {
+        Self::from_dtensor(out?).map_err(|e| match e {
+            Error::TypedMismatch { what, expected, actual } => {
+                Error::TypedMismatch { what: format!("{what} of the output of typed `{op}`"), expected, actual }
+            }
+            e => e,
+        })
+    }
+}
+
+impl<T: Element, M: MeshDims, L: TypedLayout<M>, const R: usize> Clone for Dt<T, M, L, R> {
+    fn clone(&self) -> Self {
+        Dt { inner: self.inner.clone(), _layout: PhantomData }
+    }
+}
+
+impl<T: Element, M: MeshDims, L: TypedLayout<M>, const R: usize> TryFrom<DTensor<T>> for Dt<T, M, L, R> {
+    type Error = Error;
+    fn try_from(x: DTensor<T>) -> Result<Self> {
+        Self::from_dtensor(x)
+    }
+}
+
+impl<T: Element, M: MeshDims, L: TypedLayout<M>, const R: usize> From<Dt<T, M, L, R>> for DTensor<T> {
+    fn from(x: Dt<T, M, L, R>) -> DTensor<T> {
+        x.inner
+    }
+}
+
+impl<T: Element, M: MeshDims, L: TypedLayout<M>, const R: usize> fmt::Debug for Dt<T, M, L, R> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "Dt<{}, rank {R}>({:?})", std::any::type_name::<L>(), self.inner)
+    }
+}
