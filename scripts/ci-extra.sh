@@ -1,4 +1,22 @@
 #!/usr/bin/env bash
-# The parts of CI beyond `cargo test --workspace`; called by .ci/run.
+# The parts of CI beyond `cargo test --workspace`; called by .ci/run after it.
 set -euo pipefail
 cd "$(dirname "$0")/.."
+
+echo "== cuda feature: build and tests (no GPU here: the GPU tests report a skip)"
+cargo build --features cuda
+cargo test --features cuda
+cargo test -p dtensor-runtime --features cuda --test cuda_gpu -- --nocapture
+
+echo "== MPI suite under mpirun"
+bash scripts/mpi-tests.sh
+
+if [ -f examples/mlp_tp.rs ]; then
+  echo "== example: mlp_tp (small)"
+  cargo run --example mlp_tp -- --steps 5
+fi
+
+if ls benches/*.rs >/dev/null 2>&1; then
+  echo "== benches in test mode"
+  cargo test --benches
+fi

@@ -20,9 +20,6 @@ pub enum Error {
     /// Names and sizes of a mesh disagree in length, or the spec string is malformed.
     #[error("invalid device mesh: {reason}")]
     InvalidMesh { reason: String },
-    /// A mesh dimension index is out of range.
-    #[error("mesh dimension {dim} is out of range for a {ndim}-d mesh")]
-    MeshDimOutOfRange { dim: usize, ndim: usize },
     /// A rank is not part of the mesh or the world.
     #[error("rank {rank} is not in the mesh/world of size {world_size}")]
     RankOutOfRange { rank: usize, world_size: usize },

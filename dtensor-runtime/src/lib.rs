@@ -13,8 +13,10 @@
 #![allow(missing_docs)] // field-level docs are tracked per module; items carry rustdoc
 
 pub mod autograd;
+pub mod backend;
 pub mod checkpoint;
 pub mod comm;
+pub mod cuda;
 pub mod dtensor;
 pub mod element;
 pub mod error;
@@ -34,6 +36,7 @@ pub mod visualize;
 pub use ndarray;
 
 pub use autograd::{from_local_grad, local_mesh, no_grad};
+pub use backend::{launch, Backend};
 pub use comm::collectives::Along;
 pub use comm::debug::{op_scope, CollectiveKind, CollectiveRecord, CommDebugGuard, CommDebugMode, CommStats};
 pub use comm::threads::{ThreadComm, ThreadWorld};

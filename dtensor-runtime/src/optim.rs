@@ -1,5 +1,25 @@
 //! Optimizers that update DTensor parameters in place, shard by shard: a parameter's gradient
 //! has the parameter's placements, so the update is purely local (no communication).
+//!
+//! ```
+//! use dtensor_runtime::module::{Forward, Linear, Module};
+//! use dtensor_runtime::optim::Sgd;
+//! use dtensor_runtime::{manual_seed, DTensor, ndarray::ArrayD};
+//! manual_seed(0);
+//! let mut lin = Linear::<f64>::new(3, 1, true)?;
+//! let x = DTensor::local_tensor(ArrayD::ones(vec![4, 3]));
+//! let mut opt = Sgd::new(0.1);
+//! let first = lin.forward(&x)?.mse_loss(&DTensor::local_tensor(ArrayD::zeros(vec![4, 1])))?;
+//! for _ in 0..10 {
+//!     lin.zero_grad();
+//!     let loss = lin.forward(&x)?.mse_loss(&DTensor::local_tensor(ArrayD::zeros(vec![4, 1])))?;
+//!     loss.backward()?;
+//!     opt.step(&mut lin)?;
+//! }
+//! let last = lin.forward(&x)?.mse_loss(&DTensor::local_tensor(ArrayD::zeros(vec![4, 1])))?;
+//! assert!(last.full_tensor()?.sum() < first.full_tensor()?.sum());
+//! # Ok::<(), dtensor_runtime::Error>(())
+//! ```
 
 use crate::dtensor::DTensor;
 use crate::element::Element;
@@ -98,6 +118,16 @@ impl<T: Element> AdamW<T> {
     /// Sets the weight decay.
     pub fn weight_decay(mut self, wd: T) -> Self {
         self.weight_decay = wd;
+        self
+    }
+    /// Sets the moment decay rates.
+    pub fn betas(mut self, b1: T, b2: T) -> Self {
+        self.betas = (b1, b2);
+        self
+    }
+    /// Sets the denominator's epsilon.
+    pub fn eps(mut self, eps: T) -> Self {
+        self.eps = eps;
         self
     }
 

@@ -9,8 +9,15 @@
 //! which works on typed slices, pads uneven shards and records every call for
 //! [`CommDebugMode`](crate::CommDebugMode).
 
+pub mod bootstrap;
+#[cfg(any(feature = "mpi", feature = "cuda"))]
+mod check;
 pub mod collectives;
 pub mod debug;
+#[cfg(feature = "mpi")]
+pub mod mpi;
+#[cfg(feature = "cuda")]
+pub mod nccl;
 pub mod reduce;
 pub mod threads;
 

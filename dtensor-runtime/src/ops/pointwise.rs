@@ -4,9 +4,10 @@
 //! that has dim `d` at full size is `Shard` on it, broadcast inputs are Replicate. Partial is
 //! linear: `P + P → P`, `P - P → P`, `P * R → P`, `R * P → P`, `P / R → P` (sum and avg), a
 //! Replicate operand of `+`/`-` becomes Partial locally; nonlinear ops (`relu`, `exp`, ...)
-//! have no Partial rule, so a Partial input is reduced first.
+//! have no Partial rule: a Partial input is all-reduced to Replicate first (as PyTorch), and
+//! every other placement of a one-input op is kept.
 
-use super::strategy::{partial_ops, select, DimRule, Select};
+use super::strategy::{partial_ops, reduce_partials, select, DimRule, Select};
 use super::{new_output, sum_to};
 use crate::autograd::{input_needs_grad, record, recording};
 use crate::dtensor::DTensor;
@@ -147,7 +148,8 @@ fn binary<T: Element>(
     }))
 }
 
-/// An element-wise op of one input. `partial_ok`: Partial reduce ops it commutes with.
+/// An element-wise op of one input. `partial_ok`: Partial reduce ops it commutes with; any
+/// other Partial input is reduced to Replicate first, other placements are kept.
 fn unary<T: Element>(
     op: &'static str,
     bwd: &'static str,
@@ -160,7 +162,9 @@ fn unary<T: Element>(
     let mut rs = vec![DimRule::new(&[R], R)];
     rs.extend((0..x.ndim()).map(|d| DimRule::new(&[Placement::Shard(d as isize)], Placement::Shard(d as isize))));
     rs.extend(pops.into_iter().map(|o| DimRule::new(&[Placement::Partial(o)], Placement::Partial(o))));
-    let c = select(op, &[x], &rs, Select::default())?;
+    let keep = reduce_partials(&x.placements, partial_ok);
+    let follow = |ins: &[Vec<Placement>], _: &[Placement]| ins[0] == keep;
+    let c = select(op, &[x], &rs, Select { valid: Some(&follow), prefer_output: None })?;
     let xi = &*c.inputs[0];
     let out = new_output(xi.local.mapv(f), &xi.mesh, c.output, xi.shape.clone());
     if !recording(&[xi]) {

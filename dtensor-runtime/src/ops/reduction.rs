@@ -5,7 +5,7 @@
 //! Partial(sum/avg) stays for sum and mean, Partial(max) stays for max. `mean` is a sum then a
 //! scale by the global count, so it is exact with uneven shards.
 
-use super::strategy::{partial_ops, select, DimRule, Select};
+use super::strategy::{partial_ops, reduce_partials, select, DimRule, Select};
 use super::{new_output, norm_dim};
 use crate::autograd::{record, recording};
 use crate::dtensor::DTensor;
@@ -49,7 +49,9 @@ fn reduce<T: Element>(
     for o in partial_ops(&[x], kept_ops) {
         rs.push(DimRule::new(&[Placement::Partial(o)], Placement::Partial(o)));
     }
-    let c = select(op, &[x], &rs, Select::default())?;
+    let keep = reduce_partials(&x.placements, kept_ops);
+    let follow = |ins: &[Vec<Placement>], _: &[Placement]| ins[0] == keep;
+    let c = select(op, &[x], &rs, Select { valid: Some(&follow), prefer_output: None })?;
     let xi = &*c.inputs[0];
     let mut local = xi.local.clone();
     for &d in dims.iter().rev() {

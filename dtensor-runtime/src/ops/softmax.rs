@@ -6,7 +6,7 @@
 //! (all-reduced), then a local sum of exponentials reduced the same way — composed of the
 //! dynamic ops, so only `[.., 1]`-sized statistics travel and autograd comes for free.
 
-use super::strategy::{select, DimRule, Select};
+use super::strategy::{reduce_partials, select, DimRule, Select};
 use super::{new_output, norm_dim};
 use crate::autograd::{no_grad, record, recording};
 use crate::comm::debug::op_scope;
@@ -40,7 +40,9 @@ fn softmax_impl<T: Element>(x: &DTensor<T>, dim: isize, log: bool) -> Result<DTe
     for e in (0..x.ndim()).filter(|&e| e != d) {
         rs.push(DimRule::new(&[Placement::Shard(e as isize)], Placement::Shard(e as isize)));
     }
-    let c = select(op, &[x], &rs, Select::default())?;
+    let keep = reduce_partials(&x.placements, &[]);
+    let follow = |ins: &[Vec<Placement>], _: &[Placement]| ins[0] == keep;
+    let c = select(op, &[x], &rs, Select { valid: Some(&follow), prefer_output: None })?;
     let xi = &*c.inputs[0];
     let mut local: ArrayD<T> = xi.local.clone();
     for mut lane in local.lanes_mut(Axis(d)) {

@@ -3,9 +3,10 @@
 //! An op lists, for one mesh dimension, the `DimRule`s it supports (input placements →
 //! output placement). A full strategy picks one rule per mesh dim. When the inputs already
 //! match a strategy the op runs as is (no communication); otherwise every strategy is costed
-//! by the bytes its input redistributions move (`plan_redistribute_at(..).bytes()`, seen
-//! from mesh coordinate 0 so that every rank picks the same one), the cheapest wins, the
-//! inputs are redistributed (recorded in [`implicit_redistributions`]) and the op runs.
+//! by the bytes its input redistributions put on the wire (`plan_redistribute_at(..)
+//! .wire_bytes()`, the planner's rank-independent ring model, so every rank picks the same
+//! one), then by the number of collectives and steps; the cheapest wins, the inputs are
+//! redistributed (recorded in [`implicit_redistributions`]) and the op runs.
 
 use crate::autograd::redistribute_op;
 use crate::dtensor::DTensor;
@@ -42,7 +43,8 @@ pub struct ImplicitRedistribute {
     pub from: Vec<Placement>,
     /// Placements the chosen strategy needed.
     pub to: Vec<Placement>,
-    /// Bytes moved by the largest rank (the cost the op minimised).
+    /// Wire bytes of the redistribution under the planner's ring model (the cost the op
+    /// minimised; the same on every rank).
     pub bytes: usize,
 }
 
@@ -128,6 +130,19 @@ pub(crate) fn partial_ops<T: Element>(inputs: &[&DTensor<T>], allowed: &[ReduceO
     out
 }
 
+/// The layout a single-input op that is not linear in its input runs on: the input's own
+/// placements with every Partial whose op is not in `kept` reduced to Replicate (as PyTorch:
+/// `relu(P)` all-reduces, it does not pick another layout).
+pub(crate) fn reduce_partials(placements: &[Placement], kept: &[ReduceOp]) -> Vec<Placement> {
+    placements
+        .iter()
+        .map(|p| match p {
+            Placement::Partial(op) if !kept.contains(op) => Placement::Replicate,
+            p => *p,
+        })
+        .collect()
+}
+
 /// Picks the cheapest strategy for `inputs` from `rules` (the same rules on every mesh dim)
 /// and redistributes the inputs to it. Collectives are attributed to `op`.
 pub(crate) fn select<'a, T: Element>(
@@ -145,7 +160,7 @@ pub(crate) fn select<'a, T: Element>(
     if rules.is_empty() {
         return Err(no_rule("the op has no strategy for these shapes"));
     }
-    // Cost of a candidate: (bytes, steps, output mismatches vs preference).
+    // Cost of a candidate: (wire bytes, collectives then steps, output mismatches vs preference).
     let mut best: Option<Candidate> = None;
     let mut idx = vec![0usize; m];
     'combos: loop {
@@ -171,8 +186,8 @@ pub(crate) fn select<'a, T: Element>(
                 }
                 match plan_redistribute_at::<T>(&x.shape, &mesh, &zero, &x.placements, want) {
                     Ok(plan) => {
-                        cost.0 += plan.bytes();
-                        cost.1 += plan.steps.len().max(1);
+                        cost.0 += plan.wire_bytes();
+                        cost.1 += plan.num_collectives() * 1000 + plan.steps.len().max(1);
                     }
                     Err(_) => {
                         ok = false;
@@ -205,7 +220,7 @@ pub(crate) fn select<'a, T: Element>(
         if x.placements == want {
             moved.push(Cow::Borrowed(*x));
         } else {
-            let bytes = plan_redistribute_at::<T>(&x.shape, &mesh, &zero, &x.placements, &want)?.bytes();
+            let bytes = plan_redistribute_at::<T>(&x.shape, &mesh, &zero, &x.placements, &want)?.wire_bytes();
             log(ImplicitRedistribute { op, input: j, from: x.placements.clone(), to: want.clone(), bytes });
             moved.push(Cow::Owned(redistribute_op(x, &want, op, None)?));
         }

@@ -1,0 +1,59 @@
+//! Local argument checks shared by the process backends (MPI, NCCL): a bad call fails the
+//! same way on every rank, before any message moves.
+
+use crate::element::DType;
+use crate::error::{Error, Result};
+
+fn mismatch(op: &str, reason: String) -> Error {
+    Error::BufferMismatch { op: op.into(), reason }
+}
+
+/// This rank's index in `group` (ranks in range, listed once, this rank a member).
+pub(crate) fn member(op: &str, rank: usize, world: usize, group: &[usize]) -> Result<usize> {
+    if let Some(&r) = group.iter().find(|&&r| r >= world) {
+        return Err(Error::RankOutOfRange { rank: r, world_size: world });
+    }
+    if let Some(r) = group.iter().enumerate().find(|(i, r)| group[..*i].contains(r)).map(|(_, r)| r) {
+        return Err(mismatch(op, format!("group {group:?} lists rank {r} twice")));
+    }
+    group
+        .iter()
+        .position(|&r| r == rank)
+        .ok_or_else(|| mismatch(op, format!("rank {rank} is not a member of group {group:?}")))
+}
+
+/// A group index (`root`) inside a group of `n`.
+pub(crate) fn root(root: usize, n: usize) -> Result<()> {
+    if root >= n {
+        return Err(Error::RankOutOfRange { rank: root, world_size: n });
+    }
+    Ok(())
+}
+
+/// `len` bytes are whole elements of `dtype`.
+pub(crate) fn whole(op: &str, len: usize, dtype: DType) -> Result<()> {
+    if !len.is_multiple_of(dtype.size_of()) {
+        return Err(mismatch(op, format!("{len} bytes is not a whole number of {dtype}")));
+    }
+    Ok(())
+}
+
+/// `big` holds exactly `n` blocks of `block` bytes (all-gather recv, reduce-scatter send,
+/// scatter root send).
+pub(crate) fn blocks(op: &str, which: &str, big: usize, n: usize, block: usize) -> Result<()> {
+    if big != n * block {
+        return Err(mismatch(op, format!("{which} has {big} bytes, expected {n} x {block}")));
+    }
+    Ok(())
+}
+
+/// All-to-all: equal send and recv, divisible into `n` blocks.
+pub(crate) fn all_to_all(send: usize, recv: usize, n: usize) -> Result<()> {
+    if send != recv || !send.is_multiple_of(n) {
+        return Err(mismatch(
+            "all_to_all",
+            format!("send ({send}) and recv ({recv}) must be equal and divisible by {n}"),
+        ));
+    }
+    Ok(())
+}

@@ -1,0 +1,457 @@
+//! MPI backend (cargo feature `mpi`): one process per rank, started by `mpirun`.
+//!
+//! * The world is `MPI_COMM_WORLD`: rank and size come from `mpirun -np N`.
+//! * A group (list of global ranks, in group order) maps to one MPI communicator whose rank
+//!   `i` is `group[i]`. [`DeviceMesh::new`](crate::DeviceMesh::new) calls
+//!   [`prepare_groups`](Communicator::prepare_groups) collectively with the groups of every
+//!   mesh dim: each partition becomes one `MPI_Comm_split` (color = index of this rank's
+//!   group, key = position in it). A group that was never prepared (e.g. the flattened group
+//!   of a sub-mesh with reordered dims) is created on first use with `MPI_Comm_create_group`,
+//!   which only the members of that group take part in — they all call the same collective.
+//!   The whole world in rank order is `MPI_COMM_WORLD` itself.
+//! * Collectives map one to one (`MPI_Allgather`, `MPI_Allreduce`, `MPI_Reduce_scatter_block`,
+//!   `MPI_Alltoall`, `MPI_Bcast`, `MPI_Scatter`, `MPI_Barrier`); `Avg` is a sum divided by the
+//!   group size afterwards. Uneven collectives arrive already padded to equal blocks.
+//!
+//! # Failures never hang
+//! MPI's default error handler (`MPI_ERRORS_ARE_FATAL`) aborts the whole job on any MPI error
+//! (truncated message, mismatched sizes, dead peer). On top of that:
+//! * [`launch`] calls `MPI_Abort` when this rank's closure returns an error or panics (with
+//!   more than one rank): `mpirun` then kills every process, so no peer waits forever in a
+//!   collective this rank will never enter;
+//! * a process that dies makes `mpirun` terminate the job;
+//! * a watchdog thread aborts the job when one collective waits longer than
+//!   `DTENSOR_TIMEOUT_MS` (default [`DEFAULT_TIMEOUT`](crate::launcher::DEFAULT_TIMEOUT)): the
+//!   peer is alive but never calls it (e.g. ranks called collectives in a different order).
+//!
+//! # Process lifetime
+//! MPI is initialised once per process (the first [`MpiComm::world`] or [`launch`]), with
+//! `MPI_THREAD_MULTIPLE` requested; `MPI_Finalize` runs at process exit (an `atexit` hook), so
+//! one process may [`launch`] several programs in turn. Every call into MPI from this module is
+//! serialised by one lock, so the communicator is safe to share between threads.
+
+use super::Communicator;
+use super::{check, reduce};
+use crate::element::DType;
+use crate::error::{Error, Result};
+use crate::launcher::{set_current_mesh, RankCtx};
+use crate::placement::ReduceOp;
+use mpi::collective::SystemOperation;
+use mpi::datatype::Equivalence;
+use mpi::environment::Universe;
+use mpi::topology::{Color, SimpleCommunicator};
+use mpi::traits::{Communicator as _, CommunicatorCollectives, Group as _, Root};
+use mpi::Threading;
+use std::collections::HashMap;
+use std::fmt;
+use std::sync::{Arc, Mutex, MutexGuard, OnceLock};
+use std::time::{Duration, Instant};
+
+fn backend_err(message: impl Into<String>) -> Error {
+    Error::Backend { backend: "mpi".into(), message: message.into() }
+}
+
+// ------------------------------------------------------------------ process-wide state
+
+/// The MPI universe owned by this crate (dropping it calls `MPI_Finalize`).
+static UNIVERSE: Mutex<Option<Universe>> = Mutex::new(None);
+/// Outcome of the one-time initialisation: the granted threading level, or why MPI is unusable.
+static INIT: OnceLock<std::result::Result<Threading, String>> = OnceLock::new();
+/// The collective this process is blocked in, watched by the watchdog thread.
+static IN_FLIGHT: Mutex<Option<InFlight>> = Mutex::new(None);
+
+struct InFlight {
+    op: &'static str,
+    group: Vec<usize>,
+    rank: usize,
+    since: Instant,
+}
+
+fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
+    // State behind these locks is a few plain values that stay consistent on panic.
+    m.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+extern "C" fn finalize_at_exit() {
+    // Drop the universe (MPI_Finalize) if we own it; nothing else may touch MPI afterwards.
+    let u = lock(&UNIVERSE).take();
+    drop(u);
+}
+
+unsafe extern "C" {
+    fn atexit(cb: extern "C" fn()) -> std::ffi::c_int;
+}
+
+/// Collective timeout of the MPI watchdog (`DTENSOR_TIMEOUT_MS`, else the launcher default).
+fn timeout() -> Duration {
+    std::env::var("DTENSOR_TIMEOUT_MS")
+        .ok()
+        .and_then(|v| v.parse::<u64>().ok())
+        .map(Duration::from_millis)
+        .unwrap_or(crate::launcher::DEFAULT_TIMEOUT)
+}
+
+/// Initialises MPI once per process (idempotent). Called by [`MpiComm::world`] and [`launch`].
+///
+/// Errors with [`Error::Unavailable`] when MPI was already finalised, and with
+/// [`Error::Backend`] when the library grants less than `MPI_THREAD_SERIALIZED`.
+pub fn init() -> Result<()> {
+    let r = INIT.get_or_init(|| {
+        if mpi::environment::is_finalized() {
+            return Err("MPI was already finalised in this process".into());
+        }
+        let level = match mpi::initialize_with_threading(Threading::Multiple) {
+            Some((universe, level)) => {
+                *lock(&UNIVERSE) = Some(universe);
+                // SAFETY: registering a plain extern "C" fn; it runs once at exit.
+                unsafe { atexit(finalize_at_exit) };
+                level
+            }
+            // Someone else initialised MPI: use it, they finalise it.
+            None => mpi::environment::threading_support(),
+        };
+        if level < Threading::Serialized {
+            return Err(format!("MPI grants thread level {level:?}; dtensor needs at least Serialized"));
+        }
+        let t = timeout();
+        std::thread::Builder::new()
+            .name("dtensor-mpi-watchdog".into())
+            .spawn(move || watchdog(t))
+            .map_err(|e| format!("cannot start the MPI watchdog thread: {e}"))?;
+        Ok(level)
+    });
+    match r {
+        Ok(_) => Ok(()),
+        Err(reason) => Err(Error::Unavailable { what: "MPI".into(), reason: reason.clone() }),
+    }
+}
+
+fn watchdog(timeout: Duration) {
+    loop {
+        std::thread::sleep(Duration::from_millis(100).min(timeout));
+        let stuck = lock(&IN_FLIGHT).as_ref().filter(|f| f.since.elapsed() > timeout).map(|f| {
+            format!(
+                "dtensor[mpi]: rank {}: collective `{}` on group {:?} waited more than {} ms \
+                 (DTENSOR_TIMEOUT_MS); aborting the MPI job",
+                f.rank,
+                f.op,
+                f.group,
+                timeout.as_millis()
+            )
+        });
+        if let Some(msg) = stuck {
+            eprintln!("{msg}");
+            SimpleCommunicator::world().abort(3);
+        }
+    }
+}
+
+// ------------------------------------------------------------------------ communicator
+
+/// A [`Communicator`] over MPI (see the [module docs](self)).
+pub struct MpiComm {
+    rank: usize,
+    size: usize,
+    /// Sub-communicators by group; the lock also serialises every MPI call of this process.
+    groups: Mutex<Groups>,
+}
+
+#[derive(Default)]
+struct Groups {
+    comms: HashMap<Vec<usize>, SimpleCommunicator>,
+    closed: bool,
+}
+
+// SAFETY: MPI handles are plain identifiers; MPI is initialised with at least
+// MPI_THREAD_SERIALIZED and every use of the handles goes through the `groups` mutex.
+unsafe impl Send for MpiComm {}
+unsafe impl Sync for MpiComm {}
+
+impl fmt::Debug for MpiComm {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "MpiComm(rank {} of {})", self.rank, self.size)
+    }
+}
+
+impl Drop for MpiComm {
+    fn drop(&mut self) {
+        let g = std::mem::take(&mut *lock(&self.groups));
+        if mpi::environment::is_finalized() {
+            // Freeing a communicator after MPI_Finalize is an MPI error: leak instead.
+            std::mem::forget(g);
+        }
+    }
+}
+
+impl MpiComm {
+    /// The communicator of `MPI_COMM_WORLD` (initialises MPI on first use).
+    pub fn world() -> Result<Arc<MpiComm>> {
+        init()?;
+        let w = SimpleCommunicator::world();
+        Ok(Arc::new(MpiComm {
+            rank: w.rank() as usize,
+            size: w.size() as usize,
+            groups: Mutex::new(Groups::default()),
+        }))
+    }
+
+    /// Frees the sub-communicators; later collectives fail with [`Error::Backend`].
+    pub fn close(&self) {
+        let mut g = lock(&self.groups);
+        g.comms.clear();
+        g.closed = true;
+    }
+
+    /// Aborts the whole MPI job (every process) with `code`.
+    pub fn abort(&self, code: i32) -> ! {
+        SimpleCommunicator::world().abort(code)
+    }
+
+    fn my_index(&self, op: &str, group: &[usize]) -> Result<usize> {
+        check::member(op, self.rank, self.size, group)
+    }
+
+    fn is_world(&self, group: &[usize]) -> bool {
+        group.len() == self.size && group.iter().enumerate().all(|(i, &r)| i == r)
+    }
+
+    /// Runs `body` on the MPI communicator of `group` with this rank's index in it, under
+    /// the process lock and the watchdog.
+    fn with_group<R>(
+        &self,
+        op: &'static str,
+        group: &[usize],
+        bytes: &[usize],
+        body: impl FnOnce(&SimpleCommunicator, usize) -> R,
+    ) -> Result<R> {
+        let me = self.my_index(op, group)?;
+        if let Some(&b) = bytes.iter().find(|&&b| b > i32::MAX as usize) {
+            return Err(Error::BufferMismatch {
+                op: op.into(),
+                reason: format!("{b} bytes exceed MPI's count limit of {} per call", i32::MAX),
+            });
+        }
+        let mut g = lock(&self.groups);
+        if g.closed {
+            return Err(backend_err(format!("`{op}` on a communicator whose launch already returned")));
+        }
+        *lock(&IN_FLIGHT) = Some(InFlight { op, group: group.to_vec(), rank: self.rank, since: Instant::now() });
+        let world = SimpleCommunicator::world();
+        let out = if self.is_world(group) {
+            Ok(body(&world, me))
+        } else {
+            if !g.comms.contains_key(group) {
+                let ranks: Vec<i32> = group.iter().map(|&r| r as i32).collect();
+                let sub = world.group().include(&ranks);
+                match world.split_by_subgroup_with_tag(&sub, GROUP_TAG) {
+                    Some(c) => {
+                        g.comms.insert(group.to_vec(), c);
+                    }
+                    None => {
+                        *lock(&IN_FLIGHT) = None;
+                        return Err(backend_err(format!(
+                            "MPI_Comm_create_group for {group:?} returned no communicator"
+                        )));
+                    }
+                }
+            }
+            Ok(body(&g.comms[group], me))
+        };
+        *lock(&IN_FLIGHT) = None;
+        out
+    }
+}
+
+/// Tag of `MPI_Comm_create_group` calls (they are serialised, so one tag suffices).
+const GROUP_TAG: i32 = 0x6474;
+
+fn mpi_op(op: ReduceOp) -> SystemOperation {
+    match op {
+        ReduceOp::Sum | ReduceOp::Avg => SystemOperation::sum(),
+        ReduceOp::Min => SystemOperation::min(),
+        ReduceOp::Max => SystemOperation::max(),
+        ReduceOp::Product => SystemOperation::product(),
+    }
+}
+
+/// Typed copy of a byte buffer (bytes from callers need not be aligned for `T`).
+fn typed<T: bytemuck::Pod>(b: &[u8]) -> Vec<T> {
+    bytemuck::pod_collect_to_vec(b)
+}
+
+fn all_reduce_typed<T: bytemuck::Pod + Equivalence>(c: &SimpleCommunicator, buf: &mut [u8], op: ReduceOp) {
+    let send: Vec<T> = typed(buf);
+    let mut recv = vec![T::zeroed(); send.len()];
+    c.all_reduce_into(&send[..], &mut recv[..], mpi_op(op));
+    buf.copy_from_slice(bytemuck::cast_slice(&recv));
+}
+
+fn reduce_scatter_typed<T: bytemuck::Pod + Equivalence>(
+    c: &SimpleCommunicator,
+    send: &[u8],
+    recv: &mut [u8],
+    op: ReduceOp,
+) {
+    let send: Vec<T> = typed(send);
+    let mut out = vec![T::zeroed(); recv.len() / std::mem::size_of::<T>()];
+    c.reduce_scatter_block_into(&send[..], &mut out[..], mpi_op(op));
+    recv.copy_from_slice(bytemuck::cast_slice(&out));
+}
+
+impl Communicator for MpiComm {
+    fn rank(&self) -> usize {
+        self.rank
+    }
+    fn world_size(&self) -> usize {
+        self.size
+    }
+    fn backend(&self) -> &'static str {
+        "mpi"
+    }
+
+    fn prepare_groups(&self, partitions: &[Vec<Vec<usize>>]) -> Result<()> {
+        // Validate everything first: every rank sees the same partitions, so every rank
+        // fails the same way before any collective starts.
+        let mut plan = Vec::new();
+        for p in partitions {
+            let mut seen = vec![0usize; self.size];
+            p.iter().flatten().filter(|&&r| r < self.size).for_each(|&r| seen[r] += 1);
+            if p.iter().flatten().any(|&r| r >= self.size) || seen.iter().any(|&c| c != 1) {
+                return Err(Error::InvalidArgument {
+                    context: "prepare_groups".into(),
+                    reason: format!("{p:?} is not a partition of the {} world ranks", self.size),
+                });
+            }
+            let (color, group) = p
+                .iter()
+                .enumerate()
+                .find(|(_, g)| g.contains(&self.rank))
+                .expect("a partition of the world contains this rank");
+            if !(p.len() == 1 && self.is_world(group)) {
+                let key = group.iter().position(|&r| r == self.rank).expect("member");
+                plan.push((color, key, group.clone()));
+            }
+        }
+        let mut g = lock(&self.groups);
+        if g.closed {
+            return Err(backend_err("prepare_groups on a communicator whose launch already returned"));
+        }
+        let world = SimpleCommunicator::world();
+        for (color, key, group) in plan {
+            *lock(&IN_FLIGHT) =
+                Some(InFlight { op: "comm_split", group: group.clone(), rank: self.rank, since: Instant::now() });
+            let c = world.split_by_color_with_key(Color::with_value(color as i32), key as i32);
+            *lock(&IN_FLIGHT) = None;
+            let c = c.ok_or_else(|| backend_err(format!("MPI_Comm_split gave no communicator for {group:?}")))?;
+            // Keep an existing communicator of the same group (its members agree on that).
+            g.comms.entry(group).or_insert(c);
+        }
+        Ok(())
+    }
+
+    fn all_gather(&self, group: &[usize], send: &[u8], recv: &mut [u8]) -> Result<()> {
+        check::blocks("all_gather", "recv", recv.len(), group.len(), send.len())?;
+        self.with_group("all_gather", group, &[recv.len()], |c, _| c.all_gather_into(send, recv))
+    }
+
+    fn all_reduce(&self, group: &[usize], buf: &mut [u8], dtype: DType, op: ReduceOp) -> Result<()> {
+        check::whole("all_reduce", buf.len(), dtype)?;
+        self.with_group("all_reduce", group, &[buf.len()], |c, _| match dtype {
+            DType::F32 => all_reduce_typed::<f32>(c, buf, op),
+            DType::F64 => all_reduce_typed::<f64>(c, buf, op),
+        })?;
+        reduce::finish(dtype, op, buf, group.len());
+        Ok(())
+    }
+
+    fn reduce_scatter(&self, group: &[usize], send: &[u8], recv: &mut [u8], dtype: DType, op: ReduceOp) -> Result<()> {
+        check::blocks("reduce_scatter", "send", send.len(), group.len(), recv.len())?;
+        check::whole("reduce_scatter", recv.len(), dtype)?;
+        self.with_group("reduce_scatter", group, &[send.len()], |c, _| match dtype {
+            DType::F32 => reduce_scatter_typed::<f32>(c, send, recv, op),
+            DType::F64 => reduce_scatter_typed::<f64>(c, send, recv, op),
+        })?;
+        reduce::finish(dtype, op, recv, group.len());
+        Ok(())
+    }
+
+    fn all_to_all(&self, group: &[usize], send: &[u8], recv: &mut [u8]) -> Result<()> {
+        check::all_to_all(send.len(), recv.len(), group.len())?;
+        self.with_group("all_to_all", group, &[send.len()], |c, _| c.all_to_all_into(send, recv))
+    }
+
+    fn broadcast(&self, group: &[usize], buf: &mut [u8], root: usize) -> Result<()> {
+        check::root(root, group.len())?;
+        self.with_group("broadcast", group, &[buf.len()], |c, _| c.process_at_rank(root as i32).broadcast_into(buf))
+    }
+
+    fn scatter(&self, group: &[usize], send: &[u8], recv: &mut [u8], root: usize) -> Result<()> {
+        check::root(root, group.len())?;
+        if self.my_index("scatter", group)? == root {
+            check::blocks("scatter", "root send", send.len(), group.len(), recv.len())?;
+        }
+        self.with_group("scatter", group, &[send.len(), recv.len()], |c, me| {
+            let root_proc = c.process_at_rank(root as i32);
+            if me == root {
+                root_proc.scatter_into_root(send, recv)
+            } else {
+                root_proc.scatter_into(recv)
+            }
+        })
+    }
+
+    fn barrier(&self, group: &[usize]) -> Result<()> {
+        self.with_group("barrier", group, &[], |c, _| c.barrier())
+    }
+}
+
+// ---------------------------------------------------------------------------- launcher
+
+/// Runs `f` once in this process, as the rank `mpirun` gave it, and returns its result as a
+/// one-element vector (the other ranks' results live in their own processes).
+///
+/// `world_size` 0 accepts whatever `mpirun -np N` started; any other value must equal `N`
+/// (every process gets the same error otherwise, before any collective).
+///
+/// When `f` fails or panics on a world of more than one rank, this prints the error and calls
+/// `MPI_Abort`: the peers may be blocked in a collective this rank will never enter, and
+/// aborting is the only way MPI offers to release them. With one rank the error is returned.
+pub fn launch<R, F>(world_size: usize, f: F) -> Result<Vec<R>>
+where
+    F: Fn(RankCtx) -> Result<R>,
+{
+    let comm = MpiComm::world()?;
+    if world_size != 0 && world_size != comm.size {
+        return Err(Error::InvalidArgument {
+            context: "launch(Backend::Mpi)".into(),
+            reason: format!(
+                "the program wants {world_size} ranks but mpirun started {} processes (use `mpirun -np {world_size}`)",
+                comm.size
+            ),
+        });
+    }
+    let dyn_comm: Arc<dyn Communicator> = comm.clone();
+    let out = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| f(RankCtx::new(dyn_comm))));
+    set_current_mesh(None);
+    let out = match out {
+        Ok(r) => r,
+        Err(p) => Err(Error::RankPanicked { rank: comm.rank, message: crate::launcher::panic_message(&p) }),
+    };
+    match out {
+        Ok(v) => {
+            comm.close();
+            Ok(vec![v])
+        }
+        Err(e) if comm.size > 1 => {
+            eprintln!(
+                "dtensor[mpi]: rank {} failed: {e}\ndtensor[mpi]: calling MPI_Abort so that no peer waits forever",
+                comm.rank
+            );
+            comm.abort(1)
+        }
+        Err(e) => {
+            comm.close();
+            Err(e)
+        }
+    }
+}

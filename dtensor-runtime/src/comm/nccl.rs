@@ -1,0 +1,483 @@
+//! NCCL backend (cargo feature `cuda`): collectives between GPUs, one process per GPU.
+//!
+//! The [`Communicator`] trait moves *host* bytes, so every collective stages them through
+//! device buffers: copy in, run the NCCL collective on the communicator's own stream, wait,
+//! copy out. That is correct for host-resident DTensors and exercises NCCL end to end; a
+//! device-resident DTensor would call NCCL on its buffers directly (no staging).
+//!
+//! * all-reduce, all-gather, reduce-scatter, broadcast: the NCCL collectives (`Avg` = sum,
+//!   then divided by the group size on the host, like every other backend);
+//! * all-to-all: grouped `ncclSend`/`ncclRecv` (NCCL has no all-to-all);
+//! * scatter: grouped send/recv from the root; barrier: a one-element all-reduce.
+//!
+//! Groups: [`prepare_groups`](Communicator::prepare_groups) (called collectively by
+//! `DeviceMesh::new`) creates one sub-communicator per mesh-dim group with `ncclCommSplit`
+//! (NCCL ≥ 2.18). NCCL cannot create a communicator for only some ranks later, so a group
+//! that was not prepared is an [`Error::Unavailable`].
+//!
+//! Bootstrap (the 128-byte NCCL unique id must reach every rank):
+//! * [`NcclComm::from_env`]: `RANK`, `WORLD_SIZE`, `MASTER_ADDR`, `MASTER_PORT` as torchrun
+//!   sets them; rank 0 creates the id and serves it over one TCP connection per peer
+//!   ([`super::bootstrap::Rendezvous`]);
+//! * [`NcclComm::from_mpi`] (features `cuda` + `mpi`): rank 0's id is broadcast over MPI;
+//! * [`NcclComm::single`]: a world of one GPU.
+//!
+//! Failures: each wait polls the stream and `ncclCommGetAsyncError`; on an NCCL error or after
+//! `DTENSOR_TIMEOUT_MS` the communicator is aborted (`ncclCommAbort`) and the call returns
+//! [`Error::Backend`] / [`Error::CollectiveTimeout`]; the communicator is unusable afterwards.
+
+use super::bootstrap::Rendezvous;
+use super::Communicator;
+use super::{check, reduce};
+use crate::cuda::{cuda_err, require, CudaDevice, CudaLib};
+use crate::element::DType;
+use crate::error::{Error, Result};
+use crate::placement::ReduceOp;
+use cudarc::driver::{CudaSlice, CudaStream, DevicePtr, DevicePtrMut};
+use cudarc::nccl::{result, sys};
+use std::collections::HashMap;
+use std::ffi::c_void;
+use std::fmt;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+fn nccl_err(what: &str, e: impl fmt::Debug) -> Error {
+    Error::Backend { backend: "nccl".into(), message: format!("{what}: {e:?}") }
+}
+
+/// The 128-byte NCCL unique id every rank of one communicator must share.
+pub type NcclId = [u8; 128];
+
+/// A fresh NCCL unique id (call on one rank, then ship it to the others).
+pub fn unique_id() -> Result<NcclId> {
+    require(CudaLib::Nccl)?;
+    let id = result::get_uniqueid().map_err(|e| nccl_err("ncclGetUniqueId", e))?;
+    Ok(id.internal.map(|c| c as u8))
+}
+
+/// A communicator handle, destroyed on drop (aborted instead once it failed).
+struct Raw(sys::ncclComm_t);
+
+impl Drop for Raw {
+    fn drop(&mut self) {
+        // SAFETY: the handle came from ncclCommInitRank/ncclCommSplit and is dropped once.
+        unsafe {
+            let _ = result::comm_destroy(self.0);
+        }
+    }
+}
+
+struct State {
+    world: Option<Raw>,
+    groups: HashMap<Vec<usize>, Raw>,
+    failed: Option<String>,
+}
+
+/// A [`Communicator`] over NCCL (see the [module docs](self)).
+pub struct NcclComm {
+    rank: usize,
+    size: usize,
+    device: Arc<CudaDevice>,
+    stream: Arc<CudaStream>,
+    timeout: Duration,
+    state: Mutex<State>,
+}
+
+// SAFETY: NCCL communicators may be used from any thread as long as calls are not concurrent;
+// every use goes through the `state` mutex.
+unsafe impl Send for NcclComm {}
+unsafe impl Sync for NcclComm {}
+
+impl fmt::Debug for NcclComm {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "NcclComm(rank {} of {} on {:?})", self.rank, self.size, self.device)
+    }
+}
+
+fn env_timeout() -> Duration {
+    std::env::var("DTENSOR_TIMEOUT_MS")
+        .ok()
+        .and_then(|v| v.parse::<u64>().ok())
+        .map(Duration::from_millis)
+        .unwrap_or(crate::launcher::DEFAULT_TIMEOUT)
+}
+
+impl NcclComm {
+    /// Joins the communicator identified by `id` as `rank` of `size` on `device`.
+    /// Collective: every rank calls it with the same id.
+    pub fn with_id(device: &Arc<CudaDevice>, rank: usize, size: usize, id: &NcclId) -> Result<NcclComm> {
+        require(CudaLib::Nccl)?;
+        if rank >= size {
+            return Err(Error::RankOutOfRange { rank, world_size: size });
+        }
+        device.context().bind_to_thread().map_err(|e| cuda_err("binding the CUDA context", e))?;
+        let stream = device.context().new_stream().map_err(|e| cuda_err("creating the NCCL stream", e))?;
+        let uid = sys::ncclUniqueId { internal: id.map(|b| b as std::ffi::c_char) };
+        let mut comm: sys::ncclComm_t = std::ptr::null_mut();
+        // SAFETY: `comm` is a valid out-pointer; the id is shared by all ranks.
+        unsafe { result::comm_init_rank(&mut comm, size as i32, uid, rank as i32) }
+            .map_err(|e| nccl_err("ncclCommInitRank", e))?;
+        Ok(NcclComm {
+            rank,
+            size,
+            device: Arc::clone(device),
+            stream,
+            timeout: env_timeout(),
+            state: Mutex::new(State { world: Some(Raw(comm)), groups: HashMap::new(), failed: None }),
+        })
+    }
+
+    /// A world of one rank on `device` (no bootstrap needed).
+    pub fn single(device: &Arc<CudaDevice>) -> Result<NcclComm> {
+        Self::with_id(device, 0, 1, &unique_id()?)
+    }
+
+    /// torchrun-style bootstrap from `RANK`, `WORLD_SIZE`, `MASTER_ADDR`, `MASTER_PORT`: rank 0
+    /// creates the id and sends it to every peer over TCP; peers retry connecting until
+    /// `DTENSOR_TIMEOUT_MS`.
+    pub fn from_env(device: &Arc<CudaDevice>) -> Result<NcclComm> {
+        let rv = Rendezvous::from_env()?;
+        let id = rv.share_from_rank0(env_timeout(), unique_id)?;
+        Self::with_id(device, rv.rank, rv.world_size, &id)
+    }
+
+    /// Bootstrap over an MPI world: rank 0's id is broadcast (features `cuda` + `mpi`).
+    #[cfg(feature = "mpi")]
+    pub fn from_mpi(device: &Arc<CudaDevice>, mpi: &crate::comm::mpi::MpiComm) -> Result<NcclComm> {
+        let world: Vec<usize> = (0..mpi.world_size()).collect();
+        let mut id: NcclId = if mpi.rank() == 0 { unique_id()? } else { [0; 128] };
+        mpi.broadcast(&world, &mut id, 0)?;
+        Self::with_id(device, mpi.rank(), mpi.world_size(), &id)
+    }
+
+    /// The device this rank's collectives run on.
+    pub fn device(&self) -> &Arc<CudaDevice> {
+        &self.device
+    }
+
+    fn my_index(&self, op: &str, group: &[usize]) -> Result<usize> {
+        check::member(op, self.rank, self.size, group)
+    }
+
+    fn is_world(&self, group: &[usize]) -> bool {
+        group.len() == self.size && group.iter().enumerate().all(|(i, &r)| i == r)
+    }
+
+    /// Runs `enqueue` with the group's NCCL communicator and this rank's index, then waits for
+    /// the stream (bounded, aborting the communicator on error or timeout).
+    fn run<R>(
+        &self,
+        op: &'static str,
+        group: &[usize],
+        enqueue: impl FnOnce(sys::ncclComm_t, usize) -> Result<R>,
+    ) -> Result<R> {
+        let me = self.my_index(op, group)?;
+        let mut st = self.state.lock().unwrap_or_else(|e| e.into_inner());
+        if let Some(why) = &st.failed {
+            return Err(nccl_err(op, format!("the communicator was aborted earlier: {why}")));
+        }
+        let comm =
+            if self.is_world(group) { st.world.as_ref().map(|r| r.0) } else { st.groups.get(group).map(|r| r.0) };
+        let comm = comm.ok_or_else(|| Error::Unavailable {
+            what: format!("an NCCL communicator for group {group:?}"),
+            reason: "NCCL creates sub-communicators only collectively, in DeviceMesh::new (prepare_groups)".into(),
+        })?;
+        self.device.context().bind_to_thread().map_err(|e| cuda_err("binding the CUDA context", e))?;
+        let out = enqueue(comm, me)?;
+        if let Err(e) = self.wait(comm, op, group) {
+            st.failed = Some(e.to_string());
+            // A failed collective leaves every communicator of this rank in an unknown state:
+            // abort them all (releases NCCL's resources and unblocks its kernels). The handles
+            // are forgotten, not destroyed: ncclCommDestroy on an aborted handle is invalid.
+            let all: Vec<Raw> = st.world.take().into_iter().chain(st.groups.drain().map(|(_, r)| r)).collect();
+            for r in all {
+                // SAFETY: a live handle, aborted once and never used again.
+                unsafe {
+                    let _ = result::comm_abort(r.0);
+                }
+                std::mem::forget(r);
+            }
+            return Err(e);
+        }
+        Ok(out)
+    }
+
+    fn wait(&self, comm: sys::ncclComm_t, op: &str, group: &[usize]) -> Result<()> {
+        let ev = self.stream.record_event(None).map_err(|e| cuda_err("recording an event", e))?;
+        let deadline = Instant::now() + self.timeout;
+        loop {
+            if ev.try_is_complete().map_err(|e| cuda_err("querying the stream", e))? {
+                return Ok(());
+            }
+            let mut async_err = sys::ncclResult_t::ncclSuccess;
+            // SAFETY: valid communicator and out-pointer.
+            unsafe { sys::ncclCommGetAsyncError(comm, &mut async_err) };
+            if async_err != sys::ncclResult_t::ncclSuccess {
+                return Err(nccl_err(op, format!("asynchronous NCCL error {async_err:?} on group {group:?}")));
+            }
+            if Instant::now() >= deadline {
+                return Err(Error::CollectiveTimeout {
+                    op: op.into(),
+                    group: group.to_vec(),
+                    rank: self.rank,
+                    timeout_ms: self.timeout.as_millis() as u64,
+                });
+            }
+            std::thread::sleep(Duration::from_micros(200));
+        }
+    }
+
+    fn upload(&self, bytes: &[u8]) -> Result<CudaSlice<u8>> {
+        self.stream.clone_htod(bytes).map_err(|e| cuda_err("staging host bytes on the device", e))
+    }
+
+    fn alloc(&self, len: usize) -> Result<CudaSlice<u8>> {
+        self.stream.alloc_zeros::<u8>(len).map_err(|e| cuda_err("allocating a staging buffer", e))
+    }
+
+    fn download(&self, dev: &CudaSlice<u8>, out: &mut [u8]) -> Result<()> {
+        self.stream.memcpy_dtoh(dev, out).map_err(|e| cuda_err("copying the result to the host", e))
+    }
+
+    fn cu_stream(&self) -> sys::cudaStream_t {
+        self.stream.cu_stream() as sys::cudaStream_t
+    }
+}
+
+fn nccl_dtype(d: DType) -> sys::ncclDataType_t {
+    match d {
+        DType::F32 => sys::ncclDataType_t::ncclFloat32,
+        DType::F64 => sys::ncclDataType_t::ncclFloat64,
+    }
+}
+
+fn nccl_op(op: ReduceOp) -> sys::ncclRedOp_t {
+    match op {
+        ReduceOp::Sum | ReduceOp::Avg => sys::ncclRedOp_t::ncclSum,
+        ReduceOp::Min => sys::ncclRedOp_t::ncclMin,
+        ReduceOp::Max => sys::ncclRedOp_t::ncclMax,
+        ReduceOp::Product => sys::ncclRedOp_t::ncclProd,
+    }
+}
+
+const U8: sys::ncclDataType_t = sys::ncclDataType_t::ncclUint8;
+
+impl Communicator for NcclComm {
+    fn rank(&self) -> usize {
+        self.rank
+    }
+    fn world_size(&self) -> usize {
+        self.size
+    }
+    fn backend(&self) -> &'static str {
+        "nccl"
+    }
+
+    fn prepare_groups(&self, partitions: &[Vec<Vec<usize>>]) -> Result<()> {
+        let mut st = self.state.lock().unwrap_or_else(|e| e.into_inner());
+        let world = st.world.as_ref().map(|r| r.0).ok_or_else(|| nccl_err("prepare_groups", "communicator aborted"))?;
+        for p in partitions {
+            let (color, group) =
+                p.iter().enumerate().find(|(_, g)| g.contains(&self.rank)).ok_or_else(|| Error::InvalidArgument {
+                    context: "prepare_groups".into(),
+                    reason: format!("rank {} is in no group of {p:?}", self.rank),
+                })?;
+            if p.len() == 1 && self.is_world(group) {
+                continue;
+            }
+            let key = group.iter().position(|&r| r == self.rank).expect("member");
+            let mut sub: sys::ncclComm_t = std::ptr::null_mut();
+            // SAFETY: collective over the world communicator, called by every rank in order.
+            // (cudarc 0.19's `result::comm_split` is compiled only for cuda-1202x..1205x, the
+            // binding itself exists for every version.)
+            unsafe { sys::ncclCommSplit(world, color as i32, key as i32, &mut sub, std::ptr::null_mut()).result() }
+                .map_err(|e| nccl_err("ncclCommSplit (needs NCCL >= 2.18)", e))?;
+            st.groups.entry(group.clone()).or_insert(Raw(sub));
+        }
+        Ok(())
+    }
+
+    fn all_gather(&self, group: &[usize], send: &[u8], recv: &mut [u8]) -> Result<()> {
+        check::blocks("all_gather", "recv", recv.len(), group.len(), send.len())?;
+        if send.is_empty() {
+            return self.my_index("all_gather", group).map(|_| ());
+        }
+        let s = self.upload(send)?;
+        let mut r = self.alloc(recv.len())?;
+        self.run("all_gather", group, |comm, _| {
+            let (sp, _g1) = s.device_ptr(&self.stream);
+            let (rp, _g2) = r.device_ptr_mut(&self.stream);
+            // SAFETY: device buffers sized send.len() and n * send.len().
+            unsafe {
+                result::all_gather(sp as *const c_void, rp as *mut c_void, send.len(), U8, comm, self.cu_stream())
+            }
+            .map_err(|e| nccl_err("ncclAllGather", e))
+        })?;
+        self.download(&r, recv)
+    }
+
+    fn all_reduce(&self, group: &[usize], buf: &mut [u8], dtype: DType, op: ReduceOp) -> Result<()> {
+        check::whole("all_reduce", buf.len(), dtype)?;
+        if buf.is_empty() {
+            return self.my_index("all_reduce", group).map(|_| ());
+        }
+        let mut d = self.upload(buf)?;
+        let count = buf.len() / dtype.size_of();
+        self.run("all_reduce", group, |comm, _| {
+            let (p, _g) = d.device_ptr_mut(&self.stream);
+            // SAFETY: in-place reduction over `count` elements of `dtype`.
+            unsafe {
+                result::all_reduce(
+                    p as *const c_void,
+                    p as *mut c_void,
+                    count,
+                    nccl_dtype(dtype),
+                    nccl_op(op),
+                    comm,
+                    self.cu_stream(),
+                )
+            }
+            .map_err(|e| nccl_err("ncclAllReduce", e))
+        })?;
+        self.download(&d, buf)?;
+        reduce::finish(dtype, op, buf, group.len());
+        Ok(())
+    }
+
+    fn reduce_scatter(&self, group: &[usize], send: &[u8], recv: &mut [u8], dtype: DType, op: ReduceOp) -> Result<()> {
+        let n = group.len();
+        check::blocks("reduce_scatter", "send", send.len(), n, recv.len())?;
+        check::whole("reduce_scatter", recv.len(), dtype)?;
+        if recv.is_empty() {
+            return self.my_index("reduce_scatter", group).map(|_| ());
+        }
+        let s = self.upload(send)?;
+        let mut r = self.alloc(recv.len())?;
+        let count = recv.len() / dtype.size_of();
+        self.run("reduce_scatter", group, |comm, _| {
+            let (sp, _g1) = s.device_ptr(&self.stream);
+            let (rp, _g2) = r.device_ptr_mut(&self.stream);
+            // SAFETY: send holds n * count elements, recv count.
+            unsafe {
+                result::reduce_scatter(
+                    sp as *const c_void,
+                    rp as *mut c_void,
+                    count,
+                    nccl_dtype(dtype),
+                    nccl_op(op),
+                    comm,
+                    self.cu_stream(),
+                )
+            }
+            .map_err(|e| nccl_err("ncclReduceScatter", e))
+        })?;
+        self.download(&r, recv)?;
+        reduce::finish(dtype, op, recv, n);
+        Ok(())
+    }
+
+    fn all_to_all(&self, group: &[usize], send: &[u8], recv: &mut [u8]) -> Result<()> {
+        let n = group.len();
+        check::all_to_all(send.len(), recv.len(), n)?;
+        if send.is_empty() {
+            return self.my_index("all_to_all", group).map(|_| ());
+        }
+        let l = send.len() / n;
+        let s = self.upload(send)?;
+        let mut r = self.alloc(recv.len())?;
+        self.run("all_to_all", group, |comm, _| {
+            let (sp, _g1) = s.device_ptr(&self.stream);
+            let (rp, _g2) = r.device_ptr_mut(&self.stream);
+            result::group_start().map_err(|e| nccl_err("ncclGroupStart", e))?;
+            let mut res = Ok(());
+            for j in 0..n {
+                let off = (j * l) as u64;
+                // SAFETY: block j of both buffers is l bytes inside their allocations.
+                let r1 = unsafe { result::send((sp + off) as *const c_void, l, U8, j as i32, comm, self.cu_stream()) };
+                let r2 = unsafe { result::recv((rp + off) as *mut c_void, l, U8, j as i32, comm, self.cu_stream()) };
+                if let Err(e) = r1.and(r2) {
+                    res = Err(nccl_err("ncclSend/ncclRecv", e));
+                    break;
+                }
+            }
+            let end = result::group_end().map_err(|e| nccl_err("ncclGroupEnd", e));
+            res.and(end.map(|_| ()))
+        })?;
+        self.download(&r, recv)
+    }
+
+    fn broadcast(&self, group: &[usize], buf: &mut [u8], root: usize) -> Result<()> {
+        check::root(root, group.len())?;
+        if buf.is_empty() {
+            return self.my_index("broadcast", group).map(|_| ());
+        }
+        let mut d = self.upload(buf)?;
+        self.run("broadcast", group, |comm, _| {
+            let (p, _g) = d.device_ptr_mut(&self.stream);
+            // SAFETY: in-place broadcast of buf.len() bytes.
+            unsafe {
+                result::broadcast(
+                    p as *const c_void,
+                    p as *mut c_void,
+                    buf.len(),
+                    U8,
+                    root as i32,
+                    comm,
+                    self.cu_stream(),
+                )
+            }
+            .map_err(|e| nccl_err("ncclBroadcast", e))
+        })?;
+        self.download(&d, buf)
+    }
+
+    fn scatter(&self, group: &[usize], send: &[u8], recv: &mut [u8], root: usize) -> Result<()> {
+        let n = group.len();
+        check::root(root, n)?;
+        let me = self.my_index("scatter", group)?;
+        let l = recv.len();
+        if me == root {
+            check::blocks("scatter", "root send", send.len(), n, l)?;
+        }
+        if l == 0 {
+            return Ok(());
+        }
+        let s = if me == root { self.upload(send)? } else { self.alloc(1)? };
+        let mut r = self.alloc(l)?;
+        self.run("scatter", group, |comm, me| {
+            let (sp, _g1) = s.device_ptr(&self.stream);
+            let (rp, _g2) = r.device_ptr_mut(&self.stream);
+            result::group_start().map_err(|e| nccl_err("ncclGroupStart", e))?;
+            let mut res = Ok(());
+            if me == root {
+                for j in (0..n).filter(|&j| j != root) {
+                    // SAFETY: block j of the root's buffer.
+                    let r = unsafe {
+                        result::send((sp + (j * l) as u64) as *const c_void, l, U8, j as i32, comm, self.cu_stream())
+                    };
+                    if let Err(e) = r {
+                        res = Err(nccl_err("ncclSend", e));
+                        break;
+                    }
+                }
+            } else {
+                // SAFETY: recv buffer of l bytes.
+                let r = unsafe { result::recv(rp as *mut c_void, l, U8, root as i32, comm, self.cu_stream()) };
+                res = r.map(|_| ()).map_err(|e| nccl_err("ncclRecv", e));
+            }
+            let end = result::group_end().map_err(|e| nccl_err("ncclGroupEnd", e));
+            res.and(end.map(|_| ()))
+        })?;
+        if me == root {
+            recv.copy_from_slice(&send[root * l..(root + 1) * l]);
+            Ok(())
+        } else {
+            self.download(&r, recv)
+        }
+    }
+
+    fn barrier(&self, group: &[usize]) -> Result<()> {
+        let mut one = 1f32.to_ne_bytes();
+        self.all_reduce(group, &mut one, DType::F32, ReduceOp::Sum)
+    }
+}

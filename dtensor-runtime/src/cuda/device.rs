@@ -1,0 +1,85 @@
+//! One CUDA device: context, stream, and lazily created cuBLAS handle and kernel module.
+
+use super::{cuda_err, kernels::Kernels, require, CudaLib};
+use crate::error::{Error, Result};
+use cudarc::cublas::CudaBlas;
+use cudarc::driver::{CudaContext, CudaStream};
+use std::fmt;
+use std::sync::{Arc, Mutex};
+
+/// A CUDA device with the stream every tensor on it uses (work on one device is ordered).
+pub struct CudaDevice {
+    ctx: Arc<CudaContext>,
+    stream: Arc<CudaStream>,
+    blas: Mutex<Option<Arc<CudaBlas>>>,
+    kernels: Mutex<Option<Arc<Kernels>>>,
+}
+
+impl fmt::Debug for CudaDevice {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "CudaDevice({})", self.ctx.ordinal())
+    }
+}
+
+impl CudaDevice {
+    /// Opens device `ordinal` (errors: [`Error::Unavailable`] without driver or device).
+    pub fn new(ordinal: usize) -> Result<Arc<CudaDevice>> {
+        let count = super::device_count()?;
+        if ordinal >= count {
+            return Err(Error::Unavailable {
+                what: format!("CUDA device {ordinal}"),
+                reason: format!("this machine has {count} device(s)"),
+            });
+        }
+        let ctx = CudaContext::new(ordinal).map_err(|e| cuda_err("creating the CUDA context", e))?;
+        let stream = ctx.default_stream();
+        Ok(Arc::new(CudaDevice { ctx, stream, blas: Mutex::new(None), kernels: Mutex::new(None) }))
+    }
+
+    /// Device ordinal.
+    pub fn ordinal(&self) -> usize {
+        self.ctx.ordinal()
+    }
+
+    /// The device name reported by the driver.
+    pub fn name(&self) -> Result<String> {
+        self.ctx.name().map_err(|e| cuda_err("device name", e))
+    }
+
+    /// The stream all work on this device is queued on.
+    pub fn stream(&self) -> &Arc<CudaStream> {
+        &self.stream
+    }
+
+    /// The CUDA context (made current on the calling thread by cudarc calls).
+    pub fn context(&self) -> &Arc<CudaContext> {
+        &self.ctx
+    }
+
+    /// Waits until all queued work has finished.
+    pub fn synchronize(&self) -> Result<()> {
+        self.stream.synchronize().map_err(|e| cuda_err("stream synchronize", e))
+    }
+
+    pub(crate) fn blas(&self) -> Result<Arc<CudaBlas>> {
+        let mut b = self.blas.lock().unwrap_or_else(|e| e.into_inner());
+        if let Some(b) = &*b {
+            return Ok(Arc::clone(b));
+        }
+        require(CudaLib::Cublas)?;
+        let h =
+            Arc::new(CudaBlas::new(Arc::clone(&self.stream)).map_err(|e| cuda_err("creating the cuBLAS handle", e))?);
+        *b = Some(Arc::clone(&h));
+        Ok(h)
+    }
+
+    pub(crate) fn kernels(&self) -> Result<Arc<Kernels>> {
+        let mut k = self.kernels.lock().unwrap_or_else(|e| e.into_inner());
+        if let Some(k) = &*k {
+            return Ok(Arc::clone(k));
+        }
+        let m = Arc::new(Kernels::compile(&self.ctx)?);
+        *k = Some(Arc::clone(&m));
+        Ok(m)
+    }
+}

@@ -1,0 +1,198 @@
+//! GPU tests (feature `cuda`). Without a CUDA driver or device every test checks that the
+//! failure is the typed `Error::Unavailable` (no cudarc panic), prints a skip message and
+//! returns. On a GPU machine (scripts/gpu-check.sh) each prints one `GPUCHECK|name|PASS|detail`
+//! row for the summary table.
+
+mod common;
+
+use common::{coord_of, expected_shard, global};
+use dtensor_runtime::comm::nccl::NcclComm;
+use dtensor_runtime::cuda::{self, CudaDevice, CudaTensor};
+use dtensor_runtime::ndarray::{ArrayD, Ix2, IxDyn};
+use dtensor_runtime::{distribute_tensor, Communicator, DType, DeviceMesh, Error, ReduceOp, Replicate, Shard};
+use std::sync::Arc;
+
+/// The device, or `None` after checking the error is typed and printing why we skip.
+fn device(test: &str) -> Option<Arc<CudaDevice>> {
+    match CudaDevice::new(0) {
+        Ok(d) => Some(d),
+        Err(e) => {
+            assert!(matches!(e, Error::Unavailable { .. }), "{test}: expected Error::Unavailable, got {e:?}");
+            println!("GPUCHECK|{test}|SKIP|{e}");
+            eprintln!("skipping {test}: {e}");
+            None
+        }
+    }
+}
+
+fn max_err(a: &ArrayD<f64>, b: &ArrayD<f64>) -> f64 {
+    assert_eq!(a.shape(), b.shape());
+    a.iter().zip(b.iter()).map(|(x, y)| (x - y).abs()).fold(0.0, f64::max)
+}
+
+fn cpu_matmul(a: &ArrayD<f64>, b: &ArrayD<f64>) -> ArrayD<f64> {
+    let k = *a.shape().last().unwrap();
+    let lead: Vec<usize> = a.shape()[..a.ndim() - 1].to_vec();
+    let a2 = a.to_shape((a.len() / k.max(1), k)).unwrap().into_owned();
+    let b2 = b.clone().into_dimensionality::<Ix2>().unwrap();
+    let c = a2.dot(&b2);
+    let mut shape = lead;
+    shape.push(b.shape()[1]);
+    c.into_shape_with_order(IxDyn(&shape)).unwrap()
+}
+
+#[test]
+fn missing_cuda_is_a_typed_error_not_a_panic() {
+    match cuda::availability() {
+        Ok(()) => println!("GPUCHECK|availability|PASS|{} device(s)", cuda::device_count().unwrap()),
+        Err(e) => {
+            assert!(matches!(e, Error::Unavailable { .. }), "{e:?}");
+            let dev = CudaDevice::new(0).unwrap_err();
+            assert!(matches!(dev, Error::Unavailable { .. }), "{dev:?}");
+            eprintln!("no CUDA here, as expected on a CPU machine: {e}");
+        }
+    }
+}
+
+#[test]
+fn host_round_trips() {
+    let Some(dev) = device("host_round_trips") else { return };
+    for shape in [&[5usize, 3][..], &[7], &[2, 0, 3], &[1, 1, 1]] {
+        let g = global(shape, 1);
+        let t = CudaTensor::from_host(&dev, &g).unwrap();
+        assert_eq!(t.to_host().unwrap(), g, "f64 {shape:?}");
+        let g32 = g.mapv(|x| x as f32);
+        assert_eq!(CudaTensor::from_host(&dev, &g32).unwrap().to_host().unwrap(), g32, "f32 {shape:?}");
+    }
+    println!("GPUCHECK|host_round_trips|PASS|f32+f64, 4 shapes incl. empty");
+}
+
+#[test]
+fn matmul_matches_cpu() {
+    let Some(dev) = device("matmul_matches_cpu") else { return };
+    let mut worst = 0.0f64;
+    for (sa, sb) in
+        [(&[5usize, 7][..], &[7usize, 3][..]), (&[2, 5, 7], &[7, 3]), (&[64, 128], &[128, 96]), (&[3, 0], &[0, 4])]
+    {
+        let a = global(sa, 2);
+        let b = global(sb, 3);
+        let want = cpu_matmul(&a, &b);
+        let got = CudaTensor::from_host(&dev, &a).unwrap().matmul(&CudaTensor::from_host(&dev, &b).unwrap()).unwrap();
+        let e = max_err(&got.to_host().unwrap(), &want);
+        assert!(e <= 1e-9 * (1.0 + want.iter().fold(0.0f64, |m, x| m.max(x.abs()))), "f64 {sa:?}@{sb:?}: err {e}");
+        let got32 = CudaTensor::from_host(&dev, &a.mapv(|x| x as f32))
+            .unwrap()
+            .matmul(&CudaTensor::from_host(&dev, &b.mapv(|x| x as f32)).unwrap())
+            .unwrap();
+        let e32 = max_err(&got32.to_host().unwrap().mapv(|x| x as f64), &want);
+        assert!(e32 <= 1e-3 * (1.0 + want.iter().fold(0.0f64, |m, x| m.max(x.abs()))), "f32 {sa:?}@{sb:?}: err {e32}");
+        worst = worst.max(e32);
+    }
+    let bad = CudaTensor::from_host(&dev, &global(&[2, 3], 0))
+        .unwrap()
+        .matmul(&CudaTensor::from_host(&dev, &global(&[4, 2], 0)).unwrap());
+    assert!(matches!(bad, Err(Error::ShapeMismatch { .. })), "{bad:?}");
+    println!("GPUCHECK|matmul_matches_cpu|PASS|4 shapes, f32 max err {worst:.1e}");
+}
+
+#[test]
+fn elementwise_matches_cpu() {
+    let Some(dev) = device("elementwise_matches_cpu") else { return };
+    let a = global(&[33, 31], 4);
+    let b = global(&[33, 31], 5).mapv(|x| x + 100.0); // no zeros: div is safe
+    let (ta, tb) = (CudaTensor::from_host(&dev, &a).unwrap(), CudaTensor::from_host(&dev, &b).unwrap());
+    let cases: Vec<(&str, CudaTensor<f64>, ArrayD<f64>)> = vec![
+        ("add", ta.add(&tb).unwrap(), &a + &b),
+        ("sub", ta.sub(&tb).unwrap(), &a - &b),
+        ("mul", ta.mul(&tb).unwrap(), &a * &b),
+        ("div", ta.binary("div", &tb).unwrap(), &a / &b),
+        ("relu", ta.relu().unwrap(), a.mapv(|x| x.max(0.0))),
+        ("scale", ta.scale(2.5).unwrap(), a.mapv(|x| x * 2.5)),
+    ];
+    for (name, got, want) in cases {
+        assert!(max_err(&got.to_host().unwrap(), &want) <= 1e-12, "{name}");
+    }
+    // GELU(x) = x Φ(x): reference values of the standard normal CDF.
+    let x = ArrayD::from_shape_vec(IxDyn(&[3]), vec![0.0, 1.0, -1.0]).unwrap();
+    let g = CudaTensor::from_host(&dev, &x).unwrap().gelu().unwrap().to_host().unwrap();
+    let want: [f64; 3] = [0.0, 0.841_344_746_068_542_9, -0.158_655_253_931_457_05];
+    assert!(g.iter().zip(want).all(|(a, b)| (a - b).abs() < 1e-12), "gelu {g:?}");
+    let bad = ta.add(&CudaTensor::from_host(&dev, &global(&[2], 0)).unwrap());
+    assert!(matches!(bad, Err(Error::ShapeMismatch { .. })));
+    println!("GPUCHECK|elementwise_matches_cpu|PASS|add sub mul div relu scale gelu");
+}
+
+#[test]
+fn nccl_one_rank_collectives() {
+    let Some(dev) = device("nccl_one_rank_collectives") else { return };
+    let comm = match NcclComm::single(&dev) {
+        Ok(c) => c,
+        Err(e) => {
+            assert!(matches!(e, Error::Unavailable { .. }), "{e:?}");
+            println!("GPUCHECK|nccl_one_rank_collectives|SKIP|{e}");
+            return;
+        }
+    };
+    let g = [0usize];
+    let xs: Vec<f32> = vec![1.5, -2.0, 3.25];
+    for op in [ReduceOp::Sum, ReduceOp::Avg, ReduceOp::Min, ReduceOp::Max, ReduceOp::Product] {
+        let mut b: Vec<u8> = bytemuck::cast_slice(&xs).to_vec();
+        comm.all_reduce(&g, &mut b, DType::F32, op).unwrap();
+        assert_eq!(bytemuck::pod_collect_to_vec::<u8, f32>(&b), xs, "{op:?}");
+        let mut r = vec![0u8; b.len()];
+        comm.reduce_scatter(&g, bytemuck::cast_slice(&xs), &mut r, DType::F32, op).unwrap();
+        assert_eq!(bytemuck::pod_collect_to_vec::<u8, f32>(&r), xs, "reduce_scatter {op:?}");
+    }
+    let send: Vec<u8> = (0..10).collect();
+    let mut out = vec![0u8; 10];
+    comm.all_gather(&g, &send, &mut out).unwrap();
+    assert_eq!(out, send);
+    comm.all_to_all(&g, &send, &mut out).unwrap();
+    assert_eq!(out, send);
+    let mut bc = send.clone();
+    comm.broadcast(&g, &mut bc, 0).unwrap();
+    assert_eq!(bc, send);
+    comm.scatter(&g, &send, &mut out, 0).unwrap();
+    assert_eq!(out, send);
+    comm.barrier(&g).unwrap();
+    assert!(matches!(comm.barrier(&[0, 1]), Err(Error::RankOutOfRange { .. })));
+    println!("GPUCHECK|nccl_one_rank_collectives|PASS|all_reduce x5 ops, reduce_scatter, all_gather, all_to_all, broadcast, scatter, barrier");
+}
+
+#[test]
+fn nccl_mesh_distribute_redistribute() {
+    let Some(dev) = device("nccl_mesh_distribute_redistribute") else { return };
+    let comm = match NcclComm::single(&dev) {
+        Ok(c) => c,
+        Err(e) => {
+            println!("GPUCHECK|nccl_mesh_distribute_redistribute|SKIP|{e}");
+            return;
+        }
+    };
+    let mesh = DeviceMesh::new(Arc::new(comm), &[1, 1], &["dp", "tp"]).unwrap();
+    let g = global(&[5, 3], 9);
+    let lists = [[Shard(0), Replicate], [Replicate, Shard(1)], [Shard(1), Shard(0)], [Replicate, Replicate]];
+    for from in &lists {
+        let dt = distribute_tensor(&g, &mesh, from, Some(0)).unwrap();
+        for to in &lists {
+            let r = dt.redistribute(to).unwrap();
+            assert_eq!(r.to_local(), expected_shard(&g, &[1, 1], &coord_of(0, &[1, 1]), to), "{from:?} -> {to:?}");
+        }
+        assert_eq!(dt.full_tensor().unwrap(), g);
+    }
+    println!("GPUCHECK|nccl_mesh_distribute_redistribute|PASS|1x1 mesh over NCCL, 16 redistributions");
+}
+
+#[test]
+fn mlp_chain_matches_cpu() {
+    let Some(dev) = device("mlp_chain_matches_cpu") else { return };
+    let x = global(&[16, 32], 11).mapv(|v| v / 48.0);
+    let w1 = global(&[32, 64], 12).mapv(|v| v / 48.0);
+    let w2 = global(&[64, 32], 13).mapv(|v| v / 48.0);
+    let want = cpu_matmul(&cpu_matmul(&x, &w1).mapv(|v| v.max(0.0)), &w2).mapv(|v| v * 0.5);
+    let up = |a: &ArrayD<f64>| CudaTensor::from_host(&dev, &a.mapv(|v| v as f32)).unwrap();
+    let got = up(&x).matmul(&up(&w1)).unwrap().relu().unwrap().matmul(&up(&w2)).unwrap().scale(0.5).unwrap();
+    let e = max_err(&got.to_host().unwrap().mapv(|v| v as f64), &want);
+    assert!(e < 1e-4, "mlp chain err {e}");
+    println!("GPUCHECK|mlp_chain_matches_cpu|PASS|x@w1 -> relu -> @w2 -> *0.5 (f32), max err {e:.1e}");
+}

@@ -1,0 +1,290 @@
+//! MPI suite 1: every collective of the MPI `Communicator` against values computed
+//! independently on each rank, over the world, prepared mesh-dim groups, and groups that were
+//! never prepared (created lazily). Run under `mpirun -np 4` (scripts/mpi-tests.sh).
+
+mod mpi_harness;
+
+use dtensor_runtime::{launch, Along, Backend, DType, Error, RankCtx, ReduceOp};
+use mpi_harness::{fail, Outcome, TestFn};
+use std::time::{Duration, Instant};
+
+const OPS: [ReduceOp; 5] = [ReduceOp::Sum, ReduceOp::Avg, ReduceOp::Min, ReduceOp::Max, ReduceOp::Product];
+
+/// Value rank `r` contributes at element `i` (small integers: exact sums/products in f32).
+fn val(r: usize, i: usize) -> f64 {
+    ((r * 7 + i * 3) % 5) as f64 - 2.0 + (r % 2) as f64 * 0.5
+}
+
+fn fold(op: ReduceOp, xs: impl Iterator<Item = f64>) -> f64 {
+    let v: Vec<f64> = xs.collect();
+    match op {
+        ReduceOp::Sum => v.iter().sum(),
+        ReduceOp::Avg => v.iter().sum::<f64>() / v.len() as f64,
+        ReduceOp::Min => v.iter().cloned().fold(f64::INFINITY, f64::min),
+        ReduceOp::Max => v.iter().cloned().fold(f64::NEG_INFINITY, f64::max),
+        ReduceOp::Product => v.iter().product(),
+    }
+}
+
+fn to_bytes(dtype: DType, xs: &[f64]) -> Vec<u8> {
+    match dtype {
+        DType::F32 => xs.iter().flat_map(|&x| (x as f32).to_ne_bytes()).collect(),
+        DType::F64 => xs.iter().flat_map(|&x| x.to_ne_bytes()).collect(),
+    }
+}
+
+fn from_bytes(dtype: DType, b: &[u8]) -> Vec<f64> {
+    match dtype {
+        DType::F32 => b.chunks(4).map(|c| f32::from_ne_bytes(c.try_into().unwrap()) as f64).collect(),
+        DType::F64 => b.chunks(8).map(|c| f64::from_ne_bytes(c.try_into().unwrap())).collect(),
+    }
+}
+
+fn close(got: &[f64], want: &[f64], what: &str) -> Result<(), String> {
+    if got.len() != want.len() {
+        return Err(format!("{what}: {} values, expected {}", got.len(), want.len()));
+    }
+    match got.iter().zip(want).position(|(a, b)| (a - b).abs() > 1e-5 * (1.0 + b.abs())) {
+        Some(i) => Err(format!("{what}: element {i} is {} but expected {}", got[i], want[i])),
+        None => Ok(()),
+    }
+}
+
+/// The groups every test runs over: the world, its reverse (never prepared: lazy
+/// MPI_Comm_create_group), and the parity classes of the ranks (never prepared either).
+fn groups(ctx: &RankCtx) -> Vec<Vec<usize>> {
+    let n = ctx.world_size();
+    let me = ctx.rank();
+    let world: Vec<usize> = (0..n).collect();
+    let reverse: Vec<usize> = (0..n).rev().collect();
+    let parity: Vec<usize> = (0..n).filter(|r| r % 2 == me % 2).collect();
+    vec![world, reverse, parity]
+}
+
+fn all_reduce_every_op(ctx: &RankCtx) -> Result<Outcome, String> {
+    let c = ctx.comm();
+    for g in groups(ctx) {
+        for dtype in [DType::F32, DType::F64] {
+            for op in OPS {
+                let len = 7;
+                let mine: Vec<f64> = (0..len).map(|i| val(ctx.rank(), i)).collect();
+                let mut buf = to_bytes(dtype, &mine);
+                c.all_reduce(&g, &mut buf, dtype, op).map_err(fail)?;
+                let want: Vec<f64> = (0..len).map(|i| fold(op, g.iter().map(|&r| val(r, i)))).collect();
+                close(&from_bytes(dtype, &buf), &want, &format!("all_reduce {op:?} {dtype} on {g:?}"))?;
+            }
+        }
+    }
+    Ok(Outcome::Pass)
+}
+
+fn reduce_scatter_every_op(ctx: &RankCtx) -> Result<Outcome, String> {
+    let c = ctx.comm();
+    for g in groups(ctx) {
+        let n = g.len();
+        let me = g.iter().position(|&r| r == ctx.rank()).unwrap();
+        let block = 3;
+        for dtype in [DType::F32, DType::F64] {
+            for op in OPS {
+                let mine: Vec<f64> = (0..block * n).map(|i| val(ctx.rank(), i)).collect();
+                let send = to_bytes(dtype, &mine);
+                let mut recv = vec![0u8; send.len() / n];
+                c.reduce_scatter(&g, &send, &mut recv, dtype, op).map_err(fail)?;
+                let want: Vec<f64> =
+                    (me * block..(me + 1) * block).map(|i| fold(op, g.iter().map(|&r| val(r, i)))).collect();
+                close(&from_bytes(dtype, &recv), &want, &format!("reduce_scatter {op:?} {dtype} on {g:?}"))?;
+            }
+        }
+    }
+    Ok(Outcome::Pass)
+}
+
+/// Byte pattern of (sender, block, byte index) so misrouted blocks are visible.
+fn pat(from: usize, block: usize, k: usize) -> u8 {
+    (from * 31 + block * 7 + k) as u8
+}
+
+fn all_gather_in_group_order(ctx: &RankCtx) -> Result<Outcome, String> {
+    let c = ctx.comm();
+    for g in groups(ctx) {
+        let l = 5;
+        let send: Vec<u8> = (0..l).map(|k| pat(ctx.rank(), 0, k)).collect();
+        let mut recv = vec![0u8; l * g.len()];
+        c.all_gather(&g, &send, &mut recv).map_err(fail)?;
+        let want: Vec<u8> = g.iter().flat_map(|&r| (0..l).map(move |k| pat(r, 0, k))).collect();
+        if recv != want {
+            return Err(format!("all_gather on {g:?}: got {recv:?}, expected {want:?}"));
+        }
+    }
+    Ok(Outcome::Pass)
+}
+
+fn all_to_all_routes_blocks(ctx: &RankCtx) -> Result<Outcome, String> {
+    let c = ctx.comm();
+    for g in groups(ctx) {
+        let n = g.len();
+        let me = g.iter().position(|&r| r == ctx.rank()).unwrap();
+        let l = 4;
+        let send: Vec<u8> = (0..n).flat_map(|j| (0..l).map(move |k| pat(me, j, k))).collect();
+        let mut recv = vec![0u8; send.len()];
+        c.all_to_all(&g, &send, &mut recv).map_err(fail)?;
+        let want: Vec<u8> = (0..n).flat_map(|i| (0..l).map(move |k| pat(i, me, k))).collect();
+        if recv != want {
+            return Err(format!("all_to_all on {g:?}: got {recv:?}, expected {want:?}"));
+        }
+    }
+    Ok(Outcome::Pass)
+}
+
+fn broadcast_from_every_root(ctx: &RankCtx) -> Result<Outcome, String> {
+    let c = ctx.comm();
+    for g in groups(ctx) {
+        for root in 0..g.len() {
+            let mut buf: Vec<u8> = (0..6).map(|k| pat(ctx.rank(), root, k)).collect();
+            c.broadcast(&g, &mut buf, root).map_err(fail)?;
+            let want: Vec<u8> = (0..6).map(|k| pat(g[root], root, k)).collect();
+            if buf != want {
+                return Err(format!("broadcast root {root} on {g:?}: got {buf:?}, expected {want:?}"));
+            }
+        }
+    }
+    Ok(Outcome::Pass)
+}
+
+fn scatter_from_every_root(ctx: &RankCtx) -> Result<Outcome, String> {
+    let c = ctx.comm();
+    for g in groups(ctx) {
+        let n = g.len();
+        let me = g.iter().position(|&r| r == ctx.rank()).unwrap();
+        for root in 0..n {
+            let l = 3;
+            // Only the root's send matters; others pass garbage of another length.
+            let send: Vec<u8> =
+                if me == root { (0..n).flat_map(|j| (0..l).map(move |k| pat(root, j, k))).collect() } else { vec![9] };
+            let mut recv = vec![0u8; l];
+            c.scatter(&g, &send, &mut recv, root).map_err(fail)?;
+            let want: Vec<u8> = (0..l).map(|k| pat(root, me, k)).collect();
+            if recv != want {
+                return Err(format!("scatter root {root} on {g:?}: got {recv:?}, expected {want:?}"));
+            }
+        }
+    }
+    Ok(Outcome::Pass)
+}
+
+fn barrier_waits_for_the_slowest(ctx: &RankCtx) -> Result<Outcome, String> {
+    let c = ctx.comm();
+    for g in groups(ctx) {
+        c.barrier(&g).map_err(fail)?;
+        let t0 = Instant::now();
+        if ctx.rank() == g[g.len() - 1] {
+            std::thread::sleep(Duration::from_millis(300));
+        }
+        c.barrier(&g).map_err(fail)?;
+        let waited = t0.elapsed();
+        if waited < Duration::from_millis(250) {
+            return Err(format!("barrier on {g:?} returned after {waited:?}, before the last member arrived"));
+        }
+    }
+    Ok(Outcome::Pass)
+}
+
+/// Typed mesh collectives over the prepared per-dim sub-communicators (MPI_Comm_split).
+fn mesh_dim_collectives(ctx: &RankCtx) -> Result<Outcome, String> {
+    let n = ctx.world_size();
+    if !n.is_multiple_of(2) {
+        return Ok(Outcome::Skip(format!("needs an even number of ranks, has {n}")));
+    }
+    let mesh = ctx.init_device_mesh(&[2, n / 2], &["dp", "tp"]).map_err(fail)?;
+    for d in 0..2 {
+        let g = mesh.group(d).to_vec();
+        let mine: Vec<f32> = (0..4).map(|i| val(ctx.rank(), i) as f32).collect();
+        let got = mesh.all_gather(Along::Dim(d), &mine).map_err(fail)?;
+        let want: Vec<f64> = g.iter().flat_map(|&r| (0..4).map(move |i| val(r, i))).collect();
+        close(&got.iter().map(|&x| x as f64).collect::<Vec<_>>(), &want, &format!("mesh all_gather dim {d}"))?;
+        let mut buf: Vec<f64> = (0..4).map(|i| val(ctx.rank(), i)).collect();
+        mesh.all_reduce(Along::Dim(d), &mut buf, ReduceOp::Sum).map_err(fail)?;
+        let want: Vec<f64> = (0..4).map(|i| g.iter().map(|&r| val(r, i)).sum()).collect();
+        close(&buf, &want, &format!("mesh all_reduce dim {d}"))?;
+    }
+    let mut all: Vec<f64> = vec![ctx.rank() as f64 + 1.0];
+    mesh.all_reduce(Along::All, &mut all, ReduceOp::Product).map_err(fail)?;
+    close(&all, &[(1..=n).map(|x| x as f64).product()], "mesh all_reduce over the whole mesh")?;
+    Ok(Outcome::Pass)
+}
+
+/// Bad input gets a typed error on every rank, before any message moves.
+fn bad_input_is_a_typed_error(ctx: &RankCtx) -> Result<Outcome, String> {
+    let c = ctx.comm();
+    let n = ctx.world_size();
+    let world: Vec<usize> = (0..n).collect();
+    let others: Vec<usize> = (0..n).filter(|&r| r != ctx.rank()).collect();
+    let mut recv = vec![0u8; 3];
+    let e = c.all_gather(&world, &[1, 2], &mut recv).unwrap_err();
+    if !matches!(e, Error::BufferMismatch { .. }) && n != 1 {
+        return Err(format!("wrong recv size gave {e:?}"));
+    }
+    if !others.is_empty() {
+        let e = c.barrier(&others).unwrap_err();
+        if !matches!(e, Error::BufferMismatch { .. }) {
+            return Err(format!("non-member group gave {e:?}"));
+        }
+    }
+    let e = c.broadcast(&world, &mut [0u8; 4], n).unwrap_err();
+    if !matches!(e, Error::RankOutOfRange { .. }) {
+        return Err(format!("root out of range gave {e:?}"));
+    }
+    let e = c.barrier(&[n + 3]).unwrap_err();
+    if !matches!(e, Error::RankOutOfRange { .. }) {
+        return Err(format!("rank out of world gave {e:?}"));
+    }
+    let e = c.prepare_groups(&[vec![vec![0, 0]]]).unwrap_err();
+    if !matches!(e, Error::InvalidArgument { .. }) {
+        return Err(format!("non-partition gave {e:?}"));
+    }
+    let e = c.all_reduce(&world, &mut [0u8; 5], DType::F32, ReduceOp::Sum).unwrap_err();
+    if !matches!(e, Error::BufferMismatch { .. }) {
+        return Err(format!("5 bytes of f32 gave {e:?}"));
+    }
+    Ok(Outcome::Pass)
+}
+
+fn backend_name_and_world(ctx: &RankCtx) -> Result<Outcome, String> {
+    let n: usize = std::env::var("OMPI_COMM_WORLD_SIZE").ok().and_then(|v| v.parse().ok()).unwrap_or(1);
+    if ctx.comm().backend() != "mpi" || ctx.world_size() != n || ctx.rank() >= n {
+        return Err(format!(
+            "backend {} rank {} of {}, mpirun says {n}",
+            ctx.comm().backend(),
+            ctx.rank(),
+            ctx.world_size()
+        ));
+    }
+    Ok(Outcome::Pass)
+}
+
+/// `launch(Backend::Mpi, n, ..)` with `n` different from mpirun's `-np`: a typed error on
+/// every rank, before the closure runs.
+fn launch_rejects_a_wrong_world_size(ctx: &RankCtx) -> Result<Outcome, String> {
+    let n = ctx.world_size();
+    match launch(Backend::Mpi, n + 1, |_| -> dtensor_runtime::Result<()> { panic!("must not run") }) {
+        Err(Error::InvalidArgument { .. }) => Ok(Outcome::Pass),
+        other => Err(format!("launch with {} ranks under -np {n} gave {other:?}", n + 1)),
+    }
+}
+
+fn main() {
+    let tests: &[(&str, TestFn)] = &[
+        ("backend_name_and_world", backend_name_and_world),
+        ("all_reduce_every_op", all_reduce_every_op),
+        ("reduce_scatter_every_op", reduce_scatter_every_op),
+        ("all_gather_in_group_order", all_gather_in_group_order),
+        ("all_to_all_routes_blocks", all_to_all_routes_blocks),
+        ("broadcast_from_every_root", broadcast_from_every_root),
+        ("scatter_from_every_root", scatter_from_every_root),
+        ("barrier_waits_for_the_slowest", barrier_waits_for_the_slowest),
+        ("mesh_dim_collectives", mesh_dim_collectives),
+        ("bad_input_is_a_typed_error", bad_input_is_a_typed_error),
+        ("launch_rejects_a_wrong_world_size", launch_rejects_a_wrong_world_size),
+    ];
+    mpi_harness::main("mpi_collectives", tests);
+}
