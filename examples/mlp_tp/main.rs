@@ -5,6 +5,8 @@
 //! cargo run --example mlp_tp                                  # 2×2 mesh, thread backend
 //! cargo run --example mlp_tp -- --mesh 1x4 --hidden 512 --steps 50
 //! cargo run --example mlp_tp -- --steps 5 --hidden 64         # what CI runs
+//! cargo build --example mlp_tp --features mpi
+//! mpirun -np 4 target/debug/examples/mlp_tp --backend mpi      # one process per rank
 //! ```
 //!
 //! Each block is `x + gelu(x @ w1) @ w2`, declared with `#[distribute(mesh = "dp,tp")]` (see
@@ -24,7 +26,7 @@ mod model;
 
 use clap::Parser;
 use dtensor::prelude::*;
-use dtensor::{visualize_sharding, CollectiveKind, CommDebugMode, RankCtx};
+use dtensor::{visualize_sharding, Backend, CollectiveKind, CommDebugMode, RankCtx};
 use indicatif::{ProgressBar, ProgressStyle};
 use model::{Mlp, MlpConfig, Trainer};
 use std::collections::BTreeMap;
@@ -60,14 +62,18 @@ struct Args {
     seed: u64,
     /// Communication backend: `threads` (in-process ranks), or `mpi` (build with
     /// `--features mpi`, start with `mpirun -np DP*TP`).
-    #[arg(long, default_value = "threads")]
-    backend: String,
+    #[arg(long, default_value = "threads", value_parser = parse_backend)]
+    backend: Backend,
     /// Largest relative difference to the 1-rank run that still passes.
     #[arg(long, default_value_t = 1e-4)]
     tol: f64,
     /// Show a progress bar instead of one line per step.
     #[arg(long)]
     progress: bool,
+}
+
+fn parse_backend(s: &str) -> std::result::Result<Backend, String> {
+    s.parse::<Backend>().map_err(|e| e.to_string())
 }
 
 fn parse_mesh(s: &str) -> std::result::Result<(usize, usize), String> {
@@ -231,21 +237,6 @@ fn compare(run: &Outcome, reference: &Outcome) -> (f64, String) {
     worst
 }
 
-fn run_backend<R: Send>(args: &Args, world: usize, f: impl Fn(RankCtx) -> Result<R> + Sync) -> Result<Vec<R>> {
-    match args.backend.as_str() {
-        "threads" => dtensor::run(world, f),
-        "mpi" => Err(Error::InvalidArgument {
-            context: "--backend".into(),
-            reason: "the mpi backend is not available in this build (it needs the `mpi` feature and the MPI launcher)"
-                .into(),
-        }),
-        other => Err(Error::InvalidArgument {
-            context: "--backend".into(),
-            reason: format!("unknown backend `{other}`; expected `threads` or `mpi`"),
-        }),
-    }
-}
-
 fn check_args(args: &Args) -> Result<()> {
     let bad = |reason: String| Err(Error::InvalidArgument { context: "mlp_tp".into(), reason });
     if args.batch == 0 || args.dim == 0 || args.hidden == 0 || args.layers == 0 || args.steps == 0 {
@@ -272,16 +263,22 @@ fn main() -> ExitCode {
 fn real_main(args: &Args) -> Result<bool> {
     check_args(args)?;
     let (dp, tp) = args.mesh;
-    println!(
-        "mlp_tp: mesh dp={dp} × tp={tp} ({} backend), {} block(s) {}→{}→{}, batch {}, {} steps, lr {}, seed {}",
-        args.backend, args.layers, args.dim, args.hidden, args.dim, args.batch, args.steps, args.lr, args.seed
-    );
     let log = Log { label: "mesh", layouts: true, steps: !args.progress, bar: args.progress };
-    let outs = run_backend(args, dp * tp, |ctx| {
-        let mine = if ctx.rank() == 0 { log } else { QUIET };
-        train(&ctx, args, (dp, tp), mine)
+    // Threads: every rank's result comes back. MPI: each process gets its own rank's; the
+    // process of rank 0 checks and reports, the others only train.
+    let outs = dtensor::launch(args.backend, dp * tp, |ctx| {
+        let mine = if ctx.rank() == 0 {
+            println!(
+                "mlp_tp: mesh dp={dp} × tp={tp} ({} backend), {} block(s) {}→{}→{}, batch {}, {} steps, lr {}, seed {}",
+                args.backend, args.layers, args.dim, args.hidden, args.dim, args.batch, args.steps, args.lr, args.seed
+            );
+            log
+        } else {
+            QUIET
+        };
+        Ok((ctx.rank(), train(&ctx, args, (dp, tp), mine)?))
     })?;
-    let Some(run) = outs.into_iter().next() else { return Ok(false) };
+    let Some((_, run)) = outs.into_iter().find(|(rank, _)| *rank == 0) else { return Ok(true) };
     // The reference: the same program on one rank (no communication at all).
     println!("reference: the same seed on 1 rank");
     let reference =
