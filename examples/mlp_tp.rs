@@ -22,6 +22,7 @@
 //!
 //! Exit status: 0 on PASS, 1 on FAIL, 2 on a bad argument or runtime error.
 
+#[path = "mlp_tp/model.rs"]
 mod model;
 
 use clap::Parser;
