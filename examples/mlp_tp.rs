@@ -4,7 +4,7 @@
 //! ```text
 //! cargo run --example mlp_tp                                  # 2×2 mesh, thread backend
 //! cargo run --example mlp_tp -- --mesh 1x4 --hidden 512 --steps 50
-//! cargo run --example mlp_tp -- --steps 5 --hidden 64         # what CI runs
+//! cargo run --example mlp_tp -- --steps 5                     # what CI runs
 //! cargo build --example mlp_tp --features mpi
 //! mpirun -np 4 target/debug/examples/mlp_tp --backend mpi      # one process per rank
 //! ```
