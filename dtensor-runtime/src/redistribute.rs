@@ -15,7 +15,7 @@ use crate::layout::{chunk_size_and_offset, level_shape, padded_chunk};
 use crate::mesh::DeviceMesh;
 use crate::placement::{fmt_placements, normalize_placements, Placement, ReduceOp};
 use crate::Along;
-use ndarray::{ArrayD, Axis, IxDyn, Slice};
+use ndarray::{ArrayD, ArrayViewD, ArrayViewMutD, Axis, IxDyn, Slice};
 use std::borrow::Cow;
 use std::cell::RefCell;
 use std::cmp::Reverse;
@@ -561,26 +561,29 @@ fn all_to_all_dims<T: Element>(
     block_shape[d] = cd;
     block_shape[e] = ce;
     let block: usize = block_shape.iter().product();
-    let mut send = Vec::with_capacity(block * n);
     let sd = local.shape()[d];
-    for j in 0..n {
+    // Pack: block j (our rows, the e-chunk of member j, padded to cd x ce) is written straight
+    // into its slot of the send buffer.
+    let mut send = vec![T::zero(); block * n];
+    for (j, slot) in send.chunks_exact_mut(block.max(1)).enumerate().take(n) {
         let (sz, off) = chunk_size_and_offset(shape[e], n, j);
-        let mut padded = ArrayD::<T>::zeros(IxDyn(&block_shape));
-        padded
-            .slice_axis_mut(Axis(d), Slice::from(0..sd))
+        let mut dst = ArrayViewMutD::from_shape(IxDyn(&block_shape), slot).expect("block-sized slot");
+        dst.slice_axis_mut(Axis(d), Slice::from(0..sd))
             .slice_axis_mut(Axis(e), Slice::from(0..sz))
             .assign(&local.slice_axis(Axis(e), Slice::from(off..off + sz)));
-        send.extend(padded.iter().copied());
     }
     let recv = mesh.all_to_all(Along::Dim(i), &send)?;
+    // Unpack: block j holds member j's rows of our e-chunk; it goes to rows off_d.. of the output.
     let my_e = chunk_size_and_offset(shape[e], n, k).0;
-    let mut parts = Vec::with_capacity(n);
+    let mut out_shape = local.shape().to_vec();
+    out_shape[d] = shape[d];
+    out_shape[e] = my_e;
+    let mut out = ArrayD::<T>::zeros(IxDyn(&out_shape));
     for j in 0..n {
-        let b = from_vec(&block_shape, recv[j * block..(j + 1) * block].to_vec());
-        let sz_d = chunk_size_and_offset(shape[d], n, j).0;
-        parts.push(b.slice_axis(Axis(d), Slice::from(0..sz_d)).slice_axis(Axis(e), Slice::from(0..my_e)).to_owned());
+        let (sz_d, off_d) = chunk_size_and_offset(shape[d], n, j);
+        let src = ArrayViewD::from_shape(IxDyn(&block_shape), &recv[j * block..(j + 1) * block]).expect("block-sized");
+        out.slice_axis_mut(Axis(d), Slice::from(off_d..off_d + sz_d))
+            .assign(&src.slice_axis(Axis(d), Slice::from(0..sz_d)).slice_axis(Axis(e), Slice::from(0..my_e)));
     }
-    let views: Vec<_> = parts.iter().map(|p| p.view()).collect();
-    ndarray::concatenate(Axis(d), &views)
-        .map_err(|err| Error::Backend { backend: "ndarray".into(), message: err.to_string() })
+    Ok(out)
 }

@@ -143,6 +143,54 @@ pub(crate) fn reduce_partials(placements: &[Placement], kept: &[ReduceOp]) -> Ve
         .collect()
 }
 
+/// Output placements of the strategy the inputs already match on every mesh dim (the one
+/// closest to `knobs.prefer_output` when several match), if any.
+fn exact_strategy<T: Element>(inputs: &[&DTensor<T>], rules: &[DimRule], knobs: &Select<'_>) -> Option<Vec<Placement>> {
+    let m = inputs[0].mesh.ndim();
+    // Per mesh dim, the rules whose inputs are exactly the current placements.
+    let fits: Vec<Vec<usize>> = (0..m)
+        .map(|d| {
+            (0..rules.len())
+                .filter(|&r| inputs.iter().zip(&rules[r].inputs).all(|(x, p)| x.placements[d] == *p))
+                .collect()
+        })
+        .collect();
+    if fits.iter().any(|f| f.is_empty()) {
+        return None;
+    }
+    let mut best: Option<(usize, Vec<Placement>)> = None;
+    let mut idx = vec![0usize; m];
+    loop {
+        let out: Vec<Placement> = (0..m).map(|d| rules[fits[d][idx[d]]].output).collect();
+        let mut pops = out.iter().filter_map(|p| if let Placement::Partial(o) = p { Some(*o) } else { None });
+        let mut ok = pops.next().is_none_or(|first| pops.all(|o| o == first));
+        if ok {
+            if let Some(v) = knobs.valid {
+                let ins: Vec<Vec<Placement>> = inputs.iter().map(|x| x.placements.clone()).collect();
+                ok = v(&ins, &out);
+            }
+        }
+        if ok {
+            let mismatch = knobs.prefer_output.map_or(0, |p| out.iter().zip(p).filter(|(a, b)| a != b).count());
+            if best.as_ref().is_none_or(|(c, _)| mismatch < *c) {
+                best = Some((mismatch, out));
+            }
+        }
+        let mut d = m;
+        loop {
+            if d == 0 {
+                return best.map(|(_, out)| out);
+            }
+            d -= 1;
+            idx[d] += 1;
+            if idx[d] < fits[d].len() {
+                break;
+            }
+            idx[d] = 0;
+        }
+    }
+}
+
 /// Picks the cheapest strategy for `inputs` from `rules` (the same rules on every mesh dim)
 /// and redistributes the inputs to it. Collectives are attributed to `op`.
 pub(crate) fn select<'a, T: Element>(
@@ -159,6 +207,12 @@ pub(crate) fn select<'a, T: Element>(
         |hint: &str| Error::NoShardingRule { op: op.into(), placements: fmt_inputs(inputs), hint: hint.to_string() };
     if rules.is_empty() {
         return Err(no_rule("the op has no strategy for these shapes"));
+    }
+    // Fast path: a strategy the inputs already satisfy moves nothing and has no steps, so it
+    // beats every candidate the search below would cost (each of those has >= 1 step); take
+    // it without planning anything.
+    if let Some(output) = exact_strategy(inputs, rules, &knobs) {
+        return Ok(Chosen { inputs: inputs.iter().map(|x| Cow::Borrowed(*x)).collect(), output });
     }
     // Cost of a candidate: (wire bytes, collectives then steps, output mismatches vs preference).
     let mut best: Option<Candidate> = None;
