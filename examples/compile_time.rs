@@ -19,8 +19,6 @@ pub struct Proj {
 
 /// Batch sharded over dp, replicated over tp: `(Shard<0>, Replicate) @ (Replicate, Shard<1>)`
 /// is legal and gives `(Shard<0>, Shard<1>)`, the declared result. No communication.
-// The macro spells the result out as `Result<Dt<f32, (dp, tp), (Shard<0>, Shard<1>), 2>>`.
-#[allow(clippy::type_complexity)]
 #[distribute(mesh = "dp,tp", placements = [Shard(0), Replicate], returns = [Shard(0), Shard(1)])]
 fn project(x: &DTensor<f32>, p: &Proj) -> dtensor::Result<DTensor<f32>> {
     x.matmul(&p.w)

@@ -395,8 +395,11 @@ pub(crate) fn expand_fn(args: Args, mut item: ItemFn, mut errs: Errors) -> Token
     let attrs = &item.attrs;
     let vis = &item.vis;
     let sig = &item.sig;
+    // Typed result types (`Result<Dt<f32, (dp, tp), (Shard<0>, Shard<1>), 2>>`) are long by
+    // nature; the user wrote the short dynamic form, so the lint is not theirs to fix.
     quote! {
         #(#attrs)*
+        #[allow(clippy::type_complexity)]
         #vis #sig {
             #(#prologue)*
             #body

@@ -49,7 +49,6 @@ pub struct Block {
 /// checked by the type system; the one collective is the redistribution of the Partial output
 /// of `@ w2` to the declared result layout (an all-reduce over tp).
 // The macro turns the result into `Result<Dt<f32, (dp, tp), (Shard<0>, Replicate), 2>>`.
-#[allow(clippy::type_complexity)]
 #[distribute(mesh = "dp,tp", placements = [Shard(0), Replicate])]
 pub fn block_forward(x: &DTensor<f32>, block: &Block) -> Result<DTensor<f32>> {
     let h: Dt<f32, (dp, tp), (Shard<0>, Shard<1>), 2> = x.matmul(&block.w1)?.gelu()?;
