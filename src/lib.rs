@@ -23,3 +23,8 @@
 #[allow(unused_imports)] // empty until the DSL macros land
 pub use dtensor_macros::*;
 pub use dtensor_runtime::*;
+
+/// The README's Rust snippets, compiled and run as doctests so they cannot rot.
+#[cfg(doctest)]
+#[doc = include_str!("../README.md")]
+pub struct ReadmeDoctests;
