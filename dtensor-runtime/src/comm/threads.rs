@@ -319,27 +319,32 @@ impl Communicator for ThreadComm {
             return Err(size_err("all_reduce", format!("{} bytes is not a whole number of {dtype}", buf.len())));
         }
         let elems = buf.len() / es;
-        // Member i reduces element range i of everyone's buffer (in group order, so the result
-        // is bit-identical everywhere), then everyone copies the other ranges from their owners.
+        // Member i reduces element range i of everyone's buffer in place (nobody else reads
+        // range i of member i's buffer in this phase), then everyone copies the other ranges
+        // from their owners. One member computes each range, so the result is bit-identical
+        // on every member.
         let range = |i: usize| {
             let (sz, off) = crate::layout::chunk_size_and_offset(elems, n, i);
             off * es..(off + sz) * es
         };
         let ptr = buf.as_mut_ptr() as usize;
-        let mine = Bufs { send: ptr, send_len: buf.len(), recv: ptr, recv_len: buf.len() };
-        let owned = self.rendezvous("all_reduce", group, mine, |all, me| {
+        let len = buf.len();
+        let mine = Bufs { send: ptr, send_len: len, recv: ptr, recv_len: len };
+        self.rendezvous("all_reduce", group, mine, |all, me| {
             same_len("all_reduce", all, group)?;
             let r = range(me);
-            // SAFETY: in this phase nobody writes any buffer.
-            let mut acc = unsafe { peer_send(&all[0]) }[r.clone()].to_vec();
-            for b in &all[1..] {
-                reduce::accumulate(dtype, op, &mut acc, &unsafe { peer_send(b) }[r.clone()])?;
+            // SAFETY: our own buffer; in this phase we alone touch its range `r`, and peers only
+            // read their own ranges of it.
+            let acc = unsafe { &mut std::slice::from_raw_parts_mut(ptr as *mut u8, len)[r.clone()] };
+            for (j, b) in all.iter().enumerate() {
+                if j != me {
+                    // SAFETY: range `r` of a peer's buffer is only written by that peer in phase 2.
+                    reduce::accumulate(dtype, op, acc, &unsafe { peer_send(b) }[r.clone()])?;
+                }
             }
-            reduce::finish(dtype, op, &mut acc, n);
-            Ok(acc)
+            reduce::finish(dtype, op, acc, n);
+            Ok(())
         })?;
-        let r = range(self.my_index("all_reduce", group)?);
-        buf[r].copy_from_slice(&owned);
         let ptr = buf.as_mut_ptr() as usize;
         let mine = Bufs { send: ptr, send_len: buf.len(), recv: ptr, recv_len: buf.len() };
         self.rendezvous("all_reduce", group, mine, |all, me| {
