@@ -19,7 +19,6 @@ pub struct DTensor<T: Element> {
     pub(crate) placements: Vec<Placement>,
     pub(crate) shape: Vec<usize>,
     pub(crate) stride: Vec<usize>,
-    #[allow(dead_code)] // read by the autograd engine
     pub(crate) autograd: AutogradMeta<T>,
 }
 

@@ -373,12 +373,6 @@ impl<T: Element> DTensor<T> {
         crate::autograd::redistribute_with_grad(self, to)
     }
 
-    /// Redistribution without autograd bookkeeping.
-    #[allow(dead_code)] // the typed layer and backends may call it
-    pub(crate) fn redistribute_raw(&self, to: &[Placement]) -> Result<DTensor<T>> {
-        self.redistribute_scoped(to, "redistribute")
-    }
-
     /// Redistribution without autograd bookkeeping whose collectives are attributed to `label`
     /// (the op that needed it).
     pub(crate) fn redistribute_scoped(&self, to: &[Placement], label: &'static str) -> Result<DTensor<T>> {
