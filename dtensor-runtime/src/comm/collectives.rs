@@ -26,7 +26,7 @@ impl DeviceMesh {
 
     fn note(&self, kind: CollectiveKind, along: Along, bytes: usize) {
         let (g, d) = self.group_of(along);
-        record(kind, d.map(|d| self.dim_names()[d].clone()), g.len(), bytes);
+        record(kind, d.map(|d| self.dim_names()[d].as_str()), g.len(), bytes);
     }
 
     /// All-gather equal-sized blocks; returns `n * send.len()` elements in group order.

@@ -113,12 +113,14 @@ thread_local! {
     static OPS: RefCell<Vec<Cow<'static, str>>> = const { RefCell::new(Vec::new()) };
 }
 
-pub(crate) fn record(kind: CollectiveKind, mesh_dim: Option<String>, group_size: usize, bytes: usize) {
+pub(crate) fn record(kind: CollectiveKind, mesh_dim: Option<&str>, group_size: usize, bytes: usize) {
     SINKS.with(|s| {
         let s = s.borrow();
+        // Nothing records: no allocation on the collective's path.
         if s.is_empty() {
             return;
         }
+        let mesh_dim = mesh_dim.map(str::to_string);
         let op_path: Vec<String> = OPS.with(|o| o.borrow().iter().map(|x| x.to_string()).collect());
         let op = op_path.last().cloned().unwrap_or_else(|| "user".to_string());
         let rec = CollectiveRecord { kind, mesh_dim, group_size, bytes, op, op_path };
@@ -439,7 +441,7 @@ mod tests {
         mode.scope(|| {
             record(CollectiveKind::AllReduce, None, 4, 8);
             op_scope("mlp", || {
-                op_scope(format!("layer{}", 1), || record(CollectiveKind::AllGather, Some("tp".into()), 2, 16))
+                op_scope(format!("layer{}", 1), || record(CollectiveKind::AllGather, Some("tp"), 2, 16))
             });
         });
         record(CollectiveKind::AllReduce, None, 4, 8);
