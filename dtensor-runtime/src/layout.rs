@@ -3,6 +3,8 @@
 //! For a size `s` split over `n` ranks, the chunk is `c = ceil(s / n)` and rank `r` holds
 //! `[c*r, min(s, c*r + c))`; ranks whose start is past `s` hold an empty shard at offset `s`.
 
+pub mod pack;
+
 use crate::placement::Placement;
 
 /// Size and offset of chunk `rank` when `size` is split over `n` ranks (torch.chunk).
