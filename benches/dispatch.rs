@@ -75,13 +75,14 @@ fn dot(a: &ArrayD<f32>, b: &ArrayD<f32>) -> ArrayD<f32> {
 type Op<'a> = Box<dyn Fn() -> ArrayD<f32> + 'a>;
 
 fn local_ops(i: &Inputs) -> Vec<Op<'_>> {
-    let (x, y, w) = (i.x.local(), i.y.local(), i.w.local());
+    let host = "the bench runs on the host";
+    let (x, y, w) = (i.x.local_cpu().expect(host), i.y.local_cpu().expect(host), i.w.local_cpu().expect(host));
     vec![Box::new(move || x + y), Box::new(move || x * y), Box::new(move || x.mapv(gelu)), Box::new(move || dot(x, w))]
 }
 
 /// The result's local tensor is moved out (no copy) so that every variant returns the same.
 fn dyn_ops(i: &Inputs) -> Vec<Op<'_>> {
-    let run = |r: Result<DTensor<f32>>| r.expect("dynamic op").into_local();
+    let run = |r: Result<DTensor<f32>>| r.expect("dynamic op").into_local().into_host().expect("host data");
     vec![
         Box::new(move || run(i.x.add(&i.y))),
         Box::new(move || run(i.x.mul(&i.y))),
@@ -100,10 +101,14 @@ macro_rules! typed_ops {
         let (x, y, w) = (std::rc::Rc::new(x), std::rc::Rc::new(y), std::rc::Rc::new(w));
         let (x2, y2, x3, x4) = (x.clone(), y.clone(), x.clone(), x.clone());
         let ops: Vec<Op<'static>> = vec![
-            Box::new(move || x.add(&y).expect("typed add").into_dtensor().into_local()),
-            Box::new(move || x2.mul(&y2).expect("typed mul").into_dtensor().into_local()),
-            Box::new(move || x3.gelu::<$Lx>().expect("typed gelu").into_dtensor().into_local()),
-            Box::new(move || x4.matmul(&w).expect("typed matmul").into_dtensor().into_local()),
+            Box::new(move || x.add(&y).expect("typed add").into_dtensor().into_local().into_host().expect("host")),
+            Box::new(move || x2.mul(&y2).expect("typed mul").into_dtensor().into_local().into_host().expect("host")),
+            Box::new(move || {
+                x3.gelu::<$Lx>().expect("typed gelu").into_dtensor().into_local().into_host().expect("host")
+            }),
+            Box::new(move || {
+                x4.matmul(&w).expect("typed matmul").into_dtensor().into_local().into_host().expect("host")
+            }),
         ];
         ops
     }};

@@ -3,18 +3,23 @@
 use crate::autograd::AutogradMeta;
 use crate::element::Element;
 use crate::error::{Error, Result};
+use crate::layout::pack;
 use crate::layout::{contiguous_strides, global_shape_from_local, local_shape_and_offset};
 use crate::mesh::DeviceMesh;
 use crate::placement::{fmt_placements, normalize_placements, Placement};
+use crate::storage::{pack_host, Device, Storage};
 use crate::Along;
-use ndarray::{ArrayD, IxDyn, Slice};
+use ndarray::{ArrayD, IxDyn};
 use std::fmt;
 
 /// A distributed tensor: this rank's local shard plus the metadata that says how the
 /// global tensor is laid out over the mesh (one [`Placement`] per mesh dimension).
+///
+/// The shard lives on the mesh's device ([`DeviceMesh::device`]): host memory, or a CUDA
+/// device when the communicator provides one.
 #[derive(Clone)]
 pub struct DTensor<T: Element> {
-    pub(crate) local: ArrayD<T>,
+    pub(crate) local: Storage<T>,
     pub(crate) mesh: DeviceMesh,
     pub(crate) placements: Vec<Placement>,
     pub(crate) shape: Vec<usize>,
@@ -47,8 +52,8 @@ impl FromLocal {
     }
 }
 
-/// Anything [`distribute_tensor`] accepts: a full ndarray, or a DTensor (returned as is when
-/// the layout matches).
+/// Anything [`distribute_tensor`] accepts: a full ndarray or [`Storage`] (a device one is read
+/// through a host copy), or a DTensor (returned as is when the layout matches).
 pub trait DistributeSource<T: Element> {
     #[doc(hidden)]
     fn distribute_source(self, mesh: &DeviceMesh, placements: &[Placement], src: Option<usize>) -> Result<DTensor<T>>;
@@ -66,10 +71,25 @@ impl<T: Element> DistributeSource<T> for ArrayD<T> {
     }
 }
 
+impl<T: Element> DistributeSource<T> for &Storage<T> {
+    fn distribute_source(self, mesh: &DeviceMesh, placements: &[Placement], src: Option<usize>) -> Result<DTensor<T>> {
+        match self.as_cpu() {
+            Some(a) => distribute_array(a, mesh, placements, src),
+            None => distribute_array(&self.to_host()?, mesh, placements, src),
+        }
+    }
+}
+
+impl<T: Element> DistributeSource<T> for Storage<T> {
+    fn distribute_source(self, mesh: &DeviceMesh, placements: &[Placement], src: Option<usize>) -> Result<DTensor<T>> {
+        (&self).distribute_source(mesh, placements, src)
+    }
+}
+
 impl<T: Element> DistributeSource<T> for &DTensor<T> {
     fn distribute_source(self, mesh: &DeviceMesh, placements: &[Placement], _src: Option<usize>) -> Result<DTensor<T>> {
         let wanted = normalize_placements(placements, self.ndim(), mesh.ndim())?;
-        if self.mesh.same_as(mesh) && wanted == self.placements {
+        if self.mesh.same_as(mesh) && self.mesh.device() == mesh.device() && wanted == self.placements {
             return Ok(self.clone());
         }
         Err(Error::AlreadyDistributed {
@@ -115,9 +135,11 @@ fn distribute_array<T: Element>(
     if let Some(p) = placements.iter().find(|p| p.is_partial()) {
         return Err(Error::PartialNotAllowed { placement: *p, context: "distribute_tensor".into() });
     }
-    let (local_shape, _) = local_shape_and_offset(tensor.shape(), mesh.shape(), mesh.coordinate(), &placements);
+    let (local_shape, local_offset) =
+        local_shape_and_offset(tensor.shape(), mesh.shape(), mesh.coordinate(), &placements);
+    // The shard is cut on the host, then placed on the mesh's device.
     let local = match src_data_rank {
-        None => slice_shard(tensor, mesh, mesh.coordinate(), &placements),
+        None => pack_host(tensor, &pack::slice(tensor.shape(), &local_offset, &local_shape))?,
         Some(src) => {
             let root = mesh
                 .ranks()
@@ -142,27 +164,21 @@ fn distribute_array<T: Element>(
                 mesh.broadcast(Along::All, &mut data, root)?;
                 ArrayD::from_shape_vec(IxDyn(tensor.shape()), data).expect("shape of broadcast data")
             } else {
-                // One scatter of every rank's shard (padded to the largest) from the source.
-                let block = (0..mesh.numel())
-                    .map(|pos| {
-                        let c = mesh.coordinate_of(mesh.ranks()[pos]).expect("rank of mesh");
-                        local_shape_and_offset(tensor.shape(), mesh.shape(), &c, &placements)
-                            .0
-                            .iter()
-                            .product::<usize>()
-                    })
-                    .max()
-                    .unwrap_or(0);
-                let send: Vec<T> = if mesh.rank() == src {
-                    let mut send = Vec::with_capacity(block * mesh.numel());
-                    for &r in mesh.ranks() {
+                // One scatter of every rank's shard (padded to the largest) from the source,
+                // packed by one plan.
+                let boxes: Vec<(Vec<usize>, Vec<usize>)> = mesh
+                    .ranks()
+                    .iter()
+                    .map(|&r| {
                         let c = mesh.coordinate_of(r)?;
-                        let shard = slice_shard(tensor, mesh, &c, &placements);
-                        let len = send.len();
-                        send.extend(shard.iter().copied());
-                        send.resize(len + block, T::zero());
-                    }
-                    send
+                        let (shape, offset) = local_shape_and_offset(tensor.shape(), mesh.shape(), &c, &placements);
+                        Ok((offset, shape))
+                    })
+                    .collect::<Result<_>>()?;
+                let block = boxes.iter().map(|(_, s)| s.iter().product::<usize>()).max().unwrap_or(0);
+                let send: Vec<T> = if mesh.rank() == src {
+                    let plan = pack::gather_boxes(tensor.shape(), &boxes, block);
+                    pack_host(tensor, &plan)?.into_raw_vec_and_offset().0
                 } else {
                     Vec::new()
                 };
@@ -172,22 +188,8 @@ fn distribute_array<T: Element>(
             }
         }
     };
+    let local = Storage::from_host(local, mesh.target())?;
     Ok(DTensor::new_unchecked(local, mesh.clone(), placements, tensor.shape().to_vec(), None))
-}
-
-/// The shard of a full tensor held at mesh coordinate `coord` (local slicing, no comm).
-pub(crate) fn slice_shard<T: Element>(
-    tensor: &ArrayD<T>,
-    mesh: &DeviceMesh,
-    coord: &[usize],
-    placements: &[Placement],
-) -> ArrayD<T> {
-    let (shape, offset) = local_shape_and_offset(tensor.shape(), mesh.shape(), coord, placements);
-    let mut view = tensor.view();
-    for d in 0..shape.len() {
-        view.slice_axis_inplace(ndarray::Axis(d), Slice::from(offset[d]..offset[d] + shape[d]));
-    }
-    view.to_owned()
 }
 
 /// Wraps each rank's local tensor as a DTensor without moving data (PyTorch `from_local`).
@@ -205,12 +207,16 @@ pub(crate) fn slice_shard<T: Element>(
 /// }).unwrap();
 /// assert_eq!(shapes[1], vec![5, 4]);
 /// ```
+///
+/// The local data may be a host array or a [`Storage`] on the mesh's device; a host array is
+/// placed on the mesh's device, storage on another device is an [`Error::DeviceMismatch`].
 pub fn from_local<T: Element>(
-    local: ArrayD<T>,
+    local: impl Into<Storage<T>>,
     mesh: &DeviceMesh,
     placements: &[Placement],
     opts: FromLocal,
 ) -> Result<DTensor<T>> {
+    let local = on_mesh_device(local.into(), mesh, "from_local")?;
     let replicate_all;
     let placements = if placements.is_empty() {
         replicate_all = vec![Placement::Replicate; mesh.ndim()];
@@ -251,12 +257,10 @@ pub fn from_local<T: Element>(
     };
     let mut local = local;
     if opts.run_check {
-        check_consistency(&local, mesh, &placements, &shape)?;
+        check_consistency(local.shape(), mesh, &placements, &shape)?;
         for (i, p) in placements.iter().enumerate() {
             if p.is_replicate() && mesh.size(i) > 1 {
-                let mut data: Vec<T> = local.iter().copied().collect();
-                mesh.broadcast(Along::Dim(i), &mut data, 0)?;
-                local = ArrayD::from_shape_vec(local.raw_dim(), data).expect("same shape");
+                local = mesh.broadcast_storage(Along::Dim(i), local, 0)?;
             }
         }
     }
@@ -264,6 +268,16 @@ pub fn from_local<T: Element>(
     dt.stride = stride;
     crate::autograd::on_from_local(&mut dt, opts.grad_placements)?;
     Ok(dt)
+}
+
+/// `local` on the mesh's device: host data is copied there, data already there is kept,
+/// data on another device is an [`Error::DeviceMismatch`].
+fn on_mesh_device<T: Element>(local: Storage<T>, mesh: &DeviceMesh, context: &str) -> Result<Storage<T>> {
+    match (local.device(), mesh.device()) {
+        (a, b) if a == b => Ok(local),
+        (Device::Cpu, _) => Storage::from_host(local.into_host()?, mesh.target()),
+        (a, b) => Err(Error::DeviceMismatch { context: context.into(), left: a.to_string(), right: b.to_string() }),
+    }
 }
 
 /// Largest tensor rank whose shape travels in a metadata message.
@@ -290,14 +304,14 @@ fn meta_shape(meta: &[u64]) -> Vec<usize> {
 }
 
 /// All-gathers every rank's (ndim, global shape, local shape) and checks them.
-fn check_consistency<T: Element>(
-    local: &ArrayD<T>,
+fn check_consistency(
+    local_shape: &[usize],
     mesh: &DeviceMesh,
     placements: &[Placement],
     shape: &[usize],
 ) -> Result<()> {
     let mut meta = shape_meta(shape)?;
-    meta.extend(shape_meta(local.shape())?);
+    meta.extend(shape_meta(local_shape)?);
     let all = mesh.all_gather_usize(Along::All, &meta)?;
     let len = meta.len();
     for (pos, &rank) in mesh.ranks().iter().enumerate() {
@@ -333,7 +347,7 @@ fn check_consistency<T: Element>(
 impl<T: Element> DTensor<T> {
     /// Assembles a DTensor from parts that are known to be consistent.
     pub(crate) fn new_unchecked(
-        local: ArrayD<T>,
+        local: Storage<T>,
         mesh: DeviceMesh,
         placements: Vec<Placement>,
         shape: Vec<usize>,
@@ -344,21 +358,39 @@ impl<T: Element> DTensor<T> {
     }
 
     /// See [`from_local`].
-    pub fn from_local(local: ArrayD<T>, mesh: &DeviceMesh, placements: &[Placement], opts: FromLocal) -> Result<Self> {
+    pub fn from_local(
+        local: impl Into<Storage<T>>,
+        mesh: &DeviceMesh,
+        placements: &[Placement],
+        opts: FromLocal,
+    ) -> Result<Self> {
         from_local(local, mesh, placements, opts)
     }
 
-    /// The local shard (a view; PyTorch `to_local()` without autograd).
-    pub fn local(&self) -> &ArrayD<T> {
+    /// The local shard, where it lives (PyTorch `to_local()` without autograd or copy).
+    pub fn local(&self) -> &Storage<T> {
         &self.local
     }
-    /// The local shard as an owned array (PyTorch `to_local()`).
-    pub fn to_local(&self) -> ArrayD<T> {
+    /// The local shard's host array; [`Error::Unsupported`] when it lives on a device (use
+    /// [`DTensor::to_host`] there).
+    pub fn local_cpu(&self) -> Result<&ArrayD<T>> {
+        self.local.cpu("DTensor::local_cpu")
+    }
+    /// A host copy of the local shard (from any device).
+    pub fn to_host(&self) -> Result<ArrayD<T>> {
+        self.local.to_host()
+    }
+    /// The local shard, owned, on its device (PyTorch `to_local()`).
+    pub fn to_local(&self) -> Storage<T> {
         self.local.clone()
     }
     /// Consumes the DTensor and returns the local shard without copying.
-    pub fn into_local(self) -> ArrayD<T> {
+    pub fn into_local(self) -> Storage<T> {
         self.local
+    }
+    /// The device the local shard lives on (the mesh's).
+    pub fn device(&self) -> Device {
+        self.local.device()
     }
     /// The mesh.
     pub fn device_mesh(&self) -> &DeviceMesh {
@@ -388,10 +420,11 @@ impl<T: Element> DTensor<T> {
     pub fn local_offset(&self) -> Vec<usize> {
         local_shape_and_offset(&self.shape, self.mesh.shape(), self.mesh.coordinate(), &self.placements).1
     }
-    /// The global tensor on every rank: redistribute to all-Replicate, then the local tensor.
+    /// The global tensor on every rank, on the host: redistribute to all-Replicate, then the
+    /// local data (copied from a device).
     pub fn full_tensor(&self) -> Result<ArrayD<T>> {
         let r = vec![Placement::Replicate; self.mesh.ndim()];
-        Ok(self.redistribute(&r)?.into_local())
+        self.redistribute(&r)?.into_local().into_host()
     }
 }
 

@@ -28,6 +28,20 @@ impl fmt::Display for DType {
     }
 }
 
+/// What the `cuda` feature needs of an element type on top of [`Element`]'s host bounds
+/// (cudarc's device traits and a cuBLAS gemm); nothing without the feature.
+#[cfg(feature = "cuda")]
+pub use crate::storage::cuda::CudaElement as DeviceElement;
+
+/// What the `cuda` feature needs of an element type on top of [`Element`]'s host bounds
+/// (cudarc's device traits and a cuBLAS gemm); nothing without the feature.
+#[cfg(not(feature = "cuda"))]
+pub trait DeviceElement {}
+#[cfg(not(feature = "cuda"))]
+impl DeviceElement for f32 {}
+#[cfg(not(feature = "cuda"))]
+impl DeviceElement for f64 {}
+
 /// A floating point element usable in a [`DTensor`](crate::DTensor).
 pub trait Element:
     ndarray::LinalgScalar
@@ -45,6 +59,7 @@ pub trait Element:
     + std::ops::SubAssign
     + std::ops::MulAssign
     + std::ops::DivAssign
+    + DeviceElement
     + 'static
 {
     /// The runtime tag of this type.

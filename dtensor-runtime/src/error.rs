@@ -43,6 +43,9 @@ pub enum Error {
     /// Two DTensors live on different meshes.
     #[error("{context}: the tensors live on different device meshes ({left} vs {right})")]
     MeshMismatch { context: String, left: String, right: String },
+    /// Two tensors (or a tensor and a mesh) live on different devices.
+    #[error("{context}: the tensors live on different devices ({left} vs {right})")]
+    DeviceMismatch { context: String, left: String, right: String },
     /// A tensor that is already distributed was given a different layout.
     #[error(
         "tensor is already distributed as {existing}; requested {requested}: use `redistribute` to change the layout"

@@ -10,6 +10,8 @@ use crate::layout::{contiguous_strides, local_shape_and_offset};
 use crate::mesh::DeviceMesh;
 use crate::placement::{normalize_placements, Placement};
 use crate::rng;
+use crate::storage::op::{Distribution, RandomFill};
+use crate::storage::Storage;
 use ndarray::{ArrayD, IxDyn};
 
 /// Options of every factory (PyTorch's keyword arguments; the dtype is the element type).
@@ -55,13 +57,18 @@ impl TensorOptions {
     }
 }
 
-/// Builds the local shard by evaluating `f(global flat index)` for each local element.
-fn build<T: Element>(
-    op: &str,
-    size: &[usize],
-    opts: &TensorOptions,
-    mut f: impl FnMut(usize) -> T,
-) -> Result<DTensor<T>> {
+/// What a factory fills the local shard with.
+enum Fill<'a, T> {
+    /// One value everywhere (a device fill).
+    Value(T),
+    /// Counter-based random numbers (a device Philox fill).
+    Random(RandomFill),
+    /// `f(global flat index)`, evaluated on the host, then placed on the mesh's device.
+    Host(&'a dyn Fn(usize) -> T),
+}
+
+/// Builds this rank's shard of a tensor of global shape `size` on the mesh's device.
+fn build<T: Element>(op: &str, size: &[usize], opts: &TensorOptions, fill: Fill<'_, T>) -> Result<DTensor<T>> {
     let mesh = match &opts.device_mesh {
         Some(m) => m.clone(),
         None => current_mesh().ok_or_else(|| Error::InvalidArgument {
@@ -77,33 +84,39 @@ fn build<T: Element>(
         return Err(Error::PartialNotAllowed { placement: *p, context: op.into() });
     }
     let (shape, offset) = local_shape_and_offset(size, mesh.shape(), mesh.coordinate(), &placements);
-    let strides = contiguous_strides(size);
-    let local = ArrayD::from_shape_fn(IxDyn(&shape), |ix| {
-        let flat: usize = (0..shape.len()).map(|d| (ix[d] + offset[d]) * strides[d]).sum();
-        f(flat)
-    });
+    let local = match fill {
+        Fill::Value(v) => Storage::full(mesh.target(), &shape, v)?,
+        Fill::Random(r) => Storage::random(mesh.target(), &r, size, &offset, &shape)?,
+        Fill::Host(f) => {
+            let strides = contiguous_strides(size);
+            let host = ArrayD::from_shape_fn(IxDyn(&shape), |ix| {
+                f((0..shape.len()).map(|d| (ix[d] + offset[d]) * strides[d]).sum())
+            });
+            Storage::from_host(host, mesh.target())?
+        }
+    };
     let dt = DTensor::new_unchecked(local, mesh, placements, size.to_vec(), None);
     autograd::set_requires_grad(dt, opts.requires_grad)
 }
 
 /// Uninitialised in PyTorch; zeros here (Rust never exposes uninitialised memory).
 pub fn empty<T: Element>(size: &[usize], opts: &TensorOptions) -> Result<DTensor<T>> {
-    build("empty", size, opts, |_| T::zero())
+    build("empty", size, opts, Fill::Value(T::zero()))
 }
 
 /// All zeros.
 pub fn zeros<T: Element>(size: &[usize], opts: &TensorOptions) -> Result<DTensor<T>> {
-    build("zeros", size, opts, |_| T::zero())
+    build("zeros", size, opts, Fill::Value(T::zero()))
 }
 
 /// All ones.
 pub fn ones<T: Element>(size: &[usize], opts: &TensorOptions) -> Result<DTensor<T>> {
-    build("ones", size, opts, |_| T::one())
+    build("ones", size, opts, Fill::Value(T::one()))
 }
 
 /// Every element `fill_value`.
 pub fn full<T: Element>(size: &[usize], fill_value: T, opts: &TensorOptions) -> Result<DTensor<T>> {
-    build("full", size, opts, |_| fill_value)
+    build("full", size, opts, Fill::Value(fill_value))
 }
 
 /// Uniform in (0, 1); placement-invariant (see [`crate::rng`]).
@@ -121,14 +134,14 @@ pub fn full<T: Element>(size: &[usize], fill_value: T, opts: &TensorOptions) -> 
 /// assert_eq!(fulls[0].0, fulls[0].1);
 /// ```
 pub fn rand<T: Element>(size: &[usize], opts: &TensorOptions) -> Result<DTensor<T>> {
-    let mut s = rng::next_stream(size.iter().product());
-    build("rand", size, opts, |i| s.uniform(i))
+    let (seed, offset) = rng::reserve(size.iter().product());
+    build("rand", size, opts, Fill::Random(RandomFill { seed, offset, dist: Distribution::Uniform }))
 }
 
 /// Standard normal; placement-invariant (see [`crate::rng`]).
 pub fn randn<T: Element>(size: &[usize], opts: &TensorOptions) -> Result<DTensor<T>> {
-    let mut s = rng::next_stream(size.iter().product());
-    build("randn", size, opts, |i| s.normal(i))
+    let (seed, offset) = rng::reserve(size.iter().product());
+    build("randn", size, opts, Fill::Random(RandomFill { seed, offset, dist: Distribution::Normal }))
 }
 
 /// Value `i` of `linspace(start, end, steps)`, computed as PyTorch does (from both ends,
@@ -147,7 +160,7 @@ pub fn linspace_value(start: f64, end: f64, steps: usize, i: usize) -> f64 {
 
 /// `steps` evenly spaced values from `start` to `end` (1-D, global size `steps`).
 pub fn linspace<T: Element>(start: f64, end: f64, steps: usize, opts: &TensorOptions) -> Result<DTensor<T>> {
-    build("linspace", &[steps], opts, |i| T::of_f64(linspace_value(start, end, steps, i)))
+    build("linspace", &[steps], opts, Fill::Host(&|i| T::of_f64(linspace_value(start, end, steps, i))))
 }
 
 /// `base ^ linspace(start, end, steps)`.
@@ -158,5 +171,5 @@ pub fn logspace<T: Element>(start: f64, end: f64, steps: usize, base: f64, opts:
             reason: format!("base must be > 0, got {base}"),
         });
     }
-    build("logspace", &[steps], opts, |i| T::of_f64(base.powf(linspace_value(start, end, steps, i))))
+    build("logspace", &[steps], opts, Fill::Host(&|i| T::of_f64(base.powf(linspace_value(start, end, steps, i)))))
 }

@@ -30,6 +30,7 @@ pub mod optim;
 pub mod placement;
 pub mod redistribute;
 pub mod rng;
+pub mod storage;
 pub mod typed;
 pub mod visualize;
 
@@ -50,8 +51,11 @@ pub use mesh::DeviceMesh;
 pub use module::{distribute_module, parallelize_module, Forward, Module};
 pub use ops::{implicit_redistribution_count, implicit_redistributions};
 pub use placement::{Partial, Placement, ReduceOp, Replicate, Shard};
-pub use redistribute::{plan_redistribute, plan_redistribute_at, RedistributePlan, RedistributeStep};
+pub use redistribute::{
+    plan_redistribute, plan_redistribute_at, redistribute_local, RedistributePlan, RedistributeStep,
+};
 pub use rng::manual_seed;
+pub use storage::{Device, Storage};
 // The typed markers share their names with the placement constructors above: those live in
 // the value namespace, these in the type namespace, so `Shard(0)` and `Shard<0>` coexist.
 pub use typed::{Avg, Dt, Max, Min, Partial, Product, Replicate, Shard, Sum};

@@ -2,6 +2,7 @@
 
 use crate::comm::Communicator;
 use crate::error::{Error, Result};
+use crate::storage::{Device, Target};
 use std::fmt;
 use std::sync::Arc;
 
@@ -34,6 +35,8 @@ struct MeshInner {
     coord: Vec<usize>,
     /// This rank's group along each mesh dim (global ranks, in coordinate order).
     groups: Vec<Vec<usize>>,
+    /// Where this rank's shards live (from the communicator).
+    target: Target,
 }
 
 impl DeviceMesh {
@@ -90,7 +93,8 @@ impl DeviceMesh {
             .position(|&r| r == me)
             .ok_or(Error::RankOutOfRange { rank: me, world_size: comm.world_size() })?;
         let coord = unravel(pos, shape);
-        let mut mesh = MeshInner { comm, shape: shape.to_vec(), names, ranks, coord, groups: vec![] };
+        let target = target_of(comm.as_ref())?;
+        let mut mesh = MeshInner { comm, shape: shape.to_vec(), names, ranks, coord, groups: vec![], target };
         mesh.groups = (0..shape.len()).map(|d| group_of(&mesh, d, &mesh.coord)).collect();
         Ok(DeviceMesh { inner: Arc::new(mesh) })
     }
@@ -134,6 +138,34 @@ impl DeviceMesh {
     /// This rank's group (global ranks) along mesh dim `dim`.
     pub fn group(&self, dim: usize) -> &[usize] {
         &self.inner.groups[dim]
+    }
+    /// The device this rank's shards live on (the communicator's).
+    pub fn device(&self) -> Device {
+        self.inner.target.device()
+    }
+    /// Where new shards of this rank are allocated.
+    pub fn target(&self) -> &Target {
+        &self.inner.target
+    }
+
+    /// `Ok` when tensors on `self` and `other` may be combined: the same layout of the same
+    /// ranks ([`Error::MeshMismatch`] otherwise) on the same device ([`Error::DeviceMismatch`]).
+    pub fn check_compatible(&self, other: &DeviceMesh, context: &str) -> Result<()> {
+        if !self.same_as(other) {
+            return Err(Error::MeshMismatch {
+                context: context.into(),
+                left: self.to_string(),
+                right: other.to_string(),
+            });
+        }
+        if self.device() != other.device() {
+            return Err(Error::DeviceMismatch {
+                context: context.into(),
+                left: self.device().to_string(),
+                right: other.device().to_string(),
+            });
+        }
+        Ok(())
     }
 
     /// Index of the mesh dimension called `name`.
@@ -231,6 +263,20 @@ impl fmt::Display for DeviceMesh {
 impl fmt::Debug for DeviceMesh {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         write!(f, "{self} ranks={:?} backend={}", self.inner.ranks, self.inner.comm.backend())
+    }
+}
+
+/// The allocation target of a communicator's rank: the host, or its CUDA device handle.
+fn target_of(comm: &dyn Communicator) -> Result<Target> {
+    match comm.device() {
+        Device::Cpu => Ok(Target::Cpu),
+        Device::Cuda(k) => match comm.cuda_device() {
+            Some(d) if d.ordinal() == k => Ok(Target::Cuda(d)),
+            _ => Err(Error::Unavailable {
+                what: format!("the CUDA device handle of the `{}` communicator", comm.backend()),
+                reason: format!("it reports device cuda:{k} but provides no handle for that ordinal"),
+            }),
+        },
     }
 }
 

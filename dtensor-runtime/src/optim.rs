@@ -25,11 +25,13 @@ use crate::dtensor::DTensor;
 use crate::element::Element;
 use crate::error::{Error, Result};
 use crate::module::Module;
-use ndarray::{ArrayD, Zip};
+use crate::storage::op::{AdamWStep, SgdStep};
+use crate::storage::Storage;
+use std::collections::hash_map::Entry;
 use std::collections::HashMap;
 
-/// Gradient of `p` as an array shaped like `p`'s local shard, or `None` without a gradient.
-fn local_grad<T: Element>(name: &str, p: &DTensor<T>) -> Result<Option<ArrayD<T>>> {
+/// Gradient of `p` as a shard shaped like `p`'s local shard, or `None` without a gradient.
+fn local_grad<T: Element>(name: &str, p: &DTensor<T>) -> Result<Option<Storage<T>>> {
     let Some(g) = p.grad() else { return Ok(None) };
     if g.placements() != p.placements() || g.local().shape() != p.local().shape() {
         return Err(Error::ShapeMismatch {
@@ -48,7 +50,7 @@ pub struct Sgd<T: Element> {
     pub lr: T,
     pub momentum: T,
     pub weight_decay: T,
-    buf: HashMap<String, ArrayD<T>>,
+    buf: HashMap<String, Storage<T>>,
 }
 
 impl<T: Element> Sgd<T> {
@@ -70,25 +72,26 @@ impl<T: Element> Sgd<T> {
     /// One update of every parameter of `module` that has a gradient.
     pub fn step<M: Module<T> + ?Sized>(&mut self, module: &mut M) -> Result<()> {
         for (name, p) in module.named_parameters_mut() {
-            let Some(mut g) = local_grad(&name, p)? else { continue };
-            if self.weight_decay != T::zero() {
-                g.zip_mut_with(&p.local, |g, &w| *g += self.weight_decay * w);
-            }
-            if self.momentum != T::zero() {
-                let m = self.momentum;
-                // The first step starts the buffer at g (PyTorch).
-                match self.buf.get_mut(&name) {
-                    None => {
-                        self.buf.insert(name, g.clone());
+            let Some(g) = local_grad(&name, p)? else { continue };
+            let mut step = SgdStep {
+                lr: self.lr.as_f64(),
+                momentum: self.momentum.as_f64(),
+                weight_decay: self.weight_decay.as_f64(),
+                first: false,
+            };
+            let buf = if self.momentum != T::zero() {
+                Some(match self.buf.entry(name) {
+                    Entry::Occupied(o) => o.into_mut(),
+                    Entry::Vacant(e) => {
+                        // The first step starts the buffer at the (decayed) gradient (PyTorch).
+                        step.first = true;
+                        e.insert(g.new_full(g.shape(), T::zero())?)
                     }
-                    Some(b) => {
-                        b.zip_mut_with(&g, |b, &g| *b = m * *b + g);
-                        g = b.clone();
-                    }
-                }
-            }
-            let lr = self.lr;
-            p.local.zip_mut_with(&g, |w, &g| *w -= lr * g);
+                })
+            } else {
+                None
+            };
+            p.local.sgd_step(&g, buf, &step)?;
         }
         Ok(())
     }
@@ -101,7 +104,7 @@ pub struct AdamW<T: Element> {
     pub betas: (T, T),
     pub eps: T,
     pub weight_decay: T,
-    state: HashMap<String, (usize, ArrayD<T>, ArrayD<T>)>,
+    state: HashMap<String, (usize, Storage<T>, Storage<T>)>,
 }
 
 impl<T: Element> AdamW<T> {
@@ -137,17 +140,27 @@ impl<T: Element> AdamW<T> {
         let (lr, eps, wd) = (self.lr, self.eps, self.weight_decay);
         for (name, p) in module.named_parameters_mut() {
             let Some(g) = local_grad(&name, p)? else { continue };
-            let (t, m, v) =
-                self.state.entry(name).or_insert_with(|| (0, ArrayD::zeros(g.raw_dim()), ArrayD::zeros(g.raw_dim())));
+            let (t, m, v) = match self.state.entry(name) {
+                Entry::Occupied(o) => o.into_mut(),
+                Entry::Vacant(e) => {
+                    let zeros = g.new_full(g.shape(), T::zero())?;
+                    e.insert((0, zeros.clone(), zeros))
+                }
+            };
             *t += 1;
+            // Bias corrections in `T`, as PyTorch computes them for the parameter's dtype.
             let c1 = T::one() - b1.powi(*t as i32);
             let c2 = T::one() - b2.powi(*t as i32);
-            Zip::from(&mut p.local).and(&g).and(m).and(v).for_each(|w, &g, m, v| {
-                *w -= lr * wd * *w;
-                *m = b1 * *m + (T::one() - b1) * g;
-                *v = b2 * *v + (T::one() - b2) * g * g;
-                *w -= lr * (*m / c1) / ((*v / c2).sqrt() + eps);
-            });
+            let step = AdamWStep {
+                lr: lr.as_f64(),
+                beta1: b1.as_f64(),
+                beta2: b2.as_f64(),
+                eps: eps.as_f64(),
+                weight_decay: wd.as_f64(),
+                bias_correction1: c1.as_f64(),
+                bias_correction2: c2.as_f64(),
+            };
+            p.local.adamw_step(&g, m, v, &step)?;
         }
         Ok(())
     }

@@ -11,11 +11,12 @@ use crate::comm::debug::{op_scope, CollectiveKind};
 use crate::dtensor::DTensor;
 use crate::element::Element;
 use crate::error::{Error, Result};
+use crate::layout::pack::{self, PackPlan};
 use crate::layout::{chunk_size_and_offset, level_shape, padded_chunk};
 use crate::mesh::DeviceMesh;
 use crate::placement::{fmt_placements, normalize_placements, Placement, ReduceOp};
+use crate::storage::Storage;
 use crate::Along;
-use ndarray::{ArrayD, ArrayViewD, ArrayViewMutD, Axis, IxDyn, Slice};
 use std::borrow::Cow;
 use std::cell::RefCell;
 use std::cmp::Reverse;
@@ -378,50 +379,96 @@ impl<T: Element> DTensor<T> {
     pub(crate) fn redistribute_scoped(&self, to: &[Placement], label: &'static str) -> Result<DTensor<T>> {
         let plan = self.plan_redistribute(to)?;
         let mut cur = self.placements.clone();
-        // The first step reads our local tensor in place; later steps own their input.
-        let local = op_scope(label, || -> Result<Cow<'_, ArrayD<T>>> {
-            let mut local = Cow::Borrowed(&self.local);
-            for step in &plan.steps {
-                local = Cow::Owned(execute_step(&self.mesh, local, step)?);
-                cur[step.mesh_dim] = step.to;
-            }
-            Ok(local)
-        })?;
-        Ok(DTensor::new_unchecked(local.into_owned(), self.mesh.clone(), cur, self.shape.clone(), None))
+        for step in &plan.steps {
+            cur[step.mesh_dim] = step.to;
+        }
+        let local = op_scope(label, || redistribute_local(&self.local, &self.mesh, &plan))?;
+        Ok(DTensor::new_unchecked(local, self.mesh.clone(), cur, self.shape.clone(), None))
     }
 }
 
-/// Runs one step on this rank's local tensor.
-pub(crate) fn execute_step<T: Element>(
+/// Executes a redistribution plan (made for this rank: see [`plan_redistribute`]) on this
+/// rank's local shard: the collectives each step needs and their pack/unpack copies. A pure
+/// function of (shard, mesh, plan); the autograd wrapper is [`DTensor::redistribute`].
+pub fn redistribute_local<T: Element>(
+    local: &Storage<T>,
     mesh: &DeviceMesh,
-    local: Cow<'_, ArrayD<T>>,
+    plan: &RedistributePlan,
+) -> Result<Storage<T>> {
+    // The first step reads the caller's shard in place; later steps own their input.
+    let mut cur = Cow::Borrowed(local);
+    for step in &plan.steps {
+        cur = Cow::Owned(execute_step(mesh, cur, step)?);
+    }
+    Ok(cur.into_owned())
+}
+
+/// `shape` with dim `d` set to `size`.
+fn with_dim(shape: &[usize], d: usize, size: usize) -> Vec<usize> {
+    let mut s = shape.to_vec();
+    s[d] = size;
+    s
+}
+
+/// The storage a plan produces from `src`, borrowing `src` when the plan is the identity
+/// (collectives read it as a flat buffer either way).
+fn pack_or_borrow<'a, T: Element>(src: &'a Storage<T>, plan: &PackPlan) -> Result<Cow<'a, Storage<T>>> {
+    if plan.is_identity() {
+        Ok(Cow::Borrowed(src))
+    } else {
+        src.pack(plan).map(Cow::Owned)
+    }
+}
+
+/// Runs one step on this rank's local shard.
+fn execute_step<T: Element>(
+    mesh: &DeviceMesh,
+    local: Cow<'_, Storage<T>>,
     step: &RedistributeStep,
-) -> Result<ArrayD<T>> {
+) -> Result<Storage<T>> {
     let i = step.mesh_dim;
     let n = mesh.size(i);
     let k = mesh.coordinate()[i];
     let shape = &step.logical_shape;
+    let along = Along::Dim(i);
+    let mine = local.shape().to_vec();
     Ok(match (step.from, step.to) {
         (a, b) if a == b => local.into_owned(),
-        (Placement::Shard(d), Placement::Replicate) => all_gather_dim(mesh, i, &local, d as usize, shape[d as usize])?,
-        (Placement::Partial(op), Placement::Replicate) => {
-            // In place on our own copy: no extra buffer.
-            let a = local.into_owned();
-            let mut a = if a.is_standard_layout() { a } else { a.as_standard_layout().into_owned() };
-            let data = a.as_slice_mut().expect("standard layout is contiguous");
-            mesh.all_reduce(Along::Dim(i), data, op)?;
-            a
+        (Placement::Shard(d), Placement::Replicate) => {
+            // Pad our rows of `d` to the common chunk, gather, drop every member's padding.
+            let d = d as usize;
+            let block = with_dim(&mine, d, padded_chunk(shape[d], n));
+            let send = pack_or_borrow(&local, &pack::split(&mine, d, 1, &block))?;
+            let recv = mesh.all_gather_storage(along, &send)?;
+            recv.into_packed(&pack::join(&block, n, d, &with_dim(&mine, d, shape[d])))?
         }
+        // In place on our own copy: no extra buffer.
+        (Placement::Partial(op), Placement::Replicate) => mesh.all_reduce_storage(along, local.into_owned(), op)?,
         (Placement::Partial(op), Placement::Shard(d)) => {
-            reduce_scatter_dim(mesh, i, &local, d as usize, shape[d as usize], op)?
+            // Member j's rows of `d` go to block j (padded); our reduced block loses its padding.
+            let d = d as usize;
+            let block = with_dim(&mine, d, padded_chunk(shape[d], n));
+            let send = pack_or_borrow(&local, &pack::split(&mine, d, n, &block))?;
+            let recv = mesh.reduce_scatter_storage(along, &send, op)?;
+            let sz = chunk_size_and_offset(shape[d], n, k).0;
+            recv.into_packed(&pack::join(&block, 1, d, &with_dim(&mine, d, sz)))?
         }
         (Placement::Replicate, Placement::Shard(d)) => {
             let d = d as usize;
             let (sz, off) = chunk_size_and_offset(shape[d], n, k);
-            local.slice_axis(Axis(d), Slice::from(off..off + sz)).to_owned()
+            local.slice(&with_dim(&vec![0; mine.len()], d, off), &with_dim(&mine, d, sz))?
         }
-        (Placement::Shard(d), Placement::Shard(e)) => all_to_all_dims(mesh, i, &local, d as usize, e as usize, shape)?,
-        (Placement::Replicate, Placement::Partial(op)) => replicate_to_partial(&local, op, k),
+        (Placement::Shard(d), Placement::Shard(e)) => {
+            // Block j: our rows of `d`, member j's chunk of `e`, padded to (cd, ce); what we
+            // receive from member j is its rows of `d` of our chunk of `e`.
+            let (d, e) = (d as usize, e as usize);
+            let block = with_dim(&with_dim(&mine, d, padded_chunk(shape[d], n)), e, padded_chunk(shape[e], n));
+            let send = pack_or_borrow(&local, &pack::split(&mine, e, n, &block))?;
+            let recv = mesh.all_to_all_storage(along, &send)?;
+            let my_e = chunk_size_and_offset(shape[e], n, k).0;
+            recv.into_packed(&pack::join(&block, n, d, &with_dim(&with_dim(&mine, d, shape[d]), e, my_e)))?
+        }
+        (Placement::Replicate, Placement::Partial(op)) => replicate_to_partial(local, op, k)?,
         (from, to) => {
             return Err(Error::InvalidRedistribute {
                 mesh_dim: i,
@@ -433,151 +480,12 @@ pub(crate) fn execute_step<T: Element>(
     })
 }
 
-/// Replicate → Partial: the logical value must stay the same after the reduction.
-pub(crate) fn replicate_to_partial<T: Element>(local: &ArrayD<T>, op: ReduceOp, coord: usize) -> ArrayD<T> {
+/// Replicate → Partial: the logical value must stay the same after the reduction, so only
+/// the first member keeps the data (sum) or every member does (avg, min, max).
+fn replicate_to_partial<T: Element>(local: Cow<'_, Storage<T>>, op: ReduceOp, coord: usize) -> Result<Storage<T>> {
     match op {
-        ReduceOp::Sum if coord != 0 => ArrayD::zeros(local.raw_dim()),
-        ReduceOp::Product if coord != 0 => ArrayD::ones(local.raw_dim()),
-        _ => local.clone(),
+        ReduceOp::Sum if coord != 0 => local.new_full(local.shape(), T::zero()),
+        ReduceOp::Product if coord != 0 => local.new_full(local.shape(), T::one()),
+        _ => Ok(local.into_owned()),
     }
-}
-
-fn from_vec<T: Element>(shape: &[usize], v: Vec<T>) -> ArrayD<T> {
-    ArrayD::from_shape_vec(IxDyn(shape), v).expect("collective returned the planned size")
-}
-
-/// Data of `a` with axis `d` moved to the front, row-major; returns (data, moved shape).
-/// Borrows when `a` already is in that order.
-fn front<T: Element>(a: &ArrayD<T>, d: usize) -> (Cow<'_, [T]>, Vec<usize>) {
-    if d == 0 {
-        let data = match a.as_slice() {
-            Some(s) => Cow::Borrowed(s),
-            None => Cow::Owned(a.iter().copied().collect()),
-        };
-        return (data, a.shape().to_vec());
-    }
-    let mut axes: Vec<usize> = vec![d];
-    axes.extend((0..a.ndim()).filter(|&x| x != d));
-    let v = a.view().permuted_axes(IxDyn(&axes));
-    let shape = v.shape().to_vec();
-    (Cow::Owned(v.iter().copied().collect()), shape)
-}
-
-/// Inverse of [`front`].
-fn unfront<T: Element>(data: Vec<T>, front_shape: &[usize], d: usize) -> ArrayD<T> {
-    let a = from_vec(front_shape, data);
-    if d == 0 {
-        return a;
-    }
-    // Axis 0 goes back to position d.
-    let nd = front_shape.len();
-    let mut axes = Vec::with_capacity(nd);
-    for x in 0..nd {
-        axes.push(match x {
-            x if x < d => x + 1,
-            x if x == d => 0,
-            x => x,
-        });
-    }
-    a.permuted_axes(IxDyn(&axes)).as_standard_layout().into_owned()
-}
-
-fn all_gather_dim<T: Element>(
-    mesh: &DeviceMesh,
-    i: usize,
-    local: &ArrayD<T>,
-    d: usize,
-    full: usize,
-) -> Result<ArrayD<T>> {
-    let n = mesh.size(i);
-    let c = padded_chunk(full, n);
-    let (mut data, mut fshape) = front(local, d);
-    let row: usize = fshape[1..].iter().product();
-    if data.len() != c * row {
-        data.to_mut().resize(c * row, T::zero());
-    }
-    let gathered = mesh.all_gather(Along::Dim(i), &data)?;
-    fshape[0] = full;
-    if c * n == full {
-        // Even: the gathered blocks already are the result.
-        return Ok(unfront(gathered, &fshape, d));
-    }
-    let mut out = Vec::with_capacity(full * row);
-    for j in 0..n {
-        let sz = chunk_size_and_offset(full, n, j).0;
-        out.extend_from_slice(&gathered[j * c * row..(j * c + sz) * row]);
-    }
-    Ok(unfront(out, &fshape, d))
-}
-
-fn reduce_scatter_dim<T: Element>(
-    mesh: &DeviceMesh,
-    i: usize,
-    local: &ArrayD<T>,
-    d: usize,
-    full: usize,
-    op: ReduceOp,
-) -> Result<ArrayD<T>> {
-    let n = mesh.size(i);
-    let k = mesh.coordinate()[i];
-    let c = padded_chunk(full, n);
-    let (data, mut fshape) = front(local, d);
-    let row: usize = fshape[1..].iter().product();
-    let send = if c * n == full {
-        data
-    } else {
-        let mut send = vec![T::zero(); n * c * row];
-        for j in 0..n {
-            let (sz, off) = chunk_size_and_offset(full, n, j);
-            send[j * c * row..(j * c + sz) * row].copy_from_slice(&data[off * row..(off + sz) * row]);
-        }
-        Cow::Owned(send)
-    };
-    let mut mine = mesh.reduce_scatter(Along::Dim(i), &send, op)?;
-    let sz = chunk_size_and_offset(full, n, k).0;
-    mine.truncate(sz * row);
-    fshape[0] = sz;
-    Ok(unfront(mine, &fshape, d))
-}
-
-fn all_to_all_dims<T: Element>(
-    mesh: &DeviceMesh,
-    i: usize,
-    local: &ArrayD<T>,
-    d: usize,
-    e: usize,
-    shape: &[usize],
-) -> Result<ArrayD<T>> {
-    let n = mesh.size(i);
-    let k = mesh.coordinate()[i];
-    let (cd, ce) = (padded_chunk(shape[d], n), padded_chunk(shape[e], n));
-    let mut block_shape = local.shape().to_vec();
-    block_shape[d] = cd;
-    block_shape[e] = ce;
-    let block: usize = block_shape.iter().product();
-    let sd = local.shape()[d];
-    // Pack: block j (our rows, the e-chunk of member j, padded to cd x ce) is written straight
-    // into its slot of the send buffer.
-    let mut send = vec![T::zero(); block * n];
-    for (j, slot) in send.chunks_exact_mut(block.max(1)).enumerate().take(n) {
-        let (sz, off) = chunk_size_and_offset(shape[e], n, j);
-        let mut dst = ArrayViewMutD::from_shape(IxDyn(&block_shape), slot).expect("block-sized slot");
-        dst.slice_axis_mut(Axis(d), Slice::from(0..sd))
-            .slice_axis_mut(Axis(e), Slice::from(0..sz))
-            .assign(&local.slice_axis(Axis(e), Slice::from(off..off + sz)));
-    }
-    let recv = mesh.all_to_all(Along::Dim(i), &send)?;
-    // Unpack: block j holds member j's rows of our e-chunk; it goes to rows off_d.. of the output.
-    let my_e = chunk_size_and_offset(shape[e], n, k).0;
-    let mut out_shape = local.shape().to_vec();
-    out_shape[d] = shape[d];
-    out_shape[e] = my_e;
-    let mut out = ArrayD::<T>::zeros(IxDyn(&out_shape));
-    for j in 0..n {
-        let (sz_d, off_d) = chunk_size_and_offset(shape[d], n, j);
-        let src = ArrayViewD::from_shape(IxDyn(&block_shape), &recv[j * block..(j + 1) * block]).expect("block-sized");
-        out.slice_axis_mut(Axis(d), Slice::from(off_d..off_d + sz_d))
-            .assign(&src.slice_axis(Axis(d), Slice::from(0..sz_d)).slice_axis(Axis(e), Slice::from(0..my_e)));
-    }
-    Ok(out)
 }

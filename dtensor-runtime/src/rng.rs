@@ -31,13 +31,13 @@ pub fn set_rng_state(state: (u64, u64)) {
     STATE.with(|s| s.set(state));
 }
 
-/// Reserves the counter blocks of a tensor of `numel` elements and returns its stream.
-/// Every rank advances by the *global* size, so later calls stay in step.
-pub(crate) fn next_stream(numel: usize) -> Stream {
+/// Reserves the counter blocks of a tensor of `numel` elements and returns its (seed,
+/// first counter block). Every rank advances by the *global* size, so later calls stay in step.
+pub(crate) fn reserve(numel: usize) -> (u64, u64) {
     STATE.with(|s| {
         let (seed, offset) = s.get();
         s.set((seed, offset + (numel as u64).div_ceil(4)));
-        Stream::new(seed, offset)
+        (seed, offset)
     })
 }
 

@@ -116,8 +116,8 @@ fn from_local_grad_returns_the_local_shard_of_the_gradient() {
         // Partial(avg): each local term counts 1/2.
         let la = DTensor::local_tensor(ArrayD::<f64>::ones(vec![2])).requires_grad_(true);
         from_local_grad(&la, &mesh, &[Partial(ReduceOp::Avg)], FromLocal::default())?.sum()?.backward()?;
-        let ga = la.grad().expect("grad").to_local();
-        Ok((ctx.rank(), l.grad().expect("grad").to_local(), lp.grad().expect("grad").to_local(), ga))
+        let ga = la.grad().expect("grad").to_host()?;
+        Ok((ctx.rank(), l.grad().expect("grad").to_host()?, lp.grad().expect("grad").to_host()?, ga))
     })
     .unwrap();
     for (rank, g, gp, ga) in out {
@@ -185,7 +185,7 @@ fn no_grad_and_errors() {
         // gradients accumulate over two backward calls
         x.sum()?.backward()?;
         x.sum()?.backward()?;
-        let acc = x.grad().expect("grad").to_local();
+        let acc = x.grad().expect("grad").to_host()?;
         x.zero_grad();
         Ok((under_no_grad, no_history, not_scalar, acc, x.grad().is_none()))
     })

@@ -70,7 +70,7 @@ fn partial_to_shard_1d(shape: &[usize]) -> Vec<(BTreeMap<CollectiveKind, usize>,
         let c = shape[0].div_ceil(2);
         let (lo, hi) = (c * ctx.rank(), (c * ctx.rank() + c).min(shape[0]));
         let want = g.slice(dtensor_runtime::ndarray::s![lo..hi, ..]).mapv(|x| 2.0 * x).into_dyn();
-        assert_eq!(s.to_local(), want);
+        assert_eq!(s.to_host()?, want);
         let planned = plan.steps.iter().filter_map(|s| s.collective).collect();
         Ok((mode.get_comm_counts(), mode.count_on(ReduceScatter, "tp"), planned))
     })

@@ -7,10 +7,22 @@ mod common;
 
 use common::{coord_of, expected_shard, global};
 use dtensor_runtime::comm::nccl::NcclComm;
-use dtensor_runtime::cuda::{self, CudaDevice, CudaTensor};
+use dtensor_runtime::cuda::{self, CudaDevice};
 use dtensor_runtime::ndarray::{ArrayD, Ix2, IxDyn};
-use dtensor_runtime::{distribute_tensor, Communicator, DType, DeviceMesh, Error, ReduceOp, Replicate, Shard};
+use dtensor_runtime::storage::op::{BinaryOp, Reduction, UnaryOp};
+use dtensor_runtime::storage::{CudaStorage, Device, Storage, Target};
+use dtensor_runtime::{distribute_tensor, Communicator, DType, DeviceMesh, Element, Error, ReduceOp, Replicate, Shard};
 use std::sync::Arc;
+
+/// `a` copied to the device.
+fn up<T: Element>(dev: &Arc<CudaDevice>, a: &ArrayD<T>) -> Storage<T> {
+    Storage::Cuda(CudaStorage::from_host(dev, a).unwrap())
+}
+
+/// The device storage's data on the host.
+fn down<T: Element>(s: Storage<T>) -> ArrayD<T> {
+    s.into_host().unwrap()
+}
 
 /// The device, or `None` after checking the error is typed and printing why we skip.
 fn device(test: &str) -> Option<Arc<CudaDevice>> {
@@ -59,10 +71,14 @@ fn host_round_trips() {
     let Some(dev) = device("host_round_trips") else { return };
     for shape in [&[5usize, 3][..], &[7], &[2, 0, 3], &[1, 1, 1]] {
         let g = global(shape, 1);
-        let t = CudaTensor::from_host(&dev, &g).unwrap();
-        assert_eq!(t.to_host().unwrap(), g, "f64 {shape:?}");
+        let t = up(&dev, &g);
+        assert_eq!(t.device(), Device::Cuda(0));
+        assert_eq!(down(t), g, "f64 {shape:?}");
         let g32 = g.mapv(|x| x as f32);
-        assert_eq!(CudaTensor::from_host(&dev, &g32).unwrap().to_host().unwrap(), g32, "f32 {shape:?}");
+        assert_eq!(down(up(&dev, &g32)), g32, "f32 {shape:?}");
+        // Through the allocation target, as a mesh places shards.
+        let placed = Storage::from_host(g.clone(), &Target::Cuda(Arc::clone(&dev))).unwrap();
+        assert_eq!(placed, g, "placed {shape:?}");
     }
     println!("GPUCHECK|host_round_trips|PASS|f32+f64, 4 shapes incl. empty");
 }
@@ -77,49 +93,45 @@ fn matmul_matches_cpu() {
         let a = global(sa, 2);
         let b = global(sb, 3);
         let want = cpu_matmul(&a, &b);
-        let got = CudaTensor::from_host(&dev, &a).unwrap().matmul(&CudaTensor::from_host(&dev, &b).unwrap()).unwrap();
-        let e = max_err(&got.to_host().unwrap(), &want);
+        let got = up(&dev, &a).matmul(&up(&dev, &b)).unwrap();
+        let e = max_err(&down(got), &want);
         assert!(e <= 1e-9 * (1.0 + want.iter().fold(0.0f64, |m, x| m.max(x.abs()))), "f64 {sa:?}@{sb:?}: err {e}");
-        let got32 = CudaTensor::from_host(&dev, &a.mapv(|x| x as f32))
-            .unwrap()
-            .matmul(&CudaTensor::from_host(&dev, &b.mapv(|x| x as f32)).unwrap())
-            .unwrap();
-        let e32 = max_err(&got32.to_host().unwrap().mapv(|x| x as f64), &want);
+        let got32 = up(&dev, &a.mapv(|x| x as f32)).matmul(&up(&dev, &b.mapv(|x| x as f32))).unwrap();
+        let e32 = max_err(&down(got32).mapv(|x| x as f64), &want);
         assert!(e32 <= 1e-3 * (1.0 + want.iter().fold(0.0f64, |m, x| m.max(x.abs()))), "f32 {sa:?}@{sb:?}: err {e32}");
         worst = worst.max(e32);
     }
-    let bad = CudaTensor::from_host(&dev, &global(&[2, 3], 0))
-        .unwrap()
-        .matmul(&CudaTensor::from_host(&dev, &global(&[4, 2], 0)).unwrap());
+    let bad = up(&dev, &global(&[2, 3], 0)).matmul(&up(&dev, &global(&[4, 2], 0)));
     assert!(matches!(bad, Err(Error::ShapeMismatch { .. })), "{bad:?}");
+    let mixed = up(&dev, &global(&[2, 3], 0)).matmul(&Storage::Cpu(global(&[3, 2], 0)));
+    assert!(matches!(mixed, Err(Error::DeviceMismatch { .. })), "{mixed:?}");
     println!("GPUCHECK|matmul_matches_cpu|PASS|4 shapes, f32 max err {worst:.1e}");
 }
 
 #[test]
 fn elementwise_matches_cpu() {
     let Some(dev) = device("elementwise_matches_cpu") else { return };
-    let a = global(&[33, 31], 4);
+    // The device kernels against the host kernels of the same op enums.
+    let a = global(&[33, 31], 4).mapv(|x| x / 16.0);
     let b = global(&[33, 31], 5).mapv(|x| x + 100.0); // no zeros: div is safe
-    let (ta, tb) = (CudaTensor::from_host(&dev, &a).unwrap(), CudaTensor::from_host(&dev, &b).unwrap());
-    let cases: Vec<(&str, CudaTensor<f64>, ArrayD<f64>)> = vec![
-        ("add", ta.add(&tb).unwrap(), &a + &b),
-        ("sub", ta.sub(&tb).unwrap(), &a - &b),
-        ("mul", ta.mul(&tb).unwrap(), &a * &b),
-        ("div", ta.binary("div", &tb).unwrap(), &a / &b),
-        ("relu", ta.relu().unwrap(), a.mapv(|x| x.max(0.0))),
-        ("scale", ta.scale(2.5).unwrap(), a.mapv(|x| x * 2.5)),
-    ];
-    for (name, got, want) in cases {
-        assert!(max_err(&got.to_host().unwrap(), &want) <= 1e-12, "{name}");
+    let (ca, cb) = (Storage::Cpu(a.clone()), Storage::Cpu(b.clone()));
+    let (ta, tb) = (up(&dev, &a), up(&dev, &b));
+    for op in [BinaryOp::Add, BinaryOp::Sub, BinaryOp::Mul, BinaryOp::Div] {
+        let want = down(ca.binary(op, &cb).unwrap());
+        assert!(max_err(&down(ta.binary(op, &tb).unwrap()), &want) <= 1e-12, "{op}");
     }
-    // GELU(x) = x Φ(x): reference values of the standard normal CDF.
-    let x = ArrayD::from_shape_vec(IxDyn(&[3]), vec![0.0, 1.0, -1.0]).unwrap();
-    let g = CudaTensor::from_host(&dev, &x).unwrap().gelu().unwrap().to_host().unwrap();
-    let want: [f64; 3] = [0.0, 0.841_344_746_068_542_9, -0.158_655_253_931_457_05];
-    assert!(g.iter().zip(want).all(|(a, b)| (a - b).abs() < 1e-12), "gelu {g:?}");
-    let bad = ta.add(&CudaTensor::from_host(&dev, &global(&[2], 0)).unwrap());
-    assert!(matches!(bad, Err(Error::ShapeMismatch { .. })));
-    println!("GPUCHECK|elementwise_matches_cpu|PASS|add sub mul div relu scale gelu");
+    for op in
+        [UnaryOp::Neg, UnaryOp::Exp, UnaryOp::Relu, UnaryOp::Gelu, UnaryOp::MulScalar(2.5), UnaryOp::AddScalar(-1.0)]
+    {
+        let want = down(ca.unary(op).unwrap());
+        assert!(max_err(&down(ta.unary(op).unwrap()), &want) <= 1e-12, "{op}");
+    }
+    let bad = ta.binary(BinaryOp::Add, &up(&dev, &global(&[2], 0)));
+    assert!(matches!(bad, Err(Error::ShapeMismatch { .. })), "{bad:?}");
+    // Kernels without a device implementation yet answer a typed error.
+    let missing = ta.reduce(Reduction::Sum, &[0], false);
+    assert!(matches!(missing, Err(Error::Unsupported { .. })), "{missing:?}");
+    println!("GPUCHECK|elementwise_matches_cpu|PASS|add sub mul div neg exp relu gelu(tanh) scale add_scalar vs host");
 }
 
 #[test]
@@ -176,7 +188,11 @@ fn nccl_mesh_distribute_redistribute() {
         let dt = distribute_tensor(&g, &mesh, from, Some(0)).unwrap();
         for to in &lists {
             let r = dt.redistribute(to).unwrap();
-            assert_eq!(r.to_local(), expected_shard(&g, &[1, 1], &coord_of(0, &[1, 1]), to), "{from:?} -> {to:?}");
+            assert_eq!(
+                r.to_host().unwrap(),
+                expected_shard(&g, &[1, 1], &coord_of(0, &[1, 1]), to),
+                "{from:?} -> {to:?}"
+            );
         }
         assert_eq!(dt.full_tensor().unwrap(), g);
     }
@@ -190,9 +206,14 @@ fn mlp_chain_matches_cpu() {
     let w1 = global(&[32, 64], 12).mapv(|v| v / 48.0);
     let w2 = global(&[64, 32], 13).mapv(|v| v / 48.0);
     let want = cpu_matmul(&cpu_matmul(&x, &w1).mapv(|v| v.max(0.0)), &w2).mapv(|v| v * 0.5);
-    let up = |a: &ArrayD<f64>| CudaTensor::from_host(&dev, &a.mapv(|v| v as f32)).unwrap();
-    let got = up(&x).matmul(&up(&w1)).unwrap().relu().unwrap().matmul(&up(&w2)).unwrap().scale(0.5).unwrap();
-    let e = max_err(&got.to_host().unwrap().mapv(|v| v as f64), &want);
+    let up32 = |a: &ArrayD<f64>| up(&dev, &a.mapv(|v| v as f32));
+    let got = up32(&x)
+        .matmul(&up32(&w1))
+        .and_then(|h| h.unary(UnaryOp::Relu))
+        .and_then(|h| h.matmul(&up32(&w2)))
+        .and_then(|y| y.unary(UnaryOp::MulScalar(0.5)))
+        .unwrap();
+    let e = max_err(&down(got).mapv(|v| v as f64), &want);
     assert!(e < 1e-4, "mlp chain err {e}");
     println!("GPUCHECK|mlp_chain_matches_cpu|PASS|x@w1 -> relu -> @w2 -> *0.5 (f32), max err {e:.1e}");
 }

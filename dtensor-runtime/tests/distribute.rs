@@ -18,7 +18,7 @@ fn distribute_from_source_rank_uses_only_its_data() {
             let mesh = ctx.init_device_mesh(&[2, 2], &["dp", "tp"])?;
             let mine = global(&[5, 3], ctx.rank() as u64);
             let dt = distribute_tensor(&mine, &mesh, &p, Some(2))?;
-            Ok((dt.to_local(), dt.full_tensor()?))
+            Ok((dt.to_host()?, dt.full_tensor()?))
         })
         .unwrap();
         let src = global(&[5, 3], 2);
@@ -122,7 +122,7 @@ fn from_local_run_check_broadcasts_replicated_data() {
         let mesh = ctx.init_device_mesh(&[2], &["x"])?;
         let local = ArrayD::from_elem(vec![3], ctx.rank() as f32 + 1.0);
         let dt = from_local(local, &mesh, &[Replicate], FromLocal::checked())?;
-        Ok(dt.to_local())
+        dt.to_host()
     })
     .unwrap();
     assert_eq!(out[1], ArrayD::from_elem(vec![3], 1.0));
@@ -166,7 +166,7 @@ fn partial_sources_reduce_to_their_global_value() {
                 let local = global(&shape, 10 + ctx.rank() as u64).mapv(|x| x / 8.0);
                 let dt = from_local(local.clone(), &mesh, &[Placement::Partial(op)], FromLocal::default())?;
                 let r = dt.redistribute(&target)?;
-                Ok((local, r.to_local(), r.full_tensor()?))
+                Ok((local, r.to_host()?, r.full_tensor()?))
             })
             .unwrap();
             // Reference reduction over the ranks' partial values.

@@ -98,7 +98,7 @@ fn random_single_rank(normal: bool) -> ArrayD<f32> {
         } else {
             rand::<f32>(&[9, 7], &TensorOptions::new())?
         };
-        Ok(t.to_local())
+        t.to_host()
     })
     .unwrap()
     .remove(0)
@@ -137,12 +137,12 @@ fn seeds_and_successive_calls_differ() {
     let out = run(1, |ctx| {
         ctx.init_device_mesh(&[1], &["x"])?;
         manual_seed(1);
-        let a = rand::<f64>(&[16], &TensorOptions::new())?.to_local();
-        let b = rand::<f64>(&[16], &TensorOptions::new())?.to_local();
+        let a = rand::<f64>(&[16], &TensorOptions::new())?.to_host()?;
+        let b = rand::<f64>(&[16], &TensorOptions::new())?.to_host()?;
         manual_seed(2);
-        let c = rand::<f64>(&[16], &TensorOptions::new())?.to_local();
+        let c = rand::<f64>(&[16], &TensorOptions::new())?.to_host()?;
         manual_seed(1);
-        let a2 = rand::<f64>(&[16], &TensorOptions::new())?.to_local();
+        let a2 = rand::<f64>(&[16], &TensorOptions::new())?.to_host()?;
         Ok((a, b, c, a2))
     })
     .unwrap();
@@ -158,8 +158,8 @@ fn linspace_and_logspace_match_single_rank() {
         let single = run(1, |ctx| {
             ctx.init_device_mesh(&[1], &["x"])?;
             Ok((
-                linspace::<f64>(-3.0, 5.0, steps, &TensorOptions::new())?.to_local(),
-                logspace::<f32>(-2.0, 2.0, steps, 10.0, &TensorOptions::new())?.to_local(),
+                linspace::<f64>(-3.0, 5.0, steps, &TensorOptions::new())?.to_host()?,
+                logspace::<f32>(-2.0, 2.0, steps, 10.0, &TensorOptions::new())?.to_host()?,
             ))
         })
         .unwrap()

@@ -47,7 +47,7 @@ fn distribute_module_replicates_without_partition_fn_and_refuses_twice() {
             d.named_parameters().iter().map(|(_, p)| p.placements().to_vec()).collect();
         let y = d.forward(&DTensor::local_tensor(x.clone()))?;
         let twice = distribute_module(d, &mesh, None, None, None).err();
-        Ok((placements, y.placements().to_vec(), close(&y.to_local(), &want), twice))
+        Ok((placements, y.placements().to_vec(), close(&y.to_host()?, &want), twice))
     })
     .unwrap();
     for (pl, ypl, same, twice) in out {

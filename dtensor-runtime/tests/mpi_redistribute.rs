@@ -74,7 +74,7 @@ fn distribute_uneven_every_layout(ctx: &RankCtx) -> Result<Outcome, String> {
                         if src.is_none() || src == Some(ctx.rank()) { g.clone() } else { g.mapv(|x| x * 0.0 - 999.0) };
                     let dt = distribute_tensor(&input, &mesh, &p, src).map_err(fail)?;
                     let what = format!("mesh {mshape:?} shape {shape:?} {p:?} src {src:?}");
-                    same(&dt.to_local(), &expected_shard(&g, &mshape, &coord, &p), &what)?;
+                    same(&dt.to_host().map_err(fail)?, &expected_shard(&g, &mshape, &coord, &p), &what)?;
                     same(&dt.full_tensor().map_err(fail)?, &g, &format!("full_tensor of {what}"))?;
                 }
             }
@@ -100,7 +100,7 @@ fn redistribute_all_pairs_2d_mesh(ctx: &RankCtx) -> Result<Outcome, String> {
             for to in &lists {
                 let r = dt.redistribute(to).map_err(fail)?;
                 let what = format!("{shape:?}: {from:?} -> {to:?}");
-                same(&r.to_local(), &expected_shard(&g, &mshape, &coord, to), &what)?;
+                same(&r.to_host().map_err(fail)?, &expected_shard(&g, &mshape, &coord, to), &what)?;
                 if r.placements() != &to[..] {
                     return Err(format!("{what}: placements became {:?}", r.placements()));
                 }
@@ -161,7 +161,11 @@ fn partial_sources_reduce(ctx: &RankCtx) -> Result<Outcome, String> {
                     let mut to = p.clone();
                     to[pd] = target;
                     let r = dt.redistribute(&to).map_err(fail)?;
-                    same(&r.to_local(), &expected_shard(&g, &mshape, &coord, &to), &format!("{p:?} -> {to:?}"))?;
+                    same(
+                        &r.to_host().map_err(fail)?,
+                        &expected_shard(&g, &mshape, &coord, &to),
+                        &format!("{p:?} -> {to:?}"),
+                    )?;
                 }
             }
         }

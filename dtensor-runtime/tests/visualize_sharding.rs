@@ -26,7 +26,7 @@ fn check_case(mesh_shape: &[usize], placements: &[Placement], shape: &[usize]) {
     let per_rank: Vec<(ShardingLayout, ArrayD<f64>)> = run(world, |ctx| {
         let mesh = ctx.init_device_mesh(mesh_shape, &names)?;
         let dt = distribute_tensor(&g, &mesh, placements, None)?;
-        Ok((sharding_layout(&dt)?, dt.to_local()))
+        Ok((sharding_layout(&dt)?, dt.to_host()?))
     })
     .unwrap();
     let case = format!("mesh {mesh_shape:?} {placements:?} shape {shape:?}");

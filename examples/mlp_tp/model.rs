@@ -62,7 +62,7 @@ pub fn block_forward(x: &DTensor<f32>, block: &Block) -> Result<DTensor<f32>> {
 fn init_weight(rows: usize, cols: usize) -> Result<ArrayD<f32>> {
     let bound = 1.0 / (rows as f32).sqrt();
     let u = rand::<f32>(&[rows, cols], &TensorOptions::new().mesh(&local_mesh()))?;
-    Ok(u.into_local().mapv(|v| (2.0 * v - 1.0) * bound))
+    Ok(u.to_host()?.mapv(|v| (2.0 * v - 1.0) * bound))
 }
 
 /// A stack of blocks.

@@ -8,19 +8,23 @@
 
 use super::{check_grad_placements, grad_target, record, redistribute_grad};
 use crate::comm::Communicator;
+use crate::cuda::CudaDevice;
 use crate::dtensor::{from_local, DTensor, FromLocal};
 use crate::element::{DType, Element};
 use crate::error::{Error, Result};
 use crate::layout::local_shape_and_offset;
 use crate::mesh::DeviceMesh;
 use crate::placement::{fmt_placements, normalize_placements, Placement, ReduceOp};
-use ndarray::ArrayD;
+use crate::storage::op::UnaryOp;
+use crate::storage::{Device, Storage, Target};
 use std::cell::RefCell;
 use std::sync::Arc;
 
-/// The communicator of a one-rank world: every collective is a copy.
+/// The communicator of a one-rank world on one device: every collective is a copy.
 #[derive(Debug)]
-struct SelfComm;
+struct SelfComm {
+    target: Target,
+}
 
 impl Communicator for SelfComm {
     fn rank(&self) -> usize {
@@ -31,6 +35,15 @@ impl Communicator for SelfComm {
     }
     fn backend(&self) -> &'static str {
         LOCAL_BACKEND
+    }
+    fn device(&self) -> Device {
+        self.target.device()
+    }
+    fn cuda_device(&self) -> Option<Arc<CudaDevice>> {
+        match &self.target {
+            Target::Cpu => None,
+            Target::Cuda(d) => Some(Arc::clone(d)),
+        }
     }
     fn all_gather(&self, _g: &[usize], send: &[u8], recv: &mut [u8]) -> Result<()> {
         recv.copy_from_slice(send);
@@ -63,17 +76,31 @@ impl Communicator for SelfComm {
 const LOCAL_BACKEND: &str = "local";
 
 thread_local! {
-    static LOCAL_MESH: RefCell<Option<DeviceMesh>> = const { RefCell::new(None) };
+    /// This thread's local meshes, one per device target (a handful at most).
+    static LOCAL_MESHES: RefCell<Vec<DeviceMesh>> = const { RefCell::new(Vec::new()) };
 }
 
-/// The one-rank mesh local tensors live on (one per thread, dimension name `local`).
+/// The one-rank host mesh local tensors live on (one per thread, dimension name `local`).
 pub fn local_mesh() -> DeviceMesh {
-    LOCAL_MESH.with(|m| {
-        m.borrow_mut()
-            .get_or_insert_with(|| {
-                DeviceMesh::new(Arc::new(SelfComm), &[1], &["local"]).expect("a 1-rank mesh over a 1-rank world")
-            })
-            .clone()
+    local_mesh_on(Target::Cpu)
+}
+
+/// The one-rank mesh of local tensors whose data lives on `target` (one per thread and target).
+fn local_mesh_on(target: Target) -> DeviceMesh {
+    let same = |m: &DeviceMesh, t: &Target| match (m.target(), t) {
+        (Target::Cpu, Target::Cpu) => true,
+        (Target::Cuda(a), Target::Cuda(b)) => Arc::ptr_eq(a, b),
+        _ => false,
+    };
+    LOCAL_MESHES.with(|ms| {
+        let mut ms = ms.borrow_mut();
+        if let Some(m) = ms.iter().find(|m| same(m, &target)) {
+            return m.clone();
+        }
+        let m = DeviceMesh::new(Arc::new(SelfComm { target }), &[1], &["local"])
+            .expect("a 1-rank mesh over a 1-rank world with its device handle");
+        ms.push(m.clone());
+        m
     })
 }
 
@@ -134,20 +161,20 @@ pub fn from_local_grad<T: Element>(
         .product();
     Ok(record("from_local_backward", out, &[local], move |g| {
         let g = redistribute_grad(g, &target, None, "from_local_backward")?;
-        let mut l = g.local.clone();
-        if avg_scale != 1.0 {
-            l.mapv_inplace(|v| v * T::of_f64(avg_scale));
-        }
+        let l = if avg_scale != 1.0 { g.local.unary(UnaryOp::MulScalar(avg_scale))? } else { g.local };
         Ok(vec![Some(DTensor::local_tensor(l))])
     }))
 }
 
 impl<T: Element> DTensor<T> {
     /// A plain local tensor (this rank only, on [`local_mesh`]), e.g. module parameters
-    /// before `distribute_module`, or the input of [`from_local_grad`].
-    pub fn local_tensor(array: ArrayD<T>) -> DTensor<T> {
-        let shape = array.shape().to_vec();
-        DTensor::new_unchecked(array, local_mesh(), vec![Placement::Replicate], shape, None)
+    /// before `distribute_module`, or the input of [`from_local_grad`]. It stays on the device
+    /// of its data (a host array: the host).
+    pub fn local_tensor(data: impl Into<Storage<T>>) -> DTensor<T> {
+        let data = data.into();
+        let shape = data.shape().to_vec();
+        let mesh = local_mesh_on(data.target());
+        DTensor::new_unchecked(data, mesh, vec![Placement::Replicate], shape, None)
     }
 
     /// Is this a plain local tensor (see [`DTensor::local_tensor`])?

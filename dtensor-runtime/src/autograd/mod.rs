@@ -195,7 +195,7 @@ pub(crate) fn redistribute_grad<T: Element>(
         return Ok(g.detach());
     }
     fn via<T: Element, U: Element>(g: &DTensor<T>, target: &[Placement], label: &'static str) -> Result<DTensor<T>> {
-        Ok(g.cast::<U>().redistribute_scoped(target, label)?.cast::<T>())
+        g.cast::<U>()?.redistribute_scoped(target, label)?.cast::<T>()
     }
     match dtype {
         Some(DType::F32) if T::DTYPE != DType::F32 => via::<T, f32>(g, target, label),
@@ -280,22 +280,11 @@ impl<T: Element> DTensor<T> {
                 self.shape
             )));
         }
-        let one = DTensor::new_unchecked(
-            ndarray::ArrayD::from_elem(
-                crate::layout::local_shape_and_offset(
-                    &self.shape,
-                    self.mesh.shape(),
-                    self.mesh.coordinate(),
-                    &grad_target(&self.placements),
-                )
-                .0,
-                T::one(),
-            ),
-            self.mesh.clone(),
-            grad_target(&self.placements),
-            self.shape.clone(),
-            None,
-        );
+        let target = grad_target(&self.placements);
+        let (shape, _) =
+            crate::layout::local_shape_and_offset(&self.shape, self.mesh.shape(), self.mesh.coordinate(), &target);
+        let local = self.local.new_full(&shape, T::one())?;
+        let one = DTensor::new_unchecked(local, self.mesh.clone(), target, self.shape.clone(), None);
         self.backward_with(&one)
     }
 
@@ -308,22 +297,16 @@ impl<T: Element> DTensor<T> {
                 actual: grad.shape.clone(),
             });
         }
-        if !grad.mesh.same_as(&self.mesh) {
-            return Err(Error::MeshMismatch {
-                context: "backward_with".into(),
-                left: self.mesh.to_string(),
-                right: grad.mesh.to_string(),
-            });
-        }
+        self.mesh.check_compatible(&grad.mesh, "backward_with")?;
         engine::run_backward(self, grad.detach())
     }
 
     /// Element-type conversion of the data (no autograd history).
-    pub fn cast<U: Element>(&self) -> DTensor<U> {
-        let local = self.local.mapv(|x| U::of_f64(x.as_f64()));
+    pub fn cast<U: Element>(&self) -> Result<DTensor<U>> {
+        let local = self.local.cast::<U>()?;
         let mut d = DTensor::new_unchecked(local, self.mesh.clone(), self.placements.clone(), self.shape.clone(), None);
         d.stride = self.stride.clone();
-        d
+        Ok(d)
     }
 
     /// `redistribute` whose backward runs the gradient's collectives in `backward_dtype`

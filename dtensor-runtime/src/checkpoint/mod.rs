@@ -35,7 +35,7 @@
 //! let locals = run(3, |ctx| {
 //!     let mesh = ctx.init_device_mesh(&[3], &["tp"])?;
 //!     let sd = checkpoint::load::<f32>(dir.path(), &mesh, &[("w", &[Shard(1)][..])])?;
-//!     Ok(sd[0].1.to_local())
+//!     sd[0].1.to_host()
 //! }).unwrap();
 //! assert_eq!(locals[2], g.slice(ndarray::s![.., 2..3]).into_dyn());
 //! ```
@@ -53,6 +53,7 @@ use crate::error::{Error, Result};
 use crate::layout::local_shape_and_offset;
 use crate::mesh::DeviceMesh;
 use crate::placement::{normalize_placements, Placement};
+use crate::storage::Storage;
 use crate::Along;
 use ndarray::{ArrayD, IxDyn};
 use shard_file::{read_intersection, write_file, RawTensor, SavedBlock, ShardFile};
@@ -97,6 +98,14 @@ fn reduce_partials<T: Element>(t: &DTensor<T>) -> Result<DTensor<T>> {
     let to: Vec<Placement> =
         t.placements().iter().map(|p| if p.is_partial() { Placement::Replicate } else { *p }).collect();
     t.redistribute(&to)
+}
+
+/// The bytes a shard is saved as (a device shard goes through a host copy).
+fn raw_shard<T: Element>(local: &Storage<T>) -> Result<RawTensor> {
+    Ok(match local.as_cpu() {
+        Some(a) => RawTensor::of(a),
+        None => RawTensor::of(&local.to_host()?),
+    })
 }
 
 /// The blocks of a tensor with `placements` as saved: one per distinct non-empty block, owned
@@ -144,7 +153,7 @@ pub fn save<T: Element>(dir: impl AsRef<Path>, state: &[(String, DTensor<T>)]) -
     for ((name, _), t) in state.iter().zip(&reduced) {
         let blocks = owned_blocks(t.shape(), mesh, t.placements())?;
         if blocks.iter().any(|b| b.rank == me) {
-            mine.push((name.clone(), RawTensor::of(t.local())));
+            mine.push((name.clone(), raw_shard(t.local())?));
             meta.insert(format!("{name}.offset"), format!("{:?}", t.local_offset()));
             meta.insert(format!("{name}.global_shape"), format!("{:?}", t.shape()));
         }
@@ -297,7 +306,7 @@ impl Checkpoint {
                 return Err(Error::PartialNotAllowed { placement: *p, context: "checkpoint::load".into() });
             }
             let (shape, offset) = local_shape_and_offset(&entry.shape, mesh.shape(), mesh.coordinate(), &placements);
-            let local = self.read_block::<T>(name, &offset, &shape)?;
+            let local = Storage::from_host(self.read_block::<T>(name, &offset, &shape)?, mesh.target())?;
             out.push((name.to_string(), DTensor::new_unchecked(local, mesh.clone(), placements, entry.shape, None)));
         }
         Ok(out)

@@ -19,12 +19,16 @@ pub mod mpi;
 #[cfg(feature = "cuda")]
 pub mod nccl;
 pub mod reduce;
+mod storage;
 pub mod threads;
 
+use crate::cuda::CudaDevice;
 use crate::element::DType;
 use crate::error::Result;
 use crate::placement::ReduceOp;
+use crate::storage::Device;
 use std::fmt;
+use std::sync::Arc;
 
 /// Collectives over a *group*: a list of global ranks in group order that contains the
 /// calling rank. Every member of the group must make the same call with the same sizes.
@@ -38,6 +42,18 @@ pub trait Communicator: Send + Sync + fmt::Debug {
     fn world_size(&self) -> usize;
     /// Short backend name (`threads`, `mpi`, `nccl`).
     fn backend(&self) -> &'static str;
+
+    /// The device this rank's shards live on (default: the host). A mesh over this
+    /// communicator places every DTensor's local data there.
+    fn device(&self) -> Device {
+        Device::Cpu
+    }
+
+    /// The handle of this rank's CUDA device (context and stream) when [`device`](Self::device)
+    /// is `Device::Cuda` (default: none).
+    fn cuda_device(&self) -> Option<Arc<CudaDevice>> {
+        None
+    }
 
     /// Called collectively by every rank of the world when a mesh is created, with every
     /// group of every mesh dim (each a partition of the world). Backends that need

@@ -1,15 +1,17 @@
 //! Element-wise kernels, compiled once per device with NVRTC, for f32 and f64.
+//!
+//! Binary kernels compute `out[i] = f(a[i], b[i])`, unary ones `out[i] = f(a[i], s)` with a
+//! scalar argument `s` (used by `scale` and `add_scalar`). `storage::cuda` maps the op enums
+//! onto these names.
 
 use super::{cuda_err, require, CudaLib};
 use crate::error::Result;
+use crate::storage::op::{GELU_A, GELU_C};
 use cudarc::driver::{CudaContext, CudaFunction, CudaModule};
 use std::sync::Arc;
 
-/// Binary ops `out[i] = f(a[i], b[i])`.
-pub const BINARY: [&str; 5] = ["add", "sub", "mul", "div", "maximum"];
-/// Unary ops `out[i] = f(a[i], s)` (`s` is a scalar argument, used by `scale` and `add_scalar`).
-pub const UNARY: [&str; 6] = ["relu", "gelu", "exp", "neg", "scale", "add_scalar"];
-
+/// The kernels. `GELU_C` and `GELU_A` are defined in front of it from the host formula's
+/// constants, so both devices compute the same (tanh) GELU.
 const SOURCE: &str = r#"
 #define IDX unsigned long long i = (unsigned long long)blockIdx.x * blockDim.x + threadIdx.x; if (i >= n) return;
 #define BIN_T(name, T, sfx, expr) extern "C" __global__ void name##_##sfx(const T* a, const T* b, T* o, unsigned long long n) { IDX T x = a[i]; T y = b[i]; o[i] = (expr); }
@@ -20,9 +22,8 @@ BIN(add, x + y)
 BIN(sub, x - y)
 BIN(mul, x * y)
 BIN(div, x / y)
-BIN(maximum, x > y ? x : y)
 UN(relu, x > 0 ? x : 0)
-UN(gelu, 0.5 * x * (1 + erf(x * 0.7071067811865476)))
+UN(gelu, 0.5 * x * (1 + tanh(GELU_C * (x + GELU_A * x * x * x))))
 UN(exp, exp(x))
 UN(neg, -x)
 UN(scale, x * s)
@@ -38,7 +39,8 @@ pub struct Kernels {
 impl Kernels {
     pub(crate) fn compile(ctx: &Arc<CudaContext>) -> Result<Kernels> {
         require(CudaLib::Nvrtc)?;
-        let ptx = cudarc::nvrtc::compile_ptx(SOURCE).map_err(|e| cuda_err("compiling element-wise kernels", e))?;
+        let source = format!("#define GELU_C {GELU_C:?}\n#define GELU_A {GELU_A:?}\n{SOURCE}");
+        let ptx = cudarc::nvrtc::compile_ptx(source).map_err(|e| cuda_err("compiling element-wise kernels", e))?;
         let module = ctx.load_module(ptx).map_err(|e| cuda_err("loading element-wise kernels", e))?;
         Ok(Kernels { module })
     }

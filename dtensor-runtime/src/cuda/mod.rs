@@ -1,30 +1,31 @@
-//! CUDA storage (cargo feature `cuda`, through cudarc): a device handle, a device-resident
-//! local tensor with host round trips, cuBLAS matmul and nvrtc element-wise kernels.
+//! CUDA devices (cargo feature `cuda`, through cudarc): library checks, the device handle and
+//! its compiled kernels.
 //!
 //! Layers, in the spirit of cudarc's sys/result/safe split: cudarc provides the raw bindings
-//! and checked calls; `CudaDevice` owns one context, one stream and the lazily created
-//! cuBLAS handle and kernel module; `CudaTensor` is the safe, shape-carrying tensor.
+//! and checked calls; [`CudaDevice`] owns one context, one stream and the lazily created
+//! cuBLAS handle and kernel module; device-resident tensor data is
+//! [`CudaStorage`](crate::storage::CudaStorage), one arm of the kernel surface
+//! [`Storage`](crate::storage::Storage).
 //!
 //! cudarc loads the CUDA libraries at run time and *panics* when one is missing; every entry
 //! point here checks with cudarc's `is_culib_present` first and returns
-//! [`Error::Unavailable`] instead. Without the `cuda` feature only [`availability`] and
-//! [`device_count`] exist and report the feature as missing.
+//! [`Error::Unavailable`] instead. Without the `cuda` feature [`CudaDevice`] is an uninhabited
+//! type whose constructor, like [`availability`] and [`device_count`], reports the feature as
+//! missing.
 
 use crate::error::{Error, Result};
 
+#[cfg(not(feature = "cuda"))]
+mod absent;
 #[cfg(feature = "cuda")]
 mod device;
 #[cfg(feature = "cuda")]
-mod kernels;
-#[cfg(feature = "cuda")]
-mod tensor;
+pub(crate) mod kernels;
 
+#[cfg(not(feature = "cuda"))]
+pub use absent::CudaDevice;
 #[cfg(feature = "cuda")]
 pub use device::CudaDevice;
-#[cfg(feature = "cuda")]
-pub use kernels::{BINARY, UNARY};
-#[cfg(feature = "cuda")]
-pub use tensor::{CudaElement, CudaTensor};
 
 /// A CUDA library this crate loads at run time.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

@@ -14,25 +14,12 @@ use crate::element::Element;
 use crate::error::{Error, Result};
 use crate::layout::local_shape_and_offset;
 use crate::placement::{Placement, ReduceOp};
-use ndarray::{ArrayD, Axis, IxDyn};
 
 const R: Placement = Placement::Replicate;
 const LINEAR: [ReduceOp; 2] = [ReduceOp::Sum, ReduceOp::Avg];
 
 fn shard(d: usize) -> Placement {
     Placement::Shard(d as isize)
-}
-
-/// Checks one id and converts it to an index.
-fn index_of<T: Element>(op: &str, id: T, n: usize) -> Result<usize> {
-    let v = id.as_f64();
-    if v.fract() != 0.0 || v < 0.0 || v >= n as f64 {
-        return Err(Error::InvalidArgument {
-            context: op.into(),
-            reason: format!("index {v} is not a whole number in [0, {n})"),
-        });
-    }
-    Ok(v as usize)
 }
 
 /// Gradient of the table: scatter-add of `g`'s rows at `ids`, laid out preferably as `prefer`.
@@ -56,20 +43,7 @@ fn embedding_backward<T: Element>(
     let dim = g.shape[q];
     let shape = vec![vocab, dim];
     let (lshape, loff) = local_shape_and_offset(&shape, gi.mesh.shape(), gi.mesh.coordinate(), &c.output);
-    let mut out = ArrayD::<T>::zeros(IxDyn(&lshape));
-    let rows = gi
-        .local
-        .view()
-        .into_shape_with_order(IxDyn(&[ii.local.len(), gi.local.shape()[q]]))
-        .map_err(|e| Error::Unsupported { op: "embedding_backward".into(), reason: e.to_string() })?;
-    let ids_std = ii.local.as_standard_layout();
-    for (row, &id) in rows.axis_iter(Axis(0)).zip(ids_std.iter()) {
-        let v = index_of("embedding_backward", id, vocab)?;
-        if v >= loff[0] && v < loff[0] + lshape[0] {
-            let mut dst = out.index_axis_mut(Axis(0), v - loff[0]);
-            dst += &row;
-        }
-    }
+    let out = gi.local.embedding_backward(&ii.local, lshape[0], loff[0], vocab)?;
     Ok(new_output(out, &gi.mesh, c.output, shape))
 }
 
@@ -97,20 +71,7 @@ impl<T: Element> DTensor<T> {
         let c = select("embedding", &[self, ids], &rs, Select::default())?;
         let (w, ii) = (&*c.inputs[0], &*c.inputs[1]);
         let vocab = self.shape[0];
-        let (rows, cols) = (w.local.shape()[0], w.local.shape()[1]);
-        let row0 = w.local_offset()[0];
-        let mut lshape = ii.local.shape().to_vec();
-        lshape.push(cols);
-        let mut out = ArrayD::<T>::zeros(IxDyn(&[ii.local.len(), cols]));
-        for (k, &id) in ii.local.as_standard_layout().iter().enumerate() {
-            let v = index_of("embedding", id, vocab)?;
-            if v >= row0 && v < row0 + rows {
-                out.index_axis_mut(Axis(0), k).assign(&w.local.index_axis(Axis(0), v - row0));
-            }
-        }
-        let out = out
-            .into_shape_with_order(IxDyn(&lshape))
-            .map_err(|e| Error::Unsupported { op: "embedding".into(), reason: e.to_string() })?;
+        let out = w.local.embedding(&ii.local, w.local_offset()[0], vocab)?;
         let mut shape = ids.shape.clone();
         shape.push(self.shape[1]);
         let out = new_output(out, &w.mesh, c.output, shape);
@@ -128,15 +89,7 @@ impl<T: Element> DTensor<T> {
         rs.extend((0..self.ndim()).map(|d| DimRule::new(&[shard(d)], shard(d))));
         let c = select("one_hot", &[self], &rs, Select::default())?;
         let ii = &*c.inputs[0];
-        let mut lshape = ii.local.shape().to_vec();
-        lshape.push(classes);
-        let mut out = ArrayD::<T>::zeros(IxDyn(&[ii.local.len(), classes]));
-        for (k, &id) in ii.local.as_standard_layout().iter().enumerate() {
-            out[[k, index_of("one_hot", id, classes)?]] = T::one();
-        }
-        let out = out
-            .into_shape_with_order(IxDyn(&lshape))
-            .map_err(|e| Error::Unsupported { op: "one_hot".into(), reason: e.to_string() })?;
+        let out = ii.local.one_hot(classes)?;
         let mut shape = self.shape.clone();
         shape.push(classes);
         Ok(new_output(out, &ii.mesh, c.output, shape))

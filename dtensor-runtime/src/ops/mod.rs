@@ -1,5 +1,6 @@
 //! Ops on DTensor: each op = a sharding rule (input placements → output placements, plus any
-//! input redistribution) and a local ndarray kernel, recorded for autograd.
+//! input redistribution) and a local kernel of the [`Storage`] surface (an op enum, run on
+//! the shard's device), recorded for autograd.
 //!
 //! | family | ops | rule (per mesh dim) |
 //! |---|---|---|
@@ -35,11 +36,11 @@ use crate::element::Element;
 use crate::error::{Error, Result};
 use crate::mesh::DeviceMesh;
 use crate::placement::Placement;
-use ndarray::ArrayD;
+use crate::storage::Storage;
 
 /// Assembles an op's output (no history yet).
 pub(crate) fn new_output<T: Element>(
-    local: ArrayD<T>,
+    local: Storage<T>,
     mesh: &DeviceMesh,
     placements: Vec<Placement>,
     shape: Vec<usize>,

@@ -12,7 +12,7 @@ use crate::dtensor::DTensor;
 use crate::element::Element;
 use crate::error::Result;
 use crate::placement::{Placement, ReduceOp};
-use ndarray::Axis;
+use crate::storage::op::Reduction;
 
 #[derive(Clone, Copy, PartialEq, Debug)]
 enum Kind {
@@ -53,16 +53,11 @@ fn reduce<T: Element>(
     let follow = |ins: &[Vec<Placement>], _: &[Placement]| ins[0] == keep;
     let c = select(op, &[x], &rs, Select { valid: Some(&follow), prefer_output: None })?;
     let xi = &*c.inputs[0];
-    let mut local = xi.local.clone();
-    for &d in dims.iter().rev() {
-        local = match kind {
-            Kind::Sum => local.sum_axis(Axis(d)),
-            Kind::Max => local.fold_axis(Axis(d), T::neg_infinity(), |a, b| if *b > *a { *b } else { *a }),
-        };
-        if keepdim {
-            local.insert_axis_inplace(Axis(d));
-        }
-    }
+    let kernel = match kind {
+        Kind::Sum => Reduction::Sum,
+        Kind::Max => Reduction::Max,
+    };
+    let local = xi.local.reduce(kernel, dims, keepdim)?;
     let mut shape = Vec::with_capacity(nd);
     for (d, &s) in x.shape.iter().enumerate() {
         if !dims.contains(&d) {

@@ -14,7 +14,7 @@ use crate::dtensor::DTensor;
 use crate::element::Element;
 use crate::error::Result;
 use crate::placement::Placement;
-use ndarray::{ArrayD, Axis};
+use crate::storage::op::SoftmaxKind;
 
 /// Softmax of a tensor sharded on `d`: two all-reduces of per-row statistics.
 fn two_pass<T: Element>(x: &DTensor<T>, d: usize, log: bool) -> Result<DTensor<T>> {
@@ -44,18 +44,8 @@ fn softmax_impl<T: Element>(x: &DTensor<T>, dim: isize, log: bool) -> Result<DTe
     let follow = |ins: &[Vec<Placement>], _: &[Placement]| ins[0] == keep;
     let c = select(op, &[x], &rs, Select { valid: Some(&follow), prefer_output: None })?;
     let xi = &*c.inputs[0];
-    let mut local: ArrayD<T> = xi.local.clone();
-    for mut lane in local.lanes_mut(Axis(d)) {
-        let m = lane.fold(T::neg_infinity(), |a, &b| if b > a { b } else { a });
-        let s: T = lane.iter().map(|&v| (v - m).exp()).sum();
-        if log {
-            let ls = s.ln();
-            lane.mapv_inplace(|v| v - m - ls);
-        } else {
-            lane.mapv_inplace(|v| (v - m).exp() / s);
-        }
-    }
-    let out = new_output(local, &xi.mesh, c.output, xi.shape.clone());
+    let kind = if log { SoftmaxKind::LogSoftmax } else { SoftmaxKind::Softmax };
+    let out = new_output(xi.local.softmax(d, kind)?, &xi.mesh, c.output, xi.shape.clone());
     if !recording(&[xi]) {
         return Ok(out);
     }
@@ -63,6 +53,12 @@ fn softmax_impl<T: Element>(x: &DTensor<T>, dim: isize, log: bool) -> Result<DTe
     let bwd = if log { "log_softmax_backward" } else { "softmax_backward" };
     let dim = d as isize;
     Ok(record(bwd, out, &[xi], move |g| {
+        // Rows are whole on every rank (the softmax dim is not sharded): when the gradient is
+        // laid out like the output, one local kernel computes the whole backward.
+        if g.placements == sy.placements && !g.placements.iter().any(|p| p.is_partial()) {
+            let local = sy.local.softmax_backward(&g.local, d, kind)?;
+            return Ok(vec![Some(new_output(local, &sy.mesh, sy.placements.clone(), sy.shape.clone()))]);
+        }
         let gx = if log {
             g.sub(&sy.exp()?.mul(&g.sum_dim(dim, true)?)?)?
         } else {

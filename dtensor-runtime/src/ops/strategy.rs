@@ -104,13 +104,11 @@ pub(crate) fn fmt_inputs<T: Element>(inputs: &[&DTensor<T>]) -> String {
     inputs.iter().map(|x| fmt_placements(&x.placements)).collect::<Vec<_>>().join(" and ")
 }
 
-/// Checks that every input lives on the mesh of the first.
+/// Checks that every input lives on the mesh (and device) of the first.
 pub(crate) fn same_mesh<T: Element>(op: &str, inputs: &[&DTensor<T>]) -> Result<()> {
     let first = &inputs[0].mesh;
     for x in &inputs[1..] {
-        if !x.mesh.same_as(first) {
-            return Err(Error::MeshMismatch { context: op.into(), left: first.to_string(), right: x.mesh.to_string() });
-        }
+        first.check_compatible(&x.mesh, op)?;
     }
     Ok(())
 }

@@ -14,7 +14,6 @@ use crate::element::Element;
 use crate::error::{Error, Result};
 use crate::layout::local_shape_and_offset;
 use crate::placement::{Placement, ReduceOp};
-use ndarray::IxDyn;
 
 const ALL_OPS: [ReduceOp; 5] = [ReduceOp::Sum, ReduceOp::Avg, ReduceOp::Min, ReduceOp::Max, ReduceOp::Product];
 
@@ -95,11 +94,9 @@ impl<T: Element> DTensor<T> {
         let pairs: Vec<(usize, usize)> = (0..nd).map(|d| (d, swap(d))).collect();
         let c = select("transpose", &[self], &remap_rules(self, &pairs), Select::default())?;
         let xi = &*c.inputs[0];
-        let mut v = xi.local.view();
-        v.swap_axes(a, b);
         let mut shape = xi.shape.clone();
         shape.swap(a, b);
-        let out = new_output(v.as_standard_layout().into_owned(), &xi.mesh, c.output, shape);
+        let out = new_output(xi.local.transpose(a, b)?, &xi.mesh, c.output, shape);
         Ok(record("transpose_backward", out, &[xi], move |g| Ok(vec![Some(g.transpose(a as isize, b as isize)?)])))
     }
 
@@ -165,12 +162,7 @@ impl<T: Element> DTensor<T> {
         let c = select("reshape", &[self], &rules, Select { valid: Some(&valid), prefer_output: None })?;
         let xi = &*c.inputs[0];
         let (local_shape, _) = local_shape_and_offset(out, xi.mesh.shape(), xi.mesh.coordinate(), &c.output);
-        let local = xi
-            .local
-            .as_standard_layout()
-            .into_owned()
-            .into_shape_with_order(IxDyn(&local_shape))
-            .map_err(|e| Error::Unsupported { op: "reshape".into(), reason: e.to_string() })?;
+        let local = xi.local.reshape(&local_shape)?;
         let out_t = new_output(local, &xi.mesh, c.output, out.to_vec());
         let in_shape = xi.shape.clone();
         Ok(record("reshape_backward", out_t, &[xi], move |g| Ok(vec![Some(g.reshape_to(&in_shape)?)])))
@@ -222,13 +214,7 @@ fn expand_impl<T: Element>(x: &DTensor<T>, shape: &[usize], prefer: Option<&[Pla
     let c = select("expand", &[x], &rs, Select { valid: None, prefer_output: prefer })?;
     let xi = &*c.inputs[0];
     let (local_shape, _) = local_shape_and_offset(shape, xi.mesh.shape(), xi.mesh.coordinate(), &c.output);
-    let mut padded = xi.local.shape().to_vec();
-    for _ in 0..off {
-        padded.insert(0, 1);
-    }
-    let std = xi.local.as_standard_layout();
-    let l = std.view().into_shape_with_order(IxDyn(&padded)).map_err(|_| bad())?;
-    let local = l.broadcast(IxDyn(&local_shape)).ok_or_else(bad)?.to_owned();
+    let local = xi.local.broadcast_to(&local_shape)?;
     let out = new_output(local, &xi.mesh, c.output, shape.to_vec());
     let in_shape = xi.shape.clone();
     Ok(record("expand_backward", out, &[xi], move |g| Ok(vec![Some(sum_to(g.clone(), &in_shape)?)])))

@@ -7,6 +7,7 @@ use crate::element::Element;
 use crate::error::{Error, Result};
 use crate::mesh::DeviceMesh;
 use crate::placement::fmt_placements;
+use crate::storage::Storage;
 use ndarray::ArrayD;
 use std::fmt;
 use std::marker::PhantomData;
@@ -115,17 +116,27 @@ impl<T: Element, M: MeshDims, L: TypedLayout<M>, const R: usize> Dt<T, M, L, R> 
         Dt::from_dtensor(self.inner.redistribute(&L2::placements())?)
     }
 
-    /// This rank's local shard.
-    pub fn local(&self) -> &ArrayD<T> {
+    /// This rank's local shard, where it lives (see [`DTensor::local`]).
+    pub fn local(&self) -> &Storage<T> {
         self.inner.local()
     }
 
-    /// This rank's local shard, owned.
-    pub fn to_local(&self) -> ArrayD<T> {
+    /// This rank's local shard as a host array (see [`DTensor::local_cpu`]).
+    pub fn local_cpu(&self) -> Result<&ArrayD<T>> {
+        self.inner.local_cpu()
+    }
+
+    /// A host copy of this rank's local shard (see [`DTensor::to_host`]).
+    pub fn to_host(&self) -> Result<ArrayD<T>> {
+        self.inner.to_host()
+    }
+
+    /// This rank's local shard, owned, on its device.
+    pub fn to_local(&self) -> Storage<T> {
         self.inner.to_local()
     }
 
-    /// The global tensor on every rank (all-gathers / all-reduces as needed).
+    /// The global tensor on every rank, on the host (all-gathers / all-reduces as needed).
     pub fn full_tensor(&self) -> Result<ArrayD<T>> {
         self.inner.full_tensor()
     }

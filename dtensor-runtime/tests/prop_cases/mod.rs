@@ -110,11 +110,11 @@ pub fn run_chain(ctx: &RankCtx, case: &Case) -> dtensor_runtime::Result<RankOutp
     let names: Vec<&str> = names.iter().map(|s| s.as_str()).collect();
     let mesh = ctx.init_device_mesh(&case.mesh, &names)?;
     let mut dt = distribute_tensor(&g, &mesh, &case.chain[0], None)?;
-    let mut locals = vec![dt.to_local()];
+    let mut locals = vec![dt.to_host()?];
     for p in &case.chain[1..] {
         dt = dt.redistribute(p)?;
         assert_eq!(dt.placements(), &p[..]);
-        locals.push(dt.to_local());
+        locals.push(dt.to_host()?);
     }
     Ok((locals, dt.full_tensor()?))
 }

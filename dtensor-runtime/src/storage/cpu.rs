@@ -1,0 +1,348 @@
+//! The host kernels: ndarray loops behind the [`Storage`](super::Storage) surface.
+//!
+//! Each kernel matches its op enum once, outside the loop, and runs a monomorphised closure
+//! per element (no `dyn` call per element). Inputs may have any memory layout; outputs are
+//! row-major (standard layout), which the pack plans and the collectives rely on.
+
+use super::op::UnaryOp;
+use super::op::{gelu, gelu_grad, AdamWStep, BinaryOp, Distribution, RandomFill, Reduction, SgdStep, SoftmaxKind};
+use crate::element::Element;
+use crate::error::{Error, Result};
+use crate::layout::contiguous_strides;
+use crate::layout::pack::{CopyBlock, PackPlan};
+use crate::rng::Stream;
+use ndarray::{s, ArrayD, ArrayViewD, Axis, Ix2, IxDyn, Zip};
+use std::borrow::Cow;
+
+/// Row-major data of `a`, borrowed when `a` already is row-major.
+pub(super) fn row_major<T: Element>(a: &ArrayD<T>) -> Cow<'_, [T]> {
+    match a.as_slice() {
+        Some(s) => Cow::Borrowed(s),
+        None => Cow::Owned(a.iter().copied().collect()),
+    }
+}
+
+/// `a` as a row-major array, moved when it already is one.
+pub(super) fn into_standard<T: Element>(a: ArrayD<T>) -> ArrayD<T> {
+    if a.is_standard_layout() {
+        a
+    } else {
+        a.as_standard_layout().into_owned()
+    }
+}
+
+pub(super) fn from_vec<T: Element>(shape: &[usize], v: Vec<T>) -> Result<ArrayD<T>> {
+    let len = v.len();
+    ArrayD::from_shape_vec(IxDyn(shape), v).map_err(|_| Error::ShapeMismatch {
+        context: format!("host buffer of {len} elements"),
+        expected: shape.to_vec(),
+        actual: vec![len],
+    })
+}
+
+pub(super) fn unary<T: Element>(a: &ArrayD<T>, op: UnaryOp) -> ArrayD<T> {
+    let s = T::of_f64(op.scalar());
+    let (zero, one) = (T::zero(), T::one());
+    match op {
+        UnaryOp::Neg => a.mapv(|x| -x),
+        UnaryOp::Exp => a.mapv(|x| x.exp()),
+        UnaryOp::Log => a.mapv(|x| x.ln()),
+        UnaryOp::Relu => a.mapv(|x| if x > zero { x } else { zero }),
+        // In f64 for every element type: the reference formula of every device.
+        UnaryOp::Gelu => a.mapv(|x| T::of_f64(gelu(x.as_f64()))),
+        UnaryOp::Tanh => a.mapv(|x| x.tanh()),
+        UnaryOp::Sqrt => a.mapv(|x| x.sqrt()),
+        UnaryOp::AddScalar(_) => a.mapv(|x| x + s),
+        UnaryOp::MulScalar(_) => a.mapv(|x| x * s),
+        UnaryOp::ReluGrad => a.mapv(|x| if x > zero { one } else { zero }),
+        UnaryOp::GeluGrad => a.mapv(|x| T::of_f64(gelu_grad(x.as_f64()))),
+        UnaryOp::TanhGrad => a.mapv(|y| one - y * y),
+        UnaryOp::SqrtGrad => {
+            let half = T::of_f64(0.5);
+            a.mapv(|y| half / y)
+        }
+    }
+}
+
+pub(super) fn binary<T: Element>(a: &ArrayD<T>, b: &ArrayD<T>, op: BinaryOp, shape: &[usize]) -> Result<ArrayD<T>> {
+    let bad = || Error::ShapeMismatch {
+        context: format!("{op}: local shards do not broadcast"),
+        expected: a.shape().to_vec(),
+        actual: b.shape().to_vec(),
+    };
+    let av = a.broadcast(IxDyn(shape)).ok_or_else(bad)?;
+    let bv = b.broadcast(IxDyn(shape)).ok_or_else(bad)?;
+    let z = Zip::from(&av).and(&bv);
+    Ok(match op {
+        BinaryOp::Add => z.map_collect(|&x, &y| x + y),
+        BinaryOp::Sub => z.map_collect(|&x, &y| x - y),
+        BinaryOp::Mul => z.map_collect(|&x, &y| x * y),
+        BinaryOp::Div => z.map_collect(|&x, &y| x / y),
+        BinaryOp::Eq => z.map_collect(|&x, &y| if x == y { T::one() } else { T::zero() }),
+    })
+}
+
+/// Reduces `dims` (sorted, distinct) of `a`.
+pub(super) fn reduce<T: Element>(a: &ArrayD<T>, kind: Reduction, dims: &[usize], keepdim: bool) -> ArrayD<T> {
+    let axis = |x: ArrayViewD<'_, T>, d: usize| match kind {
+        Reduction::Sum | Reduction::Mean => x.sum_axis(Axis(d)),
+        Reduction::Max => x.fold_axis(Axis(d), T::neg_infinity(), |m, &v| if v > *m { v } else { *m }),
+    };
+    let mut out: Option<ArrayD<T>> = None;
+    // Highest dim first, so the lower dims keep their index.
+    for &d in dims.iter().rev() {
+        let mut r = match &out {
+            None => axis(a.view(), d),
+            Some(o) => axis(o.view(), d),
+        };
+        if keepdim {
+            r.insert_axis_inplace(Axis(d));
+        }
+        out = Some(r);
+    }
+    let mut out = out.unwrap_or_else(|| a.to_owned());
+    if kind == Reduction::Mean {
+        let count: usize = dims.iter().map(|&d| a.shape()[d]).product();
+        let scale = T::one() / T::of_f64(count as f64);
+        out.mapv_inplace(|v| v * scale);
+    }
+    out
+}
+
+pub(super) fn softmax<T: Element>(a: &ArrayD<T>, dim: usize, kind: SoftmaxKind) -> ArrayD<T> {
+    let mut out = a.to_owned();
+    for mut lane in out.lanes_mut(Axis(dim)) {
+        let m = lane.fold(T::neg_infinity(), |a, &b| if b > a { b } else { a });
+        let s: T = lane.iter().map(|&v| (v - m).exp()).sum();
+        match kind {
+            SoftmaxKind::LogSoftmax => {
+                let ls = s.ln();
+                lane.mapv_inplace(|v| v - m - ls);
+            }
+            SoftmaxKind::Softmax => lane.mapv_inplace(|v| (v - m).exp() / s),
+        }
+    }
+    out
+}
+
+/// Input gradient of a softmax along `dim` from its output `y` and output gradient `g`:
+/// softmax `y·(g - Σ g·y)`, log-softmax `g - eʸ·Σ g`.
+pub(super) fn softmax_backward<T: Element>(y: &ArrayD<T>, g: &ArrayD<T>, dim: usize, kind: SoftmaxKind) -> ArrayD<T> {
+    let mut out = g.to_owned();
+    for (mut go, yl) in out.lanes_mut(Axis(dim)).into_iter().zip(y.lanes(Axis(dim))) {
+        match kind {
+            SoftmaxKind::Softmax => {
+                let dot: T = go.iter().zip(yl.iter()).map(|(&g, &y)| g * y).sum();
+                Zip::from(&mut go).and(&yl).for_each(|g, &y| *g = y * (*g - dot));
+            }
+            SoftmaxKind::LogSoftmax => {
+                let sum: T = go.iter().copied().sum();
+                Zip::from(&mut go).and(&yl).for_each(|g, &y| *g -= y.exp() * sum);
+            }
+        }
+    }
+    out
+}
+
+/// `a [.., m, k] @ b [k, n]` or `a [.., m, k] @ b [.., k, n]` (same batch dims); the shapes
+/// were checked by the caller.
+pub(super) fn matmul<T: Element>(a: &ArrayD<T>, b: &ArrayD<T>, out_shape: &[usize]) -> Result<ArrayD<T>> {
+    let na = a.ndim();
+    let (m, k) = (a.shape()[na - 2], a.shape()[na - 1]);
+    let n = b.shape()[b.ndim() - 1];
+    let nbatch: usize = a.shape()[..na - 2].iter().product();
+    let a_std = a.as_standard_layout();
+    let b_std = b.as_standard_layout();
+    let shape_err = |what: &str| Error::Unsupported { op: "matmul".into(), reason: format!("{what} is not {m}x{k}") };
+    let out = if b.ndim() == 2 {
+        // Batch rows of `a` are independent rows of one gemm.
+        let a2 = a_std.view().into_shape_with_order((nbatch * m, k)).map_err(|_| shape_err("the left operand"))?;
+        let b2 = b_std.view().into_dimensionality::<Ix2>().map_err(|_| shape_err("the right operand"))?;
+        a2.dot(&b2).into_dyn()
+    } else {
+        let a3 = a_std.view().into_shape_with_order((nbatch, m, k)).map_err(|_| shape_err("the left operand"))?;
+        let b3 = b_std.view().into_shape_with_order((nbatch, k, n)).map_err(|_| shape_err("the right operand"))?;
+        let mut o = ndarray::Array3::<T>::zeros((nbatch, m, n));
+        for i in 0..nbatch {
+            ndarray::linalg::general_mat_mul(
+                T::one(),
+                &a3.slice(s![i, .., ..]),
+                &b3.slice(s![i, .., ..]),
+                T::zero(),
+                &mut o.slice_mut(s![i, .., ..]),
+            );
+        }
+        o.into_dyn()
+    };
+    // `dot` may return a column-major result; reshaping needs row-major.
+    into_standard(out)
+        .into_shape_with_order(IxDyn(out_shape))
+        .map_err(|e| Error::Unsupported { op: "matmul".into(), reason: e.to_string() })
+}
+
+/// Executes a pack plan (checked by the caller) from row-major `src` into a fresh array.
+pub(super) fn pack<T: Element>(src: &[T], plan: &PackPlan) -> Result<ArrayD<T>> {
+    // Zeroed allocations are free for floats (calloc); only the padding stays zero.
+    let mut dst = vec![T::zero(); plan.dst_len()];
+    for b in &plan.blocks {
+        copy_block(src, &mut dst, b);
+    }
+    from_vec(&plan.dst_shape, dst)
+}
+
+/// One strided box copy; the innermost dim is a `memcpy`, a fill or a strided loop.
+fn copy_block<T: Copy>(src: &[T], dst: &mut [T], b: &CopyBlock) {
+    let nd = b.extents.len();
+    let (inner, si, di) = (b.extents[nd - 1], b.src_strides[nd - 1], b.dst_strides[nd - 1]);
+    let outer = &b.extents[..nd - 1];
+    let mut idx = vec![0usize; outer.len()];
+    let (mut so, mut doff) = (b.src_offset, b.dst_offset);
+    for _ in 0..outer.iter().product::<usize>() {
+        match (si, di) {
+            (1, 1) => dst[doff..doff + inner].copy_from_slice(&src[so..so + inner]),
+            (0, 1) => dst[doff..doff + inner].fill(src[so]),
+            (_, 1) => {
+                for (k, d) in dst[doff..doff + inner].iter_mut().enumerate() {
+                    *d = src[so + k * si];
+                }
+            }
+            _ => {
+                for k in 0..inner {
+                    dst[doff + k * di] = src[so + k * si];
+                }
+            }
+        }
+        // Odometer over the outer dims, moving both offsets incrementally.
+        for k in (0..outer.len()).rev() {
+            idx[k] += 1;
+            so += b.src_strides[k];
+            doff += b.dst_strides[k];
+            if idx[k] < outer[k] {
+                break;
+            }
+            so -= outer[k] * b.src_strides[k];
+            doff -= outer[k] * b.dst_strides[k];
+            idx[k] = 0;
+        }
+    }
+}
+
+/// Checks one id and converts it to an index.
+fn index_of<T: Element>(op: &str, id: T, n: usize) -> Result<usize> {
+    let v = id.as_f64();
+    if v.fract() != 0.0 || v < 0.0 || v >= n as f64 {
+        return Err(Error::InvalidArgument {
+            context: op.into(),
+            reason: format!("index {v} is not a whole number in [0, {n})"),
+        });
+    }
+    Ok(v as usize)
+}
+
+/// Rows `ids - row0` of the table shard `table` (`[rows, cols]`), zeros for ids outside it:
+/// `ids.shape + [cols]`.
+pub(super) fn embedding<T: Element>(
+    table: &ArrayD<T>,
+    ids: &ArrayD<T>,
+    row0: usize,
+    vocab: usize,
+) -> Result<ArrayD<T>> {
+    let (rows, cols) = (table.shape()[0], table.shape()[1]);
+    let t = row_major(table);
+    let mut out = vec![T::zero(); ids.len() * cols];
+    for (dst, &id) in out.chunks_exact_mut(cols.max(1)).zip(row_major(ids).iter()) {
+        let v = index_of("embedding", id, vocab)?;
+        if v >= row0 && v < row0 + rows {
+            let r = v - row0;
+            dst.copy_from_slice(&t[r * cols..(r + 1) * cols]);
+        }
+    }
+    let mut shape = ids.shape().to_vec();
+    shape.push(cols);
+    from_vec(&shape, out)
+}
+
+/// Scatter-add of `g`'s rows (`ids.shape + [cols]`) at `ids - row0` into a zero table shard
+/// of `rows` rows; ids outside it are skipped.
+pub(super) fn embedding_backward<T: Element>(
+    g: &ArrayD<T>,
+    ids: &ArrayD<T>,
+    rows: usize,
+    row0: usize,
+    vocab: usize,
+) -> Result<ArrayD<T>> {
+    let cols = *g.shape().last().unwrap_or(&0);
+    let gd = row_major(g);
+    let mut out = vec![T::zero(); rows * cols];
+    for (row, &id) in gd.chunks_exact(cols.max(1)).zip(row_major(ids).iter()) {
+        let v = index_of("embedding_backward", id, vocab)?;
+        if v >= row0 && v < row0 + rows {
+            let r = v - row0;
+            for (o, &x) in out[r * cols..(r + 1) * cols].iter_mut().zip(row) {
+                *o += x;
+            }
+        }
+    }
+    from_vec(&[rows, cols], out)
+}
+
+pub(super) fn one_hot<T: Element>(ids: &ArrayD<T>, classes: usize) -> Result<ArrayD<T>> {
+    let mut out = vec![T::zero(); ids.len() * classes];
+    for (k, &id) in row_major(ids).iter().enumerate() {
+        out[k * classes + index_of("one_hot", id, classes)?] = T::one();
+    }
+    let mut shape = ids.shape().to_vec();
+    shape.push(classes);
+    from_vec(&shape, out)
+}
+
+pub(super) fn cast<T: Element, U: Element>(a: &ArrayD<T>) -> ArrayD<U> {
+    a.mapv(|x| U::of_f64(x.as_f64()))
+}
+
+/// The shard (`shape` at `offset`) of a random tensor of `global` shape.
+pub(super) fn random<T: Element>(fill: &RandomFill, global: &[usize], offset: &[usize], shape: &[usize]) -> ArrayD<T> {
+    let mut s = Stream::new(fill.seed, fill.offset);
+    let strides = contiguous_strides(global);
+    ArrayD::from_shape_fn(IxDyn(shape), |ix| {
+        let flat: usize = (0..shape.len()).map(|d| (ix[d] + offset[d]) * strides[d]).sum();
+        match fill.dist {
+            Distribution::Uniform => s.uniform(flat),
+            Distribution::Normal => s.normal(flat),
+        }
+    })
+}
+
+pub(super) fn sgd_step<T: Element>(w: &mut ArrayD<T>, g: &ArrayD<T>, buf: Option<&mut ArrayD<T>>, p: &SgdStep) {
+    let (lr, m, wd) = (T::of_f64(p.lr), T::of_f64(p.momentum), T::of_f64(p.weight_decay));
+    let decayed = |g: T, w: T| if wd != T::zero() { g + wd * w } else { g };
+    match buf {
+        Some(b) => Zip::from(w).and(g).and(b).for_each(|w, &g, b| {
+            let d = decayed(g, *w);
+            *b = if p.first { d } else { m * *b + d };
+            *w -= lr * *b;
+        }),
+        None => Zip::from(w).and(g).for_each(|w, &g| {
+            let d = decayed(g, *w);
+            *w -= lr * d;
+        }),
+    }
+}
+
+pub(super) fn adamw_step<T: Element>(
+    w: &mut ArrayD<T>,
+    g: &ArrayD<T>,
+    m: &mut ArrayD<T>,
+    v: &mut ArrayD<T>,
+    p: &AdamWStep,
+) {
+    let (lr, b1, b2) = (T::of_f64(p.lr), T::of_f64(p.beta1), T::of_f64(p.beta2));
+    let (eps, wd) = (T::of_f64(p.eps), T::of_f64(p.weight_decay));
+    let (c1, c2) = (T::of_f64(p.bias_correction1), T::of_f64(p.bias_correction2));
+    Zip::from(w).and(g).and(m).and(v).for_each(|w, &g, m, v| {
+        *w -= lr * wd * *w;
+        *m = b1 * *m + (T::one() - b1) * g;
+        *v = b2 * *v + (T::one() - b2) * g * g;
+        *w -= lr * (*m / c1) / ((*v / c2).sqrt() + eps);
+    });
+}

@@ -1,0 +1,872 @@
+//! The local shard of a DTensor ([`Storage`]) and the one kernel surface every op, every
+//! redistribution, the factories and the optimizers compute through.
+//!
+//! A shard lives on the host ([`Storage::Cpu`], an ndarray array) or on a CUDA device
+//! ([`Storage::Cuda`]). The methods of [`Storage`] are the kernels: each takes an op enum from
+//! [`op`] (what to compute, as data) and dispatches once on the device, to [`cpu`]'s ndarray
+//! loops or to the CUDA kernels. Shape checks that do not depend on the device happen here,
+//! before dispatch, so both devices see validated input. Without the `cuda` cargo feature
+//! [`CudaStorage`] is an uninhabited type: the `Cuda` arms compile to nothing, and the public
+//! API is the same with and without the feature.
+//!
+//! Data movement (transpose, slicing, padding, broadcasting, redistribution's pack/unpack) is
+//! one kernel, [`Storage::pack`], executing a [`PackPlan`](crate::layout::pack::PackPlan)
+//! computed from shapes by the layout code.
+//!
+//! # How to add a kernel
+//!
+//! For a new element-wise function add a variant to [`op::UnaryOp`] or [`op::BinaryOp`] (with
+//! its name), its arm in `cpu::unary` / `cpu::binary`, and its CUDA kernel (or nothing:
+//! `CudaStorage` answers unknown variants with [`Error::Unsupported`]); ops then call
+//! `x.local.unary(UnaryOp::NewOp)`. For a kernel with a new signature, add a method here that
+//! checks shapes, then matches `self` once: `Storage::Cpu(a) => cpu::new_kernel(a, ..)` and
+//! `Storage::Cuda(c) => on_cuda!(c => c.new_kernel(..))`; add `cpu::new_kernel` (an ndarray
+//! loop, the op enum matched outside the loop), a `CudaStorage::new_kernel` (returning
+//! [`Error::Unsupported`] until the device kernel exists), and a unit test against a plain
+//! ndarray reference at the end of this file.
+
+mod cpu;
+#[cfg(feature = "cuda")]
+pub mod cuda;
+#[cfg(not(feature = "cuda"))]
+mod no_cuda;
+pub mod op;
+
+#[cfg(feature = "cuda")]
+pub use cuda::CudaStorage;
+#[cfg(not(feature = "cuda"))]
+pub use no_cuda::CudaStorage;
+
+use crate::cuda::CudaDevice;
+use crate::element::Element;
+use crate::error::{Error, Result};
+use crate::layout::pack::{self, PackPlan};
+use ndarray::ArrayD;
+use op::{AdamWStep, BinaryOp, RandomFill, Reduction, SgdStep, SoftmaxKind, UnaryOp};
+use std::borrow::Cow;
+use std::fmt;
+use std::sync::Arc;
+
+/// The body of a `Cuda` match arm: the expression with the `cuda` feature, and the proof that
+/// the arm cannot be reached without it (the storage is uninhabited). Extra idents are the
+/// arm's other bindings, marked used.
+#[cfg(feature = "cuda")]
+macro_rules! on_cuda {
+    ($c:ident $(, $other:ident)* => $e:expr) => {
+        $e
+    };
+}
+#[cfg(not(feature = "cuda"))]
+macro_rules! on_cuda {
+    ($c:ident $(, $other:ident)* => $e:expr) => {{
+        $(let _ = $other;)*
+        $c.absurd()
+    }};
+}
+
+/// Where a shard lives: the host or a CUDA device (by ordinal).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
+pub enum Device {
+    /// Host memory.
+    #[default]
+    Cpu,
+    /// The CUDA device of this ordinal.
+    Cuda(usize),
+}
+
+impl fmt::Display for Device {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Device::Cpu => f.write_str("cpu"),
+            Device::Cuda(k) => write!(f, "cuda:{k}"),
+        }
+    }
+}
+
+/// What new storage is allocated on: the host, or a CUDA device handle (whose stream the
+/// work is queued on). A [`DeviceMesh`](crate::DeviceMesh) holds the target of its rank.
+#[derive(Clone, Debug)]
+pub enum Target {
+    /// Host memory.
+    Cpu,
+    /// A CUDA device (with the stream of this rank).
+    Cuda(Arc<CudaDevice>),
+}
+
+impl Target {
+    /// The device this target allocates on.
+    pub fn device(&self) -> Device {
+        match self {
+            Target::Cpu => Device::Cpu,
+            Target::Cuda(d) => Device::Cuda(d.ordinal()),
+        }
+    }
+}
+
+/// The local data of a DTensor shard: a host array or a CUDA buffer, always row-major.
+pub enum Storage<T: Element> {
+    /// Host memory.
+    Cpu(ArrayD<T>),
+    /// Device memory (uninhabited without the `cuda` feature).
+    Cuda(CudaStorage<T>),
+}
+
+impl<T: Element> Clone for Storage<T> {
+    fn clone(&self) -> Self {
+        match self {
+            Storage::Cpu(a) => Storage::Cpu(a.clone()),
+            Storage::Cuda(c) => on_cuda!(c => Storage::Cuda(c.clone())),
+        }
+    }
+}
+
+impl<T: Element> From<ArrayD<T>> for Storage<T> {
+    fn from(a: ArrayD<T>) -> Self {
+        Storage::Cpu(a)
+    }
+}
+
+impl<T: Element> fmt::Debug for Storage<T> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Storage::Cpu(a) => write!(f, "Cpu({a:?})"),
+            Storage::Cuda(c) => on_cuda!(c => write!(f, "{c:?}")),
+        }
+    }
+}
+
+/// Same device-independent contents (a device shard is compared through a host copy; one
+/// that cannot be copied compares unequal).
+impl<T: Element> PartialEq for Storage<T> {
+    fn eq(&self, other: &Self) -> bool {
+        match (self, other) {
+            (Storage::Cpu(a), Storage::Cpu(b)) => a == b,
+            _ => matches!((self.to_host(), other.to_host()), (Ok(a), Ok(b)) if a == b),
+        }
+    }
+}
+
+/// Compares with a host array (a device shard through a host copy).
+impl<T: Element> PartialEq<ArrayD<T>> for Storage<T> {
+    fn eq(&self, other: &ArrayD<T>) -> bool {
+        match self {
+            Storage::Cpu(a) => a == other,
+            Storage::Cuda(_) => self.to_host().is_ok_and(|a| a == *other),
+        }
+    }
+}
+
+fn device_mismatch(context: &str, a: Device, b: Device) -> Error {
+    Error::DeviceMismatch { context: context.into(), left: a.to_string(), right: b.to_string() }
+}
+
+fn shape_mismatch(context: String, expected: &[usize], actual: &[usize]) -> Error {
+    Error::ShapeMismatch { context, expected: expected.to_vec(), actual: actual.to_vec() }
+}
+
+/// Broadcast shape of two shapes (numpy rules), or the error naming both.
+pub fn broadcast_shape(op: &str, a: &[usize], b: &[usize]) -> Result<Vec<usize>> {
+    let n = a.len().max(b.len());
+    let mut out = vec![0; n];
+    for i in 0..n {
+        let x = if i + a.len() >= n { a[i + a.len() - n] } else { 1 };
+        let y = if i + b.len() >= n { b[i + b.len() - n] } else { 1 };
+        out[i] = match (x, y) {
+            (x, y) if x == y => x,
+            (1, y) => y,
+            (x, 1) => x,
+            _ => return Err(shape_mismatch(format!("{op}: shapes cannot be broadcast together"), a, b)),
+        };
+    }
+    Ok(out)
+}
+
+/// Output shape of `a @ b` for `[.., m, k] @ [k, n]` or `[.., m, k] @ [.., k, n]`.
+pub fn matmul_shape(a: &[usize], b: &[usize]) -> Result<Vec<usize>> {
+    let bad = |why: &str| shape_mismatch(format!("matmul: {why}"), a, b);
+    if a.len() < 2 || b.len() < 2 {
+        return Err(bad("both operands need at least 2 dims"));
+    }
+    let (m, k) = (a[a.len() - 2], a[a.len() - 1]);
+    let (k2, n) = (b[b.len() - 2], b[b.len() - 1]);
+    if k != k2 {
+        return Err(bad("inner dimensions differ"));
+    }
+    if b.len() > 2 && b[..b.len() - 2] != a[..a.len() - 2] {
+        return Err(bad("batch dimensions differ (the right operand must be 2-D or have the same batch dims)"));
+    }
+    let mut out = a[..a.len() - 2].to_vec();
+    out.extend([m, n]);
+    Ok(out)
+}
+
+impl<T: Element> Storage<T> {
+    // ------------------------------------------------------------ metadata
+
+    /// Shape of the shard.
+    pub fn shape(&self) -> &[usize] {
+        match self {
+            Storage::Cpu(a) => a.shape(),
+            Storage::Cuda(c) => on_cuda!(c => c.shape()),
+        }
+    }
+
+    /// Number of dims.
+    pub fn ndim(&self) -> usize {
+        self.shape().len()
+    }
+
+    /// Number of elements.
+    pub fn len(&self) -> usize {
+        self.shape().iter().product()
+    }
+
+    /// Has no elements?
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    /// Where the data lives.
+    pub fn device(&self) -> Device {
+        match self {
+            Storage::Cpu(_) => Device::Cpu,
+            Storage::Cuda(c) => on_cuda!(c => Device::Cuda(c.device().ordinal())),
+        }
+    }
+
+    /// Where storage made from this one (same device, same stream) is allocated.
+    pub fn target(&self) -> Target {
+        match self {
+            Storage::Cpu(_) => Target::Cpu,
+            Storage::Cuda(c) => on_cuda!(c => Target::Cuda(Arc::clone(c.device()))),
+        }
+    }
+
+    /// The host array, if the data lives on the host.
+    pub fn as_cpu(&self) -> Option<&ArrayD<T>> {
+        match self {
+            Storage::Cpu(a) => Some(a),
+            Storage::Cuda(_) => None,
+        }
+    }
+
+    /// The host array, mutably, if the data lives on the host.
+    pub fn as_cpu_mut(&mut self) -> Option<&mut ArrayD<T>> {
+        match self {
+            Storage::Cpu(a) => Some(a),
+            Storage::Cuda(_) => None,
+        }
+    }
+
+    /// The host array, or [`Error::Unsupported`] naming `context` for device data.
+    pub fn cpu(&self, context: &str) -> Result<&ArrayD<T>> {
+        self.as_cpu().ok_or_else(|| Error::Unsupported {
+            op: context.into(),
+            reason: format!("the data lives on {}; copy it with `to_host()`", self.device()),
+        })
+    }
+
+    /// A host copy of the data.
+    pub fn to_host(&self) -> Result<ArrayD<T>> {
+        match self {
+            Storage::Cpu(a) => Ok(a.clone()),
+            Storage::Cuda(c) => on_cuda!(c => c.to_host()),
+        }
+    }
+
+    /// The data as a host array (moved, not copied, when it already is one).
+    pub fn into_host(self) -> Result<ArrayD<T>> {
+        match self {
+            Storage::Cpu(a) => Ok(a),
+            Storage::Cuda(c) => on_cuda!(c => c.to_host()),
+        }
+    }
+
+    /// Row-major host data: borrowed for a row-major host array, else a copy.
+    pub(crate) fn host_data(&self) -> Result<Cow<'_, [T]>> {
+        match self {
+            Storage::Cpu(a) => Ok(cpu::row_major(a)),
+            Storage::Cuda(c) => on_cuda!(c => c.to_host().map(|a| Cow::Owned(a.into_raw_vec_and_offset().0))),
+        }
+    }
+
+    /// The row-major host data, mutably (host storage is made row-major first); `None` for
+    /// device storage.
+    pub(crate) fn host_data_mut(&mut self) -> Option<&mut [T]> {
+        match self {
+            Storage::Cpu(a) => {
+                if !a.is_standard_layout() {
+                    *a = a.as_standard_layout().into_owned();
+                }
+                a.as_slice_mut()
+            }
+            Storage::Cuda(_) => None,
+        }
+    }
+
+    /// Row-major data of `shape` from the host, placed on the same device as `self`.
+    pub(crate) fn with_host_data(&self, shape: &[usize], data: Vec<T>) -> Result<Storage<T>> {
+        Storage::from_host(cpu::from_vec(shape, data)?, &self.target())
+    }
+
+    // ------------------------------------------------------------ creation
+
+    /// Places a host array on `target` (moved on the host, copied to a device).
+    pub fn from_host(a: ArrayD<T>, target: &Target) -> Result<Storage<T>> {
+        match target {
+            Target::Cpu => Ok(Storage::Cpu(cpu::into_standard(a))),
+            Target::Cuda(d) => on_cuda!(d => CudaStorage::from_host(d, &a).map(Storage::Cuda)),
+        }
+    }
+
+    /// Every element `value`.
+    pub fn full(target: &Target, shape: &[usize], value: T) -> Result<Storage<T>> {
+        match target {
+            Target::Cpu => Ok(Storage::Cpu(ArrayD::from_elem(shape, value))),
+            Target::Cuda(d) => on_cuda!(d => CudaStorage::full(d, shape, value).map(Storage::Cuda)),
+        }
+    }
+
+    /// All zeros.
+    pub fn zeros(target: &Target, shape: &[usize]) -> Result<Storage<T>> {
+        Self::full(target, shape, T::zero())
+    }
+
+    /// Every element `value`, on the device of `self`.
+    pub fn new_full(&self, shape: &[usize], value: T) -> Result<Storage<T>> {
+        Self::full(&self.target(), shape, value)
+    }
+
+    /// The shard (`shape` at `offset`) of a counter-based random tensor of `global` shape.
+    pub fn random(
+        target: &Target,
+        fill: &RandomFill,
+        global: &[usize],
+        offset: &[usize],
+        shape: &[usize],
+    ) -> Result<Storage<T>> {
+        if global.len() != shape.len() || offset.len() != shape.len() {
+            return Err(shape_mismatch("random: rank of the global shape / offset".into(), shape, global));
+        }
+        match target {
+            Target::Cpu => Ok(Storage::Cpu(cpu::random(fill, global, offset, shape))),
+            Target::Cuda(d) => on_cuda!(d => CudaStorage::random(d, fill, global, offset, shape).map(Storage::Cuda)),
+        }
+    }
+
+    // ------------------------------------------------------------ kernels
+
+    fn same_device(&self, other: &Self, op: &str) -> Result<()> {
+        if self.device() == other.device() {
+            Ok(())
+        } else {
+            Err(device_mismatch(op, self.device(), other.device()))
+        }
+    }
+
+    /// Element-wise `op` of one tensor.
+    pub fn unary(&self, op: UnaryOp) -> Result<Storage<T>> {
+        match self {
+            Storage::Cpu(a) => Ok(Storage::Cpu(cpu::unary(a, op))),
+            Storage::Cuda(c) => on_cuda!(c => c.unary(op).map(Storage::Cuda)),
+        }
+    }
+
+    /// Element-wise `op` of two tensors with numpy broadcasting.
+    pub fn binary(&self, op: BinaryOp, other: &Storage<T>) -> Result<Storage<T>> {
+        let shape = broadcast_shape(op.name(), self.shape(), other.shape())?;
+        match (self, other) {
+            (Storage::Cpu(a), Storage::Cpu(b)) => cpu::binary(a, b, op, &shape).map(Storage::Cpu),
+            (Storage::Cuda(a), Storage::Cuda(b)) => on_cuda!(a, b => a.binary(op, b, &shape).map(Storage::Cuda)),
+            _ => Err(device_mismatch(op.name(), self.device(), other.device())),
+        }
+    }
+
+    /// Reduces `dims` (any order, duplicates ignored); reduced dims are kept as size 1 with
+    /// `keepdim`, else dropped.
+    pub fn reduce(&self, kind: Reduction, dims: &[usize], keepdim: bool) -> Result<Storage<T>> {
+        let mut dims = dims.to_vec();
+        dims.sort_unstable();
+        dims.dedup();
+        if let Some(&d) = dims.iter().find(|&&d| d >= self.ndim()) {
+            return Err(Error::DimOutOfRange { context: kind.name().into(), dim: d as isize, ndim: self.ndim() });
+        }
+        match self {
+            Storage::Cpu(a) => Ok(Storage::Cpu(cpu::reduce(a, kind, &dims, keepdim))),
+            Storage::Cuda(c) => on_cuda!(c => c.reduce(kind, &dims, keepdim).map(Storage::Cuda)),
+        }
+    }
+
+    fn check_dim(&self, op: &str, dim: usize) -> Result<()> {
+        if dim < self.ndim() {
+            Ok(())
+        } else {
+            Err(Error::DimOutOfRange { context: op.into(), dim: dim as isize, ndim: self.ndim() })
+        }
+    }
+
+    /// Softmax or log-softmax of every lane along `dim`.
+    pub fn softmax(&self, dim: usize, kind: SoftmaxKind) -> Result<Storage<T>> {
+        self.check_dim("softmax", dim)?;
+        match self {
+            Storage::Cpu(a) => Ok(Storage::Cpu(cpu::softmax(a, dim, kind))),
+            Storage::Cuda(c) => on_cuda!(c => c.softmax(dim, kind).map(Storage::Cuda)),
+        }
+    }
+
+    /// Input gradient of [`Storage::softmax`] from its output (`self`) and the output's
+    /// gradient `g` (same shape).
+    pub fn softmax_backward(&self, g: &Storage<T>, dim: usize, kind: SoftmaxKind) -> Result<Storage<T>> {
+        self.check_dim("softmax_backward", dim)?;
+        if self.shape() != g.shape() {
+            return Err(shape_mismatch("softmax_backward: gradient vs output".into(), self.shape(), g.shape()));
+        }
+        match (self, g) {
+            (Storage::Cpu(y), Storage::Cpu(g)) => Ok(Storage::Cpu(cpu::softmax_backward(y, g, dim, kind))),
+            (Storage::Cuda(y), Storage::Cuda(g)) => {
+                on_cuda!(y, g => y.softmax_backward(g, dim, kind).map(Storage::Cuda))
+            }
+            _ => Err(device_mismatch("softmax_backward", self.device(), g.device())),
+        }
+    }
+
+    /// `self [.., m, k] @ other [k, n]` or `self [.., m, k] @ other [.., k, n]`.
+    pub fn matmul(&self, other: &Storage<T>) -> Result<Storage<T>> {
+        let shape = matmul_shape(self.shape(), other.shape())?;
+        match (self, other) {
+            (Storage::Cpu(a), Storage::Cpu(b)) => cpu::matmul(a, b, &shape).map(Storage::Cpu),
+            (Storage::Cuda(a), Storage::Cuda(b)) => on_cuda!(a, b => a.matmul(b, &shape).map(Storage::Cuda)),
+            _ => Err(device_mismatch("matmul", self.device(), other.device())),
+        }
+    }
+
+    /// Executes a pack plan: strided box copies from this (row-major) data into a fresh
+    /// storage of shape `plan.dst_shape` on the same device, zeros where no block writes.
+    pub fn pack(&self, plan: &PackPlan) -> Result<Storage<T>> {
+        plan.check()?;
+        if plan.src_len != self.len() {
+            return Err(shape_mismatch(
+                format!("pack: plan for {} source elements", plan.src_len),
+                &[plan.src_len],
+                self.shape(),
+            ));
+        }
+        match self {
+            Storage::Cpu(a) => cpu::pack(&cpu::row_major(a), plan).map(Storage::Cpu),
+            Storage::Cuda(c) => on_cuda!(c => c.pack(plan).map(Storage::Cuda)),
+        }
+    }
+
+    /// [`Storage::pack`] that reuses this storage when the plan is the identity.
+    pub fn into_packed(self, plan: &PackPlan) -> Result<Storage<T>> {
+        if plan.is_identity() && plan.src_len == self.len() {
+            self.into_reshape(&plan.dst_shape)
+        } else {
+            self.pack(plan)
+        }
+    }
+
+    /// Same data, new shape (same number of elements).
+    pub fn into_reshape(self, shape: &[usize]) -> Result<Storage<T>> {
+        let n: usize = shape.iter().product();
+        if n != self.len() {
+            return Err(shape_mismatch("reshape: number of elements".into(), self.shape(), shape));
+        }
+        match self {
+            Storage::Cpu(a) => cpu::into_standard(a)
+                .into_shape_with_order(shape)
+                .map(Storage::Cpu)
+                .map_err(|e| Error::Unsupported { op: "reshape".into(), reason: e.to_string() }),
+            Storage::Cuda(c) => on_cuda!(c => c.into_reshape(shape).map(Storage::Cuda)),
+        }
+    }
+
+    /// A copy with a new shape (same number of elements).
+    pub fn reshape(&self, shape: &[usize]) -> Result<Storage<T>> {
+        self.clone().into_reshape(shape)
+    }
+
+    /// The axes reordered (`axes[k]` is the source axis of output axis `k`), as a row-major copy.
+    pub fn permute(&self, axes: &[usize]) -> Result<Storage<T>> {
+        let mut seen = axes.to_vec();
+        seen.sort_unstable();
+        if seen != (0..self.ndim()).collect::<Vec<_>>() {
+            return Err(shape_mismatch(format!("permute: axes {axes:?} for a tensor"), self.shape(), axes));
+        }
+        self.pack(&pack::permute(self.shape(), axes))
+    }
+
+    /// Dims `a` and `b` swapped, as a row-major copy.
+    pub fn transpose(&self, a: usize, b: usize) -> Result<Storage<T>> {
+        self.check_dim("transpose", a.max(b))?;
+        let mut axes: Vec<usize> = (0..self.ndim()).collect();
+        axes.swap(a, b);
+        self.pack(&pack::permute(self.shape(), &axes))
+    }
+
+    /// Broadcast to `shape` (numpy rules), as a row-major copy.
+    pub fn broadcast_to(&self, shape: &[usize]) -> Result<Storage<T>> {
+        let plan = pack::broadcast(self.shape(), shape)
+            .ok_or_else(|| shape_mismatch("expand: shapes do not broadcast".into(), shape, self.shape()))?;
+        self.pack(&plan)
+    }
+
+    /// The box of `extents` at `start`, as a row-major copy.
+    pub fn slice(&self, start: &[usize], extents: &[usize]) -> Result<Storage<T>> {
+        let inside = start.len() == self.ndim()
+            && extents.len() == self.ndim()
+            && (0..self.ndim()).all(|d| start[d] + extents[d] <= self.shape()[d]);
+        if !inside {
+            return Err(shape_mismatch(format!("slice at {start:?}: box outside the tensor"), self.shape(), extents));
+        }
+        self.pack(&pack::slice(self.shape(), start, extents))
+    }
+
+    /// Embedding lookup in this table shard (`[rows, cols]`, rows `row0..` of a table of
+    /// `vocab` rows) at whole-number `ids`: `ids.shape + [cols]`, zeros for ids of other shards.
+    pub fn embedding(&self, ids: &Storage<T>, row0: usize, vocab: usize) -> Result<Storage<T>> {
+        if self.ndim() != 2 {
+            return Err(shape_mismatch("embedding: table must be [rows, dim]".into(), &[0, 0], self.shape()));
+        }
+        match (self, ids) {
+            (Storage::Cpu(t), Storage::Cpu(i)) => cpu::embedding(t, i, row0, vocab).map(Storage::Cpu),
+            (Storage::Cuda(t), Storage::Cuda(i)) => on_cuda!(t, i => t.embedding(i, row0, vocab).map(Storage::Cuda)),
+            _ => Err(device_mismatch("embedding", self.device(), ids.device())),
+        }
+    }
+
+    /// Gradient of [`Storage::embedding`] for a table shard of `rows` rows from `row0`: the
+    /// rows of this gradient (`ids.shape + [cols]`) scatter-added at `ids`.
+    pub fn embedding_backward(&self, ids: &Storage<T>, rows: usize, row0: usize, vocab: usize) -> Result<Storage<T>> {
+        if self.ndim() != ids.ndim() + 1 || self.shape()[..ids.ndim()] != *ids.shape() {
+            return Err(shape_mismatch("embedding_backward: gradient vs ids".into(), ids.shape(), self.shape()));
+        }
+        match (self, ids) {
+            (Storage::Cpu(g), Storage::Cpu(i)) => cpu::embedding_backward(g, i, rows, row0, vocab).map(Storage::Cpu),
+            (Storage::Cuda(g), Storage::Cuda(i)) => {
+                on_cuda!(g, i => g.embedding_backward(i, rows, row0, vocab).map(Storage::Cuda))
+            }
+            _ => Err(device_mismatch("embedding_backward", self.device(), ids.device())),
+        }
+    }
+
+    /// One-hot encoding of whole-number ids into `classes` classes: `shape + [classes]`.
+    pub fn one_hot(&self, classes: usize) -> Result<Storage<T>> {
+        match self {
+            Storage::Cpu(a) => cpu::one_hot(a, classes).map(Storage::Cpu),
+            Storage::Cuda(c) => on_cuda!(c => c.one_hot(classes).map(Storage::Cuda)),
+        }
+    }
+
+    /// Element-type conversion.
+    pub fn cast<U: Element>(&self) -> Result<Storage<U>> {
+        match self {
+            Storage::Cpu(a) => Ok(Storage::Cpu(cpu::cast::<T, U>(a))),
+            Storage::Cuda(c) => on_cuda!(c => c.cast::<U>().map(Storage::Cuda)),
+        }
+    }
+
+    fn check_like(&self, what: &str, other: &Storage<T>) -> Result<()> {
+        self.same_device(other, what)?;
+        if self.shape() != other.shape() {
+            return Err(shape_mismatch(format!("{what} vs parameter"), self.shape(), other.shape()));
+        }
+        Ok(())
+    }
+
+    /// One SGD update of this parameter shard, in place (`buf`: the momentum buffer, present
+    /// exactly when `step.momentum != 0`).
+    pub fn sgd_step(&mut self, grad: &Storage<T>, buf: Option<&mut Storage<T>>, step: &SgdStep) -> Result<()> {
+        self.check_like("sgd: gradient", grad)?;
+        if let Some(b) = &buf {
+            self.check_like("sgd: momentum buffer", b)?;
+        }
+        match (self, grad, buf) {
+            (Storage::Cpu(w), Storage::Cpu(g), None) => {
+                cpu::sgd_step(w, g, None, step);
+                Ok(())
+            }
+            (Storage::Cpu(w), Storage::Cpu(g), Some(Storage::Cpu(b))) => {
+                cpu::sgd_step(w, g, Some(b), step);
+                Ok(())
+            }
+            (Storage::Cuda(w), Storage::Cuda(g), b) => on_cuda!(w, g, b => w.sgd_step(g, b, step)),
+            (w, g, _) => Err(device_mismatch("sgd", w.device(), g.device())),
+        }
+    }
+
+    /// One AdamW update of this parameter shard and its moments, in place.
+    pub fn adamw_step(
+        &mut self,
+        grad: &Storage<T>,
+        m: &mut Storage<T>,
+        v: &mut Storage<T>,
+        step: &AdamWStep,
+    ) -> Result<()> {
+        self.check_like("adamw: gradient", grad)?;
+        self.check_like("adamw: first moment", m)?;
+        self.check_like("adamw: second moment", v)?;
+        match (self, grad, m, v) {
+            (Storage::Cpu(w), Storage::Cpu(g), Storage::Cpu(m), Storage::Cpu(v)) => {
+                cpu::adamw_step(w, g, m, v, step);
+                Ok(())
+            }
+            (Storage::Cuda(w), Storage::Cuda(g), m, v) => on_cuda!(w, g, m, v => w.adamw_step(g, m, v, step)),
+            (w, g, _, _) => Err(device_mismatch("adamw", w.device(), g.device())),
+        }
+    }
+}
+
+/// Executes `plan` on a host array without wrapping it (packing the caller's global tensor).
+pub(crate) fn pack_host<T: Element>(a: &ArrayD<T>, plan: &PackPlan) -> Result<ArrayD<T>> {
+    plan.check()?;
+    let data = cpu::row_major(a);
+    if data.len() != plan.src_len {
+        return Err(shape_mismatch("pack: source".into(), &[plan.src_len], a.shape()));
+    }
+    cpu::pack(&data, plan)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::op::{Distribution, UnaryOp::*};
+    use super::*;
+    use ndarray::{Array2, Axis, IxDyn};
+
+    fn arr(shape: &[usize], f: impl Fn(usize) -> f64) -> ArrayD<f64> {
+        let mut i = 0;
+        ArrayD::from_shape_fn(IxDyn(shape), |_| {
+            i += 1;
+            f(i)
+        })
+    }
+
+    fn cpu(s: Storage<f64>) -> ArrayD<f64> {
+        s.into_host().unwrap()
+    }
+
+    fn close(a: &ArrayD<f64>, b: &ArrayD<f64>) -> bool {
+        a.shape() == b.shape() && a.iter().zip(b).all(|(x, y)| (x - y).abs() <= 1e-12 * (1.0 + y.abs()))
+    }
+
+    #[test]
+    fn unary_ops_match_scalar_references() {
+        let x = arr(&[3, 4], |i| i as f64 * 0.37 - 2.0);
+        let pos = x.mapv(f64::abs).mapv(|v| v + 0.1);
+        let s = Storage::Cpu(x.clone());
+        let p = Storage::Cpu(pos.clone());
+        // (op, needs a positive input, scalar reference)
+        type Case = (UnaryOp, bool, fn(f64) -> f64);
+        let cases: [Case; 10] = [
+            (Neg, false, |v| -v),
+            (Exp, false, f64::exp),
+            (Log, true, f64::ln),
+            (Relu, false, |v| v.max(0.0)),
+            (Tanh, false, f64::tanh),
+            (Sqrt, true, f64::sqrt),
+            (ReluGrad, false, |v| if v > 0.0 { 1.0 } else { 0.0 }),
+            (TanhGrad, false, |y| 1.0 - y * y),
+            (SqrtGrad, true, |y| 0.5 / y),
+            // The tanh form, written out here independently of `op::gelu`.
+            (Gelu, false, |v| {
+                0.5 * v * (1.0 + ((2.0 / std::f64::consts::PI).sqrt() * (v + 0.044715 * v.powi(3))).tanh())
+            }),
+        ];
+        for (op, positive, f) in cases {
+            let (st, input) = if positive { (&p, &pos) } else { (&s, &x) };
+            assert!(close(&cpu(st.unary(op).unwrap()), &input.mapv(f)), "{op}");
+        }
+        assert_eq!(cpu(s.unary(AddScalar(1.5)).unwrap()), x.mapv(|v| v + 1.5));
+        assert_eq!(cpu(s.unary(MulScalar(-2.0)).unwrap()), x.mapv(|v| v * -2.0));
+        let h = 1e-6;
+        let fd = (cpu(s.unary(AddScalar(h)).unwrap().unary(Gelu).unwrap())
+            - cpu(s.unary(AddScalar(-h)).unwrap().unary(Gelu).unwrap()))
+            / (2.0 * h);
+        let g = cpu(s.unary(GeluGrad).unwrap());
+        assert!(fd.iter().zip(&g).all(|(a, b)| (a - b).abs() < 1e-6), "gelu_grad vs finite differences");
+    }
+
+    #[test]
+    fn binary_ops_broadcast_like_ndarray() {
+        let a = arr(&[2, 3, 4], |i| i as f64);
+        let b = arr(&[3, 1], |i| i as f64 + 0.5);
+        let (sa, sb) = (Storage::Cpu(a.clone()), Storage::Cpu(b.clone()));
+        assert_eq!(cpu(sa.binary(BinaryOp::Add, &sb).unwrap()), &a + &b);
+        assert_eq!(cpu(sa.binary(BinaryOp::Sub, &sb).unwrap()), &a - &b);
+        assert_eq!(cpu(sa.binary(BinaryOp::Mul, &sb).unwrap()), &a * &b);
+        assert_eq!(cpu(sa.binary(BinaryOp::Div, &sb).unwrap()), &a / &b);
+        let eq = cpu(sa.binary(BinaryOp::Eq, &sa).unwrap());
+        assert!(eq.iter().all(|&v| v == 1.0));
+        let bad = sa.binary(BinaryOp::Add, &Storage::Cpu(arr(&[5], |i| i as f64)));
+        assert!(matches!(bad, Err(Error::ShapeMismatch { .. })));
+    }
+
+    #[test]
+    fn reductions_over_dims() {
+        let a = arr(&[2, 3, 4], |i| ((i * 7) % 11) as f64);
+        let s = Storage::Cpu(a.clone());
+        let sum = cpu(s.reduce(Reduction::Sum, &[2, 0], false).unwrap());
+        assert_eq!(sum, a.sum_axis(Axis(2)).sum_axis(Axis(0)));
+        let mean = cpu(s.reduce(Reduction::Mean, &[1], true).unwrap());
+        assert!(close(&mean, &a.mean_axis(Axis(1)).unwrap().insert_axis(Axis(1))));
+        let max = cpu(s.reduce(Reduction::Max, &[0, 1, 2], false).unwrap());
+        assert_eq!(max.shape(), &[] as &[usize]);
+        assert_eq!(max.iter().next(), a.iter().copied().reduce(f64::max).as_ref());
+        assert!(matches!(s.reduce(Reduction::Sum, &[3], false), Err(Error::DimOutOfRange { .. })));
+    }
+
+    #[test]
+    fn softmax_rows_and_backward() {
+        let x = arr(&[3, 5], |i| (i as f64 * 0.7).sin() * 3.0);
+        let s = Storage::Cpu(x.clone());
+        for dim in [0, 1] {
+            let y = cpu(s.softmax(dim, SoftmaxKind::Softmax).unwrap());
+            let e = x.mapv(f64::exp);
+            let want = &e / &e.sum_axis(Axis(dim)).insert_axis(Axis(dim));
+            assert!(close(&y, &want), "softmax dim {dim}");
+            let ly = cpu(s.softmax(dim, SoftmaxKind::LogSoftmax).unwrap());
+            assert!(close(&ly, &want.mapv(f64::ln)), "log_softmax dim {dim}");
+            // Backward against finite differences of sum(g * softmax(x)).
+            let g = arr(&[3, 5], |i| (i % 4) as f64 - 1.5);
+            for kind in [SoftmaxKind::Softmax, SoftmaxKind::LogSoftmax] {
+                let out = s.softmax(dim, kind).unwrap();
+                let gx = cpu(out.softmax_backward(&Storage::Cpu(g.clone()), dim, kind).unwrap());
+                let f = |x: &ArrayD<f64>| (&cpu(Storage::Cpu(x.clone()).softmax(dim, kind).unwrap()) * &g).sum();
+                for (k, gk) in gx.iter().enumerate() {
+                    let (mut xp, mut xm) = (x.clone(), x.clone());
+                    xp.as_slice_mut().unwrap()[k] += 1e-6;
+                    xm.as_slice_mut().unwrap()[k] -= 1e-6;
+                    let fd = (f(&xp) - f(&xm)) / 2e-6;
+                    assert!((fd - gk).abs() < 1e-6, "{kind:?} dim {dim} element {k}: {fd} vs {gk}");
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn matmul_2d_batched_and_broadcast_rhs() {
+        let a = arr(&[2, 3, 4], |i| i as f64 - 5.0);
+        let b = arr(&[4, 2], |i| (i as f64) * 0.5);
+        let b3 = arr(&[2, 4, 2], |i| (i % 5) as f64);
+        let dot = |x: ndarray::ArrayView2<f64>, y: ndarray::ArrayView2<f64>| x.dot(&y);
+        let c = cpu(Storage::Cpu(a.clone()).matmul(&Storage::Cpu(b.clone())).unwrap());
+        let c3 = cpu(Storage::Cpu(a.clone()).matmul(&Storage::Cpu(b3.clone())).unwrap());
+        let b2: Array2<f64> = b.clone().into_dimensionality().unwrap();
+        for i in 0..2 {
+            let ai = a.index_axis(Axis(0), i).into_dimensionality().unwrap();
+            assert_eq!(c.index_axis(Axis(0), i), dot(ai, b2.view()).into_dyn());
+            let bi = b3.index_axis(Axis(0), i).into_dimensionality().unwrap();
+            assert_eq!(c3.index_axis(Axis(0), i), dot(ai, bi).into_dyn());
+        }
+        // A column-major input computes the same.
+        let at = Storage::Cpu(a.index_axis(Axis(0), 0).t().to_owned().reversed_axes().into_dyn());
+        assert_eq!(cpu(at.matmul(&Storage::Cpu(b)).unwrap()), c.index_axis(Axis(0), 0).to_owned());
+        let bad = Storage::Cpu(a).matmul(&Storage::Cpu(b3).reshape(&[8, 2]).unwrap());
+        assert!(matches!(bad, Err(Error::ShapeMismatch { .. })), "{bad:?}");
+    }
+
+    #[test]
+    fn strided_copies_transpose_slice_broadcast() {
+        let a = arr(&[2, 3, 4], |i| i as f64);
+        let s = Storage::Cpu(a.clone());
+        let t = cpu(s.transpose(0, 2).unwrap());
+        assert_eq!(t, a.view().permuted_axes(vec![2, 1, 0]).to_owned());
+        assert!(t.is_standard_layout());
+        assert_eq!(cpu(s.permute(&[1, 2, 0]).unwrap()), a.view().permuted_axes(vec![1, 2, 0]).to_owned());
+        assert_eq!(cpu(s.slice(&[1, 1, 0], &[1, 2, 3]).unwrap()), a.slice(ndarray::s![1..2, 1..3, 0..3]).into_dyn());
+        let row = Storage::Cpu(arr(&[1, 4], |i| i as f64));
+        let b = cpu(row.broadcast_to(&[2, 3, 4]).unwrap());
+        assert_eq!(b, row.as_cpu().unwrap().broadcast(vec![2, 3, 4]).unwrap().to_owned());
+        assert!(s.slice(&[1, 0, 0], &[2, 1, 1]).is_err());
+        assert!(s.permute(&[0, 0, 1]).is_err());
+        assert!(row.broadcast_to(&[3, 5]).is_err());
+        // Non-standard input layouts are read correctly.
+        let f = Storage::Cpu(a.view().reversed_axes().to_owned());
+        assert_eq!(cpu(f.slice(&[0, 0, 0], &[4, 3, 2]).unwrap()), a.view().reversed_axes().to_owned());
+    }
+
+    #[test]
+    fn embedding_gather_scatter_and_one_hot() {
+        let table = arr(&[4, 3], |i| i as f64);
+        let ids = ArrayD::from_shape_vec(IxDyn(&[2, 2]), vec![3.0, 0.0, 1.0, 3.0]).unwrap();
+        // A shard holding rows 2..4 of a 5-row table.
+        let shard = Storage::Cpu(table.slice(ndarray::s![2..4, ..]).to_owned().into_dyn());
+        let out = cpu(shard.embedding(&Storage::Cpu(ids.clone()), 2, 5).unwrap());
+        assert_eq!(out.shape(), &[2, 2, 3]);
+        assert_eq!(out.slice(ndarray::s![0, 0, ..]), table.slice(ndarray::s![3, ..]));
+        assert!(out.slice(ndarray::s![0, 1, ..]).iter().all(|&v| v == 0.0));
+        let g = Storage::Cpu(arr(&[2, 2, 3], |i| i as f64));
+        let gt = cpu(g.embedding_backward(&Storage::Cpu(ids.clone()), 2, 2, 5).unwrap());
+        // Row 3 (local 1) gets ids (0,0) and (1,1): rows 0 and 3 of g.
+        let gd = g.as_cpu().unwrap().clone().into_shape_with_order((4, 3)).unwrap();
+        assert_eq!(gt.slice(ndarray::s![1, ..]), &gd.row(0) + &gd.row(3));
+        assert!(gt.slice(ndarray::s![0, ..]).iter().all(|&v| v == 0.0));
+        let oh = cpu(Storage::Cpu(ids.clone()).one_hot(4).unwrap());
+        assert_eq!(oh.sum_axis(Axis(2)), ArrayD::<f64>::ones(IxDyn(&[2, 2])));
+        assert_eq!(oh[[0, 0, 3]], 1.0);
+        let bad = Storage::Cpu(ArrayD::from_elem(IxDyn(&[1]), 1.5)).one_hot(4);
+        assert!(matches!(bad, Err(Error::InvalidArgument { .. })));
+        assert!(shard.embedding(&Storage::Cpu(ArrayD::from_elem(IxDyn(&[1]), 5.0)), 2, 5).is_err());
+    }
+
+    #[test]
+    fn creation_cast_and_random_fill() {
+        let z = Storage::<f32>::full(&Target::Cpu, &[2, 3], 2.5).unwrap();
+        assert_eq!(z, ArrayD::from_elem(IxDyn(&[2, 3]), 2.5f32));
+        assert_eq!(z.device(), Device::Cpu);
+        let c = z.cast::<f64>().unwrap();
+        assert_eq!(c, ArrayD::from_elem(IxDyn(&[2, 3]), 2.5f64));
+        // A random shard is the same slice of the full random tensor.
+        let fill = RandomFill { seed: 5, offset: 3, dist: Distribution::Normal };
+        let full = Storage::<f64>::random(&Target::Cpu, &fill, &[5, 6], &[0, 0], &[5, 6]).unwrap();
+        let part = Storage::<f64>::random(&Target::Cpu, &fill, &[5, 6], &[2, 1], &[3, 4]).unwrap();
+        assert_eq!(part, full.slice(&[2, 1], &[3, 4]).unwrap());
+        let mut s = crate::rng::Stream::new(5, 3);
+        assert_eq!(full.as_cpu().unwrap()[[1, 2]], s.normal::<f64>(8));
+    }
+
+    #[test]
+    fn optimizer_updates_match_scalar_formulas() {
+        let w0 = arr(&[5], |i| i as f64 - 2.0);
+        let g = Storage::Cpu(arr(&[5], |i| (i as f64).sin()));
+        let gv = g.as_cpu().unwrap().clone();
+        let mut w = Storage::Cpu(w0.clone());
+        let mut buf = w.new_full(&[5], 0.0).unwrap();
+        let step = SgdStep { lr: 0.1, momentum: 0.9, weight_decay: 0.01, first: true };
+        w.sgd_step(&g, Some(&mut buf), &step).unwrap();
+        let d = &gv + &w0.mapv(|x| 0.01 * x);
+        assert!(close(&cpu(buf.clone()), &d));
+        assert!(close(&cpu(w.clone()), &(&w0 - &d.mapv(|x| 0.1 * x))));
+        w.sgd_step(&g, Some(&mut buf), &SgdStep { first: false, ..step }).unwrap();
+        let w1 = &w0 - &d.mapv(|x| 0.1 * x);
+        let d2 = &d.mapv(|x| 0.9 * x) + &(&gv + &w1.mapv(|x| 0.01 * x));
+        assert!(close(&cpu(w.clone()), &(&w1 - &d2.mapv(|x| 0.1 * x))));
+
+        let mut w = Storage::Cpu(w0.clone());
+        let (mut m, mut v) = (w.new_full(&[5], 0.0).unwrap(), w.new_full(&[5], 0.0).unwrap());
+        let p = AdamWStep {
+            lr: 0.01,
+            beta1: 0.9,
+            beta2: 0.999,
+            eps: 1e-8,
+            weight_decay: 0.1,
+            bias_correction1: 0.1,
+            bias_correction2: 1.0 - 0.999,
+        };
+        w.adamw_step(&g, &mut m, &mut v, &p).unwrap();
+        // First step: m/c1 = g, v/c2 = g², so the update is lr·g/(|g| + eps).
+        let want = w0.mapv(|x| x - 0.01 * 0.1 * x) - gv.mapv(|x| 0.01 * x / (x.abs() + 1e-8));
+        assert!(close(&cpu(w.clone()), &want));
+        assert!(matches!(w.sgd_step(&Storage::Cpu(arr(&[4], |_| 0.0)), None, &step), Err(Error::ShapeMismatch { .. })));
+    }
+
+    #[test]
+    fn pack_reuses_identity_plans_and_checks_sizes() {
+        let a = Storage::Cpu(arr(&[4, 3], |i| i as f64));
+        let same = a.clone().into_packed(&pack::split(&[4, 3], 0, 1, &[4, 3])).unwrap();
+        assert_eq!(same.shape(), &[1, 4, 3]);
+        let padded = a.pack(&pack::split(&[4, 3], 0, 1, &[5, 3])).unwrap();
+        assert_eq!(padded.as_cpu().unwrap().slice(ndarray::s![0, 4, ..]).sum(), 0.0);
+        assert!(a.pack(&pack::split(&[5, 3], 0, 1, &[5, 3])).is_err());
+    }
+}
