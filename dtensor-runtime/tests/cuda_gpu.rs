@@ -4,6 +4,7 @@
 //! row for the summary table.
 
 mod common;
+mod one_rank_comm;
 
 use common::{coord_of, expected_shard, global};
 use dtensor_runtime::comm::nccl::NcclComm;
@@ -11,7 +12,11 @@ use dtensor_runtime::cuda::{self, CudaDevice};
 use dtensor_runtime::ndarray::{ArrayD, Ix2, IxDyn};
 use dtensor_runtime::storage::op::{BinaryOp, Reduction, UnaryOp};
 use dtensor_runtime::storage::{CudaStorage, Device, Storage, Target};
-use dtensor_runtime::{distribute_tensor, Communicator, DType, DeviceMesh, Element, Error, ReduceOp, Replicate, Shard};
+use dtensor_runtime::{
+    distribute_tensor, from_local, zeros, Communicator, DType, DeviceMesh, Element, Error, FromLocal, ReduceOp,
+    Replicate, Shard, TensorOptions,
+};
+use one_rank_comm::OneRankComm;
 use std::sync::Arc;
 
 /// `a` copied to the device.
@@ -216,4 +221,38 @@ fn mlp_chain_matches_cpu() {
     let e = max_err(&down(got).mapv(|v| v as f64), &want);
     assert!(e < 1e-4, "mlp chain err {e}");
     println!("GPUCHECK|mlp_chain_matches_cpu|PASS|x@w1 -> relu -> @w2 -> *0.5 (f32), max err {e:.1e}");
+}
+
+#[test]
+fn dtensors_live_on_the_mesh_device() {
+    let Some(dev) = device("dtensors_live_on_the_mesh_device") else { return };
+    let comm = OneRankComm { device: Device::Cuda(dev.ordinal()), handle: Some(Arc::clone(&dev)) };
+    let mesh = DeviceMesh::new(Arc::new(comm), &[1], &["x"]).unwrap();
+    assert_eq!(mesh.device(), Device::Cuda(dev.ordinal()));
+    let a = global(&[6, 5], 21).mapv(|v| v / 32.0);
+    let b = global(&[5, 4], 22).mapv(|v| v / 32.0);
+    let x = distribute_tensor(&a, &mesh, &[Replicate], None).unwrap();
+    let w = distribute_tensor(&b, &mesh, &[Replicate], Some(0)).unwrap();
+    assert_eq!(x.device(), Device::Cuda(dev.ordinal()));
+    assert!(matches!(x.local_cpu(), Err(Error::Unsupported { .. })));
+    assert_eq!(x.to_host().unwrap(), a);
+    assert_eq!(x.full_tensor().unwrap(), a);
+    // Ops run on the device through the kernel surface, and agree with the host.
+    let y = x.matmul(&w).unwrap().gelu().unwrap();
+    let host = DeviceMesh::new(Arc::new(OneRankComm { device: Device::Cpu, handle: None }), &[1], &["x"]).unwrap();
+    let (xh, wh) = (
+        distribute_tensor(&a, &host, &[Replicate], None).unwrap(),
+        distribute_tensor(&b, &host, &[Replicate], None).unwrap(),
+    );
+    let want = xh.matmul(&wh).unwrap().gelu().unwrap().full_tensor().unwrap();
+    assert!(max_err(&y.full_tensor().unwrap(), &want) <= 1e-12);
+    // Host data given to from_local is placed on the device; factories allocate there.
+    let l = from_local(a.clone(), &mesh, &[Shard(0)], FromLocal::default()).unwrap();
+    assert_eq!(l.device(), Device::Cuda(dev.ordinal()));
+    let z = zeros::<f32>(&[3, 2], &TensorOptions::new().mesh(&mesh)).unwrap();
+    assert_eq!(z.to_host().unwrap(), ArrayD::<f32>::zeros(IxDyn(&[3, 2])));
+    // Mixing devices is a typed error, as mixing meshes is; missing kernels are typed too.
+    assert!(matches!(x.add(&xh), Err(Error::DeviceMismatch { .. })));
+    assert!(matches!(x.sum(), Err(Error::Unsupported { .. })));
+    println!("GPUCHECK|dtensors_live_on_the_mesh_device|PASS|distribute/from_local/zeros on the device, matmul+gelu vs host, typed errors");
 }
