@@ -158,7 +158,7 @@ fn run_chains(with_shard_to_partial: bool) -> usize {
                     let want = &step["ranks"][rank];
                     let ctx_msg = format!("mesh {mesh_shape:?} shape {shape:?} step {k} {ps:?} rank {rank}");
                     assert_eq!(dt.placements(), ps.as_slice(), "{ctx_msg}: placements");
-                    let local = dt.to_local();
+                    let local = dt.to_host()?;
                     assert_eq!(local.shape(), usizes(&want["shape"]).as_slice(), "{ctx_msg}: local shape");
                     let got: Vec<f64> = local.iter().copied().collect();
                     assert_eq!(got, floats(&want["data"]), "{ctx_msg}: local values");
