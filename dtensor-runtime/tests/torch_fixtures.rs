@@ -148,7 +148,7 @@ fn run_chains(with_shard_to_partial: bool) -> usize {
                         .expect("fixture local shape");
                     from_local(local, &mesh, &first, FromLocal::with_shape(&shape))?
                 } else {
-                    distribute_tensor(&generated(&shape, seed), &mesh, &first, None)?
+                    distribute_tensor(generated(&shape, seed), &mesh, &first, None)?
                 };
                 for (k, step) in steps.iter().enumerate() {
                     let ps = placements(&step["placements"]);
