@@ -3,15 +3,15 @@
 //!
 //! A shard lives on the host ([`Storage::Cpu`], an ndarray array) or on a CUDA device
 //! ([`Storage::Cuda`]). The methods of [`Storage`] are the kernels: each takes an op enum from
-//! [`op`] (what to compute, as data) and dispatches once on the device, to [`cpu`]'s ndarray
-//! loops or to the CUDA kernels. Shape checks that do not depend on the device happen here,
+//! [`op`] (what to compute, as data) and dispatches once on the device, to the ndarray loops
+//! of the `cpu` module or to the CUDA kernels. Shape checks that do not depend on the device happen here,
 //! before dispatch, so both devices see validated input. Without the `cuda` cargo feature
 //! [`CudaStorage`] is an uninhabited type: the `Cuda` arms compile to nothing, and the public
 //! API is the same with and without the feature.
 //!
 //! Data movement (transpose, slicing, padding, broadcasting, redistribution's pack/unpack) is
-//! one kernel, [`Storage::pack`], executing a [`PackPlan`](crate::layout::pack::PackPlan)
-//! computed from shapes by the layout code.
+//! one kernel, [`Storage::pack`], executing a [`PackPlan`] computed from shapes by the layout
+//! code.
 //!
 //! # How to add a kernel
 //!
