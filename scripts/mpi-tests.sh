@@ -4,7 +4,7 @@
 #   mpi_collectives   every collective vs expected values (world, mesh-dim, lazily created groups)
 #   mpi_redistribute  distribute/redistribute (uneven, 1-d and 2x2 mesh) + deterministic property test
 #   mpi_failure       a failing / panicking / stuck rank ends the job (MPI_Abort), never a hang
-#   mlp_tp example    `--backend mpi` must print PASS (when examples/mlp_tp.rs exists)
+#   mlp_tp example    `--backend mpi` must print PASS
 # Needs: apt-get install -y libopenmpi-dev openmpi-bin libclang-dev
 # Env: NP, DTENSOR_MPI_PROPTEST_CASES (default 200), CARGO_FLAGS (extra cargo flags).
 set -euo pipefail
@@ -64,19 +64,15 @@ for mode in error panic hang; do
   rm -f "$log"
 done
 
-if [ -f examples/mlp_tp.rs ]; then
-  echo "== ${MPIRUN[*]} mlp_tp --backend mpi"
-  cargo build --example mlp_tp --features mpi ${CARGO_FLAGS:-}
-  log=$(mktemp)
-  if timeout 600 "${MPIRUN[@]}" target/debug/examples/mlp_tp --backend mpi 2>&1 | tee "$log" && grep -q PASS "$log"; then
-    echo "test mlp_tp[--backend mpi] ... ok"
-  else
-    echo "test mlp_tp[--backend mpi] ... FAILED"; status=1
-  fi
-  rm -f "$log"
+echo "== ${MPIRUN[*]} mlp_tp --backend mpi"
+cargo build --example mlp_tp --features mpi ${CARGO_FLAGS:-}
+log=$(mktemp)
+if timeout 600 "${MPIRUN[@]}" target/debug/examples/mlp_tp --backend mpi 2>&1 | tee "$log" && grep -q PASS "$log"; then
+  echo "test mlp_tp[--backend mpi] ... ok"
 else
-  echo "mpi-tests: examples/mlp_tp.rs not on this branch yet; skipping the mlp_tp run"
+  echo "test mlp_tp[--backend mpi] ... FAILED"; status=1
 fi
+rm -f "$log"
 
 [ "$status" -eq 0 ] && echo "mpi-tests: all MPI suites passed" || echo "mpi-tests: FAILURES" >&2
 exit "$status"
