@@ -31,7 +31,7 @@ pub struct RedistributeStep {
     pub from: Placement,
     pub to: Placement,
     /// The tensor's shape as this mesh dim sees it on this rank: the local shape if this mesh
-    /// dim were Replicate (see [`crate::layout::level_shape`]).
+    /// dim were Replicate (the global shape split by every other mesh dim's sharding).
     pub logical_shape: Vec<usize>,
     /// The collective it needs (`None`: local).
     pub collective: Option<CollectiveKind>,

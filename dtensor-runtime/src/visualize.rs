@@ -1,7 +1,7 @@
 //! `visualize_sharding`: which rank holds which block of a 1-D or 2-D DTensor, as a table
 //! (like `jax.debug.visualize_array_sharding` and torch's `visualize_sharding`).
 //!
-//! Every rank's block comes from the layout math ([`local_shape_and_offset`] at each mesh
+//! Every rank's block comes from the layout math ([`crate::layout`], at each mesh
 //! coordinate), so any rank can draw the whole picture without communicating. Blocks held by
 //! several ranks (Replicate or Partial mesh dims) list all of them; ranks whose shard is empty
 //! (uneven sharding) are listed under the table.
