@@ -4,7 +4,7 @@ use crate::autograd::AutogradMeta;
 use crate::element::Element;
 use crate::error::{Error, Result};
 use crate::layout::pack;
-use crate::layout::{contiguous_strides, global_shape_from_local, local_shape_and_offset};
+use crate::layout::{checked_global_shape_from_local, contiguous_strides, local_shape_and_offset};
 use crate::mesh::DeviceMesh;
 use crate::placement::{fmt_placements, normalize_placements, Placement};
 use crate::storage::{pack_host, Device, Storage};
@@ -46,9 +46,11 @@ impl FromLocal {
     pub fn checked() -> Self {
         FromLocal { run_check: true, ..Default::default() }
     }
-    /// Global shape with contiguous stride (uneven sharding).
+    /// Global shape with contiguous stride (uneven sharding). A shape too large for
+    /// [`checked_numel`](crate::shape::checked_numel) is reported by [`from_local`].
     pub fn with_shape(shape: &[usize]) -> Self {
-        FromLocal { shape: Some(shape.to_vec()), stride: Some(contiguous_strides(shape)), ..Default::default() }
+        let stride = crate::shape::checked_strides("FromLocal::with_shape", shape).unwrap_or_default();
+        FromLocal { shape: Some(shape.to_vec()), stride: Some(stride), ..Default::default() }
     }
 }
 
@@ -227,6 +229,7 @@ pub fn from_local<T: Element>(
     let placements = normalize_placements(placements, local.ndim(), mesh.ndim())?;
     let (shape, stride) = match (opts.shape, opts.stride) {
         (Some(s), Some(st)) => {
+            crate::shape::checked_numel("from_local: global `shape`", &s)?;
             if s.len() != local.ndim() || st.len() != local.ndim() {
                 return Err(Error::ShapeMismatch {
                     context: "from_local: rank of `shape`/`stride` vs local tensor".into(),
@@ -249,7 +252,7 @@ pub fn from_local<T: Element>(
             (s, st)
         }
         (None, None) => {
-            let s = global_shape_from_local(local.shape(), mesh.shape(), &placements);
+            let s = checked_global_shape_from_local(local.shape(), mesh.shape(), &placements)?;
             let st = contiguous_strides(&s);
             (s, st)
         }

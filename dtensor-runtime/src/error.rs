@@ -1,5 +1,6 @@
 //! The one error type of the runtime.
 
+use crate::checkpoint::FileProblem;
 use crate::placement::Placement;
 use thiserror::Error;
 
@@ -23,6 +24,9 @@ pub enum Error {
     /// A rank is not part of the mesh or the world.
     #[error("rank {rank} is not in the mesh/world of size {world_size}")]
     RankOutOfRange { rank: usize, world_size: usize },
+    /// A mesh dimension index (e.g. `Along::Dim(i)`) is not a dimension of the mesh.
+    #[error("{context}: mesh dimension {dim} is out of range for a {ndim}-d mesh")]
+    MeshDimOutOfRange { context: String, dim: usize, ndim: usize },
 
     // ---------------------------------------------------------- placements
     /// Number of placements differs from the number of mesh dimensions.
@@ -73,6 +77,12 @@ pub enum Error {
     /// A tensor dimension is out of range for an operation.
     #[error("{context}: dimension {dim} is out of range for a tensor of rank {ndim}")]
     DimOutOfRange { context: String, dim: isize, ndim: usize },
+    /// A shape whose element count (or a stride or offset within it) does not fit in `isize`.
+    #[error("{context}: shape {shape:?} is too large: its element count overflows")]
+    ShapeOverflow { context: String, shape: Vec<usize> },
+    /// An allocation failed (or would exceed what the allocator can address).
+    #[error("{context}: out of memory allocating {bytes} bytes")]
+    OutOfMemory { context: String, bytes: usize },
     /// A factory got an invalid argument.
     #[error("{context}: invalid argument: {reason}")]
     InvalidArgument { context: String, reason: String },
@@ -92,6 +102,9 @@ pub enum Error {
     /// Another rank failed; the group is poisoned and every pending collective aborts.
     #[error("collective aborted on rank {rank}: rank {failed_rank} failed: {reason}")]
     PeerFailed { rank: usize, failed_rank: usize, reason: String },
+    /// The thread of a rank could not be started (the OS refused: thread or memory limits).
+    #[error("could not start the thread of rank {rank} of {world_size}: {reason}")]
+    ThreadSpawn { rank: usize, world_size: usize, reason: String },
     /// A rank's closure panicked.
     #[error("rank {rank} panicked: {message}")]
     RankPanicked { rank: usize, message: String },
@@ -115,6 +128,10 @@ pub enum Error {
     /// Checkpoint I/O error naming the file.
     #[error("checkpoint file `{path}`: {reason}")]
     Checkpoint { path: String, reason: String },
+    /// A file that is refused for reading or writing: not a regular file, a symbolic link out
+    /// of its directory, larger than allowed (see [`crate::checkpoint::FileProblem`]).
+    #[error("file `{path}` refused: {problem}")]
+    UnsafeFile { path: String, problem: FileProblem },
 }
 
 /// Result alias used throughout dtensor-rs.

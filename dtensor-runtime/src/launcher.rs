@@ -11,6 +11,9 @@ use std::time::Duration;
 /// Default collective timeout of the thread backend (overridable by `DTENSOR_TIMEOUT_MS`).
 pub const DEFAULT_TIMEOUT: Duration = Duration::from_secs(120);
 
+/// Default stack size of a rank's thread.
+pub const DEFAULT_STACK_SIZE: usize = 16 << 20;
+
 thread_local! {
     static CURRENT_MESH: RefCell<Option<DeviceMesh>> = const { RefCell::new(None) };
 }
@@ -67,6 +70,7 @@ impl RankCtx {
 pub struct LocalWorld {
     size: usize,
     timeout: Duration,
+    stack_size: usize,
 }
 
 impl LocalWorld {
@@ -77,7 +81,7 @@ impl LocalWorld {
             .and_then(|v| v.parse::<u64>().ok())
             .map(Duration::from_millis)
             .unwrap_or(DEFAULT_TIMEOUT);
-        LocalWorld { size, timeout }
+        LocalWorld { size, timeout, stack_size: DEFAULT_STACK_SIZE }
     }
 
     /// How long a collective waits for its peers before failing with `CollectiveTimeout`.
@@ -86,10 +90,18 @@ impl LocalWorld {
         self
     }
 
+    /// Stack size of each rank's thread (default [`DEFAULT_STACK_SIZE`]).
+    pub fn stack_size(mut self, bytes: usize) -> Self {
+        self.stack_size = bytes;
+        self
+    }
+
     /// Runs `f` on every rank and returns each rank's result, or the first failure.
     ///
     /// A rank that returns an error or panics poisons the world: every other rank's pending
-    /// or future collective fails with [`Error::PeerFailed`] instead of hanging.
+    /// or future collective fails with [`Error::PeerFailed`] instead of hanging. A rank whose
+    /// thread cannot be started (thread or memory limits) poisons it the same way, and `run`
+    /// returns [`Error::ThreadSpawn`].
     pub fn run<R, F>(&self, f: F) -> Result<Vec<R>>
     where
         R: Send,
@@ -103,44 +115,58 @@ impl LocalWorld {
         }
         let world = ThreadWorld::new(self.size, self.timeout);
         let f = &f;
-        let results: Vec<Result<R>> = std::thread::scope(|s| {
-            let handles: Vec<_> = (0..self.size)
-                .map(|rank| {
-                    let world = Arc::clone(&world);
-                    std::thread::Builder::new()
-                        .name(format!("dtensor-rank-{rank}"))
-                        .stack_size(16 << 20)
-                        .spawn_scoped(s, move || {
-                            let comm: Arc<dyn Communicator> = Arc::new(world.communicator(rank)?);
-                            let out = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| f(RankCtx::new(comm))));
-                            set_current_mesh(None);
-                            match out {
-                                Ok(Ok(v)) => {
-                                    world.exit(rank);
-                                    Ok(v)
-                                }
-                                Ok(Err(e)) => {
-                                    world.fail(rank, e.to_string());
-                                    Err(e)
-                                }
-                                Err(p) => {
-                                    let message = panic_message(&p);
-                                    world.fail(rank, format!("panicked: {message}"));
-                                    Err(Error::RankPanicked { rank, message })
-                                }
+        let (spawn_error, results) = std::thread::scope(|s| {
+            let mut handles = Vec::with_capacity(self.size);
+            let mut spawn_error = None;
+            for rank in 0..self.size {
+                let rank_world = Arc::clone(&world);
+                let spawned = std::thread::Builder::new()
+                    .name(format!("dtensor-rank-{rank}"))
+                    .stack_size(self.stack_size)
+                    .spawn_scoped(s, move || {
+                        let world = rank_world;
+                        let comm: Arc<dyn Communicator> = Arc::new(world.communicator(rank)?);
+                        let out = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| f(RankCtx::new(comm))));
+                        set_current_mesh(None);
+                        match out {
+                            Ok(Ok(v)) => {
+                                world.exit(rank);
+                                Ok(v)
                             }
-                        })
-                        .expect("spawning a rank thread")
-                })
-                .collect();
-            handles
+                            Ok(Err(e)) => {
+                                world.fail(rank, e.to_string());
+                                Err(e)
+                            }
+                            Err(p) => {
+                                let message = panic_message(&p);
+                                world.fail(rank, format!("panicked: {message}"));
+                                Err(Error::RankPanicked { rank, message })
+                            }
+                        }
+                    });
+                match spawned {
+                    Ok(h) => handles.push(h),
+                    Err(e) => {
+                        // The ranks already running must not wait for this one.
+                        world.fail(rank, format!("its thread could not be started: {e}"));
+                        let reason = e.to_string();
+                        spawn_error = Some(Error::ThreadSpawn { rank, world_size: self.size, reason });
+                        break;
+                    }
+                }
+            }
+            let results: Vec<Result<R>> = handles
                 .into_iter()
                 .enumerate()
                 .map(|(rank, h)| {
                     h.join().unwrap_or_else(|p| Err(Error::RankPanicked { rank, message: panic_message(&p) }))
                 })
-                .collect()
+                .collect();
+            (spawn_error, results)
         });
+        if let Some(e) = spawn_error {
+            return Err(e);
+        }
         // Report the root cause: a rank's own error before the PeerFailed errors it caused.
         let mut first_peer_failed = None;
         let mut out = Vec::with_capacity(results.len());

@@ -2,39 +2,101 @@
 //!
 //! For a size `s` split over `n` ranks, the chunk is `c = ceil(s / n)` and rank `r` holds
 //! `[c*r, min(s, c*r + c))`; ranks whose start is past `s` hold an empty shard at offset `s`.
+//!
+//! The public `checked_*` functions check their arguments (mesh sizes, coordinates, the number
+//! and range of placements, overflow) and return errors. The crate calls the unchecked
+//! versions beside them on arguments a [`DeviceMesh`](crate::DeviceMesh) and
+//! [`normalize_placements`] have already checked.
 
 pub mod pack;
 
-use crate::placement::Placement;
+use crate::error::{Error, Result};
+use crate::placement::{normalize_placements, Placement};
+use crate::shape::checked_numel;
 
 /// Size and offset of chunk `rank` when `size` is split over `n` ranks (torch.chunk).
 ///
 /// ```
-/// use dtensor_runtime::layout::chunk_size_and_offset;
-/// let sizes: Vec<_> = (0..4).map(|r| chunk_size_and_offset(5, 4, r)).collect();
+/// use dtensor_runtime::layout::checked_chunk_size_and_offset;
+/// let sizes: Vec<_> = (0..4).map(|r| checked_chunk_size_and_offset(5, 4, r).unwrap()).collect();
 /// assert_eq!(sizes, vec![(2, 0), (2, 2), (1, 4), (0, 5)]);
+/// assert!(checked_chunk_size_and_offset(5, 0, 0).is_err()); // no ranks
+/// assert!(checked_chunk_size_and_offset(5, 4, 4).is_err()); // no rank 4 of 4
 /// ```
-pub fn chunk_size_and_offset(size: usize, n: usize, rank: usize) -> (usize, usize) {
+pub fn checked_chunk_size_and_offset(size: usize, n: usize, rank: usize) -> Result<(usize, usize)> {
+    if n == 0 {
+        return Err(Error::InvalidArgument {
+            context: "layout::checked_chunk_size_and_offset".into(),
+            reason: format!("cannot split size {size} over 0 ranks"),
+        });
+    }
+    if rank >= n {
+        return Err(Error::RankOutOfRange { rank, world_size: n });
+    }
+    Ok(chunk_size_and_offset(size, n, rank))
+}
+
+/// [`checked_chunk_size_and_offset`] for `n > 0` and `rank < n`.
+pub(crate) fn chunk_size_and_offset(size: usize, n: usize, rank: usize) -> (usize, usize) {
     debug_assert!(n > 0 && rank < n);
     let c = padded_chunk(size, n);
-    let start = c * rank;
+    // Saturation is exact here: a saturated start or end lies past `size`, where both clamp.
+    let start = c.saturating_mul(rank);
     if start >= size {
         (0, size)
     } else {
-        ((start + c).min(size) - start, start)
+        (start.saturating_add(c).min(size) - start, start)
     }
 }
 
 /// The padded chunk size `ceil(size / n)` every shard is padded to inside collectives.
-pub fn padded_chunk(size: usize, n: usize) -> usize {
+pub(crate) fn padded_chunk(size: usize, n: usize) -> usize {
     size.div_ceil(n)
 }
 
-/// Local shape and global offset of the shard held at mesh coordinate `coord`.
+/// Checks a mesh shape and a coordinate in it (public entry points only).
+fn check_mesh(context: &str, mesh_shape: &[usize], coord: Option<&[usize]>) -> Result<()> {
+    if let Some(i) = mesh_shape.iter().position(|&s| s == 0) {
+        return Err(Error::InvalidMesh { reason: format!("{context}: mesh dimension {i} has size 0") });
+    }
+    if let Some(c) = coord {
+        if c.len() != mesh_shape.len() || c.iter().zip(mesh_shape).any(|(c, s)| c >= s) {
+            return Err(Error::InvalidArgument {
+                context: context.into(),
+                reason: format!("coordinate {c:?} is outside mesh shape {mesh_shape:?}"),
+            });
+        }
+    }
+    Ok(())
+}
+
+/// Local shape and global offset of the shard held at mesh coordinate `coord`, after checking
+/// every argument (placements may be unnormalised: `Shard(-1)` is the last dim).
 ///
-/// Placements must be normalised. Two mesh dims sharding one tensor dim nest left to right:
-/// the shard of mesh dim 0 is further split by mesh dim 1.
-pub fn local_shape_and_offset(
+/// Two mesh dims sharding one tensor dim nest left to right: the shard of mesh dim 0 is
+/// further split by mesh dim 1.
+///
+/// ```
+/// use dtensor_runtime::layout::checked_local_shape_and_offset;
+/// use dtensor_runtime::{Error, Replicate, Shard};
+/// let (shape, offset) = checked_local_shape_and_offset(&[10, 3], &[2, 2], &[1, 1], &[Shard(0), Shard(-2)]).unwrap();
+/// assert_eq!((shape, offset), (vec![2, 3], vec![8, 0]));
+/// let e = checked_local_shape_and_offset(&[10], &[2], &[0], &[Shard(0), Replicate]);
+/// assert!(matches!(e, Err(Error::PlacementCountMismatch { given: 2, mesh_ndim: 1 })));
+/// ```
+pub fn checked_local_shape_and_offset(
+    global_shape: &[usize],
+    mesh_shape: &[usize],
+    coord: &[usize],
+    placements: &[Placement],
+) -> Result<(Vec<usize>, Vec<usize>)> {
+    check_mesh("layout::checked_local_shape_and_offset", mesh_shape, Some(coord))?;
+    let placements = normalize_placements(placements, global_shape.len(), mesh_shape.len())?;
+    Ok(local_shape_and_offset(global_shape, mesh_shape, coord, &placements))
+}
+
+/// [`checked_local_shape_and_offset`] for a checked mesh, coordinate and normalised placements.
+pub(crate) fn local_shape_and_offset(
     global_shape: &[usize],
     mesh_shape: &[usize],
     coord: &[usize],
@@ -58,7 +120,7 @@ pub fn local_shape_and_offset(
 ///
 /// A redistribution step on `mesh_dim` only touches tensor dims that no inner mesh dim
 /// shards, so for those dims this is the size split by the outer mesh dims alone.
-pub fn level_shape(
+pub(crate) fn level_shape(
     global_shape: &[usize],
     mesh_shape: &[usize],
     coord: &[usize],
@@ -75,19 +137,40 @@ pub fn level_shape(
 }
 
 /// Global shape implied by a local shape under even sharding (what `from_local` assumes
-/// when no `shape` is given): local size × mesh size on every sharded dim.
-pub fn global_shape_from_local(local_shape: &[usize], mesh_shape: &[usize], placements: &[Placement]) -> Vec<usize> {
+/// when no `shape` is given): local size × mesh size on every sharded dim. Errors for a bad
+/// mesh shape or placements, and for a global shape that overflows
+/// ([`checked_numel`]'s bound).
+///
+/// ```
+/// use dtensor_runtime::layout::checked_global_shape_from_local;
+/// use dtensor_runtime::{Error, Replicate, Shard};
+/// assert_eq!(checked_global_shape_from_local(&[2, 3], &[2, 4], &[Shard(0), Shard(1)]).unwrap(), vec![4, 12]);
+/// let huge = checked_global_shape_from_local(&[1 << 62], &[4], &[Shard(0)]);
+/// assert!(matches!(huge, Err(Error::ShapeOverflow { .. })));
+/// ```
+pub fn checked_global_shape_from_local(
+    local_shape: &[usize],
+    mesh_shape: &[usize],
+    placements: &[Placement],
+) -> Result<Vec<usize>> {
+    const CONTEXT: &str = "global shape from the local shape";
+    check_mesh(CONTEXT, mesh_shape, None)?;
+    let placements = normalize_placements(placements, local_shape.len(), mesh_shape.len())?;
     let mut shape = local_shape.to_vec();
     for (i, p) in placements.iter().enumerate() {
         if let Some(d) = p.shard_dim() {
-            shape[d] *= mesh_shape[i];
+            shape[d] = shape[d]
+                .checked_mul(mesh_shape[i])
+                .ok_or_else(|| Error::ShapeOverflow { context: CONTEXT.into(), shape: local_shape.to_vec() })?;
         }
     }
-    shape
+    checked_numel(CONTEXT, &shape)?;
+    Ok(shape)
 }
 
-/// Row-major (C-contiguous) strides of a shape.
-pub fn contiguous_strides(shape: &[usize]) -> Vec<usize> {
+/// Row-major (C-contiguous) strides of a shape within [`checked_numel`]'s bound (a zero-sized
+/// dim counts as 1, as in ndarray); [`crate::shape::checked_strides`] checks first.
+pub(crate) fn contiguous_strides(shape: &[usize]) -> Vec<usize> {
     let mut strides = vec![1; shape.len()];
     for i in (0..shape.len().saturating_sub(1)).rev() {
         strides[i] = strides[i + 1] * shape[i + 1].max(1);
@@ -150,9 +233,40 @@ mod tests {
 
     #[test]
     fn global_from_local_and_strides() {
-        assert_eq!(global_shape_from_local(&[2, 3], &[2, 4], &[Shard(0), Shard(1)]), vec![4, 12]);
-        assert_eq!(global_shape_from_local(&[2, 3], &[2, 4], &[Replicate, Shard(0)]), vec![8, 3]);
+        let g = |l: &[usize], p: &[Placement]| checked_global_shape_from_local(l, &[2, 4], p).unwrap();
+        assert_eq!(g(&[2, 3], &[Shard(0), Shard(1)]), vec![4, 12]);
+        assert_eq!(g(&[2, 3], &[Replicate, Shard(0)]), vec![8, 3]);
+        assert_eq!(g(&[2, 3], &[Replicate, Shard(-1)]), vec![2, 12]);
         assert_eq!(contiguous_strides(&[2, 3, 4]), vec![12, 4, 1]);
         assert_eq!(contiguous_strides(&[]), Vec::<usize>::new());
+    }
+
+    /// Bad arguments to the public helpers are errors, never panics (zero ranks, more
+    /// placements than mesh dims, coordinates outside the mesh, overflow).
+    #[test]
+    fn checked_helpers_reject_bad_arguments() {
+        assert!(matches!(checked_chunk_size_and_offset(5, 0, 0), Err(Error::InvalidArgument { .. })));
+        assert!(matches!(
+            checked_chunk_size_and_offset(5, 2, 2),
+            Err(Error::RankOutOfRange { rank: 2, world_size: 2 })
+        ));
+        let m = usize::MAX;
+        assert_eq!(checked_chunk_size_and_offset(m, 2, 1).unwrap(), (m / 2, m / 2 + 1));
+        assert_eq!(checked_chunk_size_and_offset(m, 3, 2).unwrap(), (m / 3, 2 * (m / 3)));
+        let lso = |g: &[usize], m: &[usize], c: &[usize], p: &[Placement]| checked_local_shape_and_offset(g, m, c, p);
+        assert!(matches!(lso(&[4], &[0], &[0], &[Shard(0)]), Err(Error::InvalidMesh { .. })));
+        assert!(matches!(
+            lso(&[4], &[2], &[0], &[Shard(0), Shard(0)]),
+            Err(Error::PlacementCountMismatch { given: 2, mesh_ndim: 1 })
+        ));
+        assert!(matches!(lso(&[4], &[2], &[2], &[Shard(0)]), Err(Error::InvalidArgument { .. })));
+        assert!(matches!(lso(&[4], &[2], &[0, 0], &[Shard(0)]), Err(Error::InvalidArgument { .. })));
+        assert!(matches!(lso(&[4], &[2], &[0], &[Shard(1)]), Err(Error::ShardDimOutOfRange { dim: 1, ndim: 1 })));
+        assert_eq!(lso(&[5, 7], &[2], &[1], &[Shard(-1)]).unwrap(), (vec![5, 3], vec![0, 4]));
+        let g = |l: &[usize], m: &[usize], p: &[Placement]| checked_global_shape_from_local(l, m, p);
+        assert!(matches!(g(&[2], &[0], &[Shard(0)]), Err(Error::InvalidMesh { .. })));
+        assert!(matches!(g(&[2], &[2], &[Shard(0), Replicate]), Err(Error::PlacementCountMismatch { .. })));
+        assert!(matches!(g(&[usize::MAX / 2 + 1], &[2], &[Shard(0)]), Err(Error::ShapeOverflow { .. })));
+        assert!(matches!(g(&[1 << 31, 1 << 31], &[4], &[Shard(0)]), Err(Error::ShapeOverflow { .. })));
     }
 }

@@ -12,6 +12,7 @@
 #![warn(missing_docs)]
 #![allow(missing_docs)] // field-level docs are tracked per module; items carry rustdoc
 
+pub(crate) mod alloc;
 pub mod autograd;
 pub mod backend;
 pub mod checkpoint;
@@ -30,6 +31,7 @@ pub mod optim;
 pub mod placement;
 pub mod redistribute;
 pub mod rng;
+pub mod shape;
 pub mod storage;
 pub mod typed;
 pub mod visualize;

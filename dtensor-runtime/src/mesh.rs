@@ -83,7 +83,7 @@ impl DeviceMesh {
                 return Err(Error::DuplicateMeshDim { name: n.clone() });
             }
         }
-        let size: usize = shape.iter().product();
+        let size = crate::shape::checked_numel("device mesh", shape)?;
         if size != ranks.len() {
             return Err(Error::MeshSizeMismatch { shape: shape.to_vec(), mesh_size: size, world_size: ranks.len() });
         }
@@ -112,8 +112,18 @@ impl DeviceMesh {
         self.inner.shape.len()
     }
     /// Size of mesh dimension `dim`.
+    ///
+    /// # Panics
+    /// If `dim >= self.ndim()`, like indexing [`shape`](Self::shape). Use
+    /// [`dim_index`](Self::dim_index) to look a dimension up by name with an error instead.
     pub fn size(&self, dim: usize) -> usize {
+        self.check_dim(dim);
         self.inner.shape[dim]
+    }
+
+    /// Panics with a message naming the mesh (the `Index`-like accessors).
+    fn check_dim(&self, dim: usize) {
+        assert!(dim < self.ndim(), "mesh dimension {dim} is out of range for {self}, which has {} dims", self.ndim());
     }
     /// Total number of ranks in the mesh.
     pub fn numel(&self) -> usize {
@@ -136,7 +146,12 @@ impl DeviceMesh {
         &self.inner.coord
     }
     /// This rank's group (global ranks) along mesh dim `dim`.
+    ///
+    /// # Panics
+    /// If `dim >= self.ndim()`, like [`size`](Self::size). Collectives given an out-of-range
+    /// `Along::Dim` return [`Error::MeshDimOutOfRange`] instead.
     pub fn group(&self, dim: usize) -> &[usize] {
+        self.check_dim(dim);
         &self.inner.groups[dim]
     }
     /// The device this rank's shards live on (the communicator's).
@@ -200,7 +215,11 @@ impl DeviceMesh {
     }
 
     /// Every group along mesh dim `dim` (a partition of the mesh's ranks).
+    ///
+    /// # Panics
+    /// If `dim >= self.ndim()`, like [`size`](Self::size).
     pub fn all_groups(&self, dim: usize) -> Vec<Vec<usize>> {
+        self.check_dim(dim);
         let mut out: Vec<Vec<usize>> = Vec::new();
         for pos in 0..self.numel() {
             let c = unravel(pos, &self.inner.shape);

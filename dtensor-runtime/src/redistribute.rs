@@ -15,6 +15,7 @@ use crate::layout::pack::{self, PackPlan};
 use crate::layout::{chunk_size_and_offset, level_shape, padded_chunk};
 use crate::mesh::DeviceMesh;
 use crate::placement::{fmt_placements, normalize_placements, Placement, ReduceOp};
+use crate::shape::checked_numel;
 use crate::storage::Storage;
 use crate::Along;
 use std::borrow::Cow;
@@ -31,7 +32,7 @@ pub struct RedistributeStep {
     pub from: Placement,
     pub to: Placement,
     /// The tensor's shape as this mesh dim sees it on this rank: the local shape if this mesh
-    /// dim were Replicate (see [`crate::layout::level_shape`]).
+    /// dim were Replicate (the global shape split by every other mesh dim's sharding).
     pub logical_shape: Vec<usize>,
     /// The collective it needs (`None`: local).
     pub collective: Option<CollectiveKind>,
@@ -138,6 +139,8 @@ pub fn plan_redistribute_at<T: Element>(
     from: &[Placement],
     to: &[Placement],
 ) -> Result<RedistributePlan> {
+    const CONTEXT: &str = "plan_redistribute";
+    checked_numel(CONTEXT, global_shape)?;
     let ndim = global_shape.len();
     let from = normalize_placements(from, ndim, mesh.ndim())?;
     let to = normalize_placements(to, ndim, mesh.ndim())?;
@@ -161,9 +164,12 @@ pub fn plan_redistribute_at<T: Element>(
     let mut steps = Vec::with_capacity(path.len());
     for (i, target) in path {
         let shape = level_shape(global_shape, mesh.shape(), coord, &cur, i);
-        let (collective, bytes) = step_cost(&shape, mesh.size(i), cur[i], target, elem);
-        let wire_bytes =
-            wire_cost(&padded_level(global_shape, mesh.shape(), &cur, i), mesh.size(i), cur[i], target) * elem;
+        let overflow = || Error::ShapeOverflow { context: format!("{CONTEXT}: bytes moved"), shape: shape.clone() };
+        let (collective, elems) = step_cost(&shape, mesh.size(i), cur[i], target).ok_or_else(overflow)?;
+        let bytes = elems.checked_mul(elem).ok_or_else(overflow)?;
+        let wire_bytes = wire_cost(&padded_level(global_shape, mesh.shape(), &cur, i), mesh.size(i), cur[i], target)
+            .and_then(|w| w.checked_mul(elem))
+            .ok_or_else(overflow)?;
         steps.push(RedistributeStep {
             mesh_dim: i,
             from: cur[i],
@@ -265,11 +271,12 @@ fn search_path(shape: &[usize], mesh: &[usize], src: &[Placement], dst: &[Placem
                 if p == x[i] || !legal_step(&x, i, p, dst) {
                     continue;
                 }
-                let wire = wire_cost(&padded_level(shape, mesh, &x, i), mesh[i], x[i], p);
+                // An overflowing cost ranks last (the plan built from the path reports it).
+                let wire = wire_cost(&padded_level(shape, mesh, &x, i), mesh[i], x[i], p).unwrap_or(usize::MAX);
                 let communicates = collective_of(x[i], p).is_some() as usize;
                 let mut y = x.clone();
                 y[i] = p;
-                let next = (cost.0 + wire, cost.1 + communicates, cost.2 + 1);
+                let next = (cost.0.saturating_add(wire), cost.1 + communicates, cost.2 + 1);
                 if best.get(&y).is_none_or(|&b| next < b) {
                     best.insert(y.clone(), next);
                     prev.insert(y.clone(), (x.clone(), i, p));
@@ -304,49 +311,49 @@ fn padded_level(shape: &[usize], mesh: &[usize], x: &[Placement], i: usize) -> V
 
 /// Elements a rank moves over the wire in one step under the ring model the planner
 /// optimises: all-gather and reduce-scatter move `(n-1)` chunks, all-to-all `(n-1)` blocks,
-/// all-reduce twice as much as either (it is a reduce-scatter plus an all-gather).
-fn wire_cost(shape: &[usize], n: usize, from: Placement, to: Placement) -> usize {
-    let numel: usize = shape.iter().product();
+/// all-reduce twice as much as either (it is a reduce-scatter plus an all-gather). `None`
+/// when the count overflows (padding can push it past a huge tensor's element count).
+fn wire_cost(shape: &[usize], n: usize, from: Placement, to: Placement) -> Option<usize> {
+    let numel = checked_numel("", shape).ok()?;
     let rows_other = |d: usize| numel.checked_div(shape[d]).unwrap_or(0);
     let hops = n - 1;
     match (from, to) {
         (Placement::Shard(d), Placement::Replicate) | (Placement::Partial(_), Placement::Shard(d)) => {
             let d = d as usize;
-            hops * padded_chunk(shape[d], n) * rows_other(d)
+            hops.checked_mul(padded_chunk(shape[d], n))?.checked_mul(rows_other(d))
         }
         (Placement::Shard(d), Placement::Shard(e)) if d != e => {
             let (d, e) = (d as usize, e as usize);
             let other = rows_other(d).checked_div(shape[e]).unwrap_or(0);
-            hops * padded_chunk(shape[d], n) * padded_chunk(shape[e], n) * other
+            hops.checked_mul(padded_chunk(shape[d], n))?.checked_mul(padded_chunk(shape[e], n))?.checked_mul(other)
         }
-        (Placement::Partial(_), Placement::Replicate) => 2 * hops * padded_chunk(numel, n),
-        _ => 0,
+        (Placement::Partial(_), Placement::Replicate) => hops.checked_mul(padded_chunk(numel, n))?.checked_mul(2),
+        _ => Some(0),
     }
 }
 
-/// (collective, bytes this rank hands to it) of one step: what `CommDebugMode` records.
-fn step_cost(
-    shape: &[usize],
-    n: usize,
-    from: Placement,
-    to: Placement,
-    elem: usize,
-) -> (Option<CollectiveKind>, usize) {
-    let numel: usize = shape.iter().product();
+/// (collective, elements this rank hands to it) of one step: what `CommDebugMode` records
+/// (times the element size). `None` when the count overflows.
+fn step_cost(shape: &[usize], n: usize, from: Placement, to: Placement) -> Option<(Option<CollectiveKind>, usize)> {
+    let numel = checked_numel("", shape).ok()?;
     let rows_other = |d: usize| numel.checked_div(shape[d]).unwrap_or(0);
     let kind = collective_of(from, to);
     let elems = match (from, to) {
-        (Placement::Shard(d), Placement::Replicate) => padded_chunk(shape[d as usize], n) * rows_other(d as usize),
+        (Placement::Shard(d), Placement::Replicate) => {
+            padded_chunk(shape[d as usize], n).checked_mul(rows_other(d as usize))
+        }
         (Placement::Shard(d), Placement::Shard(e)) if d != e => {
             let (d, e) = (d as usize, e as usize);
             let other = rows_other(d).checked_div(shape[e]).unwrap_or(0);
-            padded_chunk(shape[d], n) * padded_chunk(shape[e], n) * n * other
+            padded_chunk(shape[d], n).checked_mul(padded_chunk(shape[e], n))?.checked_mul(n)?.checked_mul(other)
         }
-        (Placement::Partial(_), Placement::Replicate) => numel,
-        (Placement::Partial(_), Placement::Shard(d)) => padded_chunk(shape[d as usize], n) * n * rows_other(d as usize),
-        _ => 0,
+        (Placement::Partial(_), Placement::Replicate) => Some(numel),
+        (Placement::Partial(_), Placement::Shard(d)) => {
+            padded_chunk(shape[d as usize], n).checked_mul(n)?.checked_mul(rows_other(d as usize))
+        }
+        _ => Some(0),
     };
-    (kind, elems * elem)
+    Some((kind, elems?))
 }
 
 /// The collective a direct step needs (`None`: local).

@@ -1,7 +1,7 @@
 //! `visualize_sharding`: which rank holds which block of a 1-D or 2-D DTensor, as a table
 //! (like `jax.debug.visualize_array_sharding` and torch's `visualize_sharding`).
 //!
-//! Every rank's block comes from the layout math ([`local_shape_and_offset`] at each mesh
+//! Every rank's block comes from the layout math ([`crate::layout`], at each mesh
 //! coordinate), so any rank can draw the whole picture without communicating. Blocks held by
 //! several ranks (Replicate or Partial mesh dims) list all of them; ranks whose shard is empty
 //! (uneven sharding) are listed under the table.
@@ -23,7 +23,7 @@ use crate::element::Element;
 use crate::error::{Error, Result};
 use crate::layout::local_shape_and_offset;
 use crate::mesh::DeviceMesh;
-use crate::placement::{fmt_placements, Placement};
+use crate::placement::{fmt_placements, normalize_placements, Placement};
 use std::ffi::OsStr;
 use std::io::IsTerminal;
 use std::ops::Range;
@@ -109,7 +109,8 @@ pub fn sharding_layout<T: Element>(dt: &DTensor<T>) -> Result<ShardingLayout> {
     layout_of(dt.shape(), dt.device_mesh(), dt.placements())
 }
 
-/// [`sharding_layout`] from the raw parts: global shape, mesh and (normalised) placements.
+/// [`sharding_layout`] from the raw parts: global shape, mesh and placements (negative
+/// shard dims count from the end; a wrong count or dim is an error).
 pub fn layout_of(shape: &[usize], mesh: &DeviceMesh, placements: &[Placement]) -> Result<ShardingLayout> {
     if shape.is_empty() || shape.len() > 2 {
         return Err(Error::Unsupported {
@@ -117,6 +118,8 @@ pub fn layout_of(shape: &[usize], mesh: &DeviceMesh, placements: &[Placement]) -
             reason: format!("only 1-D and 2-D tensors can be drawn; this one has shape {shape:?}"),
         });
     }
+    // An unnormalised `Shard(-1)` would otherwise be drawn as Replicate.
+    let placements = &normalize_placements(placements, shape.len(), mesh.ndim())?;
     // (rank, box) for every mesh position.
     let mut boxes: Vec<(usize, Vec<Range<usize>>)> = Vec::with_capacity(mesh.numel());
     for &rank in mesh.ranks() {
@@ -124,11 +127,11 @@ pub fn layout_of(shape: &[usize], mesh: &DeviceMesh, placements: &[Placement]) -
         let (sz, off) = local_shape_and_offset(shape, mesh.shape(), &coord, placements);
         boxes.push((rank, off.iter().zip(&sz).map(|(&o, &s)| o..o + s).collect()));
     }
-    let numel: usize = shape.iter().product();
+    let is_empty = shape.contains(&0); // (no product: a user-given shape may overflow it)
     let nonempty = |b: &[Range<usize>]| b.iter().all(|r| !r.is_empty());
     let mut empty_ranks: Vec<usize> = boxes.iter().filter(|(_, b)| !nonempty(b)).map(|(r, _)| *r).collect();
     empty_ranks.sort_unstable();
-    if numel == 0 {
+    if is_empty {
         // Nothing to split: one block, every rank holds (an empty view of) it.
         let mut ranks: Vec<usize> = mesh.ranks().to_vec();
         ranks.sort_unstable();

@@ -1,21 +1,13 @@
 //! Damaged, missing and misused checkpoints give typed errors naming the file.
 
+mod checkpoint_util;
 mod common;
 
+use checkpoint_util::{expect_checkpoint_error, save_2x2};
 use common::global;
 use dtensor_runtime::checkpoint::{self, Checkpoint};
 use dtensor_runtime::{distribute_tensor, run, Error, Partial, Placement, ReduceOp, Replicate, Shard};
 use std::path::Path;
-
-fn save_2x2(dir: &Path) {
-    let g = global(&[5, 7], 1);
-    run(4, |ctx| {
-        let mesh = ctx.init_device_mesh(&[2, 2], &["dp", "tp"])?;
-        let t = distribute_tensor(&g, &mesh, &[Shard(0), Shard(1)], None)?;
-        checkpoint::save(dir, &[("w".to_string(), t)])
-    })
-    .unwrap();
-}
 
 fn load_1(dir: &Path, name: &str, p: Placement) -> dtensor_runtime::Result<()> {
     run(1, |ctx| {
@@ -25,21 +17,10 @@ fn load_1(dir: &Path, name: &str, p: Placement) -> dtensor_runtime::Result<()> {
     .map(|_| ())
 }
 
-/// Unwraps a `Checkpoint` error and checks the file it names and a word of its reason.
-fn expect_checkpoint_error(r: dtensor_runtime::Result<()>, file: &str, reason_has: &str) {
-    match r {
-        Err(Error::Checkpoint { path, reason }) => {
-            assert!(path.ends_with(file), "error names `{path}`, expected `{file}`");
-            assert!(reason.contains(reason_has), "reason `{reason}` lacks `{reason_has}`");
-        }
-        other => panic!("expected a Checkpoint error naming {file}, got {other:?}"),
-    }
-}
-
 #[test]
 fn missing_index_and_missing_shard_file() {
     let dir = tempfile::tempdir().unwrap();
-    expect_checkpoint_error(load_1(dir.path(), "w", Replicate), "index.json", "cannot read");
+    expect_checkpoint_error(load_1(dir.path(), "w", Replicate), "index.json", "cannot open");
     save_2x2(dir.path());
     std::fs::remove_file(dir.path().join("shard-00002.safetensors")).unwrap();
     expect_checkpoint_error(load_1(dir.path(), "w", Replicate), "shard-00002.safetensors", "cannot open");

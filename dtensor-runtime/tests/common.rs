@@ -1,7 +1,7 @@
 //! Helpers shared by the integration tests: reference slicing and reductions on the global tensor.
 #![allow(dead_code)]
 
-use dtensor_runtime::layout::local_shape_and_offset;
+use dtensor_runtime::layout::checked_local_shape_and_offset;
 use dtensor_runtime::ndarray::{ArrayD, Axis, IxDyn, Slice};
 use dtensor_runtime::{Placement, ReduceOp};
 
@@ -27,7 +27,7 @@ pub fn coord_of(rank: usize, mesh: &[usize]) -> Vec<usize> {
 
 /// The slice of `g` that mesh coordinate `coord` holds (Partials count as Replicate).
 pub fn expected_shard(g: &ArrayD<f64>, mesh: &[usize], coord: &[usize], placements: &[Placement]) -> ArrayD<f64> {
-    let (shape, offset) = local_shape_and_offset(g.shape(), mesh, coord, placements);
+    let (shape, offset) = checked_local_shape_and_offset(g.shape(), mesh, coord, placements).unwrap();
     let mut v = g.view();
     for d in 0..shape.len() {
         v.slice_axis_inplace(Axis(d), Slice::from(offset[d]..offset[d] + shape[d]));

@@ -3,7 +3,7 @@
 mod common;
 
 use common::coord_of;
-use dtensor_runtime::layout::local_shape_and_offset;
+use dtensor_runtime::layout::checked_local_shape_and_offset;
 use dtensor_runtime::ndarray::ArrayD;
 use dtensor_runtime::{
     empty, full, linspace, logspace, manual_seed, ones, rand, randn, run, zeros, DTensor, Error, Placement, Replicate,
@@ -43,7 +43,7 @@ fn local_shard_shapes_follow_torch_chunk() {
         .unwrap();
         for (rank, per_rank) in shapes.iter().enumerate() {
             let norm: Vec<Placement> = p.iter().map(|x| x.normalize(2).unwrap()).collect();
-            let (want, _) = local_shape_and_offset(&size, &[2, 2], &coord_of(rank, &[2, 2]), &norm);
+            let (want, _) = checked_local_shape_and_offset(&size, &[2, 2], &coord_of(rank, &[2, 2]), &norm).unwrap();
             for (local, global) in per_rank {
                 assert_eq!(local, &want, "rank {rank} {p:?}");
                 assert_eq!(global, &size.to_vec());

@@ -9,7 +9,7 @@
 //!   final full tensor. Chains start from `distribute_tensor` or from `from_local` with
 //!   Partial placements.
 
-use dtensor_runtime::layout::{chunk_size_and_offset, local_shape_and_offset};
+use dtensor_runtime::layout::{checked_chunk_size_and_offset, checked_local_shape_and_offset};
 use dtensor_runtime::ndarray::{ArrayD, IxDyn};
 use dtensor_runtime::{distribute_tensor, from_local, run, FromLocal, Placement, ReduceOp};
 use serde_json::Value;
@@ -86,7 +86,7 @@ fn chunk_table_matches_torch() {
     for row in rows {
         let r = usizes(row);
         let (size, n, rank, want_size, want_off) = (r[0], r[1], r[2], r[3], r[4]);
-        let (got_size, got_off) = chunk_size_and_offset(size, n, rank);
+        let (got_size, got_off) = checked_chunk_size_and_offset(size, n, rank).unwrap();
         assert_eq!(got_size, want_size, "size {size} over {n}, rank {rank}: local size");
         // PyTorch puts an empty shard's offset at the end of the dim as well.
         assert_eq!(got_off, want_off, "size {size} over {n}, rank {rank}: offset");
@@ -103,7 +103,7 @@ fn local_shapes_and_offsets_match_torch() {
             let shape = usizes(&l["shape"]);
             let ps = placements(&l["placements"]);
             for (rank, want) in l["ranks"].as_array().expect("ranks").iter().enumerate() {
-                let (ls, off) = local_shape_and_offset(&shape, &mesh, &coord_of(rank, &mesh), &ps);
+                let (ls, off) = checked_local_shape_and_offset(&shape, &mesh, &coord_of(rank, &mesh), &ps).unwrap();
                 assert_eq!(ls, usizes(&want[0]), "mesh {mesh:?} shape {shape:?} {ps:?} rank {rank}: local shape");
                 // PyTorch reports offset 0 on dims of size 0 and at an empty shard's dim it
                 // reports the end of the parent block, as we do; compare only where elements exist.

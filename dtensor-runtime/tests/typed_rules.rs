@@ -6,7 +6,7 @@
 //! sharding. Partial inputs are built with `from_local` from unequal per-rank parts. Layouts
 //! that mix two Partial ops do not compile (`cargo build`), so products keep one op each.
 
-use dtensor_runtime::layout::local_shape_and_offset;
+use dtensor_runtime::layout::checked_local_shape_and_offset;
 use dtensor_runtime::ndarray::{ArrayD, Axis, Ix2, IxDyn, Slice};
 use dtensor_runtime::typed::dims::{dp, tp};
 use dtensor_runtime::typed::{Avg, Dim, Dt, MeshDims, Partial, Replicate, Shard, Sum, TypedLayout};
@@ -40,7 +40,7 @@ fn input<M: MeshDims, L: TypedLayout<M>, const RK: usize>(
     mesh: &DeviceMesh,
 ) -> Result<Dt<f64, M, L, RK>> {
     let ps = L::placements();
-    let (shape, off) = local_shape_and_offset(g.shape(), mesh.shape(), mesh.coordinate(), &ps);
+    let (shape, off) = checked_local_shape_and_offset(g.shape(), mesh.shape(), mesh.coordinate(), &ps)?;
     let mut v = g.view();
     for d in 0..shape.len() {
         v.slice_axis_inplace(Axis(d), Slice::from(off[d]..off[d] + shape[d]));

@@ -22,6 +22,13 @@
 //! safetensors reader); [`Checkpoint::export_full`] does the same offline from a sharded
 //! checkpoint, without a mesh.
 //!
+//! **A checkpoint directory is untrusted input.** Files are opened only when they are regular
+//! files inside the directory (FIFOs, devices, directories and symbolic links that leave it
+//! are refused with [`Error::UnsafeFile`]), the index is capped at [`MAX_INDEX_BYTES`], every
+//! size and offset it or a file header claims is checked (overflow included) against the
+//! real file lengths before anything is allocated, and writes go through securely created
+//! temporary files renamed into place (see [`FileProblem`] for the rules).
+//!
 //! ```
 //! use dtensor_runtime::{run, distribute_tensor, Shard, checkpoint};
 //! let dir = tempfile::tempdir().unwrap();
@@ -41,11 +48,13 @@
 //! ```
 
 mod index;
+pub(crate) mod safe_file;
 mod shard_file;
 
 pub use index::{
     dtype_name, parse_placement, CheckpointIndex, MeshInfo, ShardEntry, TensorEntry, FORMAT, INDEX_FILE, VERSION,
 };
+pub use safe_file::{FileKind, FileProblem, MAX_INDEX_BYTES};
 
 use crate::dtensor::DTensor;
 use crate::element::Element;
@@ -56,9 +65,10 @@ use crate::placement::{normalize_placements, Placement};
 use crate::storage::Storage;
 use crate::Along;
 use ndarray::{ArrayD, IxDyn};
+use safe_file::SafeDir;
 use shard_file::{read_intersection, write_file, RawTensor, SavedBlock, ShardFile};
 use std::collections::HashMap;
-use std::path::{Path, PathBuf};
+use std::path::Path;
 
 /// File name of global rank `rank`'s shard file.
 pub fn shard_file_name(rank: usize) -> String {
@@ -214,17 +224,20 @@ pub fn save_full<T: Element>(path: impl AsRef<Path>, state: &[(String, DTensor<T
 
 /// An opened checkpoint directory: its index, plus the shard files opened so far.
 pub struct Checkpoint {
-    dir: PathBuf,
+    dir: SafeDir,
     index: CheckpointIndex,
+    /// Position of each tensor in `index.tensors`.
+    by_name: HashMap<String, usize>,
     files: HashMap<String, ShardFile>,
 }
 
 impl Checkpoint {
     /// Reads and checks `dir/index.json`; opens no shard file yet.
     pub fn open(dir: impl AsRef<Path>) -> Result<Checkpoint> {
-        let dir = dir.as_ref().to_path_buf();
-        let index = CheckpointIndex::read(&dir)?;
-        Ok(Checkpoint { dir, index, files: HashMap::new() })
+        let dir = SafeDir::new(dir.as_ref())?;
+        let index = CheckpointIndex::read_in(&dir)?;
+        let by_name = index.tensors.iter().enumerate().map(|(i, t)| (t.name.clone(), i)).collect();
+        Ok(Checkpoint { dir, index, by_name, files: HashMap::new() })
     }
 
     /// The index.
@@ -244,30 +257,36 @@ impl Checkpoint {
         v
     }
 
-    fn entry<T: Element>(&self, name: &str) -> Result<TensorEntry> {
-        let path = self.dir.join(INDEX_FILE).display().to_string();
-        let e = self.index.tensor(name).ok_or_else(|| Error::Checkpoint {
+    /// Position of tensor `name` in the index, after checking it holds `T`.
+    fn entry<T: Element>(&self, name: &str) -> Result<usize> {
+        let path = self.dir.shown(INDEX_FILE).display().to_string();
+        let &i = self.by_name.get(name).ok_or_else(|| Error::Checkpoint {
             path: path.clone(),
             reason: format!(
                 "no tensor `{name}`; the checkpoint holds {:?}",
                 self.index.tensors.iter().map(|t| t.name.as_str()).collect::<Vec<_>>()
             ),
         })?;
+        let e = &self.index.tensors[i];
         if e.dtype != dtype_name(T::DTYPE) {
             return Err(Error::Checkpoint {
                 path,
                 reason: format!("tensor `{name}` is {} but was requested as {}", e.dtype, dtype_name(T::DTYPE)),
             });
         }
-        Ok(e.clone())
+        Ok(i)
     }
 
     /// Fills the block (`offset`, `shape`) of tensor `name` from the saved blocks.
+    ///
+    /// Every file the block reads is opened and its header checked against its length (and
+    /// the tensor's shape against the index) before the block's buffer is allocated, so a
+    /// hostile index cannot make the loader allocate what no file on disk backs.
     fn read_block<T: Element>(&mut self, name: &str, offset: &[usize], shape: &[usize]) -> Result<ArrayD<T>> {
-        let entry = self.entry::<T>(name)?;
-        let mut data = vec![T::zero(); shape.iter().product()];
-        let mut copied = 0;
-        for s in &entry.shards {
+        let entry = &self.index.tensors[self.entry::<T>(name)?];
+        let numel = crate::shape::checked_numel("checkpoint block", shape)?;
+        let mut sources: Vec<(usize, u64)> = Vec::new(); // (block of `entry.shards`, data start)
+        for (k, s) in entry.shards.iter().enumerate() {
             let overlaps =
                 (0..shape.len()).all(|d| s.offset[d] < offset[d] + shape[d] && offset[d] < s.offset[d] + s.shape[d]);
             if !overlaps {
@@ -275,16 +294,22 @@ impl Checkpoint {
             }
             let file = match self.files.entry(s.file.clone()) {
                 std::collections::hash_map::Entry::Occupied(o) => o.into_mut(),
-                std::collections::hash_map::Entry::Vacant(v) => v.insert(ShardFile::open(&self.dir.join(&s.file))?),
+                std::collections::hash_map::Entry::Vacant(v) => v.insert(ShardFile::open(&self.dir, &s.file)?),
             };
-            let data_at = file.locate::<T>(name, &s.shape)?;
+            sources.push((k, file.locate::<T>(name, &s.shape)?));
+        }
+        let mut data = crate::alloc::try_zeroed::<T>(&format!("checkpoint: loading `{name}`"), numel)?;
+        let mut copied = 0;
+        for (k, data_at) in sources {
+            let s = &entry.shards[k];
+            let file = self.files.get_mut(&s.file).expect("opened above");
             let block = SavedBlock { offset: &s.offset, shape: &s.shape, data_at };
             copied += read_intersection(file, &block, offset, shape, &mut data)?;
         }
         // The index was checked to tile the tensor; keep the check cheap and typed anyway.
         if copied != data.len() {
             return Err(Error::Checkpoint {
-                path: self.dir.join(INDEX_FILE).display().to_string(),
+                path: self.dir.shown(INDEX_FILE).display().to_string(),
                 reason: format!("saved blocks of `{name}` cover {copied} of the {} elements needed", data.len()),
             });
         }
@@ -300,21 +325,22 @@ impl Checkpoint {
     ) -> Result<Vec<(String, DTensor<T>)>> {
         let mut out = Vec::with_capacity(wanted.len());
         for &(name, placements) in wanted {
-            let entry = self.entry::<T>(name)?;
-            let placements = normalize_placements(placements, entry.shape.len(), mesh.ndim())?;
+            let entry = &self.index.tensors[self.entry::<T>(name)?];
+            let global = entry.shape.clone();
+            let placements = normalize_placements(placements, global.len(), mesh.ndim())?;
             if let Some(p) = placements.iter().find(|p| p.is_partial()) {
                 return Err(Error::PartialNotAllowed { placement: *p, context: "checkpoint::load".into() });
             }
-            let (shape, offset) = local_shape_and_offset(&entry.shape, mesh.shape(), mesh.coordinate(), &placements);
+            let (shape, offset) = local_shape_and_offset(&global, mesh.shape(), mesh.coordinate(), &placements);
             let local = Storage::from_host(self.read_block::<T>(name, &offset, &shape)?, mesh.target())?;
-            out.push((name.to_string(), DTensor::new_unchecked(local, mesh.clone(), placements, entry.shape, None)));
+            out.push((name.to_string(), DTensor::new_unchecked(local, mesh.clone(), placements, global, None)));
         }
         Ok(out)
     }
 
     /// The full tensor `name`, assembled from every block (no mesh needed).
     pub fn read_full<T: Element>(&mut self, name: &str) -> Result<ArrayD<T>> {
-        let shape = self.entry::<T>(name)?.shape;
+        let shape = self.index.tensors[self.entry::<T>(name)?].shape.clone();
         self.read_block(name, &vec![0; shape.len()], &shape)
     }
 

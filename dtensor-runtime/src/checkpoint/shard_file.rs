@@ -3,6 +3,7 @@
 //! the parts of a file it does not need.
 
 use super::index::safetensors_dtype;
+use super::safe_file::SafeDir;
 use crate::element::Element;
 use crate::error::{Error, Result};
 use crate::layout::contiguous_strides;
@@ -35,32 +36,36 @@ pub(crate) struct ShardFile {
 }
 
 impl ShardFile {
-    /// Opens `path` and reads only its header.
-    pub(crate) fn open(path: &Path) -> Result<ShardFile> {
-        let mut file = File::open(path).map_err(|e| err(path, format!("cannot open: {e}")))?;
-        let len = file.metadata().map_err(|e| err(path, format!("cannot stat: {e}")))?.len();
+    /// Opens the file `name` of `dir` (see [`SafeDir::open`]) and reads only its header,
+    /// checking every size it claims against the file's length.
+    pub(crate) fn open(dir: &SafeDir, name: &str) -> Result<ShardFile> {
+        let opened = dir.open(name)?;
+        let (mut file, len, path) = (opened.file, opened.len, opened.path);
         let mut n = [0u8; 8];
         file.read_exact(&mut n)
-            .map_err(|_| err(path, format!("truncated: {len} bytes, less than the 8-byte header length")))?;
+            .map_err(|_| err(&path, format!("truncated: {len} bytes, less than the 8-byte header length")))?;
         let n = u64::from_le_bytes(n);
-        if n > MAX_HEADER || n > len - 8 {
-            return Err(err(path, format!("bad header: header length {n} does not fit in a {len}-byte file")));
+        if n > MAX_HEADER || len.checked_sub(8).is_none_or(|rest| n > rest) {
+            return Err(err(&path, format!("bad header: header length {n} does not fit in a {len}-byte file")));
         }
-        let mut header = vec![0u8; n as usize];
-        file.read_exact(&mut header).map_err(|e| err(path, format!("truncated header: {e}")))?;
+        let mut header = vec![0u8; n as usize]; // at most MAX_HEADER, and backed by the file
+        file.read_exact(&mut header).map_err(|e| err(&path, format!("truncated header: {e}")))?;
         let meta: Metadata = serde_json::from_slice(&header)
-            .map_err(|e| err(path, format!("bad header: not a safetensors header: {e}")))?;
-        let data_start = 8 + n;
-        let want = data_start + meta.data_len() as u64;
-        if want != len {
-            let what = if want > len { "truncated" } else { "corrupt" };
-            return Err(err(path, format!("{what}: the header describes {want} bytes but the file has {len}")));
+            .map_err(|e| err(&path, format!("bad header: not a safetensors header: {e}")))?;
+        let data_start = 8 + n; // n <= len - 8
+        let want = u64::try_from(meta.data_len()).ok().and_then(|d| data_start.checked_add(d));
+        if want != Some(len) {
+            let what = if want.is_none_or(|w| w > len) { "truncated" } else { "corrupt" };
+            let want = want.map_or_else(|| "more than 2^64".to_string(), |w| w.to_string());
+            return Err(err(&path, format!("{what}: the header describes {want} bytes but the file has {len}")));
         }
-        Ok(ShardFile { path: path.to_path_buf(), file, data_start, meta, pos: data_start, payload_read: 0 })
+        Ok(ShardFile { path, file, data_start, meta, pos: data_start, payload_read: 0 })
     }
 
     /// Byte offset (absolute) of tensor `name`'s data, after checking its dtype and shape.
     pub(crate) fn locate<T: Element>(&self, name: &str, shape: &[usize]) -> Result<u64> {
+        // The header was checked against the file length (`open`) and the safetensors crate
+        // checked each tensor's byte range against its shape, so the data exists in the file.
         let info =
             self.meta.info(name).ok_or_else(|| err(&self.path, format!("tensor `{name}` is missing from the file")))?;
         if info.dtype != safetensors_dtype(T::DTYPE) || info.shape != shape {
@@ -102,6 +107,10 @@ pub(crate) struct SavedBlock<'a> {
 
 /// Copies the part of `src` that falls inside the destination block (`dst_offset`,
 /// `dst_shape`, row-major `dst`) from the file; returns the number of elements copied.
+///
+/// Plain arithmetic is safe here: `src` was validated against the index (inside a tensor
+/// whose byte size fits in `isize`) and its data against the file's length, `dst` is a
+/// buffer that exists.
 ///
 /// Reads are runs that are contiguous in both the file and `dst`: the innermost dims the
 /// intersection covers completely in both are merged into one read.
@@ -182,7 +191,9 @@ impl safetensors::View for &RawTensor {
     }
 }
 
-/// Writes a safetensors file atomically (the crate writes a temporary file and renames it).
+/// Writes a safetensors file atomically. The safetensors crate follows the write rule of
+/// [`safe_file`](super::safe_file) itself (a `tempfile` temporary file in the same directory,
+/// renamed over `path`); a regression test plants a symbolic link at a shard's name to keep it so.
 pub(crate) fn write_file(path: &Path, tensors: &[(String, RawTensor)], meta: HashMap<String, String>) -> Result<()> {
     safetensors::serialize_to_file(tensors.iter().map(|(n, t)| (n.as_str(), t)), Some(meta), path)
         .map_err(|e| err(path, format!("cannot write: {e}")))

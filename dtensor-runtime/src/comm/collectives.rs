@@ -3,7 +3,7 @@
 
 use super::debug::{record, CollectiveKind};
 use crate::element::Element;
-use crate::error::Result;
+use crate::error::{Error, Result};
 use crate::mesh::DeviceMesh;
 use crate::placement::ReduceOp;
 
@@ -17,21 +17,25 @@ pub enum Along {
 }
 
 impl DeviceMesh {
-    fn group_of(&self, along: Along) -> (&[usize], Option<usize>) {
+    fn group_of(&self, along: Along) -> Result<(&[usize], Option<usize>)> {
         match along {
-            Along::Dim(d) => (self.group(d), Some(d)),
-            Along::All => (self.ranks(), None),
+            Along::Dim(d) if d >= self.ndim() => {
+                Err(Error::MeshDimOutOfRange { context: format!("collective on {self}"), dim: d, ndim: self.ndim() })
+            }
+            Along::Dim(d) => Ok((self.group(d), Some(d))),
+            Along::All => Ok((self.ranks(), None)),
         }
     }
 
+    /// Records a collective; `along` was checked by `group_of` first.
     fn note(&self, kind: CollectiveKind, along: Along, bytes: usize) {
-        let (g, d) = self.group_of(along);
+        let Ok((g, d)) = self.group_of(along) else { return };
         record(kind, d.map(|d| self.dim_names()[d].as_str()), g.len(), bytes);
     }
 
     /// All-gather equal-sized blocks; returns `n * send.len()` elements in group order.
     pub fn all_gather<T: Element>(&self, along: Along, send: &[T]) -> Result<Vec<T>> {
-        let (g, _) = self.group_of(along);
+        let (g, _) = self.group_of(along)?;
         let mut out = vec![T::zero(); send.len() * g.len()];
         self.note(CollectiveKind::AllGather, along, std::mem::size_of_val(send));
         self.comm().all_gather(g, bytemuck::cast_slice(send), bytemuck::cast_slice_mut(&mut out))?;
@@ -40,14 +44,14 @@ impl DeviceMesh {
 
     /// All-reduce in place.
     pub fn all_reduce<T: Element>(&self, along: Along, buf: &mut [T], op: ReduceOp) -> Result<()> {
-        let (g, _) = self.group_of(along);
+        let (g, _) = self.group_of(along)?;
         self.note(CollectiveKind::AllReduce, along, std::mem::size_of_val(buf));
         self.comm().all_reduce(g, bytemuck::cast_slice_mut(buf), T::DTYPE, op)
     }
 
     /// Reduce-scatter of `n` equal blocks; returns this member's reduced block.
     pub fn reduce_scatter<T: Element>(&self, along: Along, send: &[T], op: ReduceOp) -> Result<Vec<T>> {
-        let (g, _) = self.group_of(along);
+        let (g, _) = self.group_of(along)?;
         let mut out = vec![T::zero(); send.len() / g.len().max(1)];
         self.note(CollectiveKind::ReduceScatter, along, std::mem::size_of_val(send));
         self.comm().reduce_scatter(g, bytemuck::cast_slice(send), bytemuck::cast_slice_mut(&mut out), T::DTYPE, op)?;
@@ -56,7 +60,7 @@ impl DeviceMesh {
 
     /// All-to-all of `n` equal blocks.
     pub fn all_to_all<T: Element>(&self, along: Along, send: &[T]) -> Result<Vec<T>> {
-        let (g, _) = self.group_of(along);
+        let (g, _) = self.group_of(along)?;
         let mut out = vec![T::zero(); send.len()];
         self.note(CollectiveKind::AllToAll, along, std::mem::size_of_val(send));
         self.comm().all_to_all(g, bytemuck::cast_slice(send), bytemuck::cast_slice_mut(&mut out))?;
@@ -65,21 +69,21 @@ impl DeviceMesh {
 
     /// Broadcast from group member `root`.
     pub fn broadcast<T: Element>(&self, along: Along, buf: &mut [T], root: usize) -> Result<()> {
-        let (g, _) = self.group_of(along);
+        let (g, _) = self.group_of(along)?;
         self.note(CollectiveKind::Broadcast, along, std::mem::size_of_val(buf));
         self.comm().broadcast(g, bytemuck::cast_slice_mut(buf), root)
     }
 
     /// Broadcast of plain integers (metadata: shapes, counts).
     pub fn broadcast_usize(&self, along: Along, buf: &mut [u64], root: usize) -> Result<()> {
-        let (g, _) = self.group_of(along);
+        let (g, _) = self.group_of(along)?;
         self.note(CollectiveKind::Broadcast, along, std::mem::size_of_val(buf));
         self.comm().broadcast(g, bytemuck::cast_slice_mut(buf), root)
     }
 
     /// All-gather of plain integers (metadata: shapes, counts).
     pub fn all_gather_usize(&self, along: Along, send: &[u64]) -> Result<Vec<u64>> {
-        let (g, _) = self.group_of(along);
+        let (g, _) = self.group_of(along)?;
         let mut out = vec![0u64; send.len() * g.len()];
         self.note(CollectiveKind::AllGather, along, std::mem::size_of_val(send));
         self.comm().all_gather(g, bytemuck::cast_slice(send), bytemuck::cast_slice_mut(&mut out))?;
@@ -88,7 +92,7 @@ impl DeviceMesh {
 
     /// Scatter `n` equal blocks of `block` elements from group member `root`.
     pub fn scatter<T: Element>(&self, along: Along, send: &[T], block: usize, root: usize) -> Result<Vec<T>> {
-        let (g, _) = self.group_of(along);
+        let (g, _) = self.group_of(along)?;
         let mut out = vec![T::zero(); block];
         self.note(CollectiveKind::Scatter, along, std::mem::size_of_val(send));
         self.comm().scatter(g, bytemuck::cast_slice(send), bytemuck::cast_slice_mut(&mut out), root)?;
@@ -97,7 +101,7 @@ impl DeviceMesh {
 
     /// Barrier over the group.
     pub fn barrier(&self, along: Along) -> Result<()> {
-        let (g, _) = self.group_of(along);
+        let (g, _) = self.group_of(along)?;
         self.note(CollectiveKind::Barrier, along, 0);
         self.comm().barrier(g)
     }
