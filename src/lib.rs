@@ -20,7 +20,6 @@
 //! // torch.chunk semantics: 5 rows over 4 ranks -> 2, 2, 1, 0
 //! assert_eq!(out, vec![vec![2, 3], vec![2, 3], vec![1, 3], vec![0, 3]]);
 //! ```
-#[allow(unused_imports)] // empty until the DSL macros land
 pub use dtensor_macros::*;
 pub use dtensor_runtime::*;
 

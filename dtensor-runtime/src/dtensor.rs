@@ -37,7 +37,9 @@ pub struct FromLocal {
     pub shape: Option<Vec<usize>>,
     /// Global stride. Goes with `shape`.
     pub stride: Option<Vec<usize>>,
-    /// Placements the gradient flowing back into the local tensor has (default: same as forward).
+    /// Placements the gradient flowing back into the local tensor has (default: same as
+    /// forward). Used by [`from_local_grad`](crate::from_local_grad), whose input is a local
+    /// tensor with history; [`from_local`] only checks it (an `ndarray` receives no gradient).
     pub grad_placements: Option<Vec<Placement>>,
 }
 
@@ -348,6 +350,14 @@ fn check_consistency(
 }
 
 impl<T: Element> DTensor<T> {
+    /// Element-type conversion of the data (no autograd history).
+    pub fn cast<U: Element>(&self) -> Result<DTensor<U>> {
+        let local = self.local.cast::<U>()?;
+        let mut d = DTensor::new_unchecked(local, self.mesh.clone(), self.placements.clone(), self.shape.clone(), None);
+        d.stride = self.stride.clone();
+        Ok(d)
+    }
+
     /// Assembles a DTensor from parts that are known to be consistent.
     pub(crate) fn new_unchecked(
         local: Storage<T>,

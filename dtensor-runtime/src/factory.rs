@@ -1,7 +1,6 @@
 //! Factories: `empty zeros ones full rand randn linspace logspace` build only this rank's
 //! shard of a tensor of the given *global* size.
 
-use crate::autograd;
 use crate::dtensor::DTensor;
 use crate::element::Element;
 use crate::error::{Error, Result};
@@ -96,7 +95,7 @@ fn build<T: Element>(op: &str, size: &[usize], opts: &TensorOptions, fill: Fill<
         }
     };
     let dt = DTensor::new_unchecked(local, mesh, placements, size.to_vec(), None);
-    autograd::set_requires_grad(dt, opts.requires_grad)
+    Ok(dt.requires_grad_(opts.requires_grad))
 }
 
 /// Uninitialised in PyTorch; zeros here (Rust never exposes uninitialised memory).

@@ -136,10 +136,57 @@ impl fmt::Display for Placement {
     }
 }
 
+/// Parses what `Display` writes (`S(0)`, `S(-1)`, `R`, `P(sum)`) and the long spellings
+/// `Shard(0)`, `Replicate`, `Partial(avg)`; surrounding spaces are ignored.
+///
+/// ```
+/// use dtensor_runtime::{Placement, ReduceOp};
+/// for p in [Placement::Shard(1), Placement::Replicate, Placement::Partial(ReduceOp::Max)] {
+///     assert_eq!(p.to_string().parse::<Placement>().unwrap(), p);
+/// }
+/// assert_eq!("Shard(-1)".parse::<Placement>().unwrap(), Placement::Shard(-1));
+/// assert!("S(x)".parse::<Placement>().is_err());
+/// ```
+impl std::str::FromStr for Placement {
+    type Err = Error;
+
+    fn from_str(s: &str) -> Result<Placement> {
+        let t = s.trim();
+        let inner = |long: &str, short: &str| {
+            let rest = t.strip_prefix(long).or_else(|| t.strip_prefix(short))?;
+            rest.strip_suffix(')').map(str::trim)
+        };
+        let parsed = if t == "R" || t == "Replicate" {
+            Some(Placement::Replicate)
+        } else if let Some(d) = inner("Shard(", "S(") {
+            d.parse::<isize>().ok().map(Placement::Shard)
+        } else {
+            inner("Partial(", "P(").and_then(ReduceOp::parse).map(Placement::Partial)
+        };
+        parsed.ok_or_else(|| Error::InvalidArgument {
+            context: "placement".into(),
+            reason: format!("cannot parse {s:?}: expected S(dim), R or P(sum|avg|min|max|product)"),
+        })
+    }
+}
+
 /// Formats a placement list as `(S(0), R)`.
 pub fn fmt_placements(ps: &[Placement]) -> String {
     let inner: Vec<String> = ps.iter().map(|p| p.to_string()).collect();
     format!("({})", inner.join(", "))
+}
+
+/// The placements of `ps` once its Partial terms are reduced: every `Partial` becomes
+/// `Replicate`, shards stay. The target of a full reduction (before a checkpoint is saved)
+/// and the layout of a Partial tensor's gradient.
+///
+/// ```
+/// use dtensor_runtime::placement::without_partials;
+/// use dtensor_runtime::{Placement, Replicate, Shard};
+/// assert_eq!(without_partials(&[Placement::PARTIAL_SUM, Shard(0)]), vec![Replicate, Shard(0)]);
+/// ```
+pub fn without_partials(ps: &[Placement]) -> Vec<Placement> {
+    ps.iter().map(|p| if p.is_partial() { Placement::Replicate } else { *p }).collect()
 }
 
 /// Normalises every placement against `ndim` and checks the count against the mesh.

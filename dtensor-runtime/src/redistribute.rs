@@ -90,8 +90,10 @@ impl fmt::Display for RedistributePlan {
 fn check_transition(mesh_dim: usize, from: Placement, to: Placement) -> Result<()> {
     let bad = |reason: &str| Err(Error::InvalidRedistribute { mesh_dim, from, to, reason: reason.into() });
     match (from, to) {
-        (Placement::Shard(_), Placement::Partial(_)) => {
-            bad("Shard -> Partial is not a forward redistribution; go through Replicate if you really mean it")
+        // PyTorch 2.15 allows Shard -> Partial(sum) only (each rank zero-fills outside its shard);
+        // no other reduce op has a zero-cost local form.
+        (Placement::Shard(_), Placement::Partial(op)) if op != ReduceOp::Sum => {
+            bad("Shard -> Partial is only defined for Partial(sum) (zero-filled shards); go through Replicate")
         }
         (Placement::Partial(a), Placement::Partial(b)) if a != b => {
             bad("a Partial cannot change its reduce op; redistribute to Replicate first")
@@ -226,6 +228,7 @@ fn legal_step(x: &[Placement], i: usize, to: Placement, dst: &[Placement]) -> bo
         (Placement::Partial(_), Placement::Replicate) => true,
         // Only the Partial the target asks for is ever introduced.
         (Placement::Replicate, p @ Placement::Partial(_)) => p == dst[i],
+        (Placement::Shard(d), p @ Placement::Partial(ReduceOp::Sum)) => p == dst[i] && inner_free(x, i, d as usize),
         _ => false,
     }
 }
@@ -375,10 +378,12 @@ impl<T: Element> DTensor<T> {
 
     /// Changes the layout (PyTorch `redistribute`), running the collectives the plan needs.
     ///
-    /// A target `Partial` is allowed from `Replicate` or from the same `Partial`; `Shard →
-    /// Partial` and changing a Partial's reduce op are errors.
+    /// A target `Partial` is allowed from `Replicate`, from the same `Partial`, and, as in
+    /// PyTorch 2.15, `Shard → Partial(sum)` (each rank keeps its shard in place and zeros
+    /// elsewhere, no communication); `Shard → Partial(avg|max|min|product)` and changing a
+    /// Partial's reduce op are errors.
     pub fn redistribute(&self, to: &[Placement]) -> Result<DTensor<T>> {
-        crate::autograd::redistribute_with_grad(self, to)
+        crate::autograd::redistribute_op(self, to, "redistribute", None)
     }
 
     /// Redistribution without autograd bookkeeping whose collectives are attributed to `label`
@@ -476,6 +481,12 @@ fn execute_step<T: Element>(
             recv.into_packed(&pack::join(&block, n, d, &with_dim(&with_dim(&mine, d, shape[d]), e, my_e)))?
         }
         (Placement::Replicate, Placement::Partial(op)) => replicate_to_partial(local, op, k)?,
+        (Placement::Shard(d), Placement::Partial(ReduceOp::Sum)) => {
+            // Our rows of `d` in place in a zero tensor of the full extent of `d`.
+            let d = d as usize;
+            let off = chunk_size_and_offset(shape[d], n, k).1;
+            local.pack(&pack::embed(&mine, &with_dim(&mine, d, shape[d]), &with_dim(&vec![0; mine.len()], d, off)))?
+        }
         (from, to) => {
             return Err(Error::InvalidRedistribute {
                 mesh_dim: i,

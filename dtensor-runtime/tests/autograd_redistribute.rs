@@ -30,6 +30,11 @@ fn redistribute_backward_gives_the_identity_gradient_in_the_source_layout() {
         (vec![3], vec![7, 2], vec![S(0)], vec![S(1)]),
         (vec![3], vec![7, 2], vec![p()], vec![S(0)]),
         (vec![3], vec![4], vec![R], vec![p()]),
+        // Shard -> Partial(sum) (PyTorch 2.15): uneven, nested, and with an empty shard.
+        (vec![3], vec![7, 2], vec![S(0)], vec![p()]),
+        (vec![2, 2], vec![5, 3], vec![S(0), S(1)], vec![p(), S(1)]),
+        (vec![2, 2], vec![5, 3], vec![S(0), S(0)], vec![S(0), p()]),
+        (vec![4], vec![3, 2], vec![S(0)], vec![p()]),
     ];
     for (mesh_shape, shape, from, to) in pairs {
         let x = values(&shape, Kind::Real, 1);
@@ -171,6 +176,40 @@ fn backward_dtype_runs_gradient_collectives_in_f64() {
     assert_eq!(b64, 2 * b32, "f64 gradient collective moves twice the bytes");
     assert_eq!(g32, g64);
     assert!(g32.iter().all(|&v| v == 2.0));
+}
+
+/// Shard -> Partial(sum) keeps each shard in place and zeros elsewhere: no collective, the
+/// same logical tensor, and only Partial(sum) is a legal target (as in PyTorch 2.15).
+#[test]
+fn shard_to_partial_sum_is_local_zero_fill() {
+    let x = values(&[5, 3], Kind::Real, 4);
+    let out = run(2, |ctx| {
+        let mesh = ctx.init_device_mesh(&[2], &["tp"])?;
+        let s = distribute_tensor(&x, &mesh, &[S(0)], None)?;
+        let plan = s.plan_redistribute(&[p()])?;
+        let mode = CommDebugMode::new();
+        let y = mode.scope(|| s.redistribute(&[p()]))?;
+        let local = y.to_host()?;
+        let avg = s.redistribute(&[Partial(ReduceOp::Avg)]).err();
+        let max = s.redistribute(&[Partial(ReduceOp::Max)]).err();
+        Ok((plan.steps.len(), plan.steps[0].collective, mode.total(), local, y.full_tensor()?, avg, max))
+    })
+    .unwrap();
+    for (rank, (steps, coll, total, local, full, avg, max)) in out.into_iter().enumerate() {
+        assert_eq!((steps, coll, total), (1, None, 0), "rank {rank}");
+        assert_eq!(local.shape(), &[5, 3]);
+        // torch.chunk(5, 2): rank 0 owns rows 0..3, rank 1 rows 3..5.
+        let mine = if rank == 0 { 0..3 } else { 3..5 };
+        for ((row, col), v) in
+            local.clone().into_dimensionality::<dtensor_runtime::ndarray::Ix2>().unwrap().indexed_iter()
+        {
+            let want = if mine.contains(&row) { x[[row, col]] } else { 0.0 };
+            assert_eq!(*v, want, "rank {rank} [{row}, {col}]");
+        }
+        assert_eq!(full, x);
+        assert!(matches!(avg, Some(Error::InvalidRedistribute { .. })), "{avg:?}");
+        assert!(matches!(max, Some(Error::InvalidRedistribute { .. })), "{max:?}");
+    }
 }
 
 #[test]

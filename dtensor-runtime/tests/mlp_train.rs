@@ -131,9 +131,9 @@ fn mlp_adamw_2x2_matches_one_rank() {
     compare(Opt::AdamW);
 }
 
-/// DESIGN §6 with raw ops: x (S0,R), w1 (R,S1), gelu, w2 (R,S0) → (S0,P) → one all-reduce
-/// over tp. Backward: one all-reduce over tp for the input gradient, dp all-reduces for the
-/// weight gradients, nothing else.
+/// The Megatron MLP (column- then row-parallel) with raw ops: x (S0,R), w1 (R,S1), gelu,
+/// w2 (R,S0) → (S0,P) → one all-reduce over tp. Backward: one all-reduce over tp for the
+/// input gradient, dp all-reduces for the weight gradients, nothing else.
 #[test]
 fn megatron_block_does_one_tp_all_reduce_per_block() {
     let out = run(4, |ctx| {

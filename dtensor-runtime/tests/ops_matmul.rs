@@ -1,5 +1,6 @@
 //! matmul (2-D and batched), forward and backward, against the single-rank result on the
-//! rule layouts of DESIGN §4 (and disagreeing ones), uneven shapes included.
+//! layouts of its sharding rule (`ops/matmul.rs`) and on disagreeing ones, uneven shapes
+//! included.
 
 mod ops_util;
 

@@ -1,10 +1,11 @@
 //! The backward pass: reverse topological walk over the graph of [`Node`]s.
 
-use super::{grad_target, no_grad_guard, redistribute_grad, Node, NodeKind};
+use super::{no_grad_guard, redistribute_grad, Node, NodeKind};
 use crate::comm::debug::op_scope;
 use crate::dtensor::DTensor;
 use crate::element::Element;
 use crate::error::{Error, Result};
+use crate::placement::without_partials;
 use std::cell::RefCell;
 use std::collections::HashMap;
 use std::sync::Arc;
@@ -73,7 +74,7 @@ pub(super) fn run_backward<T: Element>(root: &DTensor<T>, grad: DTensor<T>) -> R
                         g.shape
                     )));
                 }
-                let g = redistribute_grad(&g, &grad_target(placements), None, "grad_accumulate")?;
+                let g = redistribute_grad(&g, &without_partials(placements), None, "grad_accumulate")?;
                 let mut cell = grad.lock().unwrap_or_else(|e| e.into_inner());
                 *cell = Some(match cell.take() {
                     None => g,

@@ -6,74 +6,18 @@
 //! local shard. Mixing a local tensor with a DTensor of a real mesh is a `MeshMismatch`,
 //! as mixing `torch.Tensor` and `DTensor` is an error in PyTorch.
 
-use super::{check_grad_placements, grad_target, record, redistribute_grad};
-use crate::comm::Communicator;
-use crate::cuda::CudaDevice;
+use super::{record, redistribute_grad};
+use crate::comm::self_comm::SelfComm;
 use crate::dtensor::{from_local, DTensor, FromLocal};
-use crate::element::{DType, Element};
+use crate::element::Element;
 use crate::error::{Error, Result};
 use crate::layout::local_shape_and_offset;
 use crate::mesh::DeviceMesh;
-use crate::placement::{fmt_placements, normalize_placements, Placement, ReduceOp};
+use crate::placement::{fmt_placements, normalize_placements, without_partials, Placement, ReduceOp};
 use crate::storage::op::UnaryOp;
-use crate::storage::{Device, Storage, Target};
+use crate::storage::{Storage, Target};
 use std::cell::RefCell;
 use std::sync::Arc;
-
-/// The communicator of a one-rank world on one device: every collective is a copy.
-#[derive(Debug)]
-struct SelfComm {
-    target: Target,
-}
-
-impl Communicator for SelfComm {
-    fn rank(&self) -> usize {
-        0
-    }
-    fn world_size(&self) -> usize {
-        1
-    }
-    fn backend(&self) -> &'static str {
-        LOCAL_BACKEND
-    }
-    fn device(&self) -> Device {
-        self.target.device()
-    }
-    fn cuda_device(&self) -> Option<Arc<CudaDevice>> {
-        match &self.target {
-            Target::Cpu => None,
-            Target::Cuda(d) => Some(Arc::clone(d)),
-        }
-    }
-    fn all_gather(&self, _g: &[usize], send: &[u8], recv: &mut [u8]) -> Result<()> {
-        recv.copy_from_slice(send);
-        Ok(())
-    }
-    fn all_reduce(&self, _g: &[usize], _buf: &mut [u8], _dtype: DType, _op: ReduceOp) -> Result<()> {
-        Ok(())
-    }
-    fn reduce_scatter(&self, _g: &[usize], send: &[u8], recv: &mut [u8], _d: DType, _op: ReduceOp) -> Result<()> {
-        recv.copy_from_slice(send);
-        Ok(())
-    }
-    fn all_to_all(&self, _g: &[usize], send: &[u8], recv: &mut [u8]) -> Result<()> {
-        recv.copy_from_slice(send);
-        Ok(())
-    }
-    fn broadcast(&self, _g: &[usize], _buf: &mut [u8], _root: usize) -> Result<()> {
-        Ok(())
-    }
-    fn scatter(&self, _g: &[usize], send: &[u8], recv: &mut [u8], _root: usize) -> Result<()> {
-        let n = recv.len();
-        recv.copy_from_slice(&send[..n]);
-        Ok(())
-    }
-    fn barrier(&self, _g: &[usize]) -> Result<()> {
-        Ok(())
-    }
-}
-
-const LOCAL_BACKEND: &str = "local";
 
 thread_local! {
     /// This thread's local meshes, one per device target (a handful at most).
@@ -97,7 +41,7 @@ fn local_mesh_on(target: Target) -> DeviceMesh {
         if let Some(m) = ms.iter().find(|m| same(m, &target)) {
             return m.clone();
         }
-        let m = DeviceMesh::new(Arc::new(SelfComm { target }), &[1], &["local"])
+        let m = DeviceMesh::new(Arc::new(SelfComm::new(target)), &[1], &["local"])
             .expect("a 1-rank mesh over a 1-rank world with its device handle");
         ms.push(m.clone());
         m
@@ -106,7 +50,7 @@ fn local_mesh_on(target: Target) -> DeviceMesh {
 
 /// Is `mesh` a [`local_mesh`] (the home of plain local tensors)?
 pub fn is_local_mesh(mesh: &DeviceMesh) -> bool {
-    mesh.comm().backend() == LOCAL_BACKEND
+    mesh.comm().backend() == SelfComm::BACKEND
 }
 
 fn expect_local<T: Element>(x: &DTensor<T>, context: &str) -> Result<()> {
@@ -148,10 +92,10 @@ pub fn from_local_grad<T: Element>(
     let gp = opts.grad_placements.clone();
     let out = from_local(local.local.clone(), mesh, placements, opts)?;
     let gp = match gp {
-        Some(g) => check_grad_placements(&g, out.ndim(), mesh.ndim())?,
+        Some(g) => normalize_placements(&g, out.ndim(), mesh.ndim())?,
         None => out.placements.clone(),
     };
-    let target = grad_target(&gp);
+    let target = without_partials(&gp);
     // Each local term of a Partial(avg) counts 1/n in the logical value.
     let avg_scale: f64 = gp
         .iter()
@@ -187,7 +131,7 @@ impl<T: Element> DTensor<T> {
     /// `grad_placements` (default: this tensor's placements).
     pub fn to_local_grad(&self, grad_placements: Option<&[Placement]>) -> Result<DTensor<T>> {
         let gp = match grad_placements {
-            Some(g) => check_grad_placements(g, self.ndim(), self.mesh.ndim())?,
+            Some(g) => normalize_placements(g, self.ndim(), self.mesh.ndim())?,
             None => self.placements.clone(),
         };
         let out = DTensor::local_tensor(self.local.clone());

@@ -32,7 +32,7 @@ pub use local::{from_local_grad, is_local_mesh, local_mesh};
 use crate::dtensor::DTensor;
 use crate::element::{DType, Element};
 use crate::error::{Error, Result};
-use crate::placement::{normalize_placements, Placement};
+use crate::placement::{normalize_placements, without_partials, Placement};
 use std::cell::Cell;
 use std::fmt;
 use std::sync::{Arc, Mutex};
@@ -152,22 +152,6 @@ pub(crate) fn on_from_local<T: Element>(dt: &mut DTensor<T>, grad_placements: Op
     Ok(())
 }
 
-/// `redistribute` with its backward recorded.
-pub(crate) fn redistribute_with_grad<T: Element>(x: &DTensor<T>, to: &[Placement]) -> Result<DTensor<T>> {
-    redistribute_op(x, to, "redistribute", None)
-}
-
-/// Sets `requires_grad` on a freshly built tensor.
-pub(crate) fn set_requires_grad<T: Element>(dt: DTensor<T>, requires_grad: bool) -> Result<DTensor<T>> {
-    Ok(dt.requires_grad_(requires_grad))
-}
-
-/// Gradient placements for a tensor laid out as `placements`: Partial becomes Replicate
-/// (the gradient of every partial term is the whole gradient; never R→P or S→P backward).
-pub(crate) fn grad_target(placements: &[Placement]) -> Vec<Placement> {
-    placements.iter().map(|p| if p.is_partial() { Placement::Replicate } else { *p }).collect()
-}
-
 /// A redistribution recorded on the tape; collectives are attributed to `label`.
 /// Backward redistributes the gradient to the source placements (Partial → Replicate),
 /// running its collectives in `backward_dtype` when given.
@@ -178,7 +162,7 @@ pub(crate) fn redistribute_op<T: Element>(
     backward_dtype: Option<DType>,
 ) -> Result<DTensor<T>> {
     let out = x.redistribute_scoped(to, label)?;
-    let target = grad_target(&x.placements);
+    let target = without_partials(&x.placements);
     Ok(record("redistribute_backward", out, &[x], move |g| {
         Ok(vec![Some(redistribute_grad(g, &target, backward_dtype, "redistribute_backward")?)])
     }))
@@ -280,7 +264,7 @@ impl<T: Element> DTensor<T> {
                 self.shape
             )));
         }
-        let target = grad_target(&self.placements);
+        let target = without_partials(&self.placements);
         let (shape, _) =
             crate::layout::local_shape_and_offset(&self.shape, self.mesh.shape(), self.mesh.coordinate(), &target);
         let local = self.local.new_full(&shape, T::one())?;
@@ -301,22 +285,9 @@ impl<T: Element> DTensor<T> {
         engine::run_backward(self, grad.detach())
     }
 
-    /// Element-type conversion of the data (no autograd history).
-    pub fn cast<U: Element>(&self) -> Result<DTensor<U>> {
-        let local = self.local.cast::<U>()?;
-        let mut d = DTensor::new_unchecked(local, self.mesh.clone(), self.placements.clone(), self.shape.clone(), None);
-        d.stride = self.stride.clone();
-        Ok(d)
-    }
-
     /// `redistribute` whose backward runs the gradient's collectives in `backward_dtype`
     /// (e.g. `DType::F64` for an f32 model: gradients are reduced in double precision).
     pub fn redistribute_with_dtype(&self, to: &[Placement], backward_dtype: Option<DType>) -> Result<DTensor<T>> {
         redistribute_op(self, to, "redistribute", backward_dtype)
     }
-}
-
-/// Checks a `grad_placements` list against a tensor and mesh.
-pub(crate) fn check_grad_placements(gp: &[Placement], ndim: usize, mesh_ndim: usize) -> Result<Vec<Placement>> {
-    normalize_placements(gp, ndim, mesh_ndim)
 }

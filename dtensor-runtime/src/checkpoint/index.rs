@@ -3,7 +3,7 @@
 use super::safe_file::{is_plain_name, write_atomic, SafeDir, MAX_INDEX_BYTES};
 use crate::element::DType;
 use crate::error::{Error, Result};
-use crate::placement::{Placement, ReduceOp};
+use crate::placement::Placement;
 use crate::shape::checked_numel;
 use serde::{Deserialize, Serialize};
 use std::collections::HashSet;
@@ -83,19 +83,6 @@ pub(crate) fn safetensors_dtype(d: DType) -> safetensors::Dtype {
     }
 }
 
-/// Parses a placement as [`Placement`]'s `Display` writes it: `S(0)`, `R`, `P(sum)`.
-pub fn parse_placement(s: &str) -> Option<Placement> {
-    let s = s.trim();
-    if s == "R" {
-        return Some(Placement::Replicate);
-    }
-    let inner = |p: &str| s.strip_prefix(p).and_then(|r| r.strip_suffix(')'));
-    if let Some(d) = inner("S(") {
-        return d.trim().parse::<isize>().ok().map(Placement::Shard);
-    }
-    inner("P(").and_then(ReduceOp::parse).map(Placement::Partial)
-}
-
 fn bad(path: &Path, reason: String) -> Error {
     Error::Checkpoint { path: path.display().to_string(), reason }
 }
@@ -168,7 +155,7 @@ impl CheckpointIndex {
                 return Err(ctx(format!("{} placements for a {}-d mesh", t.placements.len(), m.shape.len())));
             }
             for p in &t.placements {
-                match parse_placement(p).map(|p| p.normalize(t.shape.len())) {
+                match p.parse::<Placement>().ok().map(|p| p.normalize(t.shape.len())) {
                     Some(Ok(_)) => {}
                     _ => return Err(ctx(format!("placement `{p}` is unknown or out of range"))),
                 }

@@ -51,9 +51,7 @@ mod index;
 pub(crate) mod safe_file;
 mod shard_file;
 
-pub use index::{
-    dtype_name, parse_placement, CheckpointIndex, MeshInfo, ShardEntry, TensorEntry, FORMAT, INDEX_FILE, VERSION,
-};
+pub use index::{dtype_name, CheckpointIndex, MeshInfo, ShardEntry, TensorEntry, FORMAT, INDEX_FILE, VERSION};
 pub use safe_file::{FileKind, FileProblem, MAX_INDEX_BYTES};
 
 use crate::dtensor::DTensor;
@@ -61,7 +59,7 @@ use crate::element::Element;
 use crate::error::{Error, Result};
 use crate::layout::local_shape_and_offset;
 use crate::mesh::DeviceMesh;
-use crate::placement::{normalize_placements, Placement};
+use crate::placement::{normalize_placements, without_partials, Placement};
 use crate::storage::Storage;
 use crate::Along;
 use ndarray::{ArrayD, IxDyn};
@@ -101,13 +99,11 @@ fn common_mesh<'a, T: Element>(context: &str, state: &'a [(String, DTensor<T>)])
 }
 
 /// `t` with every Partial mesh dim reduced to Replicate (no-op without Partials).
-fn reduce_partials<T: Element>(t: &DTensor<T>) -> Result<DTensor<T>> {
+fn replicate_partials<T: Element>(t: &DTensor<T>) -> Result<DTensor<T>> {
     if !t.placements().iter().any(|p| p.is_partial()) {
         return Ok(t.clone());
     }
-    let to: Vec<Placement> =
-        t.placements().iter().map(|p| if p.is_partial() { Placement::Replicate } else { *p }).collect();
-    t.redistribute(&to)
+    t.redistribute(&without_partials(t.placements()))
 }
 
 /// The bytes a shard is saved as (a device shard goes through a host copy).
@@ -145,7 +141,7 @@ pub fn save<T: Element>(dir: impl AsRef<Path>, state: &[(String, DTensor<T>)]) -
     let dir = dir.as_ref();
     let mesh = common_mesh("checkpoint::save", state)?;
     let leader = mesh.ranks()[0] == mesh.rank();
-    let reduced: Vec<DTensor<T>> = state.iter().map(|(_, t)| reduce_partials(t)).collect::<Result<_>>()?;
+    let reduced: Vec<DTensor<T>> = state.iter().map(|(_, t)| replicate_partials(t)).collect::<Result<_>>()?;
     let dir_err = |e: std::io::Error| Error::Checkpoint { path: dir.display().to_string(), reason: e.to_string() };
     std::fs::create_dir_all(dir).map_err(dir_err)?;
     if leader {

@@ -19,6 +19,7 @@ pub mod mpi;
 #[cfg(feature = "cuda")]
 pub mod nccl;
 pub mod reduce;
+pub(crate) mod self_comm;
 mod storage;
 pub mod threads;
 

@@ -290,8 +290,10 @@ mod tests {
         let out = run(2, |ctx| {
             let mesh = ctx.init_device_mesh(&[2], &["tp"])?;
             let x = distribute_tensor(ndarray::ArrayD::<f32>::ones(vec![4]), &mesh, &[Placement::Shard(0)], None)?;
-            // A rule set that only accepts Partial: Shard → Partial is not a redistribution.
-            let rules = [DimRule::new(&[Placement::PARTIAL_SUM], Placement::PARTIAL_SUM)];
+            // A rule set that only accepts Partial(avg): Shard → Partial(avg) is not a
+            // redistribution (only Shard → Partial(sum) is, as in PyTorch 2.15).
+            let avg = Placement::Partial(crate::placement::ReduceOp::Avg);
+            let rules = [DimRule::new(&[avg], avg)];
             Ok(select("only_partial", &[&x], &rules, Select::default()).err())
         })
         .unwrap();
