@@ -268,6 +268,14 @@ pub fn slice(src: &[usize], start: &[usize], extents: &[usize]) -> PackPlan {
     plan
 }
 
+/// A row-major `src` written at `start` of a zero destination of shape `dst` (the inverse of
+/// [`slice`]).
+pub fn pad(src: &[usize], dst: &[usize], start: &[usize]) -> PackPlan {
+    let mut plan = PackPlan::new(src.iter().product(), dst);
+    plan.push_box(&strides_of(src), 0, &vec![0; src.len()], dst, 0, start, src);
+    plan
+}
+
 /// Every box `(start, extents)` of a row-major `src`, each written row-major at the start of
 /// its own slot of `slot` elements (`[boxes.len() * slot]`, zero padded): the send buffer of a
 /// scatter of uneven shards.

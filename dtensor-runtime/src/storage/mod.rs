@@ -160,6 +160,14 @@ fn device_mismatch(context: &str, a: Device, b: Device) -> Error {
     Error::DeviceMismatch { context: context.into(), left: a.to_string(), right: b.to_string() }
 }
 
+/// PyTorch's error for a reduction without identity (max, min, argmax) over an empty dim.
+pub(crate) fn empty_reduction(op: &str, dim: usize) -> Error {
+    Error::InvalidArgument {
+        context: op.into(),
+        reason: format!("expected reduction dim {dim} to have non-zero size (the reduction has no identity)"),
+    }
+}
+
 fn shape_mismatch(context: String, expected: &[usize], actual: &[usize]) -> Error {
     Error::ShapeMismatch { context, expected: expected.to_vec(), actual: actual.to_vec() }
 }
@@ -547,6 +555,138 @@ impl<T: Element> Storage<T> {
                 on_cuda!(g, i => g.embedding_backward(i, rows, row0, vocab).map(Storage::Cuda))
             }
             _ => Err(device_mismatch("embedding_backward", self.device(), ids.device())),
+        }
+    }
+
+    /// `a` where this mask is non-zero, else `b` (numpy broadcasting of all three).
+    pub fn where_(&self, a: &Storage<T>, b: &Storage<T>) -> Result<Storage<T>> {
+        let shape = broadcast_shape("where", &broadcast_shape("where", self.shape(), a.shape())?, b.shape())?;
+        match (self, a, b) {
+            (Storage::Cpu(c), Storage::Cpu(x), Storage::Cpu(y)) => cpu::where_(c, x, y, &shape).map(Storage::Cpu),
+            (Storage::Cuda(c), Storage::Cuda(x), Storage::Cuda(y)) => {
+                on_cuda!(c, x, y => c.where_(x, y, &shape).map(Storage::Cuda))
+            }
+            _ if self.device() != a.device() => Err(device_mismatch("where", self.device(), a.device())),
+            _ => Err(device_mismatch("where", a.device(), b.device())),
+        }
+    }
+
+    /// The lower (`lower`) or upper triangle of the last two dims relative to `diagonal`
+    /// (PyTorch `tril`/`triu`), for a shard whose last two dims start at global row `row0`
+    /// and column `col0`; zeros elsewhere.
+    pub fn tri(&self, lower: bool, diagonal: i64, row0: usize, col0: usize) -> Result<Storage<T>> {
+        if self.ndim() < 2 {
+            return Err(shape_mismatch("tril/triu: needs at least 2 dims".into(), &[0, 0], self.shape()));
+        }
+        match self {
+            Storage::Cpu(a) => Ok(Storage::Cpu(cpu::tri(a, lower, diagonal, row0, col0))),
+            Storage::Cuda(c) => on_cuda!(c => c.tri(lower, diagonal, row0, col0).map(Storage::Cuda)),
+        }
+    }
+
+    /// Index of the maximum (`max`) or minimum along `dim` (first occurrence; NaN counts as
+    /// the extreme), as element values. An empty `dim` is an error (PyTorch).
+    pub fn arg_reduce(&self, dim: usize, max: bool, keepdim: bool) -> Result<Storage<T>> {
+        let op = if max { "argmax" } else { "argmin" };
+        self.check_dim(op, dim)?;
+        if self.shape()[dim] == 0 {
+            return Err(empty_reduction(op, dim));
+        }
+        match self {
+            Storage::Cpu(a) => Ok(Storage::Cpu(cpu::arg_reduce(a, dim, max, keepdim))),
+            Storage::Cuda(c) => on_cuda!(c => c.arg_reduce(dim, max, keepdim).map(Storage::Cuda)),
+        }
+    }
+
+    /// Concatenation of `parts` (same device, same shape except `dim`) along `dim`.
+    pub fn cat(parts: &[&Storage<T>], dim: usize) -> Result<Storage<T>> {
+        let Some(first) = parts.first() else {
+            return Err(Error::InvalidArgument { context: "cat".into(), reason: "no tensors to concatenate".into() });
+        };
+        first.check_dim("cat", dim)?;
+        for p in parts {
+            let same = p.ndim() == first.ndim() && (0..p.ndim()).all(|d| d == dim || p.shape()[d] == first.shape()[d]);
+            if !same {
+                return Err(shape_mismatch(format!("cat along dim {dim}"), first.shape(), p.shape()));
+            }
+            first.same_device(p, "cat")?;
+        }
+        match first {
+            Storage::Cpu(_) => {
+                let arrays: Vec<&ArrayD<T>> = parts.iter().filter_map(|p| p.as_cpu()).collect();
+                cpu::cat(&arrays, dim).map(Storage::Cpu)
+            }
+            Storage::Cuda(c) => on_cuda!(c => c.cat(parts, dim).map(Storage::Cuda)),
+        }
+    }
+
+    /// This tensor placed at `start` inside zeros of `shape` (the gradient of a slice).
+    pub fn pad_into(&self, shape: &[usize], start: &[usize]) -> Result<Storage<T>> {
+        let inside = shape.len() == self.ndim()
+            && start.len() == self.ndim()
+            && (0..self.ndim()).all(|d| start[d] + self.shape()[d] <= shape[d]);
+        if !inside {
+            return Err(shape_mismatch(format!("pad at {start:?}: box outside the tensor"), shape, self.shape()));
+        }
+        self.pack(&pack::pad(self.shape(), shape, start))
+    }
+
+    /// The slices at whole-number `ids` (1-D) along `dim` (PyTorch `index_select`).
+    pub fn index_select(&self, dim: usize, ids: &Storage<T>) -> Result<Storage<T>> {
+        self.check_dim("index_select", dim)?;
+        if ids.ndim() != 1 {
+            return Err(shape_mismatch("index_select: index must be 1-D".into(), &[0], ids.shape()));
+        }
+        match (self, ids) {
+            (Storage::Cpu(a), Storage::Cpu(i)) => cpu::index_select(a, dim, i).map(Storage::Cpu),
+            (Storage::Cuda(a), Storage::Cuda(i)) => on_cuda!(a, i => a.index_select(dim, i).map(Storage::Cuda)),
+            _ => Err(device_mismatch("index_select", self.device(), ids.device())),
+        }
+    }
+
+    /// Gradient of [`Storage::index_select`]: this gradient's slices added at `ids` along `dim`
+    /// of zeros whose `dim` has size `n`.
+    pub fn index_add(&self, dim: usize, ids: &Storage<T>, n: usize) -> Result<Storage<T>> {
+        self.check_dim("index_select_backward", dim)?;
+        if ids.ndim() != 1 || ids.len() != self.shape()[dim] {
+            return Err(shape_mismatch("index_select_backward: index vs gradient".into(), self.shape(), ids.shape()));
+        }
+        match (self, ids) {
+            (Storage::Cpu(g), Storage::Cpu(i)) => cpu::index_add(g, dim, i, n).map(Storage::Cpu),
+            (Storage::Cuda(g), Storage::Cuda(i)) => on_cuda!(g, i => g.index_add(dim, i, n).map(Storage::Cuda)),
+            _ => Err(device_mismatch("index_select_backward", self.device(), ids.device())),
+        }
+    }
+
+    /// PyTorch `gather` along `dim` at whole-number `ids` (same rank; every other dim of `ids`
+    /// no larger than this tensor's): the shape of `ids`.
+    pub fn gather(&self, dim: usize, ids: &Storage<T>) -> Result<Storage<T>> {
+        self.check_dim("gather", dim)?;
+        let fits = ids.ndim() == self.ndim() && (0..self.ndim()).all(|d| d == dim || ids.shape()[d] <= self.shape()[d]);
+        if !fits {
+            return Err(shape_mismatch("gather: index vs input".into(), self.shape(), ids.shape()));
+        }
+        match (self, ids) {
+            (Storage::Cpu(a), Storage::Cpu(i)) => cpu::gather(a, dim, i).map(Storage::Cpu),
+            (Storage::Cuda(a), Storage::Cuda(i)) => on_cuda!(a, i => a.gather(dim, i).map(Storage::Cuda)),
+            _ => Err(device_mismatch("gather", self.device(), ids.device())),
+        }
+    }
+
+    /// Gradient of [`Storage::gather`]: this gradient (the shape of `ids`) added at the
+    /// gathered positions of zeros of `shape`.
+    pub fn scatter_add(&self, dim: usize, ids: &Storage<T>, shape: &[usize]) -> Result<Storage<T>> {
+        let fits = ids.shape() == self.shape()
+            && shape.len() == self.ndim()
+            && dim < shape.len()
+            && (0..shape.len()).all(|d| d == dim || self.shape()[d] <= shape[d]);
+        if !fits {
+            return Err(shape_mismatch("gather_backward: gradient vs index".into(), self.shape(), ids.shape()));
+        }
+        match (self, ids) {
+            (Storage::Cpu(g), Storage::Cpu(i)) => cpu::scatter_add(g, dim, i, shape).map(Storage::Cpu),
+            (Storage::Cuda(g), Storage::Cuda(i)) => on_cuda!(g, i => g.scatter_add(dim, i, shape).map(Storage::Cuda)),
+            _ => Err(device_mismatch("gather_backward", self.device(), ids.device())),
         }
     }
 
