@@ -827,6 +827,102 @@ mod tests {
     }
 
     #[test]
+    fn activation_kernels_match_scalar_references() {
+        let x = arr(&[3, 4], |i| i as f64 * 0.37 - 2.0);
+        let s = Storage::Cpu(x.clone());
+        type Case = (UnaryOp, fn(f64) -> f64);
+        let cases: [Case; 8] = [
+            (Silu, |v| v / (1.0 + (-v).exp())),
+            (Sigmoid, |v| 1.0 / (1.0 + (-v).exp())),
+            (Softplus { beta: 1.0, threshold: 20.0 }, |v| (1.0 + v.exp()).ln()),
+            (Pow(3.0), |v| v * v * v),
+            (Abs, f64::abs),
+            (Clamp { lo: -1.0, hi: 0.5 }, |v| v.clamp(-1.0, 0.5)),
+            (Sign, f64::signum),
+            (NonZero, |v| if v != 0.0 { 1.0 } else { 0.0 }),
+        ];
+        for (op, f) in cases {
+            assert!(close(&cpu(s.unary(op).unwrap()), &x.mapv(f)), "{op}");
+        }
+        let p = Storage::Cpu(x.mapv(|v| v.abs() + 0.1));
+        assert!(close(&cpu(p.unary(Rsqrt).unwrap()), &x.mapv(|v| 1.0 / (v.abs() + 0.1).sqrt())));
+        // Derivatives against central differences of the forward kernels.
+        let h = 1e-6;
+        let derivs = [
+            (Silu, SiluGrad, false),
+            (Sigmoid, SigmoidGrad, true),
+            (Softplus { beta: 2.0, threshold: 1.0 }, SoftplusGrad { beta: 2.0, threshold: 1.0 }, false),
+            (Pow(-1.5), PowGrad(-1.5), false),
+            (Rsqrt, RsqrtGrad, true),
+            (GeluErf, GeluErfGrad, false),
+        ];
+        for (f, df, of_output) in derivs {
+            let base = if matches!(f, Pow(_) | Rsqrt) { &p } else { &s };
+            let fd = (cpu(base.unary(AddScalar(h)).unwrap().unary(f).unwrap())
+                - cpu(base.unary(AddScalar(-h)).unwrap().unary(f).unwrap()))
+                / (2.0 * h);
+            let at = if of_output { base.unary(f).unwrap() } else { base.clone() };
+            let d = cpu(at.unary(df).unwrap());
+            assert!(fd.iter().zip(&d).all(|(a, b)| (a - b).abs() < 1e-5), "{df}");
+        }
+        // The dropout scale: 0 below p, 1/(1-p) above.
+        let u = Storage::Cpu(arr(&[4], |i| i as f64 * 0.25 - 0.1));
+        assert_eq!(cpu(u.unary(DropoutScale(0.5)).unwrap()).into_raw_vec_and_offset().0, vec![0.0, 0.0, 2.0, 2.0]);
+    }
+
+    #[test]
+    fn selection_kernels_match_ndarray_references() {
+        let a = arr(&[3, 4], |i| ((i * 5) % 7) as f64);
+        let s = Storage::Cpu(a.clone());
+        // where with a broadcast row mask
+        let m = Storage::Cpu(ArrayD::from_shape_vec(IxDyn(&[4]), vec![1.0, 0.0, 0.0, 1.0]).unwrap());
+        let z = Storage::Cpu(ArrayD::from_elem(IxDyn(&[]), -1.0));
+        let w = cpu(m.where_(&s, &z).unwrap());
+        assert_eq!(
+            w,
+            ArrayD::from_shape_fn(IxDyn(&[3, 4]), |ix| if ix[1] % 3 == 0 { a[[ix[0], ix[1]]] } else { -1.0 })
+        );
+        // tril of a shard starting at row 1, column 2 of the global matrix
+        let t = cpu(s.tri(true, 0, 1, 2).unwrap());
+        assert_eq!(
+            t,
+            ArrayD::from_shape_fn(IxDyn(&[3, 4]), |ix| if ix[1] + 2 <= ix[0] + 1 { a[[ix[0], ix[1]]] } else { 0.0 })
+        );
+        // argmax / argmin (first occurrence)
+        let am = cpu(s.arg_reduce(1, true, false).unwrap());
+        for (r, &v) in am.iter().enumerate() {
+            let row = a.index_axis(Axis(0), r);
+            let mx = row.iter().copied().fold(f64::MIN, f64::max);
+            assert_eq!(v as usize, row.iter().position(|&x| x == mx).unwrap());
+        }
+        assert!(matches!(
+            Storage::Cpu(arr(&[2, 0], |_| 0.0)).arg_reduce(1, true, false),
+            Err(Error::InvalidArgument { .. })
+        ));
+        // cat, pad, index_select, gather
+        let c = cpu(Storage::cat(&[&s, &s.slice(&[0, 0], &[3, 1]).unwrap()], 1).unwrap());
+        assert_eq!(c, ndarray::concatenate(Axis(1), &[a.view(), a.slice(ndarray::s![.., 0..1]).into_dyn()]).unwrap());
+        let padded = cpu(s.pad_into(&[5, 6], &[1, 2]).unwrap());
+        assert_eq!(padded.slice(ndarray::s![1..4, 2..6]).into_dyn(), a);
+        assert_eq!(padded.sum(), a.sum());
+        let ids = Storage::Cpu(ArrayD::from_shape_vec(IxDyn(&[3]), vec![3.0, 0.0, 3.0]).unwrap());
+        assert_eq!(cpu(s.index_select(1, &ids).unwrap()), a.select(Axis(1), &[3, 0, 3]));
+        let back = cpu(Storage::Cpu(a.select(Axis(1), &[3, 0, 3])).index_add(1, &ids, 4).unwrap());
+        assert_eq!(back.index_axis(Axis(1), 3), a.index_axis(Axis(1), 3).mapv(|v| 2.0 * v));
+        assert_eq!(back.index_axis(Axis(1), 1).sum(), 0.0);
+        let gi = Storage::Cpu(ArrayD::from_shape_vec(IxDyn(&[2, 2]), vec![1.0, 3.0, 0.0, 0.0]).unwrap());
+        let g = cpu(s.gather(1, &gi).unwrap());
+        assert_eq!(g.into_raw_vec_and_offset().0, vec![a[[0, 1]], a[[0, 3]], a[[1, 0]], a[[1, 0]]]);
+        let sc = cpu(Storage::Cpu(arr(&[2, 2], |_| 1.0)).scatter_add(1, &gi, &[3, 4]).unwrap());
+        assert_eq!((sc[[1, 0]], sc[[0, 1]], sc[[0, 3]], sc.sum()), (2.0, 1.0, 1.0, 4.0));
+        assert!(s.gather(1, &Storage::Cpu(arr(&[1, 1], |_| 4.0))).is_err());
+        // NaN-propagating max/min folds
+        let n = Storage::Cpu(ArrayD::from_shape_vec(IxDyn(&[3]), vec![1.0, f64::NAN, 3.0]).unwrap());
+        assert!(cpu(n.reduce(Reduction::Max, &[0], false).unwrap()).iter().all(|v| v.is_nan()));
+        assert!(cpu(n.reduce(Reduction::Min, &[0], false).unwrap()).iter().all(|v| v.is_nan()));
+    }
+
+    #[test]
     fn binary_ops_broadcast_like_ndarray() {
         let a = arr(&[2, 3, 4], |i| i as f64);
         let b = arr(&[3, 1], |i| i as f64 + 0.5);
