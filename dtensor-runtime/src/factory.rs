@@ -143,6 +143,29 @@ pub fn randn<T: Element>(size: &[usize], opts: &TensorOptions) -> Result<DTensor
     build("randn", size, opts, Fill::Random(RandomFill { seed, offset, dist: Distribution::Normal }))
 }
 
+/// A causal attention mask `[q_len, k_len]`: 1 where key `j ≤` query `i` (PyTorch's
+/// `ones(L, S).tril()`, the mask of `is_causal=True`), else 0. Builds only this rank's shard
+/// of the given placements.
+///
+/// ```
+/// use dtensor_runtime::{run, causal_mask, TensorOptions, Shard};
+/// let shards = run(2, |ctx| {
+///     ctx.init_device_mesh(&[2], &["sp"])?;
+///     let m = causal_mask::<f32>(4, 4, &TensorOptions::new().placements(&[Shard(0)]))?;
+///     Ok(m.to_host()?.into_raw_vec_and_offset().0)
+/// }).unwrap();
+/// assert_eq!(shards[1], vec![1.0, 1.0, 1.0, 0.0, 1.0, 1.0, 1.0, 1.0]);
+/// ```
+pub fn causal_mask<T: Element>(q_len: usize, k_len: usize, opts: &TensorOptions) -> Result<DTensor<T>> {
+    let cols = k_len.max(1);
+    build(
+        "causal_mask",
+        &[q_len, k_len],
+        opts,
+        Fill::Host(&|i| if i % cols <= i / cols { T::one() } else { T::zero() }),
+    )
+}
+
 /// Value `i` of `linspace(start, end, steps)`, computed as PyTorch does (from both ends,
 /// so the last element is exactly `end`).
 pub fn linspace_value(start: f64, end: f64, steps: usize, i: usize) -> f64 {

@@ -47,11 +47,11 @@ pub use comm::Communicator;
 pub use dtensor::{distribute_tensor, from_local, DTensor, DistributeSource, FromLocal};
 pub use element::{DType, Element};
 pub use error::{Error, Result};
-pub use factory::{empty, full, linspace, logspace, ones, rand, randn, zeros, TensorOptions};
+pub use factory::{causal_mask, empty, full, linspace, logspace, ones, rand, randn, zeros, TensorOptions};
 pub use launcher::{current_mesh, run, set_current_mesh, LocalWorld, RankCtx};
 pub use mesh::DeviceMesh;
 pub use module::{distribute_module, parallelize_module, Forward, Module};
-pub use ops::{implicit_redistribution_count, implicit_redistributions};
+pub use ops::{cat, implicit_redistribution_count, implicit_redistributions, stack};
 pub use placement::{Partial, Placement, ReduceOp, Replicate, Shard};
 pub use redistribute::{
     plan_redistribute, plan_redistribute_at, redistribute_local, RedistributePlan, RedistributeStep,

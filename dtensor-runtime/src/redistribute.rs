@@ -485,7 +485,7 @@ fn execute_step<T: Element>(
             // Our rows of `d` in place in a zero tensor of the full extent of `d`.
             let d = d as usize;
             let off = chunk_size_and_offset(shape[d], n, k).1;
-            local.pack(&pack::embed(&mine, &with_dim(&mine, d, shape[d]), &with_dim(&vec![0; mine.len()], d, off)))?
+            local.pack(&pack::pad(&mine, &with_dim(&mine, d, shape[d]), &with_dim(&vec![0; mine.len()], d, off)))?
         }
         (from, to) => {
             return Err(Error::InvalidRedistribute {

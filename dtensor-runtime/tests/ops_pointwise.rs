@@ -4,7 +4,7 @@
 mod ops_util;
 
 use dtensor_runtime::{Partial, Placement, ReduceOp, Replicate as R, Shard as S};
-use ops_util::{case, check_op, inp, pos, Case};
+use ops_util::{case, check_op, inp, pos, unary_cases, Case};
 
 fn p() -> Placement {
     Partial(ReduceOp::Sum)
@@ -56,23 +56,6 @@ fn div() {
     // R / P is illegal: the divisor is reduced first
     cases.push(case(&[3], vec![inp(&[4, 5], &[R]), pos(&[4, 5], &[R])], Some(&[R])));
     check_op("div", &cases, true, &|x| x[0].div(&x[1]));
-}
-
-fn unary_cases(positive: bool, linear: bool) -> Vec<Case> {
-    let x = |shape: &[usize], pl: &[Placement]| if positive { pos(shape, pl) } else { inp(shape, pl) };
-    let mut v = vec![
-        case(&[2, 2], vec![x(&[5, 3], &[S(0), S(1)])], Some(&[S(0), S(1)])),
-        case(&[2, 2], vec![x(&[3, 4, 2], &[R, S(2)])], Some(&[R, S(2)])),
-        case(&[3], vec![x(&[7], &[S(0)])], Some(&[S(0)])),
-        case(&[2, 2], vec![x(&[2, 5], &[S(1), S(1)])], Some(&[S(1), S(1)])),
-    ];
-    if linear {
-        v.push(case(&[2, 2], vec![x(&[5, 3], &[p(), S(0)])], Some(&[p(), S(0)])));
-    } else if !positive {
-        // Partial input of a nonlinear op: reduced first
-        v.push(case(&[2, 2], vec![x(&[5, 3], &[p(), S(0)])], None));
-    }
-    v
 }
 
 #[test]

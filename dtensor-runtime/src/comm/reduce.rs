@@ -20,8 +20,9 @@ fn fold<T: bytemuck::Pod + num_traits::Float>(op: ReduceOp, acc: &mut [u8], x: &
     }
     let run = |a: &mut [T]| match op {
         ReduceOp::Sum | ReduceOp::Avg => apply(a, &xs, |a, b| a + b),
-        ReduceOp::Min => apply(a, &xs, T::min),
-        ReduceOp::Max => apply(a, &xs, T::max),
+        // NaN propagates (PyTorch's max/min; `Float::max` would drop it).
+        ReduceOp::Min => apply(a, &xs, |a, b| if a.is_nan() || a < b { a } else { b }),
+        ReduceOp::Max => apply(a, &xs, |a, b| if a.is_nan() || a > b { a } else { b }),
         ReduceOp::Product => apply(a, &xs, |a, b| a * b),
     };
     match bytemuck::try_cast_slice_mut::<u8, T>(acc) {

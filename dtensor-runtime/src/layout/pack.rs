@@ -268,10 +268,10 @@ pub fn slice(src: &[usize], start: &[usize], extents: &[usize]) -> PackPlan {
     plan
 }
 
-/// A row-major `src` written at `start` of a fresh row-major `dst` (zeros elsewhere): the
-/// inverse of [`slice`], used by Shard → Partial(sum), where each rank keeps its shard in
+/// A row-major `src` written at `start` of a zero destination of shape `dst` (the inverse of
+/// [`slice`]): narrow's backward, and Shard → Partial(sum), where each rank keeps its shard in
 /// place and contributes zeros everywhere else.
-pub fn embed(src: &[usize], dst: &[usize], start: &[usize]) -> PackPlan {
+pub fn pad(src: &[usize], dst: &[usize], start: &[usize]) -> PackPlan {
     let mut plan = PackPlan::new(src.iter().product(), dst);
     plan.push_box(&strides_of(src), 0, &vec![0; src.len()], dst, 0, start, src);
     plan
@@ -488,13 +488,13 @@ mod tests {
     }
 
     #[test]
-    fn embed_is_the_inverse_of_slice_with_zeros_elsewhere() {
+    fn pad_is_the_inverse_of_slice_with_zeros_elsewhere() {
         // Shard -> Partial(sum): every rank's embedded shard, summed, is the full tensor.
         for (full, dim, n) in [(vec![5usize, 3], 0, 2), (vec![4, 5], 1, 3), (vec![2, 3], 1, 4), (vec![0, 3], 0, 2)] {
             let mut sum = vec![0; full.iter().product()];
             for j in 0..n {
                 let (shape, origin) = shard(&full, dim, n, j);
-                let e = embed(&shape, &full, &origin);
+                let e = pad(&shape, &full, &origin);
                 let out = run(&e, &data(&shape, &origin));
                 assert_eq!(run(&slice(&full, &origin, &shape), &out), data(&shape, &origin));
                 for (s, o) in sum.iter_mut().zip(out) {
@@ -503,7 +503,7 @@ mod tests {
             }
             assert_eq!(sum, data(&full, &vec![0; full.len()]), "{full:?} {dim} {n}");
         }
-        assert!(embed(&[2, 3], &[2, 3], &[0, 0]).is_identity());
+        assert!(pad(&[2, 3], &[2, 3], &[0, 0]).is_identity());
     }
 
     #[test]

@@ -23,7 +23,7 @@ const LINEAR: [ReduceOp; 2] = [ReduceOp::Sum, ReduceOp::Avg];
 
 /// Which Partial inputs a binary op accepts.
 #[derive(Clone, Copy, PartialEq)]
-enum Linearity {
+pub(super) enum Linearity {
     /// None (nonlinear).
     None,
     /// Every input Partial (`+`, `-`).
@@ -35,7 +35,7 @@ enum Linearity {
 }
 
 /// Per-mesh-dim rules of an element-wise op over inputs of `shapes` giving `out`.
-fn rules(shapes: &[&[usize]], out: &[usize], lin: Linearity, pops: &[ReduceOp]) -> Vec<DimRule> {
+pub(super) fn rules(shapes: &[&[usize]], out: &[usize], lin: Linearity, pops: &[ReduceOp]) -> Vec<DimRule> {
     let n = shapes.len();
     let mut r = vec![DimRule::new(&vec![R; n], R)];
     for d in 0..out.len() {
@@ -73,11 +73,11 @@ fn rules(shapes: &[&[usize]], out: &[usize], lin: Linearity, pops: &[ReduceOp]) 
 }
 
 /// Input gradients of a binary op: (g, a, b, which inputs need one) → (ga, gb).
-type BinaryBackward<T> =
+pub(super) type BinaryBackward<T> =
     fn(&DTensor<T>, &DTensor<T>, &DTensor<T>, [bool; 2]) -> Result<(Option<DTensor<T>>, Option<DTensor<T>>)>;
 
 /// `f()` when `need`, else `None`.
-fn when<T: Element>(need: bool, f: impl FnOnce() -> Result<DTensor<T>>) -> Result<Option<DTensor<T>>> {
+pub(super) fn when<T: Element>(need: bool, f: impl FnOnce() -> Result<DTensor<T>>) -> Result<Option<DTensor<T>>> {
     if need {
         f().map(Some)
     } else {
@@ -85,7 +85,7 @@ fn when<T: Element>(need: bool, f: impl FnOnce() -> Result<DTensor<T>>) -> Resul
     }
 }
 
-fn binary<T: Element>(
+pub(super) fn binary<T: Element>(
     kernel: BinaryOp,
     bwd: &'static str,
     a: &DTensor<T>,
@@ -115,7 +115,7 @@ fn binary<T: Element>(
 
 /// An element-wise op of one input. `partial_ok`: Partial reduce ops it commutes with; any
 /// other Partial input is reduced to Replicate first, other placements are kept.
-fn unary<T: Element>(
+pub(super) fn unary<T: Element>(
     kernel: UnaryOp,
     bwd: &'static str,
     x: &DTensor<T>,

@@ -1,9 +1,12 @@
-//! Reductions: sum, mean, max over some dims or all.
+//! Reductions: sum, mean, max, min over some dims or all; argmax and argmin over one dim.
 //!
-//! Rules per mesh dim: R → R; `Shard(d)` with `d` reduced → Partial(sum) (sum, mean) or
-//! Partial(max) (max); `Shard(d)` otherwise → `Shard(d')` (remapped when the dim is dropped);
-//! Partial(sum/avg) stays for sum and mean, Partial(max) stays for max. `mean` is a sum then a
-//! scale by the global count, so it is exact with uneven shards.
+//! Rules per mesh dim: R → R; `Shard(d)` with `d` reduced → Partial(sum) (sum, mean),
+//! Partial(max) (max) or Partial(min) (min); `Shard(d)` otherwise → `Shard(d')` (remapped when
+//! the dim is dropped); Partial(sum/avg) stays for sum and mean, Partial(max) for max,
+//! Partial(min) for min. `mean` is a sum then a scale by the global count, so it is exact with
+//! uneven shards. max and min propagate NaN and, having no identity, refuse an empty reduced
+//! dim (PyTorch's error). argmax/argmin cannot combine per-shard answers: the reduced dim is
+//! made Replicate first (PyTorch), other shards are kept, a Partial input is reduced.
 
 use super::strategy::{partial_ops, reduce_partials, select, DimRule, Select};
 use super::{new_output, norm_dim};
@@ -11,13 +14,16 @@ use crate::autograd::{record, recording};
 use crate::dtensor::DTensor;
 use crate::element::Element;
 use crate::error::Result;
+use crate::placement::fmt_placements;
 use crate::placement::{Placement, ReduceOp};
+use crate::storage::empty_reduction;
 use crate::storage::op::Reduction;
 
 #[derive(Clone, Copy, PartialEq, Debug)]
 enum Kind {
     Sum,
     Max,
+    Min,
 }
 
 fn dims_of(op: &str, dims: &[isize], ndim: usize) -> Result<Vec<usize>> {
@@ -40,7 +46,13 @@ fn reduce<T: Element>(
     let (reduced, kept_ops): (ReduceOp, &[ReduceOp]) = match kind {
         Kind::Sum => (ReduceOp::Sum, &[ReduceOp::Sum, ReduceOp::Avg]),
         Kind::Max => (ReduceOp::Max, &[ReduceOp::Max]),
+        Kind::Min => (ReduceOp::Min, &[ReduceOp::Min]),
     };
+    if kind != Kind::Sum {
+        if let Some(&d) = dims.iter().find(|&&d| x.shape[d] == 0) {
+            return Err(empty_reduction(op, d));
+        }
+    }
     let mut rs = vec![DimRule::new(&[Placement::Replicate], Placement::Replicate)];
     for d in 0..nd {
         let out = if dims.contains(&d) { Placement::Partial(reduced) } else { Placement::Shard(remap(d) as isize) };
@@ -56,6 +68,7 @@ fn reduce<T: Element>(
     let kernel = match kind {
         Kind::Sum => Reduction::Sum,
         Kind::Max => Reduction::Max,
+        Kind::Min => Reduction::Min,
     };
     let local = xi.local.reduce(kernel, dims, keepdim)?;
     let mut shape = Vec::with_capacity(nd);
@@ -80,7 +93,7 @@ fn reduce<T: Element>(
         let gk = if keepdim { g.clone() } else { g.reshape_to(&keep_shape)? };
         let gx = match kind {
             Kind::Sum => gk.expand_like(&sx)?,
-            Kind::Max => {
+            Kind::Max | Kind::Min => {
                 // amax semantics: the gradient is shared evenly between tied maxima.
                 let yk = if keepdim { sy.clone() } else { sy.reshape_to(&keep_shape)? };
                 let mask = sx.eq_mask(&yk)?;
@@ -135,9 +148,60 @@ impl<T: Element> DTensor<T> {
         reduce(self, "max", "max_backward", &[d], keepdim, Kind::Max)
     }
 
-    /// Maximum of every element (0-d).
+    /// Maximum of every element (0-d). NaN if any element is NaN; an error for an empty
+    /// tensor (PyTorch).
     pub fn max(&self) -> Result<DTensor<T>> {
         let all: Vec<usize> = (0..self.ndim()).collect();
         reduce(self, "max", "max_backward", &all, false, Kind::Max)
     }
+
+    /// Minimum over `dim` (values; PyTorch `amin`). Over a sharded dim the result is
+    /// Partial(min). The gradient is shared evenly between tied minima.
+    pub fn min_dim(&self, dim: isize, keepdim: bool) -> Result<DTensor<T>> {
+        let d = norm_dim("min", dim, self.ndim())?;
+        reduce(self, "min", "min_backward", &[d], keepdim, Kind::Min)
+    }
+
+    /// Minimum of every element (0-d). NaN if any element is NaN; an error for an empty tensor.
+    pub fn min(&self) -> Result<DTensor<T>> {
+        let all: Vec<usize> = (0..self.ndim()).collect();
+        reduce(self, "min", "min_backward", &all, false, Kind::Min)
+    }
+
+    /// Index of the maximum along `dim` (first occurrence; a NaN counts as the maximum), as
+    /// element values; no gradient. An empty `dim` is an error (PyTorch).
+    pub fn argmax(&self, dim: isize, keepdim: bool) -> Result<DTensor<T>> {
+        arg_reduce(self, dim, keepdim, true)
+    }
+
+    /// Index of the minimum along `dim` (first occurrence; a NaN counts as the minimum).
+    pub fn argmin(&self, dim: isize, keepdim: bool) -> Result<DTensor<T>> {
+        arg_reduce(self, dim, keepdim, false)
+    }
+}
+
+/// argmax (`max`) or argmin over `dim`.
+fn arg_reduce<T: Element>(x: &DTensor<T>, dim: isize, keepdim: bool, max: bool) -> Result<DTensor<T>> {
+    let op = if max { "argmax" } else { "argmin" };
+    let d = norm_dim(op, dim, x.ndim())?;
+    if x.shape[d] == 0 {
+        return Err(empty_reduction(op, d));
+    }
+    let remap = |e: usize| if keepdim || e < d { e } else { e - 1 };
+    let mut rs = vec![DimRule::new(&[Placement::Replicate], Placement::Replicate)];
+    rs.extend(
+        (0..x.ndim())
+            .filter(|&e| e != d)
+            .map(|e| DimRule::new(&[Placement::Shard(e as isize)], Placement::Shard(remap(e) as isize))),
+    );
+    let c = select(op, &[x], &rs, Select::default())?;
+    let xi = &*c.inputs[0];
+    debug_assert!(!xi.placements.iter().any(|p| p.is_shard_on(d)), "{op} on {}", fmt_placements(&xi.placements));
+    let mut shape = x.shape.clone();
+    if keepdim {
+        shape[d] = 1;
+    } else {
+        shape.remove(d);
+    }
+    Ok(new_output(xi.local.arg_reduce(d, max, keepdim)?, &xi.mesh, c.output, shape))
 }

@@ -1,6 +1,7 @@
-//! Views: transpose, reshape, unsqueeze, expand.
+//! Views: transpose, permute, reshape (and flatten, unflatten, squeeze, unsqueeze), expand,
+//! contiguous.
 //!
-//! transpose swaps shard dims (never communicates). reshape keeps `Shard(d)` when `d` is
+//! transpose and permute move shard dims with the dims (never communicate). reshape keeps `Shard(d)` when `d` is
 //! the leading (non-1) dim of its group of merged/split dims and, for a real merge or split,
 //! its size and the output's leading size divide by the number of shards (torch.chunk of the
 //! merged dim then equals the merge of the chunks); otherwise the input is redistributed.
@@ -98,6 +99,87 @@ impl<T: Element> DTensor<T> {
         shape.swap(a, b);
         let out = new_output(xi.local.transpose(a, b)?, &xi.mesh, c.output, shape);
         Ok(record("transpose_backward", out, &[xi], move |g| Ok(vec![Some(g.transpose(a as isize, b as isize)?)])))
+    }
+
+    /// Reorders the dims: output dim `k` is input dim `dims[k]` (PyTorch `permute`; negative
+    /// dims count from the end). Shard dims move with their dims; never communicates.
+    pub fn permute(&self, dims: &[isize]) -> Result<DTensor<T>> {
+        let nd = self.ndim();
+        let axes = dims.iter().map(|&d| norm_dim("permute", d, nd)).collect::<Result<Vec<_>>>()?;
+        let mut seen = axes.clone();
+        seen.sort_unstable();
+        if seen != (0..nd).collect::<Vec<_>>() {
+            return Err(Error::InvalidArgument {
+                context: "permute".into(),
+                reason: format!("{dims:?} is not a permutation of the {nd} dims"),
+            });
+        }
+        let pairs: Vec<(usize, usize)> = axes.iter().enumerate().map(|(k, &a)| (a, k)).collect();
+        let c = select("permute", &[self], &remap_rules(self, &pairs), Select::default())?;
+        let xi = &*c.inputs[0];
+        let shape: Vec<usize> = axes.iter().map(|&a| xi.shape[a]).collect();
+        let out = new_output(xi.local.permute(&axes)?, &xi.mesh, c.output, shape);
+        let mut inverse = vec![0isize; nd];
+        for (k, &a) in axes.iter().enumerate() {
+            inverse[a] = k as isize;
+        }
+        Ok(record("permute_backward", out, &[xi], move |g| Ok(vec![Some(g.permute(&inverse)?)])))
+    }
+
+    /// PyTorch `contiguous`: local shards are always row-major, so this is the tensor itself
+    /// (same history).
+    pub fn contiguous(&self) -> Result<DTensor<T>> {
+        Ok(self.clone())
+    }
+
+    /// Merges dims `start..=end` into one (PyTorch `flatten`).
+    pub fn flatten(&self, start: isize, end: isize) -> Result<DTensor<T>> {
+        if self.ndim() == 0 {
+            return self.reshape_to(&[1]);
+        }
+        let (s, e) = (norm_dim("flatten", start, self.ndim())?, norm_dim("flatten", end, self.ndim())?);
+        if s > e {
+            return Err(Error::InvalidArgument { context: "flatten".into(), reason: format!("start {s} > end {e}") });
+        }
+        let mut shape = self.shape[..s].to_vec();
+        shape.push(self.shape[s..=e].iter().product());
+        shape.extend_from_slice(&self.shape[e + 1..]);
+        self.reshape_to(&shape)
+    }
+
+    /// Splits `dim` into `sizes` (one entry may be `-1`; PyTorch `unflatten`).
+    pub fn unflatten(&self, dim: isize, sizes: &[isize]) -> Result<DTensor<T>> {
+        let d = norm_dim("unflatten", dim, self.ndim())?;
+        let mut shape: Vec<isize> = self.shape[..d].iter().map(|&s| s as isize).collect();
+        shape.extend_from_slice(sizes);
+        shape.extend(self.shape[d + 1..].iter().map(|&s| s as isize));
+        let known: isize = sizes.iter().filter(|&&s| s >= 0).product();
+        if !sizes.contains(&-1) && known != self.shape[d] as isize {
+            return Err(Error::InvalidArgument {
+                context: "unflatten".into(),
+                reason: format!("sizes {sizes:?} do not multiply to dim {d} of size {}", self.shape[d]),
+            });
+        }
+        self.reshape(&shape)
+    }
+
+    /// Removes size-1 dims: `dim` only (no-op if its size is not 1), or all when `None`
+    /// (PyTorch `squeeze`).
+    pub fn squeeze(&self, dim: Option<isize>) -> Result<DTensor<T>> {
+        let drop: Vec<usize> = match dim {
+            Some(d) => {
+                let d = norm_dim("squeeze", d, self.ndim().max(1))?;
+                if self.shape.get(d) == Some(&1) {
+                    vec![d]
+                } else {
+                    vec![]
+                }
+            }
+            None => (0..self.ndim()).filter(|&d| self.shape[d] == 1).collect(),
+        };
+        let shape: Vec<usize> =
+            self.shape.iter().enumerate().filter(|(d, _)| !drop.contains(d)).map(|(_, &s)| s).collect();
+        self.reshape_to(&shape)
     }
 
     /// Reshape to `shape` (one entry may be `-1`: inferred). See the module docs for when a

@@ -5,13 +5,16 @@
 //! row-major (standard layout), which the pack plans and the collectives rely on.
 
 use super::op::UnaryOp;
-use super::op::{gelu, gelu_grad, AdamWStep, BinaryOp, Distribution, RandomFill, Reduction, SgdStep, SoftmaxKind};
+use super::op::{
+    gelu, gelu_erf, gelu_erf_grad, gelu_grad, AdamWStep, BinaryOp, Distribution, RandomFill, Reduction, SgdStep,
+    SoftmaxKind,
+};
 use crate::element::Element;
 use crate::error::{Error, Result};
 use crate::layout::contiguous_strides;
 use crate::layout::pack::{CopyBlock, PackPlan};
 use crate::rng::Stream;
-use ndarray::{s, ArrayD, ArrayViewD, Axis, Ix2, IxDyn, Zip};
+use ndarray::{s, ArrayD, ArrayViewD, Axis, Dimension, Ix2, IxDyn, Zip};
 use std::borrow::Cow;
 
 /// Row-major data of `a`, borrowed when `a` already is row-major.
@@ -61,6 +64,67 @@ pub(super) fn unary<T: Element>(a: &ArrayD<T>, op: UnaryOp) -> ArrayD<T> {
             let half = T::of_f64(0.5);
             a.mapv(|y| half / y)
         }
+        UnaryOp::Silu => a.mapv(|x| x / (one + (-x).exp())),
+        UnaryOp::SiluGrad => a.mapv(|x| {
+            let sig = one / (one + (-x).exp());
+            sig * (one + x * (one - sig))
+        }),
+        UnaryOp::Sigmoid => a.mapv(|x| one / (one + (-x).exp())),
+        UnaryOp::SigmoidGrad => a.mapv(|y| y * (one - y)),
+        UnaryOp::Softplus { beta, threshold } => {
+            let (b, t) = (T::of_f64(beta), T::of_f64(threshold));
+            a.mapv(|x| if b * x > t { x } else { (b * x).exp().ln_1p() / b })
+        }
+        UnaryOp::SoftplusGrad { beta, threshold } => {
+            let (b, t) = (T::of_f64(beta), T::of_f64(threshold));
+            a.mapv(|x| if b * x > t { one } else { one / (one + (-(b * x)).exp()) })
+        }
+        UnaryOp::Pow(_) => a.mapv(|x| x.powf(s)),
+        UnaryOp::PowGrad(_) => {
+            if s == zero {
+                a.mapv(|_| zero)
+            } else {
+                a.mapv(|x| s * x.powf(s - one))
+            }
+        }
+        UnaryOp::Rsqrt => a.mapv(|x| one / x.sqrt()),
+        UnaryOp::RsqrtGrad => {
+            let half = T::of_f64(0.5);
+            a.mapv(|y| -(half * y * y * y))
+        }
+        UnaryOp::Abs => a.mapv(|x| x.abs()),
+        UnaryOp::Sign => a.mapv(|x| {
+            if x > zero {
+                one
+            } else if x < zero {
+                -one
+            } else {
+                x // ±0 and NaN stay
+            }
+        }),
+        UnaryOp::Clamp { lo, hi } => {
+            let (lo, hi) = (T::of_f64(lo), T::of_f64(hi));
+            // min(max(x, lo), hi) as PyTorch (hi wins when lo > hi); NaN fails both tests.
+            a.mapv(|x| {
+                let m = if x < lo { lo } else { x };
+                if m > hi {
+                    hi
+                } else {
+                    m
+                }
+            })
+        }
+        UnaryOp::ClampGrad { lo, hi } => {
+            let (lo, hi) = (T::of_f64(lo), T::of_f64(hi));
+            a.mapv(|x| if x >= lo && x <= hi { one } else { zero })
+        }
+        UnaryOp::GeluErf => a.mapv(|x| T::of_f64(gelu_erf(x.as_f64()))),
+        UnaryOp::GeluErfGrad => a.mapv(|x| T::of_f64(gelu_erf_grad(x.as_f64()))),
+        UnaryOp::DropoutScale(p) => {
+            let keep = T::of_f64(1.0 / (1.0 - p));
+            a.mapv(|u| if u < s { zero } else { keep })
+        }
+        UnaryOp::NonZero => a.mapv(|x| if x != zero { one } else { zero }),
     }
 }
 
@@ -78,15 +142,155 @@ pub(super) fn binary<T: Element>(a: &ArrayD<T>, b: &ArrayD<T>, op: BinaryOp, sha
         BinaryOp::Sub => z.map_collect(|&x, &y| x - y),
         BinaryOp::Mul => z.map_collect(|&x, &y| x * y),
         BinaryOp::Div => z.map_collect(|&x, &y| x / y),
-        BinaryOp::Eq => z.map_collect(|&x, &y| if x == y { T::one() } else { T::zero() }),
+        BinaryOp::Eq => z.map_collect(|&x, &y| mask(x == y)),
+        BinaryOp::Ne => z.map_collect(|&x, &y| mask(x != y)),
+        BinaryOp::Lt => z.map_collect(|&x, &y| mask(x < y)),
+        BinaryOp::Le => z.map_collect(|&x, &y| mask(x <= y)),
+        BinaryOp::Gt => z.map_collect(|&x, &y| mask(x > y)),
+        BinaryOp::Ge => z.map_collect(|&x, &y| mask(x >= y)),
+        BinaryOp::Maximum => z.map_collect(|&x, &y| if x.is_nan() || x > y { x } else { y }),
+        BinaryOp::Minimum => z.map_collect(|&x, &y| if x.is_nan() || x < y { x } else { y }),
     })
+}
+
+/// A mask element: 1 for true, 0 for false.
+fn mask<T: Element>(b: bool) -> T {
+    if b {
+        T::one()
+    } else {
+        T::zero()
+    }
+}
+
+/// `a` where `cond` is non-zero, else `b` (all three broadcast to `shape`).
+pub(super) fn where_<T: Element>(cond: &ArrayD<T>, a: &ArrayD<T>, b: &ArrayD<T>, shape: &[usize]) -> Result<ArrayD<T>> {
+    let bad = |what: &[usize]| Error::ShapeMismatch {
+        context: "where: local shards do not broadcast".into(),
+        expected: shape.to_vec(),
+        actual: what.to_vec(),
+    };
+    let cv = cond.broadcast(IxDyn(shape)).ok_or_else(|| bad(cond.shape()))?;
+    let av = a.broadcast(IxDyn(shape)).ok_or_else(|| bad(a.shape()))?;
+    let bv = b.broadcast(IxDyn(shape)).ok_or_else(|| bad(b.shape()))?;
+    let zero = T::zero();
+    Ok(Zip::from(&cv).and(&av).and(&bv).map_collect(|&c, &x, &y| if c != zero { x } else { y }))
+}
+
+/// Keeps the lower (`lower`) or upper triangle of the last two dims, relative to `diagonal`,
+/// of a shard whose last two dims start at global (`row0`, `col0`); zeros elsewhere.
+pub(super) fn tri<T: Element>(a: &ArrayD<T>, lower: bool, diagonal: i64, row0: usize, col0: usize) -> ArrayD<T> {
+    let nd = a.ndim();
+    let mut out = into_standard(a.to_owned());
+    for (ix, v) in out.indexed_iter_mut() {
+        let (i, j) = ((ix[nd - 2] + row0) as i64, (ix[nd - 1] + col0) as i64);
+        let keep = if lower { j - i <= diagonal } else { j - i >= diagonal };
+        if !keep {
+            *v = T::zero();
+        }
+    }
+    out
+}
+
+/// Index (first occurrence) of the maximum (`max`) or minimum of every lane along `dim`, as
+/// element values; a NaN counts as the extreme (PyTorch). The lanes are not empty (checked).
+pub(super) fn arg_reduce<T: Element>(a: &ArrayD<T>, dim: usize, max: bool, keepdim: bool) -> ArrayD<T> {
+    let better = |v: T, best: T| {
+        if best.is_nan() {
+            false
+        } else if v.is_nan() {
+            true
+        } else if max {
+            v > best
+        } else {
+            v < best
+        }
+    };
+    let mut out = a.map_axis(Axis(dim), |lane| {
+        let mut best = (0usize, lane[0]);
+        for (k, &v) in lane.iter().enumerate().skip(1) {
+            if better(v, best.1) {
+                best = (k, v);
+            }
+        }
+        T::of_f64(best.0 as f64)
+    });
+    if keepdim {
+        out.insert_axis_inplace(Axis(dim));
+    }
+    into_standard(out)
+}
+
+/// Concatenation along `dim` (shapes checked by the caller).
+pub(super) fn cat<T: Element>(parts: &[&ArrayD<T>], dim: usize) -> Result<ArrayD<T>> {
+    let views: Vec<ArrayViewD<'_, T>> = parts.iter().map(|a| a.view()).collect();
+    ndarray::concatenate(Axis(dim), &views)
+        .map(into_standard)
+        .map_err(|e| Error::Unsupported { op: "cat".into(), reason: e.to_string() })
+}
+
+/// Whole-number element values of `ids` as indices below `n`.
+fn indices<T: Element>(op: &str, ids: &ArrayD<T>, n: usize) -> Result<Vec<usize>> {
+    row_major(ids).iter().map(|&v| index_of(op, v, n)).collect()
+}
+
+/// The slices `ids` (1-D) of `a` along `dim`.
+pub(super) fn index_select<T: Element>(a: &ArrayD<T>, dim: usize, ids: &ArrayD<T>) -> Result<ArrayD<T>> {
+    let idx = indices("index_select", ids, a.shape()[dim])?;
+    Ok(into_standard(a.select(Axis(dim), &idx)))
+}
+
+/// Gradient of [`index_select`]: the slices of `g` added at `ids` along `dim` of a zero
+/// tensor whose `dim` has size `n`.
+pub(super) fn index_add<T: Element>(g: &ArrayD<T>, dim: usize, ids: &ArrayD<T>, n: usize) -> Result<ArrayD<T>> {
+    let idx = indices("index_select_backward", ids, n)?;
+    let mut shape = g.shape().to_vec();
+    shape[dim] = n;
+    let mut out = ArrayD::<T>::zeros(IxDyn(&shape));
+    for (k, &i) in idx.iter().enumerate() {
+        let mut dst = out.index_axis_mut(Axis(dim), i);
+        dst += &g.index_axis(Axis(dim), k);
+    }
+    Ok(out)
+}
+
+/// `out[ix] = a[ix with ix[dim] = ids[ix]]` (PyTorch `gather`): the shape of `ids`.
+pub(super) fn gather<T: Element>(a: &ArrayD<T>, dim: usize, ids: &ArrayD<T>) -> Result<ArrayD<T>> {
+    let n = a.shape()[dim];
+    let mut out = ArrayD::<T>::zeros(ids.raw_dim());
+    let mut src = vec![0usize; a.ndim()];
+    for (ix, o) in out.indexed_iter_mut() {
+        src.copy_from_slice(ix.slice());
+        src[dim] = index_of("gather", ids[ix.clone()], n)?;
+        *o = a[src.as_slice()];
+    }
+    Ok(out)
+}
+
+/// Gradient of [`gather`]: `g` added at the gathered positions of a zero tensor of `shape`.
+pub(super) fn scatter_add<T: Element>(
+    g: &ArrayD<T>,
+    dim: usize,
+    ids: &ArrayD<T>,
+    shape: &[usize],
+) -> Result<ArrayD<T>> {
+    let n = shape[dim];
+    let mut out = ArrayD::<T>::zeros(IxDyn(shape));
+    let mut dst = vec![0usize; shape.len()];
+    for (ix, &v) in g.indexed_iter() {
+        dst.copy_from_slice(ix.slice());
+        dst[dim] = index_of("gather_backward", ids[ix.clone()], n)?;
+        out[dst.as_slice()] += v;
+    }
+    Ok(out)
 }
 
 /// Reduces `dims` (sorted, distinct) of `a`.
 pub(super) fn reduce<T: Element>(a: &ArrayD<T>, kind: Reduction, dims: &[usize], keepdim: bool) -> ArrayD<T> {
     let axis = |x: ArrayViewD<'_, T>, d: usize| match kind {
         Reduction::Sum | Reduction::Mean => x.sum_axis(Axis(d)),
-        Reduction::Max => x.fold_axis(Axis(d), T::neg_infinity(), |m, &v| if v > *m { v } else { *m }),
+        // A NaN wins and stays (PyTorch propagates NaN through max/min).
+        Reduction::Max => x.fold_axis(Axis(d), T::neg_infinity(), |m, &v| if v > *m || v.is_nan() { v } else { *m }),
+        Reduction::Min => x.fold_axis(Axis(d), T::infinity(), |m, &v| if v < *m || v.is_nan() { v } else { *m }),
     };
     let mut out: Option<ArrayD<T>> = None;
     // Highest dim first, so the lower dims keep their index.

@@ -311,6 +311,38 @@ impl<T: Element> CudaStorage<T> {
         Err(not_yet("one_hot"))
     }
 
+    pub(super) fn where_(&self, _a: &Self, _b: &Self, _shape: &[usize]) -> Result<Self> {
+        Err(not_yet("where"))
+    }
+
+    pub(super) fn tri(&self, _lower: bool, _diagonal: i64, _row0: usize, _col0: usize) -> Result<Self> {
+        Err(not_yet("tril/triu"))
+    }
+
+    pub(super) fn arg_reduce(&self, _dim: usize, max: bool, _keepdim: bool) -> Result<Self> {
+        Err(not_yet(if max { "argmax" } else { "argmin" }))
+    }
+
+    pub(super) fn cat(&self, _parts: &[&Storage<T>], _dim: usize) -> Result<Self> {
+        Err(not_yet("cat"))
+    }
+
+    pub(super) fn index_select(&self, _dim: usize, _ids: &Self) -> Result<Self> {
+        Err(not_yet("index_select"))
+    }
+
+    pub(super) fn index_add(&self, _dim: usize, _ids: &Self, _n: usize) -> Result<Self> {
+        Err(not_yet("index_select_backward"))
+    }
+
+    pub(super) fn gather(&self, _dim: usize, _ids: &Self) -> Result<Self> {
+        Err(not_yet("gather"))
+    }
+
+    pub(super) fn scatter_add(&self, _dim: usize, _ids: &Self, _shape: &[usize]) -> Result<Self> {
+        Err(not_yet("gather_backward"))
+    }
+
     pub(super) fn cast<U: Element>(&self) -> Result<CudaStorage<U>> {
         Err(not_yet("cast"))
     }

@@ -160,6 +160,14 @@ fn device_mismatch(context: &str, a: Device, b: Device) -> Error {
     Error::DeviceMismatch { context: context.into(), left: a.to_string(), right: b.to_string() }
 }
 
+/// PyTorch's error for a reduction without identity (max, min, argmax) over an empty dim.
+pub(crate) fn empty_reduction(op: &str, dim: usize) -> Error {
+    Error::InvalidArgument {
+        context: op.into(),
+        reason: format!("expected reduction dim {dim} to have non-zero size (the reduction has no identity)"),
+    }
+}
+
 fn shape_mismatch(context: String, expected: &[usize], actual: &[usize]) -> Error {
     Error::ShapeMismatch { context, expected: expected.to_vec(), actual: actual.to_vec() }
 }
@@ -550,6 +558,138 @@ impl<T: Element> Storage<T> {
         }
     }
 
+    /// `a` where this mask is non-zero, else `b` (numpy broadcasting of all three).
+    pub fn where_(&self, a: &Storage<T>, b: &Storage<T>) -> Result<Storage<T>> {
+        let shape = broadcast_shape("where", &broadcast_shape("where", self.shape(), a.shape())?, b.shape())?;
+        match (self, a, b) {
+            (Storage::Cpu(c), Storage::Cpu(x), Storage::Cpu(y)) => cpu::where_(c, x, y, &shape).map(Storage::Cpu),
+            (Storage::Cuda(c), Storage::Cuda(x), Storage::Cuda(y)) => {
+                on_cuda!(c, x, y => c.where_(x, y, &shape).map(Storage::Cuda))
+            }
+            _ if self.device() != a.device() => Err(device_mismatch("where", self.device(), a.device())),
+            _ => Err(device_mismatch("where", a.device(), b.device())),
+        }
+    }
+
+    /// The lower (`lower`) or upper triangle of the last two dims relative to `diagonal`
+    /// (PyTorch `tril`/`triu`), for a shard whose last two dims start at global row `row0`
+    /// and column `col0`; zeros elsewhere.
+    pub fn tri(&self, lower: bool, diagonal: i64, row0: usize, col0: usize) -> Result<Storage<T>> {
+        if self.ndim() < 2 {
+            return Err(shape_mismatch("tril/triu: needs at least 2 dims".into(), &[0, 0], self.shape()));
+        }
+        match self {
+            Storage::Cpu(a) => Ok(Storage::Cpu(cpu::tri(a, lower, diagonal, row0, col0))),
+            Storage::Cuda(c) => on_cuda!(c => c.tri(lower, diagonal, row0, col0).map(Storage::Cuda)),
+        }
+    }
+
+    /// Index of the maximum (`max`) or minimum along `dim` (first occurrence; NaN counts as
+    /// the extreme), as element values. An empty `dim` is an error (PyTorch).
+    pub fn arg_reduce(&self, dim: usize, max: bool, keepdim: bool) -> Result<Storage<T>> {
+        let op = if max { "argmax" } else { "argmin" };
+        self.check_dim(op, dim)?;
+        if self.shape()[dim] == 0 {
+            return Err(empty_reduction(op, dim));
+        }
+        match self {
+            Storage::Cpu(a) => Ok(Storage::Cpu(cpu::arg_reduce(a, dim, max, keepdim))),
+            Storage::Cuda(c) => on_cuda!(c => c.arg_reduce(dim, max, keepdim).map(Storage::Cuda)),
+        }
+    }
+
+    /// Concatenation of `parts` (same device, same shape except `dim`) along `dim`.
+    pub fn cat(parts: &[&Storage<T>], dim: usize) -> Result<Storage<T>> {
+        let Some(first) = parts.first() else {
+            return Err(Error::InvalidArgument { context: "cat".into(), reason: "no tensors to concatenate".into() });
+        };
+        first.check_dim("cat", dim)?;
+        for p in parts {
+            let same = p.ndim() == first.ndim() && (0..p.ndim()).all(|d| d == dim || p.shape()[d] == first.shape()[d]);
+            if !same {
+                return Err(shape_mismatch(format!("cat along dim {dim}"), first.shape(), p.shape()));
+            }
+            first.same_device(p, "cat")?;
+        }
+        match first {
+            Storage::Cpu(_) => {
+                let arrays: Vec<&ArrayD<T>> = parts.iter().filter_map(|p| p.as_cpu()).collect();
+                cpu::cat(&arrays, dim).map(Storage::Cpu)
+            }
+            Storage::Cuda(c) => on_cuda!(c => c.cat(parts, dim).map(Storage::Cuda)),
+        }
+    }
+
+    /// This tensor placed at `start` inside zeros of `shape` (the gradient of a slice).
+    pub fn pad_into(&self, shape: &[usize], start: &[usize]) -> Result<Storage<T>> {
+        let inside = shape.len() == self.ndim()
+            && start.len() == self.ndim()
+            && (0..self.ndim()).all(|d| start[d] + self.shape()[d] <= shape[d]);
+        if !inside {
+            return Err(shape_mismatch(format!("pad at {start:?}: box outside the tensor"), shape, self.shape()));
+        }
+        self.pack(&pack::pad(self.shape(), shape, start))
+    }
+
+    /// The slices at whole-number `ids` (1-D) along `dim` (PyTorch `index_select`).
+    pub fn index_select(&self, dim: usize, ids: &Storage<T>) -> Result<Storage<T>> {
+        self.check_dim("index_select", dim)?;
+        if ids.ndim() != 1 {
+            return Err(shape_mismatch("index_select: index must be 1-D".into(), &[0], ids.shape()));
+        }
+        match (self, ids) {
+            (Storage::Cpu(a), Storage::Cpu(i)) => cpu::index_select(a, dim, i).map(Storage::Cpu),
+            (Storage::Cuda(a), Storage::Cuda(i)) => on_cuda!(a, i => a.index_select(dim, i).map(Storage::Cuda)),
+            _ => Err(device_mismatch("index_select", self.device(), ids.device())),
+        }
+    }
+
+    /// Gradient of [`Storage::index_select`]: this gradient's slices added at `ids` along `dim`
+    /// of zeros whose `dim` has size `n`.
+    pub fn index_add(&self, dim: usize, ids: &Storage<T>, n: usize) -> Result<Storage<T>> {
+        self.check_dim("index_select_backward", dim)?;
+        if ids.ndim() != 1 || ids.len() != self.shape()[dim] {
+            return Err(shape_mismatch("index_select_backward: index vs gradient".into(), self.shape(), ids.shape()));
+        }
+        match (self, ids) {
+            (Storage::Cpu(g), Storage::Cpu(i)) => cpu::index_add(g, dim, i, n).map(Storage::Cpu),
+            (Storage::Cuda(g), Storage::Cuda(i)) => on_cuda!(g, i => g.index_add(dim, i, n).map(Storage::Cuda)),
+            _ => Err(device_mismatch("index_select_backward", self.device(), ids.device())),
+        }
+    }
+
+    /// PyTorch `gather` along `dim` at whole-number `ids` (same rank; every other dim of `ids`
+    /// no larger than this tensor's): the shape of `ids`.
+    pub fn gather(&self, dim: usize, ids: &Storage<T>) -> Result<Storage<T>> {
+        self.check_dim("gather", dim)?;
+        let fits = ids.ndim() == self.ndim() && (0..self.ndim()).all(|d| d == dim || ids.shape()[d] <= self.shape()[d]);
+        if !fits {
+            return Err(shape_mismatch("gather: index vs input".into(), self.shape(), ids.shape()));
+        }
+        match (self, ids) {
+            (Storage::Cpu(a), Storage::Cpu(i)) => cpu::gather(a, dim, i).map(Storage::Cpu),
+            (Storage::Cuda(a), Storage::Cuda(i)) => on_cuda!(a, i => a.gather(dim, i).map(Storage::Cuda)),
+            _ => Err(device_mismatch("gather", self.device(), ids.device())),
+        }
+    }
+
+    /// Gradient of [`Storage::gather`]: this gradient (the shape of `ids`) added at the
+    /// gathered positions of zeros of `shape`.
+    pub fn scatter_add(&self, dim: usize, ids: &Storage<T>, shape: &[usize]) -> Result<Storage<T>> {
+        let fits = ids.shape() == self.shape()
+            && shape.len() == self.ndim()
+            && dim < shape.len()
+            && (0..shape.len()).all(|d| d == dim || self.shape()[d] <= shape[d]);
+        if !fits {
+            return Err(shape_mismatch("gather_backward: gradient vs index".into(), self.shape(), ids.shape()));
+        }
+        match (self, ids) {
+            (Storage::Cpu(g), Storage::Cpu(i)) => cpu::scatter_add(g, dim, i, shape).map(Storage::Cpu),
+            (Storage::Cuda(g), Storage::Cuda(i)) => on_cuda!(g, i => g.scatter_add(dim, i, shape).map(Storage::Cuda)),
+            _ => Err(device_mismatch("gather_backward", self.device(), ids.device())),
+        }
+    }
+
     /// One-hot encoding of whole-number ids into `classes` classes: `shape + [classes]`.
     pub fn one_hot(&self, classes: usize) -> Result<Storage<T>> {
         match self {
@@ -684,6 +824,102 @@ mod tests {
             / (2.0 * h);
         let g = cpu(s.unary(GeluGrad).unwrap());
         assert!(fd.iter().zip(&g).all(|(a, b)| (a - b).abs() < 1e-6), "gelu_grad vs finite differences");
+    }
+
+    #[test]
+    fn activation_kernels_match_scalar_references() {
+        let x = arr(&[3, 4], |i| i as f64 * 0.37 - 2.0);
+        let s = Storage::Cpu(x.clone());
+        type Case = (UnaryOp, fn(f64) -> f64);
+        let cases: [Case; 8] = [
+            (Silu, |v| v / (1.0 + (-v).exp())),
+            (Sigmoid, |v| 1.0 / (1.0 + (-v).exp())),
+            (Softplus { beta: 1.0, threshold: 20.0 }, |v| (1.0 + v.exp()).ln()),
+            (Pow(3.0), |v| v * v * v),
+            (Abs, f64::abs),
+            (Clamp { lo: -1.0, hi: 0.5 }, |v| v.clamp(-1.0, 0.5)),
+            (Sign, f64::signum),
+            (NonZero, |v| if v != 0.0 { 1.0 } else { 0.0 }),
+        ];
+        for (op, f) in cases {
+            assert!(close(&cpu(s.unary(op).unwrap()), &x.mapv(f)), "{op}");
+        }
+        let p = Storage::Cpu(x.mapv(|v| v.abs() + 0.1));
+        assert!(close(&cpu(p.unary(Rsqrt).unwrap()), &x.mapv(|v| 1.0 / (v.abs() + 0.1).sqrt())));
+        // Derivatives against central differences of the forward kernels.
+        let h = 1e-6;
+        let derivs = [
+            (Silu, SiluGrad, false),
+            (Sigmoid, SigmoidGrad, true),
+            (Softplus { beta: 2.0, threshold: 1.0 }, SoftplusGrad { beta: 2.0, threshold: 1.0 }, false),
+            (Pow(-1.5), PowGrad(-1.5), false),
+            (Rsqrt, RsqrtGrad, true),
+            (GeluErf, GeluErfGrad, false),
+        ];
+        for (f, df, of_output) in derivs {
+            let base = if matches!(f, Pow(_) | Rsqrt) { &p } else { &s };
+            let fd = (cpu(base.unary(AddScalar(h)).unwrap().unary(f).unwrap())
+                - cpu(base.unary(AddScalar(-h)).unwrap().unary(f).unwrap()))
+                / (2.0 * h);
+            let at = if of_output { base.unary(f).unwrap() } else { base.clone() };
+            let d = cpu(at.unary(df).unwrap());
+            assert!(fd.iter().zip(&d).all(|(a, b)| (a - b).abs() < 1e-5), "{df}");
+        }
+        // The dropout scale: 0 below p, 1/(1-p) above.
+        let u = Storage::Cpu(arr(&[4], |i| i as f64 * 0.25 - 0.1));
+        assert_eq!(cpu(u.unary(DropoutScale(0.5)).unwrap()).into_raw_vec_and_offset().0, vec![0.0, 0.0, 2.0, 2.0]);
+    }
+
+    #[test]
+    fn selection_kernels_match_ndarray_references() {
+        let a = arr(&[3, 4], |i| ((i * 5) % 7) as f64);
+        let s = Storage::Cpu(a.clone());
+        // where with a broadcast row mask
+        let m = Storage::Cpu(ArrayD::from_shape_vec(IxDyn(&[4]), vec![1.0, 0.0, 0.0, 1.0]).unwrap());
+        let z = Storage::Cpu(ArrayD::from_elem(IxDyn(&[]), -1.0));
+        let w = cpu(m.where_(&s, &z).unwrap());
+        assert_eq!(
+            w,
+            ArrayD::from_shape_fn(IxDyn(&[3, 4]), |ix| if ix[1] % 3 == 0 { a[[ix[0], ix[1]]] } else { -1.0 })
+        );
+        // tril of a shard starting at row 1, column 2 of the global matrix
+        let t = cpu(s.tri(true, 0, 1, 2).unwrap());
+        assert_eq!(
+            t,
+            ArrayD::from_shape_fn(IxDyn(&[3, 4]), |ix| if ix[1] + 2 <= ix[0] + 1 { a[[ix[0], ix[1]]] } else { 0.0 })
+        );
+        // argmax / argmin (first occurrence)
+        let am = cpu(s.arg_reduce(1, true, false).unwrap());
+        for (r, &v) in am.iter().enumerate() {
+            let row = a.index_axis(Axis(0), r);
+            let mx = row.iter().copied().fold(f64::MIN, f64::max);
+            assert_eq!(v as usize, row.iter().position(|&x| x == mx).unwrap());
+        }
+        assert!(matches!(
+            Storage::Cpu(arr(&[2, 0], |_| 0.0)).arg_reduce(1, true, false),
+            Err(Error::InvalidArgument { .. })
+        ));
+        // cat, pad, index_select, gather
+        let c = cpu(Storage::cat(&[&s, &s.slice(&[0, 0], &[3, 1]).unwrap()], 1).unwrap());
+        assert_eq!(c, ndarray::concatenate(Axis(1), &[a.view(), a.slice(ndarray::s![.., 0..1]).into_dyn()]).unwrap());
+        let padded = cpu(s.pad_into(&[5, 6], &[1, 2]).unwrap());
+        assert_eq!(padded.slice(ndarray::s![1..4, 2..6]).into_dyn(), a);
+        assert_eq!(padded.sum(), a.sum());
+        let ids = Storage::Cpu(ArrayD::from_shape_vec(IxDyn(&[3]), vec![3.0, 0.0, 3.0]).unwrap());
+        assert_eq!(cpu(s.index_select(1, &ids).unwrap()), a.select(Axis(1), &[3, 0, 3]));
+        let back = cpu(Storage::Cpu(a.select(Axis(1), &[3, 0, 3])).index_add(1, &ids, 4).unwrap());
+        assert_eq!(back.index_axis(Axis(1), 3), a.index_axis(Axis(1), 3).mapv(|v| 2.0 * v));
+        assert_eq!(back.index_axis(Axis(1), 1).sum(), 0.0);
+        let gi = Storage::Cpu(ArrayD::from_shape_vec(IxDyn(&[2, 2]), vec![1.0, 3.0, 0.0, 0.0]).unwrap());
+        let g = cpu(s.gather(1, &gi).unwrap());
+        assert_eq!(g.into_raw_vec_and_offset().0, vec![a[[0, 1]], a[[0, 3]], a[[1, 0]], a[[1, 0]]]);
+        let sc = cpu(Storage::Cpu(arr(&[2, 2], |_| 1.0)).scatter_add(1, &gi, &[3, 4]).unwrap());
+        assert_eq!((sc[[1, 0]], sc[[0, 1]], sc[[0, 3]], sc.sum()), (2.0, 1.0, 1.0, 4.0));
+        assert!(s.gather(1, &Storage::Cpu(arr(&[1, 1], |_| 4.0))).is_err());
+        // NaN-propagating max/min folds
+        let n = Storage::Cpu(ArrayD::from_shape_vec(IxDyn(&[3]), vec![1.0, f64::NAN, 3.0]).unwrap());
+        assert!(cpu(n.reduce(Reduction::Max, &[0], false).unwrap()).iter().all(|v| v.is_nan()));
+        assert!(cpu(n.reduce(Reduction::Min, &[0], false).unwrap()).iter().all(|v| v.is_nan()));
     }
 
     #[test]

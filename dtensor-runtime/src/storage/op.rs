@@ -22,6 +22,17 @@ pub fn gelu_grad(x: f64) -> f64 {
     0.5 * (1.0 + t) + 0.5 * x * (1.0 - t * t) * GELU_C * (1.0 + 3.0 * GELU_A * x * x)
 }
 
+/// GELU, exact form (PyTorch `gelu(approximate="none")`): `x·Φ(x) = ½x(1 + erf(x/√2))`.
+pub fn gelu_erf(x: f64) -> f64 {
+    0.5 * x * (1.0 + libm::erf(x * std::f64::consts::FRAC_1_SQRT_2))
+}
+
+/// Derivative of [`gelu_erf`]: `Φ(x) + x·φ(x)`.
+pub fn gelu_erf_grad(x: f64) -> f64 {
+    let pdf = (-0.5 * x * x).exp() * 0.5 * std::f64::consts::FRAC_2_SQRT_PI * std::f64::consts::FRAC_1_SQRT_2;
+    0.5 * (1.0 + libm::erf(x * std::f64::consts::FRAC_1_SQRT_2)) + x * pdf
+}
+
 /// Element-wise functions of one tensor (`y = f(x)`).
 ///
 /// The `*Grad` variants are the local derivative factors backward multiplies the incoming
@@ -55,6 +66,42 @@ pub enum UnaryOp {
     TanhGrad,
     /// `0.5 / y` from the output `y = √x`.
     SqrtGrad,
+    /// `x·σ(x)` (SiLU, swish).
+    Silu,
+    /// `σ(x)(1 + x(1 - σ(x)))`, the derivative of SiLU.
+    SiluGrad,
+    /// `σ(x) = 1 / (1 + e⁻ˣ)`.
+    Sigmoid,
+    /// `y(1 - y)` from the output `y = σ(x)`.
+    SigmoidGrad,
+    /// `ln(1 + e^(βx)) / β`, and `x` where `βx > threshold` (PyTorch `softplus(beta, threshold)`).
+    Softplus { beta: f64, threshold: f64 },
+    /// `σ(βx)`, and `1` where `βx > threshold`: the derivative of [`UnaryOp::Softplus`].
+    SoftplusGrad { beta: f64, threshold: f64 },
+    /// `xᵖ` (scalar exponent).
+    Pow(f64),
+    /// `p·xᵖ⁻¹` (`0` for `p = 0`), the derivative of [`UnaryOp::Pow`].
+    PowGrad(f64),
+    /// `1 / √x`.
+    Rsqrt,
+    /// `-y³ / 2` from the output `y = 1/√x`.
+    RsqrtGrad,
+    /// `|x|`
+    Abs,
+    /// `sign(x)` (`0` at `0`), the derivative of [`UnaryOp::Abs`].
+    Sign,
+    /// `min(max(x, lo), hi)`; NaN stays NaN.
+    Clamp { lo: f64, hi: f64 },
+    /// `1` where `lo ≤ x ≤ hi`, else `0` (PyTorch's clamp backward).
+    ClampGrad { lo: f64, hi: f64 },
+    /// [`gelu_erf`] (exact form).
+    GeluErf,
+    /// [`gelu_erf_grad`].
+    GeluErfGrad,
+    /// Dropout scale from a uniform draw `u`: `0` where `u < p`, else `1 / (1 - p)`.
+    DropoutScale(f64),
+    /// `1` where `x ≠ 0`, else `0` (logical value of a mask).
+    NonZero,
 }
 
 impl UnaryOp {
@@ -74,13 +121,35 @@ impl UnaryOp {
             UnaryOp::GeluGrad => "gelu_grad",
             UnaryOp::TanhGrad => "tanh_grad",
             UnaryOp::SqrtGrad => "sqrt_grad",
+            UnaryOp::Silu => "silu",
+            UnaryOp::SiluGrad => "silu_grad",
+            UnaryOp::Sigmoid => "sigmoid",
+            UnaryOp::SigmoidGrad => "sigmoid_grad",
+            UnaryOp::Softplus { .. } => "softplus",
+            UnaryOp::SoftplusGrad { .. } => "softplus_grad",
+            UnaryOp::Pow(_) => "pow",
+            UnaryOp::PowGrad(_) => "pow_grad",
+            UnaryOp::Rsqrt => "rsqrt",
+            UnaryOp::RsqrtGrad => "rsqrt_grad",
+            UnaryOp::Abs => "abs",
+            UnaryOp::Sign => "sign",
+            UnaryOp::Clamp { .. } => "clamp",
+            UnaryOp::ClampGrad { .. } => "clamp_grad",
+            UnaryOp::GeluErf => "gelu_erf",
+            UnaryOp::GeluErfGrad => "gelu_erf_grad",
+            UnaryOp::DropoutScale(_) => "dropout_scale",
+            UnaryOp::NonZero => "nonzero",
         }
     }
 
     /// The scalar operand (0 for ops without one).
     pub fn scalar(self) -> f64 {
         match self {
-            UnaryOp::AddScalar(s) | UnaryOp::MulScalar(s) => s,
+            UnaryOp::AddScalar(s)
+            | UnaryOp::MulScalar(s)
+            | UnaryOp::Pow(s)
+            | UnaryOp::PowGrad(s)
+            | UnaryOp::DropoutScale(s) => s,
             _ => 0.0,
         }
     }
@@ -106,6 +175,20 @@ pub enum BinaryOp {
     Div,
     /// `1` where `a == b`, else `0`.
     Eq,
+    /// `1` where `a != b`, else `0`.
+    Ne,
+    /// `1` where `a < b`, else `0`.
+    Lt,
+    /// `1` where `a <= b`, else `0`.
+    Le,
+    /// `1` where `a > b`, else `0`.
+    Gt,
+    /// `1` where `a >= b`, else `0`.
+    Ge,
+    /// `max(a, b)`, NaN if either is NaN (PyTorch `maximum`).
+    Maximum,
+    /// `min(a, b)`, NaN if either is NaN (PyTorch `minimum`).
+    Minimum,
 }
 
 impl BinaryOp {
@@ -117,6 +200,13 @@ impl BinaryOp {
             BinaryOp::Mul => "mul",
             BinaryOp::Div => "div",
             BinaryOp::Eq => "eq",
+            BinaryOp::Ne => "ne",
+            BinaryOp::Lt => "lt",
+            BinaryOp::Le => "le",
+            BinaryOp::Gt => "gt",
+            BinaryOp::Ge => "ge",
+            BinaryOp::Maximum => "maximum",
+            BinaryOp::Minimum => "minimum",
         }
     }
 }
@@ -135,8 +225,10 @@ pub enum Reduction {
     Sum,
     /// Sum divided by the number of reduced elements.
     Mean,
-    /// Maximum (`-∞` over an empty dim).
+    /// Maximum (`-∞` over an empty dim); NaN if any element is NaN.
     Max,
+    /// Minimum (`+∞` over an empty dim); NaN if any element is NaN.
+    Min,
 }
 
 impl Reduction {
@@ -146,6 +238,7 @@ impl Reduction {
             Reduction::Sum => "sum",
             Reduction::Mean => "mean",
             Reduction::Max => "max",
+            Reduction::Min => "min",
         }
     }
 }

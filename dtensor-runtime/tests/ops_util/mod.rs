@@ -11,7 +11,8 @@
 
 use dtensor_runtime::autograd::no_grad;
 use dtensor_runtime::ndarray::{ArrayD, IxDyn};
-use dtensor_runtime::{distribute_tensor, run, CommDebugMode, DTensor, Placement, Result};
+use dtensor_runtime::{distribute_tensor, run, CommDebugMode, DTensor, Partial, Placement, ReduceOp, Result};
+use dtensor_runtime::{Replicate as R, Shard as S};
 
 /// How an input's values are generated.
 #[derive(Clone, Copy, Debug, PartialEq)]
@@ -56,6 +57,25 @@ pub struct Case {
 
 pub fn case(mesh: &[usize], inputs: Vec<Input>, expect: Option<&[Placement]>) -> Case {
     Case { mesh: mesh.to_vec(), inputs, expect: expect.map(|e| e.to_vec()) }
+}
+
+/// Layout cases of a one-input element-wise op: uneven shards, an empty shard (5 columns
+/// over 2×2 on one dim), a Partial input (kept for a `linear` op, reduced first otherwise).
+pub fn unary_cases(positive: bool, linear: bool) -> Vec<Case> {
+    let x = |shape: &[usize], pl: &[Placement]| if positive { pos(shape, pl) } else { inp(shape, pl) };
+    let mut v = vec![
+        case(&[2, 2], vec![x(&[5, 3], &[S(0), S(1)])], Some(&[S(0), S(1)])),
+        case(&[2, 2], vec![x(&[3, 4, 2], &[R, S(2)])], Some(&[R, S(2)])),
+        case(&[3], vec![x(&[7], &[S(0)])], Some(&[S(0)])),
+        case(&[2, 2], vec![x(&[2, 5], &[S(1), S(1)])], Some(&[S(1), S(1)])),
+    ];
+    if linear {
+        v.push(case(&[2, 2], vec![x(&[5, 3], &[Partial(ReduceOp::Sum), S(0)])], Some(&[Partial(ReduceOp::Sum), S(0)])));
+    } else if !positive {
+        // Partial input of a nonlinear op: reduced first
+        v.push(case(&[2, 2], vec![x(&[5, 3], &[Partial(ReduceOp::Sum), S(0)])], None));
+    }
+    v
 }
 
 fn hash(i: usize, seed: usize) -> f64 {
@@ -138,16 +158,23 @@ fn evaluate(
     Ok(out.into_iter().next().expect("rank 0"))
 }
 
-fn close(a: &ArrayD<f64>, b: &ArrayD<f64>, tol: f64) -> std::result::Result<(), String> {
+/// Checks `a ≈ b` elementwise; returns the largest absolute difference (NaN pairs agree).
+fn close(a: &ArrayD<f64>, b: &ArrayD<f64>, tol: f64) -> std::result::Result<f64, String> {
     if a.shape() != b.shape() {
         return Err(format!("shape {:?} != {:?}", a.shape(), b.shape()));
     }
+    let mut worst = 0.0f64;
     for (x, y) in a.iter().zip(b.iter()) {
-        if (x - y).abs() > tol * (1.0 + y.abs()) && !(x.is_nan() && y.is_nan()) {
+        if x.is_nan() && y.is_nan() || x == y {
+            continue;
+        }
+        let d = (x - y).abs();
+        if d.is_nan() || d > tol * (1.0 + y.abs()) {
             return Err(format!("value {x} != {y}"));
         }
+        worst = worst.max(d);
     }
-    Ok(())
+    Ok(worst)
 }
 
 /// Central finite differences of `sum(op(x) * W)` on one rank vs the autograd gradients.
@@ -196,8 +223,10 @@ fn finite_difference(
 }
 
 /// Runs every case of one op; returns one line per case for the report table and panics
-/// with every failure at the end.
+/// with every failure at the end. Prints a summary line `TABLE | op | cases | max abs error`
+/// (the largest difference of any output or gradient element from the 1-rank reference).
 pub fn check_op(name: &str, cases: &[Case], fd: bool, op: &Op) -> Vec<String> {
+    let mut worst = 0.0f64;
     let mut lines = Vec::new();
     let mut failures = Vec::new();
     for (ci, c) in cases.iter().enumerate() {
@@ -217,7 +246,7 @@ pub fn check_op(name: &str, cases: &[Case], fd: bool, op: &Op) -> Vec<String> {
             }
             let (y, pl, comms, g) =
                 evaluate(&c.mesh, &c.inputs, &globals, false, op).map_err(|e| format!("distributed: {e}"))?;
-            close(&y, &ry, 1e-9).map_err(|e| format!("forward: {e}"))?;
+            let mut err = close(&y, &ry, 1e-9).map_err(|e| format!("forward: {e}"))?;
             if let Some(e) = &c.expect {
                 if &pl != e {
                     return Err(format!("output placements {pl:?}, rule says {e:?}"));
@@ -233,11 +262,12 @@ pub fn check_op(name: &str, cases: &[Case], fd: bool, op: &Op) -> Vec<String> {
                         if gp != &leaf_placements(&inp.placements) {
                             return Err(format!("grad {j} placements {gp:?} != input's {:?}", inp.placements));
                         }
-                        close(gd, gr, 1e-9).map_err(|e| format!("grad {j}: {e}"))?;
+                        err = err.max(close(gd, gr, 1e-9).map_err(|e| format!("grad {j}: {e}"))?);
                     }
                     _ => return Err(format!("grad {j} present on one side only")),
                 }
             }
+            worst = worst.max(err);
             Ok(format!(
                 "{} -> {}{}",
                 desc,
@@ -253,6 +283,7 @@ pub fn check_op(name: &str, cases: &[Case], fd: bool, op: &Op) -> Vec<String> {
     for l in &lines {
         println!("{l}");
     }
+    println!("TABLE | {name} | {} | {worst:.3e}", cases.len());
     assert!(failures.is_empty(), "{} failures:\n{}", failures.len(), failures.join("\n"));
     lines
 }

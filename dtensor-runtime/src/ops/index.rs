@@ -1,0 +1,114 @@
+//! Indexing by tensors of ids: `index_select` and `gather`.
+//!
+//! Ids are whole numbers held in the element type (as `embedding`'s). Rules per mesh dim:
+//! `index_select(dim, index)` — the indexed dim of the input must be Replicate; other shards
+//! of the input are kept; a sharded (1-D) index with a replicated input shards the output on
+//! `dim`; Partial inputs stay Partial (linear). `gather(dim, index)` — input and index sharded
+//! alike on a dim `e` ≠ `dim` of equal size keep it; an index sharded on `dim` with the input
+//! replicated there shards the output on `dim`; a Partial input with a replicated index stays
+//! Partial. The gradients scatter-add the output's gradient back, under the mirrored rules
+//! (an output sharded on `dim` gives a Partial(sum) gradient).
+
+use super::slice::ALL_OPS;
+use super::strategy::{partial_ops, select, DimRule, Select};
+use super::{new_output, norm_dim};
+use crate::autograd::record;
+use crate::dtensor::DTensor;
+use crate::element::Element;
+use crate::error::{Error, Result};
+use crate::layout::local_shape_and_offset;
+use crate::placement::{Placement, ReduceOp};
+
+const R: Placement = Placement::Replicate;
+
+fn sh(d: usize) -> Placement {
+    Placement::Shard(d as isize)
+}
+
+/// Gradient of index_select: `g`'s slices added at `ids` along `d` into zeros of `shape`.
+fn index_add<T: Element>(g: &DTensor<T>, ids: &DTensor<T>, d: usize, shape: &[usize]) -> Result<DTensor<T>> {
+    let mut rs = vec![DimRule::new(&[R, R], R)];
+    rs.extend((0..g.ndim()).filter(|&e| e != d).map(|e| DimRule::new(&[sh(e), R], sh(e))));
+    rs.push(DimRule::new(&[sh(d), sh(0)], Placement::PARTIAL_SUM));
+    for o in partial_ops(&[g], &[ReduceOp::Sum, ReduceOp::Avg]) {
+        rs.push(DimRule::new(&[Placement::Partial(o), R], Placement::Partial(o)));
+    }
+    let c = select("index_select_backward", &[g, ids], &rs, Select::default())?;
+    let (gi, ii) = (&*c.inputs[0], &*c.inputs[1]);
+    let local = gi.local.index_add(d, &ii.local, shape[d])?;
+    Ok(new_output(local, &gi.mesh, c.output, shape.to_vec()))
+}
+
+/// Gradient of gather: `g` added at the gathered positions of zeros of `shape`.
+fn scatter_add<T: Element>(g: &DTensor<T>, ids: &DTensor<T>, d: usize, shape: &[usize]) -> Result<DTensor<T>> {
+    let mut rs = vec![DimRule::new(&[R, R], R)];
+    rs.extend(
+        (0..g.ndim()).filter(|&e| e != d && g.shape[e] == shape[e]).map(|e| DimRule::new(&[sh(e), sh(e)], sh(e))),
+    );
+    rs.push(DimRule::new(&[sh(d), sh(d)], Placement::PARTIAL_SUM));
+    for o in partial_ops(&[g], &[ReduceOp::Sum, ReduceOp::Avg]) {
+        rs.push(DimRule::new(&[Placement::Partial(o), R], Placement::Partial(o)));
+    }
+    let c = select("gather_backward", &[g, ids], &rs, Select::default())?;
+    let (gi, ii) = (&*c.inputs[0], &*c.inputs[1]);
+    let (local_shape, _) = local_shape_and_offset(shape, gi.mesh.shape(), gi.mesh.coordinate(), &c.output);
+    let local = gi.local.scatter_add(d, &ii.local, &local_shape)?;
+    Ok(new_output(local, &gi.mesh, c.output, shape.to_vec()))
+}
+
+impl<T: Element> DTensor<T> {
+    /// The slices of `dim` at the whole-number ids of the 1-D `index` (PyTorch
+    /// `index_select`); the gradient flows to `self`.
+    pub fn index_select(&self, dim: isize, index: &DTensor<T>) -> Result<DTensor<T>> {
+        let d = norm_dim("index_select", dim, self.ndim())?;
+        if index.ndim() != 1 {
+            return Err(Error::ShapeMismatch {
+                context: "index_select: the index must be 1-D".into(),
+                expected: vec![index.numel()],
+                actual: index.shape.clone(),
+            });
+        }
+        let mut rs = vec![DimRule::new(&[R, R], R)];
+        rs.extend((0..self.ndim()).filter(|&e| e != d).map(|e| DimRule::new(&[sh(e), R], sh(e))));
+        rs.push(DimRule::new(&[R, sh(0)], sh(d)));
+        for o in partial_ops(&[self], &ALL_OPS) {
+            rs.push(DimRule::new(&[Placement::Partial(o), R], Placement::Partial(o)));
+        }
+        let c = select("index_select", &[self, index], &rs, Select::default())?;
+        let (xi, ii) = (&*c.inputs[0], &*c.inputs[1]);
+        let mut shape = xi.shape.clone();
+        shape[d] = index.shape[0];
+        let out = new_output(xi.local.index_select(d, &ii.local)?, &xi.mesh, c.output, shape);
+        let (ids, in_shape) = (ii.detach(), xi.shape.clone());
+        Ok(record("index_select_backward", out, &[xi], move |g| Ok(vec![Some(index_add(g, &ids, d, &in_shape)?)])))
+    }
+
+    /// PyTorch `gather(dim, index)`: `out[i][j] = self[i][index[i][j]]` for `dim = 1`, of the
+    /// shape of `index` (same rank; other dims no larger than `self`'s).
+    pub fn gather(&self, dim: isize, index: &DTensor<T>) -> Result<DTensor<T>> {
+        let d = norm_dim("gather", dim, self.ndim())?;
+        let fits = index.ndim() == self.ndim() && (0..self.ndim()).all(|e| e == d || index.shape[e] <= self.shape[e]);
+        if !fits {
+            return Err(Error::ShapeMismatch {
+                context: "gather: the index must have the input's rank and no larger dims".into(),
+                expected: self.shape.clone(),
+                actual: index.shape.clone(),
+            });
+        }
+        let mut rs = vec![DimRule::new(&[R, R], R)];
+        rs.extend(
+            (0..self.ndim())
+                .filter(|&e| e != d && index.shape[e] == self.shape[e])
+                .map(|e| DimRule::new(&[sh(e), sh(e)], sh(e))),
+        );
+        rs.push(DimRule::new(&[R, sh(d)], sh(d)));
+        for o in partial_ops(&[self], &ALL_OPS) {
+            rs.push(DimRule::new(&[Placement::Partial(o), R], Placement::Partial(o)));
+        }
+        let c = select("gather", &[self, index], &rs, Select::default())?;
+        let (xi, ii) = (&*c.inputs[0], &*c.inputs[1]);
+        let out = new_output(xi.local.gather(d, &ii.local)?, &xi.mesh, c.output, index.shape.clone());
+        let (ids, in_shape) = (ii.detach(), xi.shape.clone());
+        Ok(record("gather_backward", out, &[xi], move |g| Ok(vec![Some(scatter_add(g, &ids, d, &in_shape)?)])))
+    }
+}

@@ -1,0 +1,131 @@
+//! Masking and selection: comparisons returning masks, `where`, `masked_fill`, `tril`/`triu`.
+//!
+//! Masks are tensors of the same element type holding 1 (true) and 0 (false); any non-zero
+//! value counts as true where a mask is read. (Integer and bool element types come later.)
+//!
+//! Rules per mesh dim: comparisons and `where` follow the element-wise rule of
+//! [`pointwise`](super::pointwise) with no Partial strategy (a Partial input is reduced first,
+//! as PyTorch's non-linear pointwise ops); the mask never carries a gradient. `tril`/`triu`
+//! keep every placement: the kernel reads the shard's global row and column offsets, so a
+//! shard of the matrix dims masks its own part without communication (PyTorch replicates the
+//! two matrix dims instead); they are linear, so Partial(sum/avg) stays.
+
+use super::pointwise::{binary, rules, BinaryBackward, Linearity};
+use super::strategy::{partial_ops, select, DimRule, Select};
+use super::{new_output, sum_to};
+use crate::autograd::{input_needs_grad, no_grad, record, recording};
+use crate::dtensor::DTensor;
+use crate::element::Element;
+use crate::error::{Error, Result};
+use crate::placement::{Placement, ReduceOp};
+use crate::storage::broadcast_shape;
+use crate::storage::op::BinaryOp;
+
+/// A 0-d replicated tensor of value `v` on `like`'s mesh and device (no history).
+pub(crate) fn scalar_like<T: Element>(like: &DTensor<T>, v: T) -> Result<DTensor<T>> {
+    let local = like.local.new_full(&[], v)?;
+    Ok(DTensor::new_unchecked(local, like.mesh.clone(), vec![Placement::Replicate; like.mesh.ndim()], vec![], None))
+}
+
+fn compare<T: Element>(op: BinaryOp, a: &DTensor<T>, b: &DTensor<T>) -> Result<DTensor<T>> {
+    let no_grad_bwd: BinaryBackward<T> = |_, _, _, _| Err(Error::Autograd("a comparison has no gradient".into()));
+    no_grad(|| binary(op, "compare_backward", a, b, Linearity::None, no_grad_bwd))
+}
+
+/// `a` where `cond` is non-zero, else `b`, broadcasting all three.
+fn where_impl<T: Element>(cond: &DTensor<T>, a: &DTensor<T>, b: &DTensor<T>) -> Result<DTensor<T>> {
+    let out_shape = broadcast_shape("where", &broadcast_shape("where", &cond.shape, &a.shape)?, &b.shape)?;
+    let rs = rules(&[&cond.shape, &a.shape, &b.shape], &out_shape, Linearity::None, &[]);
+    let c = select("where", &[cond, a, b], &rs, Select::default())?;
+    let (ci, ai, bi) = (&*c.inputs[0], &*c.inputs[1], &*c.inputs[2]);
+    let out = new_output(ci.local.where_(&ai.local, &bi.local)?, &ai.mesh, c.output, out_shape);
+    if !recording(&[ai, bi]) {
+        return Ok(out);
+    }
+    let (sc, sa_shape, sb_shape) = (ci.detach(), ai.shape.clone(), bi.shape.clone());
+    // The mask is no differentiable input: its slot gets no gradient.
+    Ok(record("where_backward", out, &[&ci.detach(), ai, bi], move |g| {
+        let zero = scalar_like(g, T::zero())?;
+        let ga = if input_needs_grad(1) { Some(sum_to(where_impl(&sc, g, &zero)?, &sa_shape)?) } else { None };
+        let gb = if input_needs_grad(2) { Some(sum_to(where_impl(&sc, &zero, g)?, &sb_shape)?) } else { None };
+        Ok(vec![None, ga, gb])
+    }))
+}
+
+fn tri<T: Element>(x: &DTensor<T>, lower: bool, diagonal: i64) -> Result<DTensor<T>> {
+    let op = if lower { "tril" } else { "triu" };
+    if x.ndim() < 2 {
+        return Err(Error::InvalidArgument { context: op.into(), reason: "needs a tensor of at least 2 dims".into() });
+    }
+    let mut rs = vec![DimRule::new(&[Placement::Replicate], Placement::Replicate)];
+    rs.extend((0..x.ndim()).map(|d| DimRule::new(&[Placement::Shard(d as isize)], Placement::Shard(d as isize))));
+    rs.extend(
+        partial_ops(&[x], &[ReduceOp::Sum, ReduceOp::Avg])
+            .into_iter()
+            .map(|o| DimRule::new(&[Placement::Partial(o)], Placement::Partial(o))),
+    );
+    let c = select(op, &[x], &rs, Select::default())?;
+    let xi = &*c.inputs[0];
+    let off = xi.local_offset();
+    let nd = xi.ndim();
+    let local = xi.local.tri(lower, diagonal, off[nd - 2], off[nd - 1])?;
+    let out = new_output(local, &xi.mesh, c.output, xi.shape.clone());
+    Ok(record("tri_backward", out, &[xi], move |g| Ok(vec![Some(tri(g, lower, diagonal)?)])))
+}
+
+impl<T: Element> DTensor<T> {
+    /// 1 where `self != other` (broadcasting), else 0; no gradient.
+    pub fn ne_mask(&self, other: &DTensor<T>) -> Result<DTensor<T>> {
+        compare(BinaryOp::Ne, self, other)
+    }
+
+    /// 1 where `self < other` (broadcasting), else 0; no gradient.
+    pub fn lt_mask(&self, other: &DTensor<T>) -> Result<DTensor<T>> {
+        compare(BinaryOp::Lt, self, other)
+    }
+
+    /// 1 where `self <= other` (broadcasting), else 0; no gradient.
+    pub fn le_mask(&self, other: &DTensor<T>) -> Result<DTensor<T>> {
+        compare(BinaryOp::Le, self, other)
+    }
+
+    /// 1 where `self > other` (broadcasting), else 0; no gradient.
+    pub fn gt_mask(&self, other: &DTensor<T>) -> Result<DTensor<T>> {
+        compare(BinaryOp::Gt, self, other)
+    }
+
+    /// 1 where `self >= other` (broadcasting), else 0; no gradient.
+    pub fn ge_mask(&self, other: &DTensor<T>) -> Result<DTensor<T>> {
+        compare(BinaryOp::Ge, self, other)
+    }
+
+    /// PyTorch `self.where(condition, other)`: `self` where `condition` is non-zero, else
+    /// `other` (broadcasting all three). Gradients flow to `self` and `other`, not the mask.
+    pub fn where_(&self, condition: &DTensor<T>, other: &DTensor<T>) -> Result<DTensor<T>> {
+        where_impl(condition, self, other)
+    }
+
+    /// `value` where `mask` is non-zero, else `self` (PyTorch `masked_fill`; `mask`
+    /// broadcasts to `self`). `value` may be infinite (e.g. `-inf` before a softmax).
+    pub fn masked_fill(&self, mask: &DTensor<T>, value: T) -> Result<DTensor<T>> {
+        let out = broadcast_shape("masked_fill", &mask.shape, &self.shape)?;
+        if out != self.shape {
+            return Err(Error::ShapeMismatch {
+                context: "masked_fill: the mask must broadcast to the tensor".into(),
+                expected: self.shape.clone(),
+                actual: mask.shape.clone(),
+            });
+        }
+        where_impl(mask, &scalar_like(self, value)?, self)
+    }
+
+    /// The lower triangle of the last two dims (PyTorch `tril(diagonal)`), zeros above.
+    pub fn tril(&self, diagonal: i64) -> Result<DTensor<T>> {
+        tri(self, true, diagonal)
+    }
+
+    /// The upper triangle of the last two dims (PyTorch `triu(diagonal)`), zeros below.
+    pub fn triu(&self, diagonal: i64) -> Result<DTensor<T>> {
+        tri(self, false, diagonal)
+    }
+}
