@@ -234,7 +234,9 @@ impl HfCheckpoint {
         placements: &[Placement],
     ) -> Result<DTensor<T>> {
         let (_, global, _) = self.source(name)?;
-        let placements = normalize_placements(placements, global.len(), mesh.ndim())?;
+        let placements = normalize_placements(placements, global.len(), mesh.ndim()).map_err(|e| {
+            Error::InvalidArgument { context: format!("loading `{name}` of shape {global:?}"), reason: e.to_string() }
+        })?;
         if let Some(p) = placements.iter().find(|p| p.is_partial()) {
             return Err(Error::PartialNotAllowed { placement: *p, context: format!("loading `{name}`") });
         }
