@@ -13,57 +13,13 @@ use clap::Parser;
 use dtensor::checkpoint::hf::{self, HfCheckpoint, LoadPlan};
 use dtensor::module::{ColwiseParallel, LayerKind, RowwiseParallel};
 use dtensor::prelude::*;
-use std::alloc::{GlobalAlloc, Layout, System};
-use std::cell::Cell;
 use std::collections::HashMap;
 
-/// Heap accounting per thread (each in-process rank is a thread): bytes live and the peak.
-struct Counting;
-
-thread_local! {
-    static LIVE: Cell<isize> = const { Cell::new(0) };
-    static PEAK: Cell<isize> = const { Cell::new(0) };
-}
-
-fn track(delta: isize) {
-    let _ = LIVE.try_with(|live| {
-        let v = live.get() + delta;
-        live.set(v);
-        let _ = PEAK.try_with(|p| p.set(p.get().max(v)));
-    });
-}
-
-// SAFETY: forwards to the system allocator; the accounting allocates nothing.
-unsafe impl GlobalAlloc for Counting {
-    unsafe fn alloc(&self, l: Layout) -> *mut u8 {
-        let p = unsafe { System.alloc(l) };
-        if !p.is_null() {
-            track(l.size() as isize);
-        }
-        p
-    }
-    unsafe fn alloc_zeroed(&self, l: Layout) -> *mut u8 {
-        let p = unsafe { System.alloc_zeroed(l) };
-        if !p.is_null() {
-            track(l.size() as isize);
-        }
-        p
-    }
-    unsafe fn dealloc(&self, p: *mut u8, l: Layout) {
-        unsafe { System.dealloc(p, l) };
-        track(-(l.size() as isize));
-    }
-    unsafe fn realloc(&self, p: *mut u8, l: Layout, new: usize) -> *mut u8 {
-        let q = unsafe { System.realloc(p, l, new) };
-        if !q.is_null() {
-            track(new as isize - l.size() as isize);
-        }
-        q
-    }
-}
+#[path = "hf_load/heap.rs"]
+mod heap;
 
 #[global_allocator]
-static ALLOC: Counting = Counting;
+static ALLOC: heap::Counting = heap::Counting;
 
 #[derive(Parser, Debug, Clone)]
 struct Args {
@@ -205,11 +161,12 @@ fn load_and_run(a: &Args, dir: &std::path::Path, mesh_shape: &[usize]) -> Result
     let n = mesh_shape.iter().product();
     dtensor::run(n, |ctx| {
         let mesh = ctx.init_device_mesh(mesh_shape, &["dp", "tp"])?;
-        let base = LIVE.with(Cell::get);
-        PEAK.with(|p| p.set(base));
-        let mut ck = HfCheckpoint::open(dir)?;
-        let weights: HashMap<String, DTensor<f32>> = ck.load(&mesh, &plan(a.fsdp))?.into_iter().collect();
-        let peak = PEAK.with(Cell::get) - base;
+        let (loaded, peak) = heap::peak_growth(|| {
+            let mut ck = HfCheckpoint::open(dir)?;
+            let weights: HashMap<String, DTensor<f32>> = ck.load(&mesh, &plan(a.fsdp))?.into_iter().collect();
+            Ok::<_, Error>((ck, weights))
+        });
+        let (ck, weights) = loaded?;
         let logits = forward(a, &weights, &mesh)?.full_tensor()?;
         Ok(RankLoad { logits, payload: ck.payload_bytes_read(), headers: ck.header_bytes_read(), peak })
     })

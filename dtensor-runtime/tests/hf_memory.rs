@@ -10,55 +10,12 @@ use dtensor_runtime::checkpoint::hf::{HfCheckpoint, LoadPlan, SINGLE_FILE};
 use dtensor_runtime::{run, Replicate, Shard};
 use hf_util::write_st;
 use safetensors::Dtype;
-use std::alloc::{GlobalAlloc, Layout, System};
-use std::cell::Cell;
 
-struct Counting;
-
-thread_local! {
-    static LIVE: Cell<isize> = const { Cell::new(0) };
-    static PEAK: Cell<isize> = const { Cell::new(0) };
-}
-
-fn track(delta: isize) {
-    let _ = LIVE.try_with(|live| {
-        let v = live.get() + delta;
-        live.set(v);
-        let _ = PEAK.try_with(|p| p.set(p.get().max(v)));
-    });
-}
-
-// SAFETY: forwards to the system allocator; the accounting allocates nothing.
-unsafe impl GlobalAlloc for Counting {
-    unsafe fn alloc(&self, l: Layout) -> *mut u8 {
-        let p = unsafe { System.alloc(l) };
-        if !p.is_null() {
-            track(l.size() as isize);
-        }
-        p
-    }
-    unsafe fn alloc_zeroed(&self, l: Layout) -> *mut u8 {
-        let p = unsafe { System.alloc_zeroed(l) };
-        if !p.is_null() {
-            track(l.size() as isize);
-        }
-        p
-    }
-    unsafe fn dealloc(&self, p: *mut u8, l: Layout) {
-        unsafe { System.dealloc(p, l) };
-        track(-(l.size() as isize));
-    }
-    unsafe fn realloc(&self, p: *mut u8, l: Layout, new: usize) -> *mut u8 {
-        let q = unsafe { System.realloc(p, l, new) };
-        if !q.is_null() {
-            track(new as isize - l.size() as isize);
-        }
-        q
-    }
-}
+#[path = "../../examples/hf_load/heap.rs"]
+mod heap;
 
 #[global_allocator]
-static ALLOC: Counting = Counting;
+static ALLOC: heap::Counting = heap::Counting;
 
 /// Conversion scratch (1 MiB) plus bookkeeping (names, headers, DTensor metadata).
 const OVERHEAD: isize = (1 << 20) + (64 << 10);
@@ -73,11 +30,12 @@ fn each_rank_holds_only_its_shards() {
     for mesh_shape in [[1, 1], [2, 2]] {
         let got = run(mesh_shape[0] * mesh_shape[1], |ctx| {
             let mesh = ctx.init_device_mesh(&mesh_shape, &["dp", "tp"])?;
-            let base = LIVE.with(Cell::get);
-            PEAK.with(|p| p.set(base));
-            let mut ck = HfCheckpoint::open(dir.path())?;
-            let sd = ck.load::<f32>(&mesh, &plan)?;
-            let peak = PEAK.with(Cell::get) - base;
+            let (loaded, peak) = heap::peak_growth(|| {
+                let mut ck = HfCheckpoint::open(dir.path())?;
+                let sd = ck.load::<f32>(&mesh, &plan)?;
+                Ok::<_, dtensor_runtime::Error>((ck, sd))
+            });
+            let (ck, sd) = loaded?;
             let local: usize = sd.iter().map(|(_, t)| t.to_local().shape().iter().product::<usize>()).sum();
             Ok((peak, local, ck.payload_bytes_read()))
         })
