@@ -17,5 +17,15 @@ bash scripts/mpi-tests.sh
 echo "== example: mlp_tp (small)"
 cargo run --example mlp_tp -- --steps 5
 
+echo "== example: hf_load (Llama-shaped HF checkpoint on 2x2 vs 1 rank)"
+cargo run --example hf_load
+cargo run --example hf_load -- --fsdp
+
+echo "== Hugging Face checkpoints: cross-check with Python safetensors where it is installed"
+if [ -z "${DTENSOR_PYTHON:-}" ] && python3 -c "import safetensors, numpy" 2>/dev/null; then
+  export DTENSOR_PYTHON=python3
+fi
+cargo test -p dtensor-runtime --test hf_python -- --nocapture
+
 echo "== benches in test mode"
 cargo test --benches

@@ -47,6 +47,8 @@
 //! assert_eq!(locals[2], g.slice(ndarray::s![.., 2..3]).into_dyn());
 //! ```
 
+mod convert;
+pub mod hf;
 mod index;
 pub(crate) mod safe_file;
 mod shard_file;
@@ -62,9 +64,10 @@ use crate::mesh::DeviceMesh;
 use crate::placement::{normalize_placements, without_partials, Placement};
 use crate::storage::Storage;
 use crate::Along;
+use index::safetensors_dtype;
 use ndarray::{ArrayD, IxDyn};
 use safe_file::SafeDir;
-use shard_file::{read_intersection, write_file, RawTensor, SavedBlock, ShardFile};
+use shard_file::{pt_metadata, read_intersection, write_file, RawTensor, SavedBlock, ShardFile};
 use std::collections::HashMap;
 use std::path::Path;
 
@@ -78,7 +81,7 @@ fn invalid(context: &str, reason: String) -> Error {
 }
 
 /// Checks names and that every tensor lives on one mesh; returns that mesh.
-fn common_mesh<'a, T: Element>(context: &str, state: &'a [(String, DTensor<T>)]) -> Result<&'a DeviceMesh> {
+pub(crate) fn common_mesh<'a, T: Element>(context: &str, state: &'a [(String, DTensor<T>)]) -> Result<&'a DeviceMesh> {
     let (_, first) = state.first().ok_or_else(|| invalid(context, "the state dict is empty".into()))?;
     for (i, (name, t)) in state.iter().enumerate() {
         if name.is_empty() || name == "__metadata__" {
@@ -213,7 +216,7 @@ pub fn save_full<T: Element>(path: impl AsRef<Path>, state: &[(String, DTensor<T
     let full: Vec<(String, RawTensor)> =
         state.iter().map(|(n, t)| Ok((n.clone(), RawTensor::of(&t.full_tensor()?)))).collect::<Result<_>>()?;
     if mesh.ranks()[0] == mesh.rank() {
-        write_file(path, &full, HashMap::from([("format".to_string(), "pt".to_string())]))?;
+        write_file(path, &full, pt_metadata())?;
     }
     mesh.barrier(Along::All)
 }
@@ -299,7 +302,7 @@ impl Checkpoint {
         for (k, data_at) in sources {
             let s = &entry.shards[k];
             let file = self.files.get_mut(&s.file).expect("opened above");
-            let block = SavedBlock { offset: &s.offset, shape: &s.shape, data_at };
+            let block = SavedBlock { offset: &s.offset, shape: &s.shape, data_at, dtype: safetensors_dtype(T::DTYPE) };
             copied += read_intersection(file, &block, offset, shape, &mut data)?;
         }
         // The index was checked to tile the tensor; keep the check cheap and typed anyway.
@@ -348,6 +351,6 @@ impl Checkpoint {
             .into_iter()
             .map(|n| Ok((n.clone(), RawTensor::of(&self.read_full::<T>(&n)?))))
             .collect::<Result<_>>()?;
-        write_file(path.as_ref(), &full, HashMap::from([("format".to_string(), "pt".to_string())]))
+        write_file(path.as_ref(), &full, pt_metadata())
     }
 }

@@ -1,7 +1,10 @@
-//! Reading and writing the safetensors files of a checkpoint: the header is parsed on its
-//! own and tensor data is read by byte range (seek + read), so loading a shard never reads
-//! the parts of a file it does not need.
+//! Reading and writing safetensors files (this crate's shard files and Hugging Face weight
+//! files alike): the header is parsed on its own and checked against the file's length, and
+//! tensor data is read by byte range (seek + read), so loading a shard never reads the parts
+//! of a file it does not need. Positioned reads rather than a memory map: a file truncated
+//! by another process while mapped would kill the reader with `SIGBUS`; a read just fails.
 
+use super::convert::{decode_into, loadable_size};
 use super::index::safetensors_dtype;
 use super::safe_file::SafeDir;
 use crate::element::Element;
@@ -9,6 +12,7 @@ use crate::error::{Error, Result};
 use crate::layout::contiguous_strides;
 use ndarray::ArrayD;
 use safetensors::tensor::Metadata;
+use safetensors::Dtype;
 use std::borrow::Cow;
 use std::collections::HashMap;
 use std::fs::File;
@@ -18,11 +22,19 @@ use std::path::{Path, PathBuf};
 /// Same bound as the safetensors crate: a larger header is treated as corrupt.
 const MAX_HEADER: u64 = 100_000_000;
 
+/// Largest scratch buffer of a converting read (bf16 to f32, ...): runs are converted in
+/// pieces of this size, so converting costs no memory in proportion to the tensor.
+const CONVERT_CHUNK_BYTES: usize = 1 << 20;
+
 fn err(path: &Path, reason: impl Into<String>) -> Error {
     Error::Checkpoint { path: path.display().to_string(), reason: reason.into() }
 }
 
-/// An open safetensors file whose header has been parsed and checked against its length.
+/// An open safetensors file whose header has been parsed and checked against its length: the
+/// safetensors crate checks, when parsing, that the tensors' byte ranges follow each other
+/// without gap or overlap (sorted by offset: `O(n log n)`) and that each range has the size
+/// its dtype and shape give (checked multiplication); [`ShardFile::open`] checks that they end
+/// where the file does.
 pub(crate) struct ShardFile {
     path: PathBuf,
     file: File,
@@ -33,6 +45,10 @@ pub(crate) struct ShardFile {
     pos: u64,
     /// Tensor payload bytes read so far.
     pub(crate) payload_read: u64,
+    /// Header bytes read (length prefix and JSON header).
+    pub(crate) header_read: u64,
+    /// Reused buffer of converting reads.
+    scratch: Vec<u8>,
 }
 
 impl ShardFile {
@@ -59,58 +75,105 @@ impl ShardFile {
             let want = want.map_or_else(|| "more than 2^64".to_string(), |w| w.to_string());
             return Err(err(&path, format!("{what}: the header describes {want} bytes but the file has {len}")));
         }
-        Ok(ShardFile { path, file, data_start, meta, pos: data_start, payload_read: 0 })
+        let header_read = data_start;
+        Ok(ShardFile {
+            path,
+            file,
+            data_start,
+            meta,
+            pos: data_start,
+            payload_read: 0,
+            header_read,
+            scratch: Vec::new(),
+        })
     }
 
-    /// Byte offset (absolute) of tensor `name`'s data, after checking its dtype and shape.
-    pub(crate) fn locate<T: Element>(&self, name: &str, shape: &[usize]) -> Result<u64> {
+    /// The file, as named in messages.
+    pub(crate) fn path(&self) -> &Path {
+        &self.path
+    }
+
+    /// Names of the tensors in the file, in the order of their data.
+    pub(crate) fn names(&self) -> Vec<String> {
+        self.meta.offset_keys()
+    }
+
+    /// Dtype, shape and absolute data offset of tensor `name`.
+    pub(crate) fn tensor(&self, name: &str) -> Result<(Dtype, &[usize], u64)> {
         // The header was checked against the file length (`open`) and the safetensors crate
         // checked each tensor's byte range against its shape, so the data exists in the file.
         let info =
             self.meta.info(name).ok_or_else(|| err(&self.path, format!("tensor `{name}` is missing from the file")))?;
-        if info.dtype != safetensors_dtype(T::DTYPE) || info.shape != shape {
+        Ok((info.dtype, &info.shape, self.data_start + info.data_offsets.0 as u64))
+    }
+
+    /// Byte offset (absolute) of tensor `name`'s data, after checking its dtype and shape.
+    pub(crate) fn locate<T: Element>(&self, name: &str, shape: &[usize]) -> Result<u64> {
+        let (dtype, file_shape, at) = self.tensor(name)?;
+        if dtype != safetensors_dtype(T::DTYPE) || file_shape != shape {
             return Err(err(
                 &self.path,
                 format!(
-                    "tensor `{name}` is {:?} {:?} in the file but the index says {} {shape:?}",
-                    info.dtype,
-                    info.shape,
+                    "tensor `{name}` is {dtype:?} {file_shape:?} in the file but the index says {} {shape:?}",
                     super::index::dtype_name(T::DTYPE)
                 ),
             ));
         }
-        Ok(self.data_start + info.data_offsets.0 as u64)
+        Ok(at)
     }
 
-    /// Reads `dst.len()` elements starting at absolute byte `at`.
-    fn read_at<T: Element>(&mut self, at: u64, dst: &mut [T]) -> Result<()> {
+    /// Reads `bytes.len()` bytes starting at absolute byte `at`.
+    fn read_bytes(&mut self, at: u64, bytes: &mut [u8]) -> Result<()> {
         if self.pos != at {
             self.file.seek(SeekFrom::Start(at)).map_err(|e| err(&self.path, format!("cannot seek: {e}")))?;
         }
-        let bytes: &mut [u8] = bytemuck::cast_slice_mut(dst);
         self.file
             .read_exact(bytes)
             .map_err(|e| err(&self.path, format!("cannot read {} bytes at {at}: {e}", bytes.len())))?;
-        from_le_in_place::<T>(bytes);
         self.pos = at + bytes.len() as u64;
         self.payload_read += bytes.len() as u64;
         Ok(())
     }
+
+    /// Reads `dst.len()` elements stored as `dtype` starting at absolute byte `at`, converting
+    /// them when `dtype` is not `T`'s (`dtype` is loadable: see [`loadable_size`]).
+    fn read_at<T: Element>(&mut self, at: u64, dtype: Dtype, dst: &mut [T]) -> Result<()> {
+        if dtype == safetensors_dtype(T::DTYPE) {
+            let bytes: &mut [u8] = bytemuck::cast_slice_mut(dst);
+            self.read_bytes(at, bytes)?;
+            from_le_in_place::<T>(bytes);
+            return Ok(());
+        }
+        let size = loadable_size(dtype)
+            .ok_or_else(|| err(&self.path, format!("{dtype:?} cannot be loaded as {}", T::DTYPE)))?;
+        let mut scratch = std::mem::take(&mut self.scratch);
+        let mut at = at;
+        for part in dst.chunks_mut((CONVERT_CHUNK_BYTES / size).max(1)) {
+            scratch.resize(part.len() * size, 0);
+            self.read_bytes(at, &mut scratch)?;
+            decode_into(dtype, &scratch, part);
+            at += scratch.len() as u64;
+        }
+        self.scratch = scratch;
+        Ok(())
+    }
 }
 
-/// A block of a saved tensor and where its data starts in a file.
+/// A block of a saved tensor, where its data starts in a file and its dtype there.
 pub(crate) struct SavedBlock<'a> {
     pub offset: &'a [usize],
     pub shape: &'a [usize],
     pub data_at: u64,
+    pub dtype: Dtype,
 }
 
 /// Copies the part of `src` that falls inside the destination block (`dst_offset`,
 /// `dst_shape`, row-major `dst`) from the file; returns the number of elements copied.
 ///
-/// Plain arithmetic is safe here: `src` was validated against the index (inside a tensor
-/// whose byte size fits in `isize`) and its data against the file's length, `dst` is a
-/// buffer that exists.
+/// Plain arithmetic is safe here: `src` lies inside a tensor whose shape passed
+/// [`checked_numel`](crate::shape::checked_numel) (checked by the index, or by the Hugging
+/// Face loader for a whole-tensor block) and whose data was checked against the file's
+/// length; `dst` is a buffer that exists.
 ///
 /// Reads are runs that are contiguous in both the file and `dst`: the innermost dims the
 /// intersection covers completely in both are merged into one read.
@@ -135,7 +198,7 @@ pub(crate) fn read_intersection<T: Element>(
     }
     let run: usize = ext[k.min(nd)..].iter().product();
     let (ss, ds) = (contiguous_strides(src.shape), contiguous_strides(dst_shape));
-    let elem = std::mem::size_of::<T>() as u64;
+    let elem = (src.dtype.bitsize() / 8) as u64;
     let outer: usize = ext[..k].iter().product();
     let mut idx = vec![0usize; k];
     for _ in 0..outer {
@@ -145,7 +208,7 @@ pub(crate) fn read_intersection<T: Element>(
             s += (lo[d] - src.offset[d] + i) * ss[d];
             t += (lo[d] - dst_offset[d] + i) * ds[d];
         }
-        file.read_at(src.data_at + s as u64 * elem, &mut dst[t..t + run])?;
+        file.read_at(src.data_at + s as u64 * elem, src.dtype, &mut dst[t..t + run])?;
         // Next outer index, last dim fastest.
         for d in (0..k).rev() {
             idx[d] += 1;
@@ -189,6 +252,12 @@ impl safetensors::View for &RawTensor {
     fn data_len(&self) -> usize {
         self.data.len()
     }
+}
+
+/// `__metadata__` of a file of full tensors: `transformers` refuses safetensors weights
+/// without `format: pt`.
+pub(crate) fn pt_metadata() -> HashMap<String, String> {
+    HashMap::from([("format".to_string(), "pt".to_string())])
 }
 
 /// Writes a safetensors file atomically. The safetensors crate follows the write rule of

@@ -1,0 +1,60 @@
+//! Element types a safetensors file may hold and how they load into an [`Element`]: the
+//! element's own dtype is copied as is; the other floating point dtypes (`BF16`, `F16`, `F32`,
+//! `F64`) are converted on load, rounding to nearest when the target is narrower.
+
+use crate::element::Element;
+use safetensors::Dtype;
+
+/// Bytes per element of a dtype that loads into an [`Element`], `None` for the others
+/// (integers, booleans, 8-bit and sub-byte floats, complex).
+pub(crate) fn loadable_size(dtype: Dtype) -> Option<usize> {
+    match dtype {
+        Dtype::BF16 | Dtype::F16 => Some(2),
+        Dtype::F32 => Some(4),
+        Dtype::F64 => Some(8),
+        _ => None,
+    }
+}
+
+/// Decodes little-endian `bytes` of `dtype` into `dst` (`bytes.len()` is `dst.len()` times the
+/// dtype's size; `dtype` is one [`loadable_size`] accepts).
+pub(crate) fn decode_into<T: Element>(dtype: Dtype, bytes: &[u8], dst: &mut [T]) {
+    fn each<T: Element, const N: usize>(bytes: &[u8], dst: &mut [T], f: impl Fn([u8; N]) -> f64) {
+        for (d, c) in dst.iter_mut().zip(bytes.chunks_exact(N)) {
+            *d = T::of_f64(f(c.try_into().expect("chunks of N bytes")));
+        }
+    }
+    match dtype {
+        Dtype::BF16 => each(bytes, dst, |b| half::bf16::from_le_bytes(b).to_f64()),
+        Dtype::F16 => each(bytes, dst, |b| half::f16::from_le_bytes(b).to_f64()),
+        Dtype::F32 => each(bytes, dst, |b| f32::from_le_bytes(b) as f64),
+        Dtype::F64 => each(bytes, dst, f64::from_le_bytes),
+        other => unreachable!("{other:?} is not loadable (checked by the caller)"),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn every_loadable_dtype_decodes() {
+        let v = [1.5f64, -2.25, 0.0, 1e-3];
+        let mut out = [0f32; 4];
+        let bf: Vec<u8> = v.iter().flat_map(|&x| half::bf16::from_f64(x).to_le_bytes()).collect();
+        decode_into(Dtype::BF16, &bf, &mut out);
+        assert_eq!(out[..3], [1.5, -2.25, 0.0]);
+        assert_eq!(out[3], half::bf16::from_f64(1e-3).to_f32());
+        let h: Vec<u8> = v.iter().flat_map(|&x| half::f16::from_f64(x).to_le_bytes()).collect();
+        decode_into(Dtype::F16, &h, &mut out);
+        assert_eq!(out[3], half::f16::from_f64(1e-3).to_f32());
+        let d: Vec<u8> = v.iter().flat_map(|&x| x.to_le_bytes()).collect();
+        let mut out64 = [0f64; 4];
+        decode_into(Dtype::F64, &d, &mut out64);
+        assert_eq!(out64, v);
+        decode_into(Dtype::F64, &d, &mut out);
+        assert_eq!(out[3], 1e-3f32, "f64 -> f32 rounds to nearest");
+        assert_eq!(loadable_size(Dtype::I64), None);
+        assert_eq!(loadable_size(Dtype::BF16), Some(2));
+    }
+}
