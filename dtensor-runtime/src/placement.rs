@@ -136,6 +136,29 @@ impl fmt::Display for Placement {
     }
 }
 
+/// Why a redistribution cannot take one mesh dim from `from` to `to`, or `None` when it can.
+///
+/// The one legality table of redistribution: the runtime planner checks every mesh dim with
+/// it, and the typed layer's `redistribute` rule is generated from it (so the two cannot
+/// drift). Legality depends on the kinds and reduce ops only, never on the shard dim.
+///
+/// ```
+/// use dtensor_runtime::{placement::transition_error, Placement, ReduceOp};
+/// assert!(transition_error(Placement::Replicate, Placement::Shard(1)).is_none());
+/// assert!(transition_error(Placement::Partial(ReduceOp::Sum), Placement::Partial(ReduceOp::Avg)).is_some());
+/// ```
+pub const fn transition_error(from: Placement, to: Placement) -> Option<&'static str> {
+    match (from, to) {
+        (Placement::Shard(_), Placement::Partial(_)) => {
+            Some("Shard -> Partial is not a forward redistribution; go through Replicate if you really mean it")
+        }
+        (Placement::Partial(a), Placement::Partial(b)) if a as u8 != b as u8 => {
+            Some("a Partial cannot change its reduce op; redistribute to Replicate first")
+        }
+        _ => None,
+    }
+}
+
 /// Formats a placement list as `(S(0), R)`.
 pub fn fmt_placements(ps: &[Placement]) -> String {
     let inner: Vec<String> = ps.iter().map(|p| p.to_string()).collect();

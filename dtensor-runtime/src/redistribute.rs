@@ -89,14 +89,9 @@ impl fmt::Display for RedistributePlan {
 
 fn check_transition(mesh_dim: usize, from: Placement, to: Placement) -> Result<()> {
     let bad = |reason: &str| Err(Error::InvalidRedistribute { mesh_dim, from, to, reason: reason.into() });
-    match (from, to) {
-        (Placement::Shard(_), Placement::Partial(_)) => {
-            bad("Shard -> Partial is not a forward redistribution; go through Replicate if you really mean it")
-        }
-        (Placement::Partial(a), Placement::Partial(b)) if a != b => {
-            bad("a Partial cannot change its reduce op; redistribute to Replicate first")
-        }
-        _ => Ok(()),
+    match crate::placement::transition_error(from, to) {
+        Some(reason) => bad(reason),
+        None => Ok(()),
     }
 }
 

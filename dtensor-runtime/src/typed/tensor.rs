@@ -40,15 +40,12 @@ pub struct Dt<T: Element, M: MeshDims, L: TypedLayout<M>, const R: usize> {
 
 impl<T: Element, M: MeshDims, L: TypedLayout<M>, const R: usize> Dt<T, M, L, R> {
     /// Evaluated (at `cargo build`) whenever a `Dt` is made: every `Shard<D>` of the layout
-    /// must address a dim of a rank-`R` tensor, and the layout may not mix two Partial ops.
+    /// must address a dim of a rank-`R` tensor. (Mixed Partial layouts are not `TypedLayout`s
+    /// at all, an error `cargo check` already reports.)
     const VALID: () = {
         assert!(
             L::MIN_RANK <= R,
             "the layout shards a tensor dim that does not exist: every `Shard<D>` needs D < the tensor rank R of `Dt<T, M, L, R>`"
-        );
-        assert!(
-            !L::MIXED_PARTIAL,
-            "the layout mixes two different Partial reduce ops (e.g. `Partial<Sum>` and `Partial<Avg>`): reduce one of them first"
         );
     };
 
@@ -110,9 +107,13 @@ impl<T: Element, M: MeshDims, L: TypedLayout<M>, const R: usize> Dt<T, M, L, R> 
         Ok(())
     }
 
-    /// Redistributes to the layout `L2` (runs the collectives). Always compiles; the runtime
-    /// rejects what has no meaning (Shard → Partial, Partial(a) → Partial(b)).
-    pub fn redistribute<L2: TypedLayout<M>>(&self) -> Result<Dt<T, M, L2, R>> {
+    /// Redistributes to the layout `L2` (runs the collectives). A target without meaning
+    /// (`Shard` → `Partial`, `Partial<A>` → `Partial<B>`; the runtime's table) does not compile.
+    pub fn redistribute<L2>(&self) -> Result<Dt<T, M, L2, R>>
+    where
+        L: super::redistribute::RedistributeLayout<L2, M>,
+        L2: TypedLayout<M>,
+    {
         Dt::from_dtensor(self.inner.redistribute(&L2::placements())?)
     }
 
