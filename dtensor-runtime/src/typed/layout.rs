@@ -37,12 +37,13 @@ const fn max(a: usize, b: usize) -> usize {
 
 /// A layout type with two different Partial reduce ops is not a `TypedLayout` (a bound that
 /// `cargo check` reports where the type is written): every pair of markers must be
-/// [`Compatible`](super::redistribute::Compatible).
+/// [`Compatible`](super::redistribute::Compatible) (one direction suffices: the relation is
+/// symmetric).
 macro_rules! layout_tuples {
     ($(($($p:ident : $n:ident),+) [$($a:ident $b:ident),*]),+) => {$(
         impl<$($p: PlacementMarker,)+ $($n: super::dims::MeshDim),+> TypedLayout<($($n,)+)> for ($($p,)+)
         where
-            $($a: super::redistribute::Compatible<$b>, $b: super::redistribute::Compatible<$a>,)*
+            $($a: super::redistribute::Compatible<$b>,)*
         {
             const MIN_RANK: usize = {
                 let mut m = 0;

@@ -18,7 +18,6 @@
 //! The dynamic [`DTensor`](crate::DTensor) stays the ground truth: every typed op calls the
 //! dynamic op and checks that its placements are the ones the type promised.
 
-pub mod activation;
 pub mod dims;
 pub mod layout;
 mod lift;
@@ -32,8 +31,8 @@ pub mod reduce;
 pub mod same;
 pub mod tensor;
 pub mod transpose;
+pub mod unary;
 
-pub use activation::{NonlinearLayout, NonlinearRule};
 pub use dims::{MeshDim, MeshDims};
 pub use layout::TypedLayout;
 pub use markers::{Avg, Max, Min, Partial, PlacementMarker, Product, ReduceMarker, Replicate, Shard, Sum};
