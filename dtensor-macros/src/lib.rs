@@ -40,12 +40,19 @@ use proc_macro::TokenStream;
 /// ```
 ///
 /// Every `DTensor<T>` field (rank 2 unless written `DTensor<T, RANK>`) becomes a typed
-/// `Dt<T, Mesh, Layout, RANK>`. Placements come from the field's `#[placements = [..]]` or the
-/// struct-level default `placements = [..]`; parameters cannot be `Partial`. Generated: the
-/// `{Name}Global` struct of global arrays, `Name::distribute(global, &mesh)`,
-/// `named_parameters`, `named_parameters_mut`, `parameter_placements`, `MESH_DIMS`, the
-/// `Module` impl, and `Name::partition` (a `partition_fn` for `distribute_module` that lays out
-/// a dynamic module with the same parameter names).
+/// `Dt<T, Mesh, Layout, RANK>`, also inside `Vec`, `Option`, `Box` and `[_; N]`. Placements
+/// come from the field's `#[placements = [..]]` or the struct-level default
+/// `placements = [..]`; parameters cannot be `Partial`. A field holding another `#[distribute]`
+/// struct (or a `Vec`, `Option`, `Box`, `[_; N]` of them) contributes its parameters under
+/// dotted names (`blocks.0.w1`); plain data (numbers, `bool`, `String`) is copied; any other
+/// field must be marked `#[distribute(skip)]` — a field the macro cannot type (a tensor behind
+/// a type alias, a foreign type) is a compile error at the field, never a parameter silently
+/// left out. Generated (impls `#[automatically_derived]`): the `{Name}Global` struct of global
+/// arrays, `Name::distribute(global, &mesh)`, `named_parameters`, `named_parameters_mut`,
+/// `parameter_placements`, `MESH_DIMS`, the `Module` and `typed::Parameters` impls, and
+/// `Name::partition` (a `partition_fn` for `distribute_module` that lays out a dynamic module
+/// with the same parameter names). A struct whose parameters all live in nested modules takes
+/// its element type from `elem = T` (default `f32`).
 ///
 /// # On a function
 ///
@@ -56,9 +63,17 @@ use proc_macro::TokenStream;
 /// }
 /// ```
 ///
-/// `DTensor` arguments take their own `#[placements(..)]` or the default `placements`; the
-/// result takes `returns = [..]` or the default. A call with a tensor of another layout does
-/// not compile (the error names both layouts).
+/// `DTensor` arguments (also `&[DTensor<T>]`, `Option<&DTensor<T>>`, tuples) take their own
+/// `#[placements(..)]` or the default `placements`; the result takes `returns = [..]` (one
+/// list for every tensor of the result, or `returns = [[..], [..]]`: one per tensor of a
+/// tuple, in order) or the default. A call with a tensor of another layout does not compile
+/// (the error names both layouts). A tensor argument or result written through a type alias,
+/// and a function in which nothing would be typed, are compile errors.
+///
+/// # Other arguments
+///
+/// `crate = "path"` names the facade crate when it is renamed or re-exported (default
+/// `::dtensor`).
 ///
 /// # Placement syntax
 ///

@@ -39,6 +39,18 @@ impl ReduceOp {
     }
 }
 
+/// Is `op` in `ops`? (A `const fn`, so that rule tables can be evaluated at compile time.)
+pub const fn contains_op(ops: &[ReduceOp], op: ReduceOp) -> bool {
+    let mut i = 0;
+    while i < ops.len() {
+        if ops[i] as u8 == op as u8 {
+            return true;
+        }
+        i += 1;
+    }
+    false
+}
+
 impl fmt::Display for ReduceOp {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.write_str(self.name())

@@ -56,15 +56,7 @@ pub const fn partials_kept(kind: UnaryKind) -> &'static [ReduceOp] {
 
 /// Does `kind` keep a `Partial(op)` input (see [`partials_kept`])?
 pub const fn keeps_partial(kind: UnaryKind, op: ReduceOp) -> bool {
-    let kept = partials_kept(kind);
-    let mut i = 0;
-    while i < kept.len() {
-        if kept[i] as u8 == op as u8 {
-            return true;
-        }
-        i += 1;
-    }
-    false
+    crate::placement::contains_op(partials_kept(kind), op)
 }
 
 /// Which Partial inputs a binary op accepts.

@@ -37,7 +37,7 @@ const fn max(a: usize, b: usize) -> usize {
 
 /// A layout type with two different Partial reduce ops is not a `TypedLayout` (a bound that
 /// `cargo check` reports where the type is written): every pair of markers must be
-/// [`Compatible`](super::redistribute::Compatible) (one direction suffices: the relation is
+/// `Compatible` (`typed::redistribute`; one direction suffices: the relation is
 /// symmetric).
 macro_rules! layout_tuples {
     ($(($($p:ident : $n:ident),+) [$($a:ident $b:ident),*]),+) => {$(

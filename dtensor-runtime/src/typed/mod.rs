@@ -39,7 +39,7 @@ pub use markers::{Avg, Max, Min, Partial, PlacementMarker, Product, ReduceMarker
 pub use matmul::{MatmulLayout, MatmulRule, Rank};
 pub use params::Parameters;
 pub use pointwise::{AddLayout, AddRule, DivLayout, DivRule, MulLayout, MulRule, SubLayout, SubRule};
-pub use reduce::{Dim, SumLayout, SumRule};
+pub use reduce::Dim;
 pub use same::SameLayout;
 pub use tensor::Dt;
 pub use transpose::{Swap, TransposeLayout, TransposeRule};

@@ -84,25 +84,54 @@ impl<T: Element, M: MeshDims, L: TypedLayout<M>, const R: usize> Parameters<T> f
     }
 }
 
+/// A sequence's elements under `prefix.0`, `prefix.1`, ... (shared by `Vec` and arrays).
+mod indexed {
+    use super::*;
+
+    pub(super) fn collect<'a, T: Element, P: Parameters<T>>(
+        items: &'a [P],
+        prefix: &str,
+        out: &mut Vec<(String, &'a DTensor<T>)>,
+    ) {
+        for (i, p) in items.iter().enumerate() {
+            p.collect_parameters(&join(prefix, &i.to_string()), out);
+        }
+    }
+
+    pub(super) fn collect_mut<'a, T: Element, P: Parameters<T>>(
+        items: &'a mut [P],
+        prefix: &str,
+        out: &mut Vec<(String, &'a mut DTensor<T>)>,
+    ) {
+        for (i, p) in items.iter_mut().enumerate() {
+            p.collect_parameters_mut(&join(prefix, &i.to_string()), out);
+        }
+    }
+
+    pub(super) fn placements<T: Element, P: Parameters<T>>(
+        items: &[P],
+        prefix: &str,
+        out: &mut Vec<(String, Vec<Placement>)>,
+    ) {
+        for (i, p) in items.iter().enumerate() {
+            p.collect_placements(&join(prefix, &i.to_string()), out);
+        }
+    }
+}
+
 impl<T: Element, P: Parameters<T>> Parameters<T> for Vec<P> {
     type Global = Vec<P::Global>;
     fn distribute_global(global: Self::Global, mesh: &DeviceMesh) -> Result<Self> {
         global.into_iter().map(|g| P::distribute_global(g, mesh)).collect()
     }
     fn collect_parameters<'a>(&'a self, prefix: &str, out: &mut Vec<(String, &'a DTensor<T>)>) {
-        for (i, p) in self.iter().enumerate() {
-            p.collect_parameters(&join(prefix, &i.to_string()), out);
-        }
+        indexed::collect(self, prefix, out);
     }
     fn collect_parameters_mut<'a>(&'a mut self, prefix: &str, out: &mut Vec<(String, &'a mut DTensor<T>)>) {
-        for (i, p) in self.iter_mut().enumerate() {
-            p.collect_parameters_mut(&join(prefix, &i.to_string()), out);
-        }
+        indexed::collect_mut(self, prefix, out);
     }
     fn collect_placements(&self, prefix: &str, out: &mut Vec<(String, Vec<Placement>)>) {
-        for (i, p) in self.iter().enumerate() {
-            p.collect_placements(&join(prefix, &i.to_string()), out);
-        }
+        indexed::placements(self, prefix, out);
     }
     fn collect_patterns(prefix: &str, out: &mut Vec<(String, Vec<Placement>)>) {
         P::collect_patterns(&join(prefix, "*"), out);
@@ -117,19 +146,13 @@ impl<T: Element, P: Parameters<T>, const N: usize> Parameters<T> for [P; N] {
         Ok(v.try_into().unwrap_or_else(|_| unreachable!("N elements in, N out")))
     }
     fn collect_parameters<'a>(&'a self, prefix: &str, out: &mut Vec<(String, &'a DTensor<T>)>) {
-        for (i, p) in self.iter().enumerate() {
-            p.collect_parameters(&join(prefix, &i.to_string()), out);
-        }
+        indexed::collect(self, prefix, out);
     }
     fn collect_parameters_mut<'a>(&'a mut self, prefix: &str, out: &mut Vec<(String, &'a mut DTensor<T>)>) {
-        for (i, p) in self.iter_mut().enumerate() {
-            p.collect_parameters_mut(&join(prefix, &i.to_string()), out);
-        }
+        indexed::collect_mut(self, prefix, out);
     }
     fn collect_placements(&self, prefix: &str, out: &mut Vec<(String, Vec<Placement>)>) {
-        for (i, p) in self.iter().enumerate() {
-            p.collect_placements(&join(prefix, &i.to_string()), out);
-        }
+        indexed::placements(self, prefix, out);
     }
     fn collect_patterns(prefix: &str, out: &mut Vec<(String, Vec<Placement>)>) {
         P::collect_patterns(&join(prefix, "*"), out);

@@ -1,7 +1,7 @@
 //! Typed one-input element-wise ops (`neg`, `exp`, `log`, `tanh`, `sqrt`, `relu`, `gelu`,
 //! scalar `+ - * /`): every op keeps `Replicate` and `Shard<D>`; a `Partial<Op>` is kept only
 //! when the op commutes with that reduction. Which ones do is the runtime's table
-//! ([`partials_kept`]); the rules here are generated from it, so the typed op compiles exactly
+//! ([`partials_kept`](crate::ops::pointwise::partials_kept)); the rules here are generated from it, so the typed op compiles exactly
 //! when the dynamic op would run without an implicit all-reduce.
 
 use super::lift::lift_unary;
@@ -100,6 +100,7 @@ macro_rules! unary_methods {
     ($($(#[$doc:meta])* $name:ident($($arg:ident: $ty:ty),*) => $kind:ident;)*) => {
         impl<T: Element, M: MeshDims, L: TypedLayout<M>, const R: usize> Dt<T, M, L, R> {$(
             $(#[$doc])*
+            #[track_caller]
             pub fn $name<Lx>(&self $(, $arg: $ty)*) -> Result<Dt<T, M, <Lx as UnaryLayout<M, kinds::$kind>>::Out, R>>
             where
                 L: SameLayout<Lx>,
@@ -140,6 +141,7 @@ impl<T: Element, M: MeshDims, L: TypedLayout<M>, const R: usize> Dt<T, M, L, R> 
     /// Softmax along tensor dim `DIM`: `x.softmax(Dim::<1>)`. Keeps every `Shard` (on `DIM`
     /// itself the runtime's two-pass rule all-reduces only per-row statistics); does not
     /// compile on a `Partial` layout. `DIM ≥ R` fails at `cargo build`.
+    #[track_caller]
     pub fn softmax<const DIM: usize, Lx>(
         &self,
         _dim: Dim<DIM>,
@@ -153,6 +155,7 @@ impl<T: Element, M: MeshDims, L: TypedLayout<M>, const R: usize> Dt<T, M, L, R> 
     }
 
     /// Log-softmax along tensor dim `DIM`; the layouts of [`softmax`](Dt::softmax).
+    #[track_caller]
     pub fn log_softmax<const DIM: usize, Lx>(
         &self,
         _dim: Dim<DIM>,
