@@ -79,7 +79,7 @@ fn main() -> dtensor::Result<()> {
 //        let _ = scale(y);
 //    }
 //
-// error[E0277]: expected a tensor with layout `(dtensor::Shard<0>, dtensor::Replicate)`, found layout `(dtensor::Replicate, dtensor::Shard<1>)`
+// error[E0277]: expected layout `(dtensor::Shard<0>, dtensor::Replicate)`, found `(dtensor::Replicate, dtensor::Shard<1>)`: call `.redistribute()`
 //   --> tests/ui/fail/macro_fn_wrong_layout.rs:11:19
 //    |
 // 11 |     let _ = scale(y);

@@ -11,6 +11,7 @@ use syn::{Expr, ExprLit, GenericArgument, Lit, PathArguments, Type, TypeReferenc
 pub(crate) const DEFAULT_RANK: usize = 2;
 
 /// A `DTensor<T>` / `DTensor<T, N>` type, possibly behind a reference.
+#[derive(Clone)]
 pub(crate) struct TensorTy {
     pub elem: Type,
     pub rank: usize,
@@ -110,11 +111,105 @@ pub(crate) fn tensor_ty(ty: &Type) -> syn::Result<Option<TensorTy>> {
     }))
 }
 
-/// A tensor field of a struct or a tensor argument of a function.
+/// Every `DTensor` inside `ty` (behind references, in tuples, slices, arrays and generic
+/// arguments such as `Vec<..>` or `Option<&..>`), in order.
+pub(crate) fn find_tensors(ty: &Type, out: &mut Vec<TensorTy>) -> syn::Result<()> {
+    if let Some(t) = tensor_ty(ty)? {
+        out.push(t);
+        return Ok(());
+    }
+    match ty {
+        Type::Path(p) => {
+            for seg in &p.path.segments {
+                if let PathArguments::AngleBracketed(a) = &seg.arguments {
+                    for g in &a.args {
+                        if let GenericArgument::Type(t) = g {
+                            find_tensors(t, out)?;
+                        }
+                    }
+                }
+            }
+        }
+        Type::Reference(r) => find_tensors(&r.elem, out)?,
+        Type::Tuple(t) => {
+            for e in &t.elems {
+                find_tensors(e, out)?;
+            }
+        }
+        Type::Paren(p) => find_tensors(&p.elem, out)?,
+        Type::Array(a) => find_tensors(&a.elem, out)?,
+        Type::Slice(s) => find_tensors(&s.elem, out)?,
+        Type::Group(g) => find_tensors(&g.elem, out)?,
+        _ => {}
+    }
+    Ok(())
+}
+
+/// Replaces every `DTensor` inside `ty` (as [`find_tensors`] finds them, in the same order) by
+/// `f(index, tensor)`.
+pub(crate) fn rewrite_tensors(ty: &mut Type, f: &mut dyn FnMut(usize, &TensorTy) -> TokenStream) {
+    fn go(ty: &mut Type, k: &mut usize, f: &mut dyn FnMut(usize, &TensorTy) -> TokenStream) {
+        if let Ok(Some(t)) = tensor_ty(ty) {
+            let new = f(*k, &t);
+            *k += 1;
+            if let Ok(new) = syn::parse2::<Type>(new) {
+                *ty = new;
+            }
+            return;
+        }
+        match ty {
+            Type::Path(p) => {
+                for seg in p.path.segments.iter_mut() {
+                    if let PathArguments::AngleBracketed(a) = &mut seg.arguments {
+                        for g in a.args.iter_mut() {
+                            if let GenericArgument::Type(t) = g {
+                                go(t, k, f);
+                            }
+                        }
+                    }
+                }
+            }
+            Type::Reference(r) => go(&mut r.elem, k, f),
+            Type::Tuple(t) => t.elems.iter_mut().for_each(|e| go(e, k, f)),
+            Type::Paren(p) => go(&mut p.elem, k, f),
+            Type::Array(a) => go(&mut a.elem, k, f),
+            Type::Slice(s) => go(&mut s.elem, k, f),
+            Type::Group(g) => go(&mut g.elem, k, f),
+            _ => {}
+        }
+    }
+    go(ty, &mut 0, f)
+}
+
+/// Does `ty` contain `impl Trait` (which cannot be named in an expression)?
+pub(crate) fn has_impl_trait(ty: &Type) -> bool {
+    ty.to_token_stream().into_iter().any(|t| matches!(&t, proc_macro2::TokenTree::Ident(i) if i == "impl"))
+}
+
+/// Is `ty` a type that certainly holds no tensor (numbers, `bool`, `char`, `String`, `str`)?
+pub(crate) fn is_plain_data(ty: &Type) -> bool {
+    const PLAIN: &[&str] = &[
+        "u8", "u16", "u32", "u64", "u128", "usize", "i8", "i16", "i32", "i64", "i128", "isize", "f32", "f64", "bool",
+        "char", "String", "str",
+    ];
+    match ty {
+        Type::Path(p) => p.qself.is_none() && p.path.get_ident().is_some_and(|i| PLAIN.iter().any(|n| i == n)),
+        Type::Reference(r) => is_plain_data(&r.elem),
+        Type::Tuple(t) => t.elems.iter().all(is_plain_data),
+        _ => false,
+    }
+}
+
+/// A field of a struct or an argument of a function that holds tensors.
 pub(crate) struct TensorSlot {
     /// Field name, or argument pattern as written.
     pub name: String,
+    /// The first tensor in the type (the only one for a direct `DTensor` / `&DTensor`).
     pub ty: TensorTy,
+    /// Every tensor in the type, in [`rewrite_tensors`] order.
+    pub all: Vec<TensorTy>,
+    /// The type is a `DTensor` or a reference to one (not a container of them).
+    pub direct: bool,
     /// Its own `#[placements]`, if any.
     pub placements: Option<PlacementList>,
     /// It had a `#[placements]` attribute that was invalid (already reported).
@@ -123,8 +218,8 @@ pub(crate) struct TensorSlot {
     pub span_tokens: TokenStream,
 }
 
-/// Recognises a field / argument type, taking its `#[placements]` attribute. Non-tensor
-/// slots with a `#[placements]` attribute are an error.
+/// Recognises a field / argument type, taking its `#[placements]` attribute. Slots without
+/// a tensor but with a `#[placements]` attribute are an error.
 pub(crate) fn slot(
     name: String,
     ty: &Type,
@@ -134,10 +229,14 @@ pub(crate) fn slot(
 ) -> Option<TensorSlot> {
     let had_attr = attrs.iter().any(attr::is_placements_attr);
     let placements = attr::take_placements_attr(attrs, errs);
-    match errs.ok(tensor_ty(ty)).flatten() {
-        Some(ty) => {
+    let mut all = Vec::new();
+    let found = errs.ok(find_tensors(ty, &mut all));
+    let direct = matches!(tensor_ty(ty), Ok(Some(_)));
+    match found.filter(|_| !all.is_empty()) {
+        Some(()) => {
             let placements_invalid = had_attr && placements.is_none();
-            Some(TensorSlot { name, ty, placements, placements_invalid, span_tokens })
+            let first = all[0].clone();
+            Some(TensorSlot { name, ty: first, all, direct, placements, placements_invalid, span_tokens })
         }
         None => {
             if had_attr {
@@ -146,4 +245,58 @@ pub(crate) fn slot(
             None
         }
     }
+}
+
+/// A struct field as written.
+pub(crate) enum FieldAst {
+    /// Holds `DTensor`s (directly or inside a container).
+    Tensors(Box<TensorSlot>),
+    /// `#[distribute(skip)]`.
+    Skip,
+    /// Numbers, `bool`, `String`, ...: certainly no parameters.
+    Plain,
+    /// Any other type (a nested `#[distribute]` struct, a container of them, or a type the
+    /// `Parameters` bound will reject).
+    Other,
+}
+
+/// Classifies every field of a struct (in order), taking the macro's helper attributes out.
+pub(crate) fn parse_struct(item: &mut syn::ItemStruct, errs: &mut Errors) -> Vec<FieldAst> {
+    let mut out = Vec::new();
+    for f in item.fields.iter_mut() {
+        let name = f.ident.as_ref().map(|i| i.to_string()).unwrap_or_default();
+        let span = f.ident.to_token_stream();
+        let skip = attr::take_skip_attr(&mut f.attrs, errs);
+        let slot = slot(name, &f.ty, &mut f.attrs, span, errs);
+        out.push(match (skip, slot) {
+            (true, Some(s)) => {
+                errs.spanned(
+                    &s.span_tokens,
+                    format!("`{}` holds a `DTensor`: it is a parameter and cannot be `#[distribute(skip)]`", s.name),
+                );
+                FieldAst::Skip
+            }
+            (true, None) => FieldAst::Skip,
+            (false, Some(s)) => FieldAst::Tensors(Box::new(s)),
+            (false, None) if is_plain_data(&f.ty) => FieldAst::Plain,
+            (false, None) => FieldAst::Other,
+        });
+    }
+    out
+}
+
+/// The arguments of a function that hold tensors (with their index), taking the macro's
+/// helper attributes out.
+pub(crate) fn parse_fn(item: &mut syn::ItemFn, errs: &mut Errors) -> Vec<(usize, TensorSlot)> {
+    let mut slots = Vec::new();
+    for (i, arg) in item.sig.inputs.iter_mut().enumerate() {
+        if let syn::FnArg::Typed(pt) = arg {
+            let name = pt.pat.to_token_stream().to_string();
+            let span = pt.pat.to_token_stream();
+            if let Some(s) = slot(name, &pt.ty, &mut pt.attrs, span, errs) {
+                slots.push((i, s));
+            }
+        }
+    }
+    slots
 }

@@ -56,12 +56,23 @@ pub(crate) struct MeshAst {
     pub lit: LitStr,
 }
 
+/// `returns = [..]`: one list for every tensor of the result, or (`returns = [[..], [..]]`)
+/// one list per tensor of a tuple result, in order.
+pub(crate) enum Returns {
+    All(PlacementList),
+    PerTensor(Vec<PlacementList>, TokenStream),
+}
+
 /// Arguments of `#[distribute(..)]`.
 #[derive(Default)]
 pub(crate) struct Args {
     pub mesh: Option<MeshAst>,
     pub placements: Option<PlacementList>,
-    pub returns: Option<PlacementList>,
+    pub returns: Option<Returns>,
+    /// `crate = "path"`: where the facade crate is (default `::dtensor`).
+    pub krate: Option<syn::Path>,
+    /// `elem = T`: the element type of a struct whose parameters all live in nested fields.
+    pub elem: Option<syn::Type>,
     /// Some argument was given but was invalid or unknown (already reported): follow-up
     /// "missing" errors would only repeat it.
     pub had_error: bool,
@@ -87,8 +98,28 @@ pub(crate) fn parse_args(tokens: TokenStream, errs: &mut Errors) -> Args {
             args.had_error = true;
             continue;
         };
-        let key = nv.path.get_ident().map(|i| i.to_string()).unwrap_or_default();
+        let key = if nv.path.is_ident("crate") || nv.path.segments.first().is_some_and(|s| s.ident == "crate") {
+            "crate".to_string()
+        } else {
+            nv.path.get_ident().map(|i| i.to_string()).unwrap_or_default()
+        };
         let ok = match key.as_str() {
+            "crate" if args.krate.is_some() => {
+                errs.spanned(&nv.path, "duplicate `crate` argument");
+                true
+            }
+            "crate" => {
+                args.krate = parse_crate(&nv.value, errs);
+                args.krate.is_some()
+            }
+            "elem" if args.elem.is_some() => {
+                errs.spanned(&nv.path, "duplicate `elem` argument");
+                true
+            }
+            "elem" => {
+                args.elem = errs.ok(syn::parse2::<syn::Type>(nv.value.to_token_stream()));
+                args.elem.is_some()
+            }
             "mesh" if args.mesh.is_some() => {
                 errs.spanned(&nv.path, "duplicate `mesh` argument");
                 true
@@ -97,20 +128,25 @@ pub(crate) fn parse_args(tokens: TokenStream, errs: &mut Errors) -> Args {
                 args.mesh = parse_mesh(&nv.value, errs);
                 args.mesh.is_some()
             }
-            "placements" | "returns" => {
-                let slot = if key == "returns" { &mut args.returns } else { &mut args.placements };
-                if slot.is_some() {
-                    errs.spanned(&nv.path, format!("duplicate `{key}` argument"));
-                } else {
-                    *slot = parse_list_expr(&nv.value, errs);
-                }
-                slot.is_some()
+            "placements" | "returns"
+                if key == "placements" && args.placements.is_some() || key == "returns" && args.returns.is_some() =>
+            {
+                errs.spanned(&nv.path, format!("duplicate `{key}` argument"));
+                true
+            }
+            "placements" => {
+                args.placements = parse_list_expr(&nv.value, errs);
+                args.placements.is_some()
+            }
+            "returns" => {
+                args.returns = parse_returns(&nv.value, errs);
+                args.returns.is_some()
             }
             _ => {
                 errs.spanned(
                     &nv.path,
                     format!(
-                        "unknown `#[distribute]` argument `{}`: expected `mesh`, `placements` or `returns`",
+                        "unknown `#[distribute]` argument `{}`: expected `mesh`, `placements`, `returns`, `elem` or `crate`",
                         nv.path.to_token_stream()
                     ),
                 );
@@ -120,6 +156,21 @@ pub(crate) fn parse_args(tokens: TokenStream, errs: &mut Errors) -> Args {
         args.had_error |= !ok;
     }
     args
+}
+
+/// `crate = "::my_dtensor"` (a string, as serde's `crate = ".."`).
+fn parse_crate(value: &Expr, errs: &mut Errors) -> Option<syn::Path> {
+    let Expr::Lit(ExprLit { lit: Lit::Str(lit), .. }) = value else {
+        errs.spanned(value, "`crate` must be a string path, e.g. `crate = \"::dtensor\"`");
+        return None;
+    };
+    match lit.parse::<syn::Path>() {
+        Ok(p) => Some(p),
+        Err(_) => {
+            errs.spanned(lit, format!("`crate = \"{}\"` is not a path, e.g. `crate = \"::dtensor\"`", lit.value()));
+            None
+        }
+    }
 }
 
 fn parse_mesh(value: &Expr, errs: &mut Errors) -> Option<MeshAst> {
@@ -139,6 +190,15 @@ fn parse_mesh(value: &Expr, errs: &mut Errors) -> Option<MeshAst> {
         if name.is_empty() {
             errs.spanned(lit, format!("empty mesh dim name in `{text}`: names are separated by single commas"));
             ok = false;
+        } else if let Some(bare) = name.strip_prefix("r#") {
+            // A raw identifier would name a type `r#..` that the runtime spells without `r#`.
+            errs.spanned(
+                lit,
+                format!(
+                    "mesh dim name `{name}` is a raw identifier: write `{bare}` (a mesh dim name cannot be a keyword)"
+                ),
+            );
+            ok = false;
         } else if syn::parse_str::<syn::Ident>(name).is_err() {
             errs.spanned(lit, format!("mesh dim name `{name}` is not a Rust identifier"));
             ok = false;
@@ -150,6 +210,17 @@ fn parse_mesh(value: &Expr, errs: &mut Errors) -> Option<MeshAst> {
         }
     }
     ok.then(|| MeshAst { names, lit: lit.clone() })
+}
+
+/// Parses `[a, b]` or `[[a, b], [c, d]]` (the value of `returns = ..`).
+fn parse_returns(value: &Expr, errs: &mut Errors) -> Option<Returns> {
+    match value {
+        Expr::Array(arr) if !arr.elems.is_empty() && arr.elems.iter().all(|e| matches!(e, Expr::Array(_))) => {
+            let lists: Vec<Option<PlacementList>> = arr.elems.iter().map(|e| parse_list_expr(e, errs)).collect();
+            lists.into_iter().collect::<Option<Vec<_>>>().map(|l| Returns::PerTensor(l, value.to_token_stream()))
+        }
+        _ => parse_list_expr(value, errs).map(Returns::All),
+    }
 }
 
 /// Parses `[a, b]` (the value of `placements = ..`).
@@ -292,6 +363,32 @@ fn parse_reduce_op(op: &Expr, errs: &mut Errors) -> Option<&'static str> {
     found
 }
 
+/// Is this a `#[distribute(..)]` attribute on a field or argument?
+pub(crate) fn is_field_distribute_attr(a: &Attribute) -> bool {
+    a.path().is_ident("distribute")
+}
+
+/// Takes `#[distribute(skip)]` out of a field's attributes; anything else in it is an error.
+pub(crate) fn take_skip_attr(attrs: &mut Vec<Attribute>, errs: &mut Errors) -> bool {
+    let mut skip = false;
+    for a in attrs.iter().filter(|a| is_field_distribute_attr(a)) {
+        let ok = match &a.meta {
+            Meta::List(list) => list.parse_args::<syn::Ident>().is_ok_and(|i| i == "skip"),
+            _ => false,
+        };
+        if ok {
+            skip = true;
+        } else {
+            errs.spanned(
+                a,
+                "on a field, `#[distribute]` only takes `skip`: `#[distribute(skip)]` (a field without parameters)",
+            );
+        }
+    }
+    attrs.retain(|a| !is_field_distribute_attr(a));
+    skip
+}
+
 /// Is this our `placements` helper attribute?
 pub(crate) fn is_placements_attr(a: &Attribute) -> bool {
     a.path().is_ident("placements")
@@ -312,7 +409,7 @@ pub(crate) fn parse_placements_attr(a: &Attribute, errs: &mut Errors) -> Option<
     }
 }
 
-/// Takes our helper attributes out of `attrs`, parsing the last one (a second one is an error).
+/// Takes our helper attributes out of `attrs`, parsing the first one (a second one is an error).
 pub(crate) fn take_placements_attr(attrs: &mut Vec<Attribute>, errs: &mut Errors) -> Option<PlacementList> {
     let mut found: Option<PlacementList> = None;
     let mut seen = false;

@@ -3,11 +3,11 @@
 //!
 //! Use it through the facade crate `dtensor` (generated code refers to `::dtensor::...`).
 //!
-//! Structure (as thiserror-impl): `attr` parses the macro's syntax, `ast` finds the tensor
-//! fields / arguments, `valid` checks placements against the mesh and the rank, `expand`
-//! generates code. Every problem is reported on the token that caused it, all at once, and a
-//! failed expansion still emits the item (without the macro's attributes) so that no follow-up
-//! errors bury the real one.
+//! Structure (as thiserror-impl): parse (`attr`: the macro's syntax; `ast`: the tensor fields
+//! and arguments) → validate (`valid`: every check) → expand (`expand`: code generation only).
+//! Every problem is reported on the token that caused it, all at once, and a failed expansion
+//! still emits the item (without the macro's attributes) plus stubs of everything it would
+//! generate, so that no follow-up errors bury the real one.
 
 mod ast;
 mod attr;
@@ -40,12 +40,19 @@ use proc_macro::TokenStream;
 /// ```
 ///
 /// Every `DTensor<T>` field (rank 2 unless written `DTensor<T, RANK>`) becomes a typed
-/// `Dt<T, Mesh, Layout, RANK>`. Placements come from the field's `#[placements = [..]]` or the
-/// struct-level default `placements = [..]`; parameters cannot be `Partial`. Generated: the
-/// `{Name}Global` struct of global arrays, `Name::distribute(global, &mesh)`,
-/// `named_parameters`, `named_parameters_mut`, `parameter_placements`, `MESH_DIMS`, the
-/// `Module` impl, and `Name::partition` (a `partition_fn` for `distribute_module` that lays out
-/// a dynamic module with the same parameter names).
+/// `Dt<T, Mesh, Layout, RANK>`, also inside `Vec`, `Option`, `Box` and `[_; N]`. Placements
+/// come from the field's `#[placements = [..]]` or the struct-level default
+/// `placements = [..]`; parameters cannot be `Partial`. A field holding another `#[distribute]`
+/// struct (or a `Vec`, `Option`, `Box`, `[_; N]` of them) contributes its parameters under
+/// dotted names (`blocks.0.w1`); plain data (numbers, `bool`, `String`) is copied; any other
+/// field must be marked `#[distribute(skip)]` — a field the macro cannot type (a tensor behind
+/// a type alias, a foreign type) is a compile error at the field, never a parameter silently
+/// left out. Generated (impls `#[automatically_derived]`): the `{Name}Global` struct of global
+/// arrays, `Name::distribute(global, &mesh)`, `named_parameters`, `named_parameters_mut`,
+/// `parameter_placements`, `MESH_DIMS`, the `Module` and `typed::Parameters` impls, and
+/// `Name::partition` (a `partition_fn` for `distribute_module` that lays out a dynamic module
+/// with the same parameter names). A struct whose parameters all live in nested modules takes
+/// its element type from `elem = T` (default `f32`).
 ///
 /// # On a function
 ///
@@ -56,9 +63,17 @@ use proc_macro::TokenStream;
 /// }
 /// ```
 ///
-/// `DTensor` arguments take their own `#[placements(..)]` or the default `placements`; the
-/// result takes `returns = [..]` or the default. A call with a tensor of another layout does
-/// not compile (the error names both layouts).
+/// `DTensor` arguments (also `&[DTensor<T>]`, `Option<&DTensor<T>>`, tuples) take their own
+/// `#[placements(..)]` or the default `placements`; the result takes `returns = [..]` (one
+/// list for every tensor of the result, or `returns = [[..], [..]]`: one per tensor of a
+/// tuple, in order) or the default. A call with a tensor of another layout does not compile
+/// (the error names both layouts). A tensor argument or result written through a type alias,
+/// and a function in which nothing would be typed, are compile errors.
+///
+/// # Other arguments
+///
+/// `crate = "path"` names the facade crate when it is renamed or re-exported (default
+/// `::dtensor`).
 ///
 /// # Placement syntax
 ///
@@ -68,25 +83,42 @@ use proc_macro::TokenStream;
 /// `cp`, `sp`, `ep`, `fsdp`, `dim0`..`dim3` must be declared with `dtensor::mesh_dim!`.
 #[proc_macro_attribute]
 pub fn distribute(args: TokenStream, item: TokenStream) -> TokenStream {
+    distribute_impl(args.into(), item.into()).into()
+}
+
+/// Parse → validate → expand (or the fallback), on `proc_macro2` tokens (unit-testable).
+fn distribute_impl(args: proc_macro2::TokenStream, item: proc_macro2::TokenStream) -> proc_macro2::TokenStream {
     let mut errs = errors::Errors::default();
-    let args = attr::parse_args(args.into(), &mut errs);
-    let out = match syn::parse::<syn::Item>(item.clone()) {
-        Ok(syn::Item::Struct(s)) => expand::expand_struct(args, s, errs),
-        Ok(syn::Item::Fn(f)) => expand::expand_fn(args, f, errs),
+    let args = attr::parse_args(args, &mut errs);
+    let krate = expand::krate(&args);
+    match syn::parse2::<syn::Item>(item.clone()) {
+        Ok(syn::Item::Struct(mut s)) => {
+            let fields = ast::parse_struct(&mut s, &mut errs);
+            let plan = valid::validate_struct(&args, &s, fields, &mut errs);
+            match (plan, errs.into_compile_errors()) {
+                (Some(plan), None) => expand::expand_struct(&krate, s, plan),
+                (_, e) => expand::fallback_struct(&krate, &args, s, e.unwrap_or_default()),
+            }
+        }
+        Ok(syn::Item::Fn(mut f)) => {
+            let slots = ast::parse_fn(&mut f, &mut errs);
+            let plan = valid::validate_fn(&args, &f, slots, &mut errs);
+            match (plan, errs.into_compile_errors()) {
+                (Some(plan), None) => expand::expand_fn(&krate, f, plan),
+                (_, e) => expand::fallback_fn(f, e.unwrap_or_default()),
+            }
+        }
         Ok(other) => {
             let e = syn::Error::new_spanned(
                 &other,
                 "`#[distribute]` applies to a struct (its parameters) or a function (its tensor arguments and result)",
             )
             .into_compile_error();
-            let item = proc_macro2::TokenStream::from(item);
             quote::quote!(#e #item)
         }
         Err(e) => {
             let e = e.into_compile_error();
-            let item = proc_macro2::TokenStream::from(item);
             quote::quote!(#e #item)
         }
-    };
-    out.into()
+    }
 }

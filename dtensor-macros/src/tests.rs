@@ -3,7 +3,7 @@
 
 use crate::attr::{self, Kind, ListKind};
 use crate::errors::Errors;
-use crate::expand;
+
 use quote::quote;
 
 fn args(tokens: proc_macro2::TokenStream) -> (attr::Args, Option<String>) {
@@ -20,7 +20,9 @@ fn parses_mesh_and_placement_forms() {
     let Some(ListKind::Positional(ps)) = a.placements.map(|l| l.kind) else { panic!("positional list") };
     assert!(matches!(ps[0].kind, Kind::Shard(-1)));
     assert!(matches!(ps[1].kind, Kind::Partial("Avg")));
-    let Some(ListKind::Keyed(kv)) = a.returns.map(|l| l.kind) else { panic!("keyed list") };
+    let Some(attr::Returns::All(attr::PlacementList { kind: ListKind::Keyed(kv), .. })) = a.returns else {
+        panic!("keyed list")
+    };
     assert_eq!(kv[0].0, "tp");
     assert!(matches!(kv[0].2.kind, Kind::Shard(0)));
 }
@@ -41,23 +43,34 @@ fn reports_every_bad_argument() {
     assert!(a.had_error && a.mesh.is_none() && a.placements.is_none());
 }
 
+fn expand(args: proc_macro2::TokenStream, item: proc_macro2::TokenStream) -> String {
+    crate::distribute_impl(args, item).to_string()
+}
+
 #[test]
 fn struct_expansion_types_fields_and_generates_glue() {
-    let (a, _) = args(quote!(mesh = "dp,tp"));
-    let item: syn::ItemStruct = syn::parse_quote! {
-        pub struct Mlp {
-            #[placements = [Replicate, Shard(-1)]]
-            pub w: DTensor<f32, 3>,
-            pub n: usize,
-        }
-    };
-    let out = expand::expand_struct(a, item, Errors::default()).to_string();
+    let out = expand(
+        quote!(mesh = "dp,tp"),
+        quote! {
+            pub struct Mlp {
+                #[placements = [Replicate, Shard(-1)]]
+                pub w: DTensor<f32, 3>,
+                #[placements = [Replicate, Shard(0)]]
+                pub ws: Vec<DTensor<f32>>,
+                pub blocks: Vec<Block>,
+                pub n: usize,
+            }
+        },
+    );
     assert!(out.contains(":: dtensor :: typed :: Dt < f32 , (:: dtensor :: typed :: dims :: dp , :: dtensor :: typed :: dims :: tp ,) , (:: dtensor :: Replicate , :: dtensor :: Shard < 2 > ,) , 3 >"), "{out}");
     for needle in [
+        "pub ws : Vec < :: dtensor :: typed :: Dt < f32",
+        "pub ws : Vec < :: dtensor :: ndarray :: ArrayD < f32 > >",
+        "pub blocks : < Vec < Block > as :: dtensor :: typed :: Parameters < f32 > > :: Global",
         "struct MlpGlobal",
         "fn distribute",
         "fn named_parameters",
-        ":: dtensor :: Module < f32 > for Mlp",
+        "# [automatically_derived] impl :: dtensor :: Module < f32 > for Mlp",
         "pub n : usize",
     ] {
         assert!(out.contains(needle), "missing `{needle}` in {out}");
@@ -66,17 +79,33 @@ fn struct_expansion_types_fields_and_generates_glue() {
 }
 
 #[test]
+fn crate_argument_replaces_the_facade_path() {
+    let out = expand(
+        quote!(mesh = "tp", crate = "::my_dt", placements = [Shard(0)]),
+        quote!(
+            pub struct L {
+                pub w: DTensor<f32>,
+            }
+        ),
+    );
+    assert!(out.contains(":: my_dt :: typed :: Dt"), "{out}");
+    assert!(!out.contains(":: dtensor ::"), "{out}");
+}
+
+#[test]
 fn fn_expansion_makes_arguments_generic_over_a_same_layout_bound() {
-    let (a, _) = args(quote!(mesh = "tp", placements = [Shard(0)], returns = [Replicate]));
-    let item: syn::ItemFn = syn::parse_quote! {
-        fn f(mut x: DTensor<f64>, #[placements(Replicate)] w: &DTensor<f64>) -> Result<DTensor<f64>> { todo!() }
-    };
-    let out = expand::expand_fn(a, item, Errors::default()).to_string();
+    let out = expand(
+        quote!(mesh = "tp", placements = [Shard(0)], returns = [Replicate]),
+        quote! {
+            fn f(mut x: DTensor<f64>, #[placements(Replicate)] w: &DTensor<f64>, xs: &[DTensor<f64>]) -> Result<DTensor<f64>> { todo!() }
+        },
+    );
     for needle in [
         "__DtLayout0 : :: dtensor :: typed :: SameLayout < (:: dtensor :: Shard < 0 > ,) >",
         "__DtLayout1 : :: dtensor :: typed :: SameLayout < (:: dtensor :: Replicate ,) >",
         "let mut x : :: dtensor :: typed :: Dt < f64 , (:: dtensor :: typed :: dims :: tp ,) , (:: dtensor :: Shard < 0 > ,) , 2 > = < __DtLayout0",
         ":: cast_ref (w)",
+        "xs : & [:: dtensor :: typed :: Dt < f64 , (:: dtensor :: typed :: dims :: tp ,) , (:: dtensor :: Shard < 0 > ,) , 2 >]",
         "-> Result < :: dtensor :: typed :: Dt < f64 , (:: dtensor :: typed :: dims :: tp ,) , (:: dtensor :: Replicate ,) , 2 > >",
     ] {
         assert!(out.contains(needle), "missing `{needle}` in {out}");
@@ -84,13 +113,33 @@ fn fn_expansion_makes_arguments_generic_over_a_same_layout_bound() {
 }
 
 #[test]
-fn invalid_input_falls_back_to_the_plain_item() {
-    let (a, _) = args(quote!(mesh = "dp,tp"));
-    let item: syn::ItemStruct = syn::parse_quote! {
-        pub struct L { #[placements = [Shard(3), Replicate]] pub w: DTensor<f32, 3> }
-    };
-    let out = expand::expand_struct(a, item, Errors::default()).to_string();
+fn raw_identifier_mesh_dims_are_errors_not_panics() {
+    let out = expand(
+        quote!(mesh = "r#dp,tp"),
+        quote!(
+            pub struct L {
+                w: DTensor<f32>,
+            }
+        ),
+    );
+    assert!(out.contains("raw identifier"), "{out}");
+}
+
+#[test]
+fn invalid_input_falls_back_to_the_plain_item_and_stubs() {
+    let out = expand(
+        quote!(mesh = "dp,tp"),
+        quote!(
+            pub struct L {
+                #[placements = [Shard(3), Replicate]]
+                pub w: DTensor<f32, 3>,
+            }
+        ),
+    );
     assert!(out.contains("compile_error"), "{out}");
     assert!(out.contains("pub w : DTensor < f32 >"), "rank stripped in the fallback: {out}");
-    assert!(!out.contains("placements"), "helper attribute stripped: {out}");
+    assert!(!out.contains("placements ="), "helper attribute stripped: {out}");
+    for needle in ["struct LGlobal", "fn distribute", ":: dtensor :: Module < f32 > for L"] {
+        assert!(out.contains(needle), "missing stub `{needle}` in {out}");
+    }
 }

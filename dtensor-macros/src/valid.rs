@@ -1,8 +1,12 @@
-//! Validation: resolves a placement list against the mesh and the tensor rank, reporting every
-//! problem on the token that caused it.
+//! Validation: every check of the macro's input (placements against the mesh and the tensor
+//! rank, required arguments, field and argument shapes), reporting every problem on the token
+//! that caused it. The expansion only generates code from what passed.
 
-use crate::attr::{Kind, ListKind, MeshAst, PlacementAst, PlacementList};
+use crate::ast::{FieldAst, TensorSlot};
+use crate::attr::{Args, Kind, ListKind, MeshAst, PlacementAst, PlacementList, Returns};
 use crate::errors::Errors;
+use quote::ToTokens;
+use syn::{ItemFn, ItemStruct, ReturnType};
 
 /// A placement checked against the mesh and the rank: what the typed marker will be.
 #[derive(Clone, Copy, PartialEq, Eq)]
@@ -123,4 +127,200 @@ pub(crate) fn resolve(
 fn list_names(mesh: &MeshAst) -> String {
     let names: Vec<String> = mesh.names.iter().map(|n| format!("`{n}`")).collect();
     names.join(", ")
+}
+
+// ------------------------------------------------------------------- item-level checks
+
+/// The mesh from the arguments, or an error when it is missing.
+pub(crate) fn require_mesh<'a>(args: &'a Args, item: &impl ToTokens, errs: &mut Errors) -> Option<&'a MeshAst> {
+    if args.mesh.is_none() && !args.had_error {
+        errs.spanned(item, "missing `mesh`: `#[distribute(mesh = \"dp,tp\")]`");
+    }
+    args.mesh.as_ref()
+}
+
+/// Resolves the placements of every tensor of one slot (its own list, else the default).
+pub(crate) fn resolve_slot(
+    slot: &TensorSlot,
+    args: &Args,
+    mesh: &MeshAst,
+    usage: Use,
+    what_kind: &str,
+    errs: &mut Errors,
+) -> Option<Vec<Vec<Marker>>> {
+    if slot.placements_invalid {
+        return None; // its own attribute was reported
+    }
+    let Some(list) = slot.placements.as_ref().or(args.placements.as_ref()) else {
+        if args.had_error {
+            return None; // e.g. a misspelt or invalid `placements` argument, already reported
+        }
+        errs.spanned(
+            &slot.span_tokens,
+            format!(
+                "{what_kind} `{}` has no placements: add `#[placements = [..]]` to it or a default `placements = [..]` to `#[distribute]`",
+                slot.name
+            ),
+        );
+        return None;
+    };
+    let all: Vec<Option<Vec<Marker>>> =
+        slot.all.iter().map(|t| resolve(list, mesh, t.rank, t.rank_explicit, &slot.name, usage, errs)).collect();
+    all.into_iter().collect()
+}
+
+/// A struct field as the expansion sees it.
+pub(crate) enum FieldPlan {
+    /// Holds tensors (directly or in a container), with the markers of each.
+    Tensors(Vec<Vec<Marker>>),
+    /// `#[distribute(skip)]` or plain data: copied as is.
+    Plain,
+    /// Anything else: a nested `#[distribute]` struct (or a container of them), checked by the
+    /// `Parameters` bound.
+    Nested,
+}
+
+/// What `#[distribute]` on a struct expands to, once every check passed.
+pub(crate) struct StructPlan<'a> {
+    pub mesh: &'a MeshAst,
+    pub fields: Vec<FieldPlan>,
+    /// The element type of `named_parameters`.
+    pub elem: syn::Type,
+}
+
+/// Every check of a struct (the fields were parsed by [`crate::ast::parse_struct`]).
+pub(crate) fn validate_struct<'a>(
+    args: &'a Args,
+    item: &ItemStruct,
+    fields: Vec<FieldAst>,
+    errs: &mut Errors,
+) -> Option<StructPlan<'a>> {
+    if args.returns.is_some() {
+        errs.spanned(&item.ident, "`returns` only applies to functions");
+    }
+    let mesh = require_mesh(args, &item.ident, errs);
+    if !matches!(item.fields, syn::Fields::Named(_)) {
+        errs.spanned(&item.fields, "`#[distribute]` needs a struct with named fields");
+        return None;
+    }
+    let mesh = mesh?;
+    if !fields.iter().any(|f| matches!(f, FieldAst::Tensors(_) | FieldAst::Other)) {
+        errs.spanned(
+            &item.ident,
+            "`#[distribute]` struct has no parameters: it needs a `DTensor<T>` field or a field holding another `#[distribute]` struct",
+        );
+    }
+    let mut plans = Vec::with_capacity(fields.len());
+    let mut first_elem: Option<(String, syn::Type)> = None;
+    for f in fields {
+        plans.push(match f {
+            FieldAst::Tensors(slot) => {
+                let e = slot.ty.elem.to_token_stream().to_string();
+                match &first_elem {
+                    None => first_elem = Some((e, slot.ty.elem.clone())),
+                    Some((e0, _)) if *e0 != e => errs.spanned(
+                        &slot.ty.elem,
+                        format!("all `DTensor` fields must share one element type (`{e0}`): `named_parameters` lists them together"),
+                    ),
+                    Some(_) => {}
+                }
+                for t in &slot.all {
+                    if let Some(r) = &t.reference {
+                        errs.spanned(r, "a `#[distribute]` struct owns its parameters: use `DTensor<T>`, not a reference");
+                    }
+                }
+                match resolve_slot(&slot, args, mesh, Use::Parameter, "field", errs) {
+                    Some(ms) => FieldPlan::Tensors(ms),
+                    None => FieldPlan::Plain,
+                }
+            }
+            FieldAst::Skip | FieldAst::Plain => FieldPlan::Plain,
+            FieldAst::Other => FieldPlan::Nested,
+        });
+    }
+    if let (Some(e), Some((e0, _))) = (&args.elem, &first_elem) {
+        if e.to_token_stream().to_string() != *e0 {
+            errs.spanned(e, format!("`elem` differs from the element type of the `DTensor` fields (`{e0}`)"));
+        }
+    }
+    let elem = first_elem.map(|(_, t)| t).or_else(|| args.elem.clone()).unwrap_or_else(|| syn::parse_quote!(f32));
+    Some(StructPlan { mesh, fields: plans, elem })
+}
+
+/// What `#[distribute]` on a function expands to, once every check passed.
+pub(crate) struct FnPlan<'a> {
+    pub mesh: &'a MeshAst,
+    /// Tensor arguments (index into the inputs) and the markers of each of their tensors.
+    pub args: Vec<(usize, TensorSlot, Vec<Vec<Marker>>)>,
+    /// The markers of every tensor of the result, in order.
+    pub ret: Vec<Vec<Marker>>,
+}
+
+/// Every check of a function (the arguments were parsed by [`crate::ast::parse_fn`]).
+pub(crate) fn validate_fn<'a>(
+    args: &'a Args,
+    item: &ItemFn,
+    slots: Vec<(usize, TensorSlot)>,
+    errs: &mut Errors,
+) -> Option<FnPlan<'a>> {
+    let mesh = require_mesh(args, &item.sig.ident, errs)?;
+    let mut out = Vec::new();
+    for (i, s) in slots {
+        if let Some(ms) = resolve_slot(&s, args, mesh, Use::Value, "argument", errs) {
+            out.push((i, s, ms));
+        }
+    }
+    let mut ret_tensors = Vec::new();
+    if let ReturnType::Type(_, ty) = &item.sig.output {
+        errs.ok(crate::ast::find_tensors(ty, &mut ret_tensors));
+    }
+    let mut ret = Vec::new();
+    match &args.returns {
+        Some(Returns::PerTensor(lists, tokens)) => {
+            if lists.len() != ret_tensors.len() {
+                errs.spanned(
+                    tokens,
+                    format!(
+                        "`returns` gives {} placement lists but the result holds {} `DTensor`s: give one list per tensor, in order",
+                        lists.len(),
+                        ret_tensors.len()
+                    ),
+                );
+            } else {
+                for (k, (l, t)) in lists.iter().zip(&ret_tensors).enumerate() {
+                    let what = format!("result tensor {k}");
+                    if let Some(ms) = resolve(l, mesh, t.rank, t.rank_explicit, &what, Use::Value, errs) {
+                        ret.push(ms);
+                    }
+                }
+            }
+        }
+        returns => {
+            let list = match returns {
+                Some(Returns::All(l)) => Some(l),
+                _ => args.placements.as_ref(),
+            };
+            for t in &ret_tensors {
+                match list {
+                    Some(l) => {
+                        if let Some(ms) = resolve(l, mesh, t.rank, t.rank_explicit, "the result", Use::Value, errs) {
+                            ret.push(ms);
+                        }
+                    }
+                    None if args.had_error => {}
+                    None => errs.spanned(
+                        &t.tokens,
+                        "the result has no placements: add `returns = [..]` or `placements = [..]` to `#[distribute]`",
+                    ),
+                }
+            }
+        }
+    }
+    if out.is_empty() && ret_tensors.is_empty() {
+        errs.spanned(
+            &item.sig.ident,
+            "`#[distribute]` function has no `DTensor<T>` argument or result: nothing in it would be typed",
+        );
+    }
+    Some(FnPlan { mesh, args: out, ret })
 }

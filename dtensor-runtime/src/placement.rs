@@ -39,6 +39,18 @@ impl ReduceOp {
     }
 }
 
+/// Is `op` in `ops`? (A `const fn`, so that rule tables can be evaluated at compile time.)
+pub const fn contains_op(ops: &[ReduceOp], op: ReduceOp) -> bool {
+    let mut i = 0;
+    while i < ops.len() {
+        if ops[i] as u8 == op as u8 {
+            return true;
+        }
+        i += 1;
+    }
+    false
+}
+
 impl fmt::Display for ReduceOp {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.write_str(self.name())
@@ -167,6 +179,31 @@ impl std::str::FromStr for Placement {
             context: "placement".into(),
             reason: format!("cannot parse {s:?}: expected S(dim), R or P(sum|avg|min|max|product)"),
         })
+    }
+}
+
+/// Why a redistribution cannot take one mesh dim from `from` to `to`, or `None` when it can.
+///
+/// The one legality table of redistribution: the runtime planner checks every mesh dim with
+/// it, and the typed layer's `redistribute` rule is generated from it (so the two cannot
+/// drift). Legality depends on the kinds and reduce ops only, never on the shard dim.
+///
+/// ```
+/// use dtensor_runtime::{placement::transition_error, Placement, ReduceOp};
+/// assert!(transition_error(Placement::Replicate, Placement::Shard(1)).is_none());
+/// assert!(transition_error(Placement::Partial(ReduceOp::Sum), Placement::Partial(ReduceOp::Avg)).is_some());
+/// ```
+pub const fn transition_error(from: Placement, to: Placement) -> Option<&'static str> {
+    match (from, to) {
+        // PyTorch 2.15 allows Shard -> Partial(sum) only (each rank zero-fills outside its
+        // shard); no other reduce op has a zero-cost local form.
+        (Placement::Shard(_), Placement::Partial(op)) if op as u8 != ReduceOp::Sum as u8 => {
+            Some("Shard -> Partial is only defined for Partial(sum) (zero-filled shards); go through Replicate")
+        }
+        (Placement::Partial(a), Placement::Partial(b)) if a as u8 != b as u8 => {
+            Some("a Partial cannot change its reduce op; redistribute to Replicate first")
+        }
+        _ => None,
     }
 }
 

@@ -89,16 +89,9 @@ impl fmt::Display for RedistributePlan {
 
 fn check_transition(mesh_dim: usize, from: Placement, to: Placement) -> Result<()> {
     let bad = |reason: &str| Err(Error::InvalidRedistribute { mesh_dim, from, to, reason: reason.into() });
-    match (from, to) {
-        // PyTorch 2.15 allows Shard -> Partial(sum) only (each rank zero-fills outside its shard);
-        // no other reduce op has a zero-cost local form.
-        (Placement::Shard(_), Placement::Partial(op)) if op != ReduceOp::Sum => {
-            bad("Shard -> Partial is only defined for Partial(sum) (zero-filled shards); go through Replicate")
-        }
-        (Placement::Partial(a), Placement::Partial(b)) if a != b => {
-            bad("a Partial cannot change its reduce op; redistribute to Replicate first")
-        }
-        _ => Ok(()),
+    match crate::placement::transition_error(from, to) {
+        Some(reason) => bad(reason),
+        None => Ok(()),
     }
 }
 

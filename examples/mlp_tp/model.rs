@@ -65,23 +65,21 @@ fn init_weight(rows: usize, cols: usize) -> Result<ArrayD<f32>> {
     Ok(u.to_host()?.mapv(|v| (2.0 * v - 1.0) * bound))
 }
 
-/// A stack of blocks.
+/// A stack of blocks: the macro makes every block's weights parameters of the stack
+/// (`blocks.0.w1`, ...), with the generated `Module` impl.
+#[distribute(mesh = "dp,tp")]
 pub struct Mlp {
     blocks: Vec<Block>,
 }
 
 impl Mlp {
     /// Draws the global weights (call `manual_seed` first) and distributes them over `mesh`
-    /// (the generated `Block::distribute` makes them leaves that require grad).
+    /// (the generated `Mlp::distribute` makes them leaves that require grad).
     fn new(cfg: &MlpConfig, mesh: &DeviceMesh) -> Result<Mlp> {
         let blocks = (0..cfg.layers)
-            .map(|_| {
-                let global =
-                    BlockGlobal { w1: init_weight(cfg.dim, cfg.hidden)?, w2: init_weight(cfg.hidden, cfg.dim)? };
-                Block::distribute(global, mesh)
-            })
+            .map(|_| Ok(BlockGlobal { w1: init_weight(cfg.dim, cfg.hidden)?, w2: init_weight(cfg.hidden, cfg.dim)? }))
             .collect::<Result<_>>()?;
-        Ok(Mlp { blocks })
+        Mlp::distribute(MlpGlobal { blocks }, mesh)
     }
 
     /// The forward pass on a batch laid out `(Shard(0), Replicate)`.
@@ -91,23 +89,6 @@ impl Mlp {
             h = block_forward(&h, b)?;
         }
         Ok(h.into_dtensor())
-    }
-}
-
-impl Module<f32> for Mlp {
-    fn named_parameters(&self) -> Vec<(String, &DTensor<f32>)> {
-        let mut v = Vec::new();
-        for (i, b) in self.blocks.iter().enumerate() {
-            v.extend(b.named_parameters().into_iter().map(|(n, p)| (format!("blocks.{i}.{n}"), p)));
-        }
-        v
-    }
-    fn named_parameters_mut(&mut self) -> Vec<(String, &mut DTensor<f32>)> {
-        let mut v = Vec::new();
-        for (i, b) in self.blocks.iter_mut().enumerate() {
-            v.extend(b.named_parameters_mut().into_iter().map(|(n, p)| (format!("blocks.{i}.{n}"), p)));
-        }
-        v
     }
 }
 

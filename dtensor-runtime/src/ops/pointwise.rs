@@ -21,6 +21,44 @@ const R: Placement = Placement::Replicate;
 /// Partial reduce ops a linear op keeps.
 const LINEAR: [ReduceOp; 2] = [ReduceOp::Sum, ReduceOp::Avg];
 
+/// The one-input element-wise ops (and softmax), for their table of kept Partials.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum UnaryKind {
+    Neg,
+    Exp,
+    Log,
+    Relu,
+    Gelu,
+    Tanh,
+    Sqrt,
+    AddScalar,
+    MulScalar,
+    Softmax,
+}
+
+/// The Partial reduce ops a one-input op keeps, because it commutes with that reduction
+/// (`-Σx = Σ-x`, `mean(x) + c = mean(x + c)`); any other Partial input is reduced first.
+/// The one table of these rules: the dynamic ops select with it and the typed layer's rules
+/// are generated from it.
+pub const fn partials_kept(kind: UnaryKind) -> &'static [ReduceOp] {
+    match kind {
+        UnaryKind::Neg | UnaryKind::MulScalar => &LINEAR,
+        UnaryKind::AddScalar => &[ReduceOp::Avg, ReduceOp::Max, ReduceOp::Min],
+        UnaryKind::Exp
+        | UnaryKind::Log
+        | UnaryKind::Relu
+        | UnaryKind::Gelu
+        | UnaryKind::Tanh
+        | UnaryKind::Sqrt
+        | UnaryKind::Softmax => &[],
+    }
+}
+
+/// Does `kind` keep a `Partial(op)` input (see [`partials_kept`])?
+pub const fn keeps_partial(kind: UnaryKind, op: ReduceOp) -> bool {
+    crate::placement::contains_op(partials_kept(kind), op)
+}
+
 /// Which Partial inputs a binary op accepts.
 #[derive(Clone, Copy, PartialEq)]
 pub(super) enum Linearity {
@@ -183,38 +221,46 @@ impl<T: Element> DTensor<T> {
 
     /// `-self`. Keeps Partial(sum/avg).
     pub fn neg(&self) -> Result<DTensor<T>> {
-        unary(UnaryOp::Neg, "neg_backward", self, &LINEAR, |g, _, _| g.neg())
+        unary(UnaryOp::Neg, "neg_backward", self, partials_kept(UnaryKind::Neg), |g, _, _| g.neg())
     }
 
     /// `e^self`.
     pub fn exp(&self) -> Result<DTensor<T>> {
-        unary(UnaryOp::Exp, "exp_backward", self, &[], |g, _, y| g.mul(y))
+        unary(UnaryOp::Exp, "exp_backward", self, partials_kept(UnaryKind::Exp), |g, _, y| g.mul(y))
     }
 
     /// Natural logarithm.
     pub fn log(&self) -> Result<DTensor<T>> {
-        unary(UnaryOp::Log, "log_backward", self, &[], |g, x, _| g.div(x))
+        unary(UnaryOp::Log, "log_backward", self, partials_kept(UnaryKind::Log), |g, x, _| g.div(x))
     }
 
     /// `max(x, 0)`. A Partial input is reduced first (relu is not linear).
     pub fn relu(&self) -> Result<DTensor<T>> {
-        unary(UnaryOp::Relu, "relu_backward", self, &[], |g, x, _| g.mul(&x.map_local(UnaryOp::ReluGrad)?))
+        unary(UnaryOp::Relu, "relu_backward", self, partials_kept(UnaryKind::Relu), |g, x, _| {
+            g.mul(&x.map_local(UnaryOp::ReluGrad)?)
+        })
     }
 
     /// GELU, tanh approximation (PyTorch `gelu(approximate="tanh")`). A Partial input is
     /// reduced first.
     pub fn gelu(&self) -> Result<DTensor<T>> {
-        unary(UnaryOp::Gelu, "gelu_backward", self, &[], |g, x, _| g.mul(&x.map_local(UnaryOp::GeluGrad)?))
+        unary(UnaryOp::Gelu, "gelu_backward", self, partials_kept(UnaryKind::Gelu), |g, x, _| {
+            g.mul(&x.map_local(UnaryOp::GeluGrad)?)
+        })
     }
 
     /// Hyperbolic tangent.
     pub fn tanh(&self) -> Result<DTensor<T>> {
-        unary(UnaryOp::Tanh, "tanh_backward", self, &[], |g, _, y| g.mul(&y.map_local(UnaryOp::TanhGrad)?))
+        unary(UnaryOp::Tanh, "tanh_backward", self, partials_kept(UnaryKind::Tanh), |g, _, y| {
+            g.mul(&y.map_local(UnaryOp::TanhGrad)?)
+        })
     }
 
     /// Square root.
     pub fn sqrt(&self) -> Result<DTensor<T>> {
-        unary(UnaryOp::Sqrt, "sqrt_backward", self, &[], |g, _, y| g.mul(&y.map_local(UnaryOp::SqrtGrad)?))
+        unary(UnaryOp::Sqrt, "sqrt_backward", self, partials_kept(UnaryKind::Sqrt), |g, _, y| {
+            g.mul(&y.map_local(UnaryOp::SqrtGrad)?)
+        })
     }
 
     /// `self + s`. Keeps Partial(avg/max/min) (adding a constant commutes with them).
@@ -223,7 +269,7 @@ impl<T: Element> DTensor<T> {
             UnaryOp::AddScalar(s.as_f64()),
             "add_scalar_backward",
             self,
-            &[ReduceOp::Avg, ReduceOp::Max, ReduceOp::Min],
+            partials_kept(UnaryKind::AddScalar),
             |g, _, _| Ok(g.clone()),
         )
     }
@@ -235,7 +281,13 @@ impl<T: Element> DTensor<T> {
 
     /// `self * s`. Keeps Partial(sum/avg).
     pub fn mul_scalar(&self, s: T) -> Result<DTensor<T>> {
-        unary(UnaryOp::MulScalar(s.as_f64()), "mul_scalar_backward", self, &LINEAR, move |g, _, _| g.mul_scalar(s))
+        unary(
+            UnaryOp::MulScalar(s.as_f64()),
+            "mul_scalar_backward",
+            self,
+            partials_kept(UnaryKind::MulScalar),
+            move |g, _, _| g.mul_scalar(s),
+        )
     }
 
     /// `self / s`.

@@ -19,11 +19,29 @@ use crate::placement::{Placement, ReduceOp};
 use crate::storage::empty_reduction;
 use crate::storage::op::Reduction;
 
-#[derive(Clone, Copy, PartialEq, Debug)]
-enum Kind {
+/// The reductions (`mean` is a sum, then a scale).
+#[derive(Clone, Copy, PartialEq, Eq, Debug)]
+pub enum ReductionKind {
     Sum,
     Max,
     Min,
+}
+
+/// What a reduction makes of a shard of a reduced dim (`Partial(sum)` / `Partial(max)`), and
+/// the Partial inputs it keeps (it commutes with them); any other Partial is reduced first.
+/// The one table of these rules: the dynamic ops select with it and the typed layer's rules
+/// are generated from it.
+pub const fn reduction_rule(kind: ReductionKind) -> (ReduceOp, &'static [ReduceOp]) {
+    match kind {
+        ReductionKind::Sum => (ReduceOp::Sum, &[ReduceOp::Sum, ReduceOp::Avg]),
+        ReductionKind::Max => (ReduceOp::Max, &[ReduceOp::Max]),
+        ReductionKind::Min => (ReduceOp::Min, &[ReduceOp::Min]),
+    }
+}
+
+/// Does reduction `kind` keep a `Partial(op)` input (see [`reduction_rule`])?
+pub const fn reduction_keeps(kind: ReductionKind, op: ReduceOp) -> bool {
+    crate::placement::contains_op(reduction_rule(kind).1, op)
 }
 
 fn dims_of(op: &str, dims: &[isize], ndim: usize) -> Result<Vec<usize>> {
@@ -39,16 +57,12 @@ fn reduce<T: Element>(
     bwd: &'static str,
     dims: &[usize],
     keepdim: bool,
-    kind: Kind,
+    kind: ReductionKind,
 ) -> Result<DTensor<T>> {
     let nd = x.ndim();
     let remap = |d: usize| if keepdim { d } else { d - dims.iter().filter(|&&r| r < d).count() };
-    let (reduced, kept_ops): (ReduceOp, &[ReduceOp]) = match kind {
-        Kind::Sum => (ReduceOp::Sum, &[ReduceOp::Sum, ReduceOp::Avg]),
-        Kind::Max => (ReduceOp::Max, &[ReduceOp::Max]),
-        Kind::Min => (ReduceOp::Min, &[ReduceOp::Min]),
-    };
-    if kind != Kind::Sum {
+    let (reduced, kept_ops) = reduction_rule(kind);
+    if kind != ReductionKind::Sum {
         if let Some(&d) = dims.iter().find(|&&d| x.shape[d] == 0) {
             return Err(empty_reduction(op, d));
         }
@@ -66,9 +80,9 @@ fn reduce<T: Element>(
     let c = select(op, &[x], &rs, Select { valid: Some(&follow), prefer_output: None })?;
     let xi = &*c.inputs[0];
     let kernel = match kind {
-        Kind::Sum => Reduction::Sum,
-        Kind::Max => Reduction::Max,
-        Kind::Min => Reduction::Min,
+        ReductionKind::Sum => Reduction::Sum,
+        ReductionKind::Max => Reduction::Max,
+        ReductionKind::Min => Reduction::Min,
     };
     let local = xi.local.reduce(kernel, dims, keepdim)?;
     let mut shape = Vec::with_capacity(nd);
@@ -92,8 +106,8 @@ fn reduce<T: Element>(
             sx.shape.iter().enumerate().map(|(d, &s)| if dims.contains(&d) { 1 } else { s }).collect();
         let gk = if keepdim { g.clone() } else { g.reshape_to(&keep_shape)? };
         let gx = match kind {
-            Kind::Sum => gk.expand_like(&sx)?,
-            Kind::Max | Kind::Min => {
+            ReductionKind::Sum => gk.expand_like(&sx)?,
+            ReductionKind::Max | ReductionKind::Min => {
                 // amax semantics: the gradient is shared evenly between tied maxima.
                 let yk = if keepdim { sy.clone() } else { sy.reshape_to(&keep_shape)? };
                 let mask = sx.eq_mask(&yk)?;
@@ -115,17 +129,17 @@ impl<T: Element> DTensor<T> {
     /// Sum over several dims.
     pub fn sum_dims(&self, dims: &[isize], keepdim: bool) -> Result<DTensor<T>> {
         let d = dims_of("sum", dims, self.ndim())?;
-        reduce(self, "sum", "sum_backward", &d, keepdim, Kind::Sum)
+        reduce(self, "sum", "sum_backward", &d, keepdim, ReductionKind::Sum)
     }
 
     pub(crate) fn sum_dims_usize(&self, dims: &[usize], keepdim: bool) -> Result<DTensor<T>> {
-        reduce(self, "sum", "sum_backward", dims, keepdim, Kind::Sum)
+        reduce(self, "sum", "sum_backward", dims, keepdim, ReductionKind::Sum)
     }
 
     /// Sum of every element: a 0-d tensor (Partial(sum) when the input is sharded).
     pub fn sum(&self) -> Result<DTensor<T>> {
         let all: Vec<usize> = (0..self.ndim()).collect();
-        reduce(self, "sum", "sum_backward", &all, false, Kind::Sum)
+        reduce(self, "sum", "sum_backward", &all, false, ReductionKind::Sum)
     }
 
     /// Mean over `dim`.
@@ -145,27 +159,27 @@ impl<T: Element> DTensor<T> {
     /// Partial(max). The gradient is shared evenly between tied maxima.
     pub fn max_dim(&self, dim: isize, keepdim: bool) -> Result<DTensor<T>> {
         let d = norm_dim("max", dim, self.ndim())?;
-        reduce(self, "max", "max_backward", &[d], keepdim, Kind::Max)
+        reduce(self, "max", "max_backward", &[d], keepdim, ReductionKind::Max)
     }
 
     /// Maximum of every element (0-d). NaN if any element is NaN; an error for an empty
     /// tensor (PyTorch).
     pub fn max(&self) -> Result<DTensor<T>> {
         let all: Vec<usize> = (0..self.ndim()).collect();
-        reduce(self, "max", "max_backward", &all, false, Kind::Max)
+        reduce(self, "max", "max_backward", &all, false, ReductionKind::Max)
     }
 
     /// Minimum over `dim` (values; PyTorch `amin`). Over a sharded dim the result is
     /// Partial(min). The gradient is shared evenly between tied minima.
     pub fn min_dim(&self, dim: isize, keepdim: bool) -> Result<DTensor<T>> {
         let d = norm_dim("min", dim, self.ndim())?;
-        reduce(self, "min", "min_backward", &[d], keepdim, Kind::Min)
+        reduce(self, "min", "min_backward", &[d], keepdim, ReductionKind::Min)
     }
 
     /// Minimum of every element (0-d). NaN if any element is NaN; an error for an empty tensor.
     pub fn min(&self) -> Result<DTensor<T>> {
         let all: Vec<usize> = (0..self.ndim()).collect();
-        reduce(self, "min", "min_backward", &all, false, Kind::Min)
+        reduce(self, "min", "min_backward", &all, false, ReductionKind::Min)
     }
 
     /// Index of the maximum along `dim` (first occurrence; a NaN counts as the maximum), as

@@ -6,6 +6,7 @@
 //! (all-reduced), then a local sum of exponentials reduced the same way — composed of the
 //! dynamic ops, so only `[.., 1]`-sized statistics travel and autograd comes for free.
 
+use super::pointwise::{partials_kept, UnaryKind};
 use super::strategy::{reduce_partials, select, DimRule, Select};
 use super::{new_output, norm_dim};
 use crate::autograd::{no_grad, record, recording};
@@ -40,7 +41,7 @@ fn softmax_impl<T: Element>(x: &DTensor<T>, dim: isize, log: bool) -> Result<DTe
     for e in (0..x.ndim()).filter(|&e| e != d) {
         rs.push(DimRule::new(&[Placement::Shard(e as isize)], Placement::Shard(e as isize)));
     }
-    let keep = reduce_partials(&x.placements, &[]);
+    let keep = reduce_partials(&x.placements, partials_kept(UnaryKind::Softmax));
     let follow = |ins: &[Vec<Placement>], _: &[Placement]| ins[0] == keep;
     let c = select(op, &[x], &rs, Select { valid: Some(&follow), prefer_output: None })?;
     let xi = &*c.inputs[0];

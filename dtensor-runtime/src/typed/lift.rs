@@ -37,6 +37,8 @@ macro_rules! lift_binary {
             $($a: $Rule<$b, $n> + $crate::typed::PlacementMarker,
               $b: $crate::typed::PlacementMarker,
               $n: $crate::typed::MeshDim,)+
+            ($($a,)+): $crate::typed::TypedLayout<($($n,)+)>,
+            ($(<$a as $Rule<$b, $n>>::Out,)+): $crate::typed::TypedLayout<($($n,)+)>,
         {
             type Out = ($(<$a as $Rule<$b, $n>>::Out,)+);
         }
@@ -47,6 +49,8 @@ macro_rules! lift_binary {
             $($a: $Rule<$b, $n, $ctx> + $crate::typed::PlacementMarker,
               $b: $crate::typed::PlacementMarker,
               $n: $crate::typed::MeshDim,)+
+            ($($a,)+): $crate::typed::TypedLayout<($($n,)+)>,
+            ($(<$a as $Rule<$b, $n, $ctx>>::Out,)+): $crate::typed::TypedLayout<($($n,)+)>,
         {
             type Out = ($(<$a as $Rule<$b, $n, $ctx>>::Out,)+);
         }
@@ -82,6 +86,8 @@ macro_rules! lift_unary {
         where
             $($a: $Rule<$n> + $crate::typed::PlacementMarker,
               $n: $crate::typed::MeshDim,)+
+            ($($a,)+): $crate::typed::TypedLayout<($($n,)+)>,
+            ($(<$a as $Rule<$n>>::Out,)+): $crate::typed::TypedLayout<($($n,)+)>,
         {
             type Out = ($(<$a as $Rule<$n>>::Out,)+);
         }
@@ -91,6 +97,8 @@ macro_rules! lift_unary {
         where
             $($a: $Rule<$n, $ctx> + $crate::typed::PlacementMarker,
               $n: $crate::typed::MeshDim,)+
+            ($($a,)+): $crate::typed::TypedLayout<($($n,)+)>,
+            ($(<$a as $Rule<$n, $ctx>>::Out,)+): $crate::typed::TypedLayout<($($n,)+)>,
         {
             type Out = ($(<$a as $Rule<$n, $ctx>>::Out,)+);
         }

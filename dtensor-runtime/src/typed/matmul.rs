@@ -73,6 +73,7 @@ impl<T: Element, M: MeshDims, L: TypedLayout<M>, const R: usize> Dt<T, M, L, R> 
     /// `self @ rhs` for a matrix `rhs`; the output layout is computed per mesh dim by
     /// [`MatmulRule`], and an illegal pair does not compile.
     #[allow(clippy::type_complexity)] // the output layout is a projection, spelled out once
+    #[track_caller]
     pub fn matmul<L2>(&self, rhs: &Dt<T, M, L2, 2>) -> Result<Dt<T, M, <L as MatmulLayout<L2, M, Rank<R>>>::Out, R>>
     where
         L: MatmulLayout<L2, M, Rank<R>>,

@@ -18,25 +18,28 @@
 //! The dynamic [`DTensor`](crate::DTensor) stays the ground truth: every typed op calls the
 //! dynamic op and checks that its placements are the ones the type promised.
 
-pub mod activation;
 pub mod dims;
 pub mod layout;
 mod lift;
 pub mod markers;
 pub mod matmul;
+pub mod params;
 pub mod pointwise;
+pub mod probe;
+pub mod redistribute;
 pub mod reduce;
 pub mod same;
 pub mod tensor;
 pub mod transpose;
+pub mod unary;
 
-pub use activation::{NonlinearLayout, NonlinearRule};
 pub use dims::{MeshDim, MeshDims};
 pub use layout::TypedLayout;
 pub use markers::{Avg, Max, Min, Partial, PlacementMarker, Product, ReduceMarker, Replicate, Shard, Sum};
 pub use matmul::{MatmulLayout, MatmulRule, Rank};
+pub use params::Parameters;
 pub use pointwise::{AddLayout, AddRule, DivLayout, DivRule, MulLayout, MulRule, SubLayout, SubRule};
-pub use reduce::{Dim, SumLayout, SumRule};
+pub use reduce::Dim;
 pub use same::SameLayout;
 pub use tensor::Dt;
 pub use transpose::{Swap, TransposeLayout, TransposeRule};

@@ -106,6 +106,7 @@ macro_rules! binary_methods {
     ($($(#[$doc:meta])* $name:ident: $TypedLayout:ident;)+) => {
         impl<T: Element, M: MeshDims, L: TypedLayout<M>, const R: usize> Dt<T, M, L, R> {$(
             $(#[$doc])*
+            #[track_caller]
             pub fn $name<L2>(&self, rhs: &Dt<T, M, L2, R>) -> Result<Dt<T, M, <L as $TypedLayout<L2, M>>::Out, R>>
             where
                 L: $TypedLayout<L2, M>,

@@ -1,87 +1,222 @@
-//! Typed `sum` over one tensor dim (keeping it, so the rank stays a type-level constant):
-//! `Shard<DIM>` → `Partial<Sum>`, another `Shard<D>` stays, `Replicate` stays, `Partial<Sum>`
-//! and `Partial<Avg>` stay (a sum is linear). `Partial<Min|Max|Product>` need a redistribute
-//! first.
+//! Typed reductions `sum` / `mean` / `max`, over one tensor dim (kept, size 1, so the rank
+//! stays a type-level constant) or over every dim (`*_all`, a rank-0 result). Per mesh dim:
+//! `Replicate` stays; a `Shard` of a reduced dim becomes `Partial<Sum>` (sum, mean) or
+//! `Partial<Max>` (max); a `Shard` of another dim stays; a `Partial` stays when the reduction
+//! commutes with it. What a reduction makes of a shard and which Partials it keeps is the
+//! runtime's table ([`reduction_rule`]); the rules here are generated from it.
 
 use super::lift::lift_unary;
-use super::markers::{Avg, Partial, Replicate, Shard, Sum};
+use super::markers::{Avg, Max, Min, Partial, Product, Replicate, Shard, Sum};
+use super::redistribute::Verdict;
 use super::same::SameLayout;
 use super::{Dt, MeshDims, TypedLayout};
 use crate::element::Element;
 use crate::error::Result;
+use crate::ops::reduction::{reduction_keeps, reduction_rule, ReductionKind};
+use crate::placement::ReduceOp;
 
 /// A tensor dim as a type (and a zero-sized value to pass it): `x.sum(Dim::<1>)`.
 #[derive(Debug, Clone, Copy, Default)]
 pub struct Dim<const DIM: usize>;
 
-/// The `sum(dim)` rule on one mesh dim.
+/// Every tensor dim (the context of `sum_all`, `mean_all`, `max_all`).
+#[doc(hidden)]
+pub enum All {}
+
+/// The reduction `K` over `D` (`Dim<DIM>` or [`All`]): the context of [`ReduceRule`].
+#[doc(hidden)]
+pub struct Over<K, D>(std::marker::PhantomData<(K, D)>);
+
+/// One marker per reduction kind.
+pub mod kinds {
+    /// `sum` (and `mean`: a sum, then a scale).
+    pub enum SumOf {}
+    /// `max`.
+    pub enum MaxOf {}
+}
+
+/// A reduction kind: which runtime kind it is and the Partial marker a reduced shard becomes.
+#[doc(hidden)]
+pub trait ReductionMarker {
+    /// The reduce-op marker of `Partial` for a shard of a reduced dim.
+    type Partial: super::ReduceMarker;
+}
+impl ReductionMarker for kinds::SumOf {
+    type Partial = Sum;
+}
+impl ReductionMarker for kinds::MaxOf {
+    type Partial = Max;
+}
+
+// The markers must say what the runtime's table says.
+const _: () = {
+    assert!(reduction_rule(ReductionKind::Sum).0 as u8 == ReduceOp::Sum as u8);
+    assert!(reduction_rule(ReductionKind::Max).0 as u8 == ReduceOp::Max as u8);
+};
+
+/// Holds when the reduction `Kind` keeps the Partial `From` (implemented for `Verdict<true>`).
+#[doc(hidden)]
 #[diagnostic::on_unimplemented(
-    message = "sum of `{Self}` on mesh dim `{Name}` is not a legal layout: only `Partial<Sum>` and `Partial<Avg>` stay partial through a sum; redistribute first",
-    label = "no sum rule for `{Self}` on mesh dim `{Name}`",
-    note = "sum keeps `Replicate`, keeps `Shard<D>` for D ≠ the summed dim (tensor dims up to 7), turns `Shard<dim>` into `Partial<Sum>`, and keeps `Partial<Sum>` and `Partial<Avg>`"
+    message = "`{Kind}` of `{From}` on mesh dim `{Name}` is not a legal layout: the reduction does not commute with that Partial",
+    label = "`{From}` on mesh dim `{Name}` must be reduced first",
+    note = "sum and mean keep `Partial<Sum|Avg>`, max keeps `Partial<Max>`; redistribute mesh dim `{Name}` to `Replicate` or `Shard<D>` first"
 )]
-pub trait SumRule<Name, Ctx> {
+pub trait ReductionKeeps<From, Kind, Name> {}
+impl<From, Kind, Name> ReductionKeeps<From, Kind, Name> for Verdict<true> {}
+
+/// The rule of a reduction on one mesh dim (`Ctx` = [`Over`]`<kind, dims>`).
+#[doc(hidden)]
+#[diagnostic::on_unimplemented(
+    message = "reduction of `{Self}` on mesh dim `{Name}` has no typed rule: typed reductions cover tensor dims 0..=7",
+    label = "no typed reduction rule for `{Self}`"
+)]
+pub trait ReduceRule<Name, Ctx> {
     /// Placement of the result on this mesh dim.
     type Out: super::PlacementMarker;
 }
 
 lift_unary!(
-    /// The sum rule on every mesh dim of a layout.
-    SumLayout,
-    SumRule,
+    /// The reduction rule on every mesh dim of a layout.
+    #[doc(hidden)]
+    ReduceLayout,
+    ReduceRule,
     ctx
 );
 
-impl<N, const DIM: usize> SumRule<N, Dim<DIM>> for Replicate {
+impl<N, K, D> ReduceRule<N, Over<K, D>> for Replicate {
     type Out = Replicate;
 }
-impl<N, const DIM: usize> SumRule<N, Dim<DIM>> for Partial<Sum> {
-    type Out = Partial<Sum>;
-}
-impl<N, const DIM: usize> SumRule<N, Dim<DIM>> for Partial<Avg> {
-    type Out = Partial<Avg>;
+impl<N, K: ReductionMarker, const S: usize> ReduceRule<N, Over<K, All>> for Shard<S> {
+    type Out = Partial<K::Partial>;
 }
 
-/// Chooses the output of `Shard<D>` from whether `D` is the summed dim.
+/// `impl ReduceRule<N, Over<kinds::K, D>> for Partial<Op>`, legal where the runtime's table
+/// says so.
+macro_rules! partial_rules {
+    (@op $k:ident $rk:ident; $($op:ident)*) => {$(
+        impl<N, D> ReduceRule<N, Over<kinds::$k, D>> for Partial<$op>
+        where
+            Verdict<{ reduction_keeps(ReductionKind::$rk, ReduceOp::$op) }>: ReductionKeeps<Partial<$op>, kinds::$k, N>,
+        {
+            type Out = Partial<$op>;
+        }
+    )*};
+    ($($k:ident => $rk:ident),*) => {$(
+        partial_rules!(@op $k $rk; Sum Avg Min Max Product);
+    )*};
+}
+partial_rules!(SumOf => Sum, MaxOf => Max);
+
+/// Chooses the output of `Shard<D>` from whether `D` is the reduced dim.
 #[doc(hidden)]
 pub enum Same<const B: bool> {}
 #[doc(hidden)]
-pub trait PickSum<S> {
+pub trait Pick<S, K> {
     type Out: super::PlacementMarker;
 }
-impl<S> PickSum<S> for Same<true> {
-    type Out = Partial<Sum>;
+impl<S, K: ReductionMarker> Pick<S, K> for Same<true> {
+    type Out = Partial<K::Partial>;
 }
-impl<S: super::PlacementMarker> PickSum<S> for Same<false> {
+impl<S: super::PlacementMarker, K> Pick<S, K> for Same<false> {
     type Out = S;
 }
 
-/// `impl SumRule<N, Dim<dim>> for Shard<d>` for every pair of the list.
-macro_rules! shard_sum_rules {
+/// `impl ReduceRule<N, Over<K, Dim<dim>>> for Shard<d>` for every pair of the list.
+macro_rules! shard_rules {
     (@row $dim:literal; $($d:literal)*) => {$(
-        impl<N> SumRule<N, Dim<$dim>> for Shard<$d> {
-            type Out = <Same<{ $d == $dim }> as PickSum<Shard<$d>>>::Out;
+        impl<N, K> ReduceRule<N, Over<K, Dim<$dim>>> for Shard<$d>
+        where
+            Same<{ $d == $dim }>: Pick<Shard<$d>, K>,
+        {
+            type Out = <Same<{ $d == $dim }> as Pick<Shard<$d>, K>>::Out;
         }
     )*};
     ($($dim:literal)*) => {$(
-        shard_sum_rules!(@row $dim; 0 1 2 3 4 5 6 7);
+        shard_rules!(@row $dim; 0 1 2 3 4 5 6 7);
     )*};
 }
-shard_sum_rules!(0 1 2 3 4 5 6 7);
+shard_rules!(0 1 2 3 4 5 6 7);
 
+/// The output layout of reduction `K` over `D`.
+type Reduced<Lx, M, K, D> = <Lx as ReduceLayout<M, Over<K, D>>>::Out;
+
+// The output layouts are projections, spelled out once per method.
+#[allow(clippy::type_complexity)]
 impl<T: Element, M: MeshDims, L: TypedLayout<M>, const R: usize> Dt<T, M, L, R> {
     /// Sum over tensor dim `DIM`, keeping it (size 1): `x.sum(Dim::<1>)`. A `Shard<DIM>`
     /// becomes `Partial<Sum>`. `DIM ≥ R` fails at `cargo build`.
     ///
     /// (The dim is a value argument rather than a turbofish so that the layout can go through
-    /// [`SameLayout`]: rustc then reports the broken [`SumRule`] with its message instead of
+    /// [`SameLayout`]: rustc then reports the broken rule with its message instead of
     /// "method exists but its trait bounds were not satisfied".)
-    pub fn sum<const DIM: usize, Lx>(&self, _dim: Dim<DIM>) -> Result<Dt<T, M, <Lx as SumLayout<M, Dim<DIM>>>::Out, R>>
+    #[track_caller]
+    pub fn sum<const DIM: usize, Lx>(
+        &self,
+        _dim: Dim<DIM>,
+    ) -> Result<Dt<T, M, Reduced<Lx, M, kinds::SumOf, Dim<DIM>>, R>>
     where
         L: SameLayout<Lx>,
-        Lx: SumLayout<M, Dim<DIM>>,
+        Lx: ReduceLayout<M, Over<kinds::SumOf, Dim<DIM>>>,
     {
         const { assert!(DIM < R, "`sum(Dim::<DIM>)`: DIM must be a dim of the tensor (DIM < R)") };
         Dt::from_op("sum", self.as_dtensor().sum_dim(DIM as isize, true))
+    }
+
+    /// Mean over tensor dim `DIM`, keeping it; the layouts of [`sum`](Dt::sum).
+    #[track_caller]
+    pub fn mean<const DIM: usize, Lx>(
+        &self,
+        _dim: Dim<DIM>,
+    ) -> Result<Dt<T, M, Reduced<Lx, M, kinds::SumOf, Dim<DIM>>, R>>
+    where
+        L: SameLayout<Lx>,
+        Lx: ReduceLayout<M, Over<kinds::SumOf, Dim<DIM>>>,
+    {
+        const { assert!(DIM < R, "`mean(Dim::<DIM>)`: DIM must be a dim of the tensor (DIM < R)") };
+        Dt::from_op("mean", self.as_dtensor().mean_dim(DIM as isize, true))
+    }
+
+    /// Maximum over tensor dim `DIM`, keeping it: a `Shard<DIM>` becomes `Partial<Max>`.
+    #[track_caller]
+    pub fn max<const DIM: usize, Lx>(
+        &self,
+        _dim: Dim<DIM>,
+    ) -> Result<Dt<T, M, Reduced<Lx, M, kinds::MaxOf, Dim<DIM>>, R>>
+    where
+        L: SameLayout<Lx>,
+        Lx: ReduceLayout<M, Over<kinds::MaxOf, Dim<DIM>>>,
+    {
+        const { assert!(DIM < R, "`max(Dim::<DIM>)`: DIM must be a dim of the tensor (DIM < R)") };
+        Dt::from_op("max", self.as_dtensor().max_dim(DIM as isize, true))
+    }
+
+    /// Sum of every element (rank 0): every `Shard` becomes `Partial<Sum>`.
+    #[track_caller]
+    pub fn sum_all<Lx>(&self) -> Result<Dt<T, M, Reduced<Lx, M, kinds::SumOf, All>, 0>>
+    where
+        L: SameLayout<Lx>,
+        Lx: ReduceLayout<M, Over<kinds::SumOf, All>>,
+    {
+        Dt::from_op("sum", self.as_dtensor().sum())
+    }
+
+    /// Mean of every element (rank 0); the layouts of [`sum_all`](Dt::sum_all).
+    #[track_caller]
+    pub fn mean_all<Lx>(&self) -> Result<Dt<T, M, Reduced<Lx, M, kinds::SumOf, All>, 0>>
+    where
+        L: SameLayout<Lx>,
+        Lx: ReduceLayout<M, Over<kinds::SumOf, All>>,
+    {
+        Dt::from_op("mean", self.as_dtensor().mean())
+    }
+
+    /// Maximum of every element (rank 0): every `Shard` becomes `Partial<Max>`.
+    #[track_caller]
+    pub fn max_all<Lx>(&self) -> Result<Dt<T, M, Reduced<Lx, M, kinds::MaxOf, All>, 0>>
+    where
+        L: SameLayout<Lx>,
+        Lx: ReduceLayout<M, Over<kinds::MaxOf, All>>,
+    {
+        Dt::from_op("max", self.as_dtensor().max())
     }
 }

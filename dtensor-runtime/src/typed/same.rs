@@ -8,7 +8,7 @@ use crate::element::Element;
 /// generic code (e.g. what `#[distribute]` generates for a function argument) turn a tensor
 /// of layout `A` into one of layout `B` for free.
 #[diagnostic::on_unimplemented(
-    message = "expected a tensor with layout `{Expected}`, found layout `{Self}`",
+    message = "expected layout `{Expected}`, found `{Self}`: call `.redistribute()`",
     label = "this tensor has layout `{Self}`, not `{Expected}`",
     note = "call `.redistribute::<{Expected}>()` on it first"
 )]

@@ -40,32 +40,32 @@ pub struct Dt<T: Element, M: MeshDims, L: TypedLayout<M>, const R: usize> {
 
 impl<T: Element, M: MeshDims, L: TypedLayout<M>, const R: usize> Dt<T, M, L, R> {
     /// Evaluated (at `cargo build`) whenever a `Dt` is made: every `Shard<D>` of the layout
-    /// must address a dim of a rank-`R` tensor, and the layout may not mix two Partial ops.
+    /// must address a dim of a rank-`R` tensor. (Mixed Partial layouts are not `TypedLayout`s
+    /// at all, an error `cargo check` already reports.)
     const VALID: () = {
         assert!(
             L::MIN_RANK <= R,
             "the layout shards a tensor dim that does not exist: every `Shard<D>` needs D < the tensor rank R of `Dt<T, M, L, R>`"
         );
-        assert!(
-            !L::MIXED_PARTIAL,
-            "the layout mixes two different Partial reduce ops (e.g. `Partial<Sum>` and `Partial<Avg>`): reduce one of them first"
-        );
     };
 
-    /// Wraps a dynamic tensor after checking its mesh dim names, placements and rank.
+    /// Wraps a dynamic tensor after checking its mesh dim names, placements and rank; an
+    /// error names the caller's line.
+    #[track_caller]
     pub fn from_dtensor(x: DTensor<T>) -> Result<Self> {
         let () = Self::VALID;
+        let at = std::panic::Location::caller();
         let names = M::names();
         if x.device_mesh().dim_names() != names.as_slice() {
             return Err(Error::TypedMismatch {
-                what: "mesh dims".into(),
+                what: format!("mesh dims (at {at})"),
                 expected: format!("{names:?}"),
                 actual: format!("{:?}", x.device_mesh().dim_names()),
             });
         }
         if x.ndim() != R {
             return Err(Error::TypedMismatch {
-                what: "tensor rank".into(),
+                what: format!("tensor rank (at {at})"),
                 expected: R.to_string(),
                 actual: format!("{} (shape {:?})", x.ndim(), x.shape()),
             });
@@ -73,7 +73,7 @@ impl<T: Element, M: MeshDims, L: TypedLayout<M>, const R: usize> Dt<T, M, L, R> 
         let want = L::placements();
         if x.placements() != want.as_slice() {
             return Err(Error::TypedMismatch {
-                what: "placements".into(),
+                what: format!("placements (at {at})"),
                 expected: fmt_placements(&want),
                 actual: fmt_placements(x.placements()),
             });
@@ -85,6 +85,7 @@ impl<T: Element, M: MeshDims, L: TypedLayout<M>, const R: usize> Dt<T, M, L, R> 
     ///
     /// Errors if the mesh dim names or the tensor rank differ from the type, or if the layout
     /// holds a `Partial` (a global tensor has no partial form).
+    #[track_caller]
     pub fn distribute(global: &ArrayD<T>, mesh: &DeviceMesh) -> Result<Self> {
         let () = Self::VALID;
         Self::check_mesh(mesh)?;
@@ -110,9 +111,14 @@ impl<T: Element, M: MeshDims, L: TypedLayout<M>, const R: usize> Dt<T, M, L, R> 
         Ok(())
     }
 
-    /// Redistributes to the layout `L2` (runs the collectives). Always compiles; the runtime
-    /// rejects what has no meaning (Shard → Partial, Partial(a) → Partial(b)).
-    pub fn redistribute<L2: TypedLayout<M>>(&self) -> Result<Dt<T, M, L2, R>> {
+    /// Redistributes to the layout `L2` (runs the collectives). A target without meaning
+    /// (`Shard` → `Partial`, `Partial<A>` → `Partial<B>`; the runtime's table) does not compile.
+    #[track_caller]
+    pub fn redistribute<L2>(&self) -> Result<Dt<T, M, L2, R>>
+    where
+        L: super::redistribute::RedistributeLayout<L2, M>,
+        L2: TypedLayout<M>,
+    {
         Dt::from_dtensor(self.inner.redistribute(&L2::placements())?)
     }
 
@@ -183,10 +189,11 @@ impl<T: Element, M: MeshDims, L: TypedLayout<M>, const R: usize> Dt<T, M, L, R> 
     /// Wraps the output of a dynamic op whose layout the type system computed. The check is a
     /// comparison of a few placements; it guards against the dynamic op and the typed rule
     /// ever disagreeing.
+    #[track_caller]
     pub(crate) fn from_op(op: &str, out: Result<DTensor<T>>) -> Result<Self> {
         Self::from_dtensor(out?).map_err(|e| match e {
             Error::TypedMismatch { what, expected, actual } => {
-                Error::TypedMismatch { what: format!("{what} of the output of typed `{op}`"), expected, actual }
+                Error::TypedMismatch { what: format!("output of typed `{op}`: {what}"), expected, actual }
             }
             e => e,
         })
@@ -201,6 +208,7 @@ impl<T: Element, M: MeshDims, L: TypedLayout<M>, const R: usize> Clone for Dt<T,
 
 impl<T: Element, M: MeshDims, L: TypedLayout<M>, const R: usize> TryFrom<DTensor<T>> for Dt<T, M, L, R> {
     type Error = Error;
+    #[track_caller]
     fn try_from(x: DTensor<T>) -> Result<Self> {
         Self::from_dtensor(x)
     }
@@ -215,5 +223,32 @@ impl<T: Element, M: MeshDims, L: TypedLayout<M>, const R: usize> From<Dt<T, M, L
 impl<T: Element, M: MeshDims, L: TypedLayout<M>, const R: usize> fmt::Debug for Dt<T, M, L, R> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         write!(f, "Dt<{}, rank {R}>({:?})", std::any::type_name::<L>(), self.inner)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::typed::dims::{dp, tp};
+    use crate::typed::{Replicate, Shard};
+
+    #[test]
+    fn a_wrong_layout_names_the_callers_line() {
+        let errs = crate::run(2, |ctx| {
+            let mesh = ctx.init_device_mesh(&[1, 2], &["dp", "tp"])?;
+            let x = distribute_tensor(
+                ArrayD::<f32>::zeros(vec![2, 2]),
+                &mesh,
+                &[crate::placement::Placement::Replicate, crate::placement::Placement::Replicate],
+                Some(0),
+            )?;
+            let line = line!() + 1;
+            let e = Dt::<f32, (dp, tp), (Shard<0>, Replicate), 2>::try_from(x).unwrap_err();
+            Ok((e.to_string(), line))
+        })
+        .unwrap();
+        for (e, line) in errs {
+            assert!(e.contains(&format!("tensor.rs:{line}")), "{e}");
+        }
     }
 }

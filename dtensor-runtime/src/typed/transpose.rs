@@ -66,6 +66,7 @@ shard_transpose_rules!(0 1 2 3 4 5);
 impl<T: Element, M: MeshDims, L: TypedLayout<M>, const R: usize> Dt<T, M, L, R> {
     /// Swaps tensor dims `D0` and `D1`: `x.transpose(Dim::<0>, Dim::<1>)`; a `Shard` on either
     /// follows its dim. Dims ≥ `R` fail at `cargo build`.
+    #[track_caller]
     pub fn transpose<const D0: usize, const D1: usize, Lx>(
         &self,
         _d0: Dim<D0>,
@@ -80,6 +81,7 @@ impl<T: Element, M: MeshDims, L: TypedLayout<M>, const R: usize> Dt<T, M, L, R> 
     }
 
     /// Matrix transpose (`transpose::<0, 1>()` of a rank-2 tensor).
+    #[track_caller]
     pub fn t<Lx>(&self) -> Result<Dt<T, M, <Lx as TransposeLayout<M, Swap<0, 1>>>::Out, R>>
     where
         L: SameLayout<Lx>,

@@ -31,8 +31,11 @@ fn main() {
         assert_eq!(e.w.local().shape(), &[2, 3, 3]);
         assert_eq!(e.gate.local().shape(), &[3, 2]);
         assert_eq!(
-            Experts::<f32>::parameter_placements(),
-            vec![("w", vec![dtensor::Shard(0), dtensor::Replicate]), ("gate", vec![dtensor::Replicate, dtensor::Shard(1)])]
+            e.parameter_placements(),
+            vec![
+                ("w".to_string(), vec![dtensor::Shard(0), dtensor::Replicate]),
+                ("gate".to_string(), vec![dtensor::Replicate, dtensor::Shard(1)])
+            ]
         );
         assert_eq!(Experts::<f32>::MESH_DIMS, &["expert", "tp"]);
         // A partial sum made by a row-parallel matmul, reduced by the typed function.

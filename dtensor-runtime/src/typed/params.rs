@@ -1,0 +1,241 @@
+//! [`Parameters`]: what a field of a `#[distribute]` struct contributes to the struct's
+//! parameters. The macro sees only syntax, so it cannot tell a nested `#[distribute]` struct
+//! from plain data; instead every field type must implement this trait, and a type that does
+//! not (a `DTensor` hidden behind a type alias, a foreign type) is a compile error at the field,
+//! never a parameter silently left out of `named_parameters`.
+//!
+//! Implemented for typed tensors ([`Dt`]: one parameter), every `#[distribute]` struct (its
+//! parameters under the field's name), `Vec`, `[_; N]` (`name.0`, `name.1`, ...), `Option` and
+//! `Box` of those, and plain data (numbers, `bool`, `char`, `String`, `&'static str`, `()`,
+//! `PhantomData`): no parameters. Mark any other field `#[distribute(skip)]`.
+
+use super::{Dt, MeshDims, TypedLayout};
+use crate::dtensor::DTensor;
+use crate::element::Element;
+use crate::error::Result;
+use crate::mesh::DeviceMesh;
+use crate::placement::Placement;
+use ndarray::ArrayD;
+use std::marker::PhantomData;
+
+/// The parameters a field of a `#[distribute]` struct holds, by dotted name.
+#[diagnostic::on_unimplemented(
+    message = "`{Self}` is not a parameter, module or plain-data field of a `#[distribute]` struct",
+    label = "#[distribute] cannot type this field",
+    note = "a field may be `DTensor<T>` written out with `#[placements = [..]]` (not through a type alias), another `#[distribute]` struct, a `Vec`, `Option`, `Box` or `[_; N]` of those, or plain data (numbers, `bool`, `String`)",
+    note = "mark a field that holds no parameters `#[distribute(skip)]`"
+)]
+pub trait Parameters<T: Element>: Sized {
+    /// The global (not yet distributed) form: `ArrayD<T>` for a tensor, `Self` for plain data.
+    type Global;
+    /// Distributes the global form over `mesh` with the declared placements; parameters
+    /// require grad.
+    fn distribute_global(global: Self::Global, mesh: &DeviceMesh) -> Result<Self>;
+    /// Appends every parameter under `prefix` (`""`: at the top).
+    fn collect_parameters<'a>(&'a self, prefix: &str, out: &mut Vec<(String, &'a DTensor<T>)>);
+    /// Same, mutably.
+    fn collect_parameters_mut<'a>(&'a mut self, prefix: &str, out: &mut Vec<(String, &'a mut DTensor<T>)>);
+    /// Appends the declared placements of every parameter under `prefix`.
+    fn collect_placements(&self, prefix: &str, out: &mut Vec<(String, Vec<Placement>)>);
+    /// Appends the declared placements by name pattern, without an instance: a container's
+    /// indices are `*` (`blocks.*.w1`).
+    fn collect_patterns(prefix: &str, out: &mut Vec<(String, Vec<Placement>)>);
+}
+
+/// `prefix.name`, or `name` at the top.
+#[doc(hidden)]
+pub fn join(prefix: &str, name: &str) -> String {
+    if prefix.is_empty() {
+        name.to_string()
+    } else {
+        format!("{prefix}.{name}")
+    }
+}
+
+/// Does `name` match `pattern`, where a `*` segment matches any one segment?
+#[doc(hidden)]
+pub fn matches_pattern(pattern: &str, name: &str) -> bool {
+    let (mut p, mut n) = (pattern.split('.'), name.split('.'));
+    loop {
+        match (p.next(), n.next()) {
+            (None, None) => return true,
+            (Some(a), Some(b)) if a == "*" || a == b => {}
+            _ => return false,
+        }
+    }
+}
+
+impl<T: Element, M: MeshDims, L: TypedLayout<M>, const R: usize> Parameters<T> for Dt<T, M, L, R> {
+    type Global = ArrayD<T>;
+    fn distribute_global(global: ArrayD<T>, mesh: &DeviceMesh) -> Result<Self> {
+        Ok(Dt::distribute(&global, mesh)?.requires_grad_(true))
+    }
+    fn collect_parameters<'a>(&'a self, prefix: &str, out: &mut Vec<(String, &'a DTensor<T>)>) {
+        out.push((prefix.to_string(), self.as_dtensor()));
+    }
+    fn collect_parameters_mut<'a>(&'a mut self, prefix: &str, out: &mut Vec<(String, &'a mut DTensor<T>)>) {
+        out.push((prefix.to_string(), self.as_dtensor_mut()));
+    }
+    fn collect_placements(&self, prefix: &str, out: &mut Vec<(String, Vec<Placement>)>) {
+        Self::collect_patterns(prefix, out);
+    }
+    fn collect_patterns(prefix: &str, out: &mut Vec<(String, Vec<Placement>)>) {
+        out.push((prefix.to_string(), L::placements()));
+    }
+}
+
+/// A sequence's elements under `prefix.0`, `prefix.1`, ... (shared by `Vec` and arrays).
+mod indexed {
+    use super::*;
+
+    pub(super) fn collect<'a, T: Element, P: Parameters<T>>(
+        items: &'a [P],
+        prefix: &str,
+        out: &mut Vec<(String, &'a DTensor<T>)>,
+    ) {
+        for (i, p) in items.iter().enumerate() {
+            p.collect_parameters(&join(prefix, &i.to_string()), out);
+        }
+    }
+
+    pub(super) fn collect_mut<'a, T: Element, P: Parameters<T>>(
+        items: &'a mut [P],
+        prefix: &str,
+        out: &mut Vec<(String, &'a mut DTensor<T>)>,
+    ) {
+        for (i, p) in items.iter_mut().enumerate() {
+            p.collect_parameters_mut(&join(prefix, &i.to_string()), out);
+        }
+    }
+
+    pub(super) fn placements<T: Element, P: Parameters<T>>(
+        items: &[P],
+        prefix: &str,
+        out: &mut Vec<(String, Vec<Placement>)>,
+    ) {
+        for (i, p) in items.iter().enumerate() {
+            p.collect_placements(&join(prefix, &i.to_string()), out);
+        }
+    }
+}
+
+impl<T: Element, P: Parameters<T>> Parameters<T> for Vec<P> {
+    type Global = Vec<P::Global>;
+    fn distribute_global(global: Self::Global, mesh: &DeviceMesh) -> Result<Self> {
+        global.into_iter().map(|g| P::distribute_global(g, mesh)).collect()
+    }
+    fn collect_parameters<'a>(&'a self, prefix: &str, out: &mut Vec<(String, &'a DTensor<T>)>) {
+        indexed::collect(self, prefix, out);
+    }
+    fn collect_parameters_mut<'a>(&'a mut self, prefix: &str, out: &mut Vec<(String, &'a mut DTensor<T>)>) {
+        indexed::collect_mut(self, prefix, out);
+    }
+    fn collect_placements(&self, prefix: &str, out: &mut Vec<(String, Vec<Placement>)>) {
+        indexed::placements(self, prefix, out);
+    }
+    fn collect_patterns(prefix: &str, out: &mut Vec<(String, Vec<Placement>)>) {
+        P::collect_patterns(&join(prefix, "*"), out);
+    }
+}
+
+impl<T: Element, P: Parameters<T>, const N: usize> Parameters<T> for [P; N] {
+    type Global = [P::Global; N];
+    fn distribute_global(global: Self::Global, mesh: &DeviceMesh) -> Result<Self> {
+        let v: Vec<P> = global.into_iter().map(|g| P::distribute_global(g, mesh)).collect::<Result<_>>()?;
+        // `v` has exactly N elements (one per element of `global`).
+        Ok(v.try_into().unwrap_or_else(|_| unreachable!("N elements in, N out")))
+    }
+    fn collect_parameters<'a>(&'a self, prefix: &str, out: &mut Vec<(String, &'a DTensor<T>)>) {
+        indexed::collect(self, prefix, out);
+    }
+    fn collect_parameters_mut<'a>(&'a mut self, prefix: &str, out: &mut Vec<(String, &'a mut DTensor<T>)>) {
+        indexed::collect_mut(self, prefix, out);
+    }
+    fn collect_placements(&self, prefix: &str, out: &mut Vec<(String, Vec<Placement>)>) {
+        indexed::placements(self, prefix, out);
+    }
+    fn collect_patterns(prefix: &str, out: &mut Vec<(String, Vec<Placement>)>) {
+        P::collect_patterns(&join(prefix, "*"), out);
+    }
+}
+
+/// `Some(p)` holds `p`'s parameters under the field's own name; `None` holds none.
+impl<T: Element, P: Parameters<T>> Parameters<T> for Option<P> {
+    type Global = Option<P::Global>;
+    fn distribute_global(global: Self::Global, mesh: &DeviceMesh) -> Result<Self> {
+        global.map(|g| P::distribute_global(g, mesh)).transpose()
+    }
+    fn collect_parameters<'a>(&'a self, prefix: &str, out: &mut Vec<(String, &'a DTensor<T>)>) {
+        if let Some(p) = self {
+            p.collect_parameters(prefix, out);
+        }
+    }
+    fn collect_parameters_mut<'a>(&'a mut self, prefix: &str, out: &mut Vec<(String, &'a mut DTensor<T>)>) {
+        if let Some(p) = self {
+            p.collect_parameters_mut(prefix, out);
+        }
+    }
+    fn collect_placements(&self, prefix: &str, out: &mut Vec<(String, Vec<Placement>)>) {
+        if let Some(p) = self {
+            p.collect_placements(prefix, out);
+        }
+    }
+    fn collect_patterns(prefix: &str, out: &mut Vec<(String, Vec<Placement>)>) {
+        P::collect_patterns(prefix, out);
+    }
+}
+
+impl<T: Element, P: Parameters<T>> Parameters<T> for Box<P> {
+    type Global = Box<P::Global>;
+    fn distribute_global(global: Self::Global, mesh: &DeviceMesh) -> Result<Self> {
+        Ok(Box::new(P::distribute_global(*global, mesh)?))
+    }
+    fn collect_parameters<'a>(&'a self, prefix: &str, out: &mut Vec<(String, &'a DTensor<T>)>) {
+        (**self).collect_parameters(prefix, out);
+    }
+    fn collect_parameters_mut<'a>(&'a mut self, prefix: &str, out: &mut Vec<(String, &'a mut DTensor<T>)>) {
+        (**self).collect_parameters_mut(prefix, out);
+    }
+    fn collect_placements(&self, prefix: &str, out: &mut Vec<(String, Vec<Placement>)>) {
+        (**self).collect_placements(prefix, out);
+    }
+    fn collect_patterns(prefix: &str, out: &mut Vec<(String, Vec<Placement>)>) {
+        P::collect_patterns(prefix, out);
+    }
+}
+
+/// Plain data: no parameters, distributed as is.
+macro_rules! plain_data {
+    ($($(#[$g:meta])? [$($gen:tt)*] $ty:ty),* $(,)?) => {$(
+        impl<T: Element, $($gen)*> Parameters<T> for $ty {
+            type Global = Self;
+            fn distribute_global(global: Self, _mesh: &DeviceMesh) -> Result<Self> {
+                Ok(global)
+            }
+            fn collect_parameters<'a>(&'a self, _prefix: &str, _out: &mut Vec<(String, &'a DTensor<T>)>) {}
+            fn collect_parameters_mut<'a>(&'a mut self, _prefix: &str, _out: &mut Vec<(String, &'a mut DTensor<T>)>) {}
+            fn collect_placements(&self, _prefix: &str, _out: &mut Vec<(String, Vec<Placement>)>) {}
+            fn collect_patterns(_prefix: &str, _out: &mut Vec<(String, Vec<Placement>)>) {}
+        }
+    )*};
+}
+
+plain_data!(
+    [] u8, [] u16, [] u32, [] u64, [] u128, [] usize, [] i8, [] i16, [] i32, [] i64, [] i128, [] isize,
+    [] f32, [] f64, [] bool, [] char, [] String, [] &'static str, [] (), [X: ?Sized] PhantomData<X>,
+);
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn patterns_match_one_segment_per_star() {
+        assert!(matches_pattern("blocks.*.w1", "blocks.3.w1"));
+        assert!(!matches_pattern("blocks.*.w1", "blocks.3.w2"));
+        assert!(!matches_pattern("blocks.*.w1", "blocks.w1"));
+        assert!(matches_pattern("w", "w"));
+        assert_eq!(join("", "w"), "w");
+        assert_eq!(join("blocks.0", "w"), "blocks.0.w");
+    }
+}

@@ -1,0 +1,192 @@
+//! Typed one-input element-wise ops (`neg`, `exp`, `log`, `tanh`, `sqrt`, `relu`, `gelu`,
+//! scalar `+ - * /`): every op keeps `Replicate` and `Shard<D>`; a `Partial<Op>` is kept only
+//! when the op commutes with that reduction. Which ones do is the runtime's table
+//! ([`partials_kept`](crate::ops::pointwise::partials_kept)); the rules here are generated from it, so the typed op compiles exactly
+//! when the dynamic op would run without an implicit all-reduce.
+
+use super::lift::lift_unary;
+use super::markers::{Avg, Max, Min, Partial, Product, Replicate, Shard, Sum};
+use super::redistribute::Verdict;
+use super::reduce::Dim;
+use super::same::SameLayout;
+use super::{Dt, MeshDims, TypedLayout};
+use crate::element::Element;
+use crate::error::Result;
+use crate::ops::pointwise::{keeps_partial, UnaryKind};
+use crate::placement::ReduceOp;
+
+/// One marker type per op, for the rule's messages and its context.
+pub mod kinds {
+    macro_rules! kinds {
+        ($($(#[$doc:meta])* $name:ident),*) => {$(
+            $(#[$doc])*
+            pub enum $name {}
+        )*};
+    }
+    kinds!(
+        /// `neg`.
+        Neg,
+        /// `exp`.
+        Exp,
+        /// `log`.
+        Log,
+        /// `relu`.
+        Relu,
+        /// `gelu`.
+        Gelu,
+        /// `tanh`.
+        Tanh,
+        /// `sqrt`.
+        Sqrt,
+        /// `add_scalar` / `sub_scalar`.
+        AddScalar,
+        /// `mul_scalar` / `div_scalar`.
+        MulScalar,
+        /// `softmax` / `log_softmax`.
+        Softmax
+    );
+}
+
+/// Holds when the op `Kind` keeps the Partial `From` (implemented for `Verdict<true>`).
+#[doc(hidden)]
+#[diagnostic::on_unimplemented(
+    message = "`{Kind}` of `{From}` on mesh dim `{Name}` is not a legal layout: the op does not commute with that reduction",
+    label = "`{From}` on mesh dim `{Name}` must be reduced before this op",
+    note = "redistribute mesh dim `{Name}` to `Replicate` (all-reduce) or `Shard<D>` (reduce-scatter) first; `neg`/`mul_scalar` keep Partial<Sum|Avg>, `add_scalar` keeps Partial<Avg|Max|Min>, other element-wise ops keep no Partial"
+)]
+pub trait KeepsPartial<From, Kind, Name> {}
+impl<From, Kind, Name> KeepsPartial<From, Kind, Name> for Verdict<true> {}
+
+/// The rule of the one-input op `Kind` on one mesh dim.
+#[doc(hidden)]
+pub trait UnaryRule<Name, Kind> {
+    /// Placement of the result on this mesh dim.
+    type Out: super::PlacementMarker;
+}
+
+lift_unary!(
+    /// The one-input element-wise rule on every mesh dim of a layout.
+    #[doc(hidden)]
+    UnaryLayout,
+    UnaryRule,
+    ctx
+);
+
+impl<N, K> UnaryRule<N, K> for Replicate {
+    type Out = Replicate;
+}
+impl<N, K, const D: usize> UnaryRule<N, K> for Shard<D> {
+    type Out = Shard<D>;
+}
+
+/// `impl UnaryRule<N, kinds::K> for Partial<Op>`, legal where the runtime's table says so.
+macro_rules! partial_rules {
+    (@op $k:ident; $($op:ident)*) => {$(
+        impl<N> UnaryRule<N, kinds::$k> for Partial<$op>
+        where
+            Verdict<{ keeps_partial(UnaryKind::$k, ReduceOp::$op) }>: KeepsPartial<Partial<$op>, kinds::$k, N>,
+        {
+            type Out = Partial<$op>;
+        }
+    )*};
+    ($($k:ident)*) => {$(
+        partial_rules!(@op $k; Sum Avg Min Max Product);
+    )*};
+}
+partial_rules!(Neg Exp Log Relu Gelu Tanh Sqrt AddScalar MulScalar Softmax);
+
+/// Typed methods over the dynamic op of the same name.
+macro_rules! unary_methods {
+    ($($(#[$doc:meta])* $name:ident($($arg:ident: $ty:ty),*) => $kind:ident;)*) => {
+        impl<T: Element, M: MeshDims, L: TypedLayout<M>, const R: usize> Dt<T, M, L, R> {$(
+            $(#[$doc])*
+            #[track_caller]
+            pub fn $name<Lx>(&self $(, $arg: $ty)*) -> Result<Dt<T, M, <Lx as UnaryLayout<M, kinds::$kind>>::Out, R>>
+            where
+                L: SameLayout<Lx>,
+                Lx: UnaryLayout<M, kinds::$kind>,
+            {
+                Dt::from_op(stringify!($name), self.as_dtensor().$name($($arg),*))
+            }
+        )*}
+    };
+}
+
+unary_methods! {
+    /// `-self`; keeps `Partial<Sum|Avg>`.
+    neg() => Neg;
+    /// `e^self`; does not compile on a `Partial` layout.
+    exp() => Exp;
+    /// Natural logarithm; does not compile on a `Partial` layout.
+    log() => Log;
+    /// `max(x, 0)`; does not compile on a `Partial` layout.
+    relu() => Relu;
+    /// GELU (tanh approximation); does not compile on a `Partial` layout.
+    gelu() => Gelu;
+    /// Hyperbolic tangent; does not compile on a `Partial` layout.
+    tanh() => Tanh;
+    /// Square root; does not compile on a `Partial` layout.
+    sqrt() => Sqrt;
+    /// `self + s`; keeps `Partial<Avg|Max|Min>`.
+    add_scalar(s: T) => AddScalar;
+    /// `self - s`; keeps `Partial<Avg|Max|Min>`.
+    sub_scalar(s: T) => AddScalar;
+    /// `self * s`; keeps `Partial<Sum|Avg>`.
+    mul_scalar(s: T) => MulScalar;
+    /// `self / s` (`s = 0` is an error); keeps `Partial<Sum|Avg>`.
+    div_scalar(s: T) => MulScalar;
+}
+
+impl<T: Element, M: MeshDims, L: TypedLayout<M>, const R: usize> Dt<T, M, L, R> {
+    /// Softmax along tensor dim `DIM`: `x.softmax(Dim::<1>)`. Keeps every `Shard` (on `DIM`
+    /// itself the runtime's two-pass rule all-reduces only per-row statistics); does not
+    /// compile on a `Partial` layout. `DIM ≥ R` fails at `cargo build`.
+    #[track_caller]
+    pub fn softmax<const DIM: usize, Lx>(
+        &self,
+        _dim: Dim<DIM>,
+    ) -> Result<Dt<T, M, <Lx as UnaryLayout<M, kinds::Softmax>>::Out, R>>
+    where
+        L: SameLayout<Lx>,
+        Lx: UnaryLayout<M, kinds::Softmax>,
+    {
+        const { assert!(DIM < R, "`softmax(Dim::<DIM>)`: DIM must be a dim of the tensor (DIM < R)") };
+        Dt::from_op("softmax", self.as_dtensor().softmax(DIM as isize))
+    }
+
+    /// Log-softmax along tensor dim `DIM`; the layouts of [`softmax`](Dt::softmax).
+    #[track_caller]
+    pub fn log_softmax<const DIM: usize, Lx>(
+        &self,
+        _dim: Dim<DIM>,
+    ) -> Result<Dt<T, M, <Lx as UnaryLayout<M, kinds::Softmax>>::Out, R>>
+    where
+        L: SameLayout<Lx>,
+        Lx: UnaryLayout<M, kinds::Softmax>,
+    {
+        const { assert!(DIM < R, "`log_softmax(Dim::<DIM>)`: DIM must be a dim of the tensor (DIM < R)") };
+        Dt::from_op("log_softmax", self.as_dtensor().log_softmax(DIM as isize))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::typed::dims::{dp, tp};
+
+    #[allow(clippy::extra_unused_type_parameters)] // the bound is what is tested
+    fn typed<L: UnaryLayout<(dp, tp), K>, K>() -> bool {
+        true
+    }
+
+    #[test]
+    fn rules_follow_the_runtime_table() {
+        assert!(typed::<(Shard<0>, Partial<Sum>), kinds::Neg>());
+        assert!(typed::<(Partial<Avg>, Replicate), kinds::MulScalar>());
+        assert!(typed::<(Partial<Max>, Shard<1>), kinds::AddScalar>());
+        assert!(typed::<(Shard<1>, Replicate), kinds::Exp>());
+        assert!(keeps_partial(UnaryKind::Neg, ReduceOp::Sum));
+        assert!(!keeps_partial(UnaryKind::Exp, ReduceOp::Sum));
+        assert!(!keeps_partial(UnaryKind::AddScalar, ReduceOp::Sum));
+    }
+}
