@@ -16,7 +16,7 @@ pub enum Verdict<const LEGAL: bool> {}
 #[diagnostic::on_unimplemented(
     message = "cannot redistribute `{From}` to `{To}` on mesh dim `{Name}`",
     label = "`{From}` → `{To}` is not a legal redistribution on mesh dim `{Name}`",
-    note = "`Shard` → `Partial` and `Partial<A>` → `Partial<B>` have no meaning; redistribute that mesh dim to `Replicate` (or keep it) instead"
+    note = "`Shard` → `Partial` exists only for `Partial<Sum>` (zero-filled shards) and `Partial<A>` → `Partial<B>` has no meaning; redistribute that mesh dim to `Replicate` (or keep it) instead"
 )]
 pub trait LegalTransition<From, To, Name> {}
 impl<From, To, Name> LegalTransition<From, To, Name> for Verdict<true> {}

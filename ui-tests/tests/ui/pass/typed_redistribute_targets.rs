@@ -12,7 +12,9 @@ fn main() {
         let p = r.redistribute::<(Replicate, Partial<Sum>)>()?;
         let s = p.redistribute::<(Shard<1>, Shard<0>)>()?;
         let back = s.redistribute::<(Replicate, Replicate)>()?;
-        Ok(back.full_tensor()? == g)
+        // Shard -> Partial<Sum> (PyTorch 2.15): each rank keeps its shard, zeros elsewhere.
+        let sp = x.redistribute::<(Partial<Sum>, Shard<1>)>()?;
+        Ok(back.full_tensor()? == g && sp.full_tensor()? == g)
     })
     .unwrap();
     assert!(out.into_iter().all(|ok| ok));
