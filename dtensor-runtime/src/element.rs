@@ -10,6 +10,19 @@ pub enum DType {
 }
 
 impl DType {
+    /// The dtype's name in a safetensors header (`F32`, `F64`).
+    pub fn safetensors_name(self) -> &'static str {
+        match self {
+            DType::F32 => "F32",
+            DType::F64 => "F64",
+        }
+    }
+
+    /// The dtype a safetensors header names, if the runtime has it.
+    pub fn from_safetensors_name(name: &str) -> Option<DType> {
+        [DType::F32, DType::F64].into_iter().find(|d| d.safetensors_name() == name)
+    }
+
     /// Size of one element in bytes.
     pub fn size_of(self) -> usize {
         match self {

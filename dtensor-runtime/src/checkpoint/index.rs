@@ -68,14 +68,6 @@ pub struct ShardEntry {
     pub shape: Vec<usize>,
 }
 
-/// safetensors name of a dtype.
-pub fn dtype_name(d: DType) -> &'static str {
-    match d {
-        DType::F32 => "F32",
-        DType::F64 => "F64",
-    }
-}
-
 pub(crate) fn safetensors_dtype(d: DType) -> safetensors::Dtype {
     match d {
         DType::F32 => safetensors::Dtype::F32,
@@ -146,10 +138,9 @@ impl CheckpointIndex {
             if !names.insert(t.name.as_str()) {
                 return Err(ctx("appears twice".into()));
             }
-            let elem = match t.dtype.as_str() {
-                "F32" => 4,
-                "F64" => 8,
-                d => return Err(ctx(format!("dtype `{d}` is not F32 or F64"))),
+            let elem = match DType::from_safetensors_name(&t.dtype) {
+                Some(d) => d.size_of(),
+                None => return Err(ctx(format!("dtype `{}` is not F32 or F64", t.dtype))),
             };
             if t.placements.len() != m.shape.len() {
                 return Err(ctx(format!("{} placements for a {}-d mesh", t.placements.len(), m.shape.len())));

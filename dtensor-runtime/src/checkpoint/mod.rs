@@ -53,7 +53,7 @@ mod index;
 pub(crate) mod safe_file;
 mod shard_file;
 
-pub use index::{dtype_name, CheckpointIndex, MeshInfo, ShardEntry, TensorEntry, FORMAT, INDEX_FILE, VERSION};
+pub use index::{CheckpointIndex, MeshInfo, ShardEntry, TensorEntry, FORMAT, INDEX_FILE, VERSION};
 pub use safe_file::{FileKind, FileProblem, MAX_INDEX_BYTES};
 
 use crate::dtensor::DTensor;
@@ -168,7 +168,7 @@ pub fn save<T: Element>(dir: impl AsRef<Path>, state: &[(String, DTensor<T>)]) -
         }
         entries.push(TensorEntry {
             name: name.clone(),
-            dtype: dtype_name(T::DTYPE).to_string(),
+            dtype: T::DTYPE.safetensors_name().to_string(),
             shape: t.shape().to_vec(),
             placements: t.placements().iter().map(|p| p.to_string()).collect(),
             shards: blocks,
@@ -267,10 +267,10 @@ impl Checkpoint {
             ),
         })?;
         let e = &self.index.tensors[i];
-        if e.dtype != dtype_name(T::DTYPE) {
+        if e.dtype != T::DTYPE.safetensors_name() {
             return Err(Error::Checkpoint {
                 path,
-                reason: format!("tensor `{name}` is {} but was requested as {}", e.dtype, dtype_name(T::DTYPE)),
+                reason: format!("tensor `{name}` is {} but was requested as {}", e.dtype, T::DTYPE.safetensors_name()),
             });
         }
         Ok(i)

@@ -115,7 +115,7 @@ impl ShardFile {
                 &self.path,
                 format!(
                     "tensor `{name}` is {dtype:?} {file_shape:?} in the file but the index says {} {shape:?}",
-                    super::index::dtype_name(T::DTYPE)
+                    T::DTYPE.safetensors_name()
                 ),
             ));
         }

@@ -1,6 +1,7 @@
 //! Placement marker types: the type-level twin of [`Placement`].
 //!
-//! Markers are uninhabited enums: they only ever appear as type arguments, and being absent
+//! Markers are uninhabited types (enums, and `Partial`, a struct holding a [`Never`]): they
+//! only ever appear as type arguments, and being absent
 //! from the value namespace lets `Shard<0>` (a type) live next to `Shard(0)` (a function).
 
 use crate::placement::{Placement, ReduceOp};
@@ -49,7 +50,7 @@ pub trait ReduceMarker: sealed::Sealed + 'static {
 /// An uninhabited type that no user can name in a layout. Rule traits get one hidden impl
 /// for it per marker, so that no marker has a single impl (rustc would otherwise infer the
 /// other operand from that impl and report a bare "mismatched types" instead of the rule's
-/// message; see DESIGN.md §7).
+/// message).
 #[doc(hidden)]
 pub enum Never {}
 

@@ -1,4 +1,4 @@
-//! Typed `matmul` `[.., m, k] @ [k, n]` (DESIGN.md §4), per mesh dim:
+//! Typed `matmul` `[.., m, k] @ [k, n]` (the rule of `ops::matmul`), per mesh dim:
 //! `R×R→R`, `S(m or batch)×R→S(same)`, `R×S(n)→S(n)`, `S(k)×S(k)→Partial<Sum>`,
 //! `P×R→P`, `R×P→P` for `P` = `Partial<Sum>` or `Partial<Avg>`. Anything else needs a
 //! redistribute first. The left operand has rank `LR` (2 to 4), the right one is a matrix.

@@ -1,4 +1,4 @@
-//! Typed element-wise `add`, `sub`, `mul`, `div` of two tensors of the same rank (DESIGN.md §4):
+//! Typed element-wise `add`, `sub`, `mul`, `div` of two tensors of the same rank (the rule of `ops::pointwise`):
 //! both sides on the same `Shard<D>` or `Replicate` → the same; `Partial<Sum>` and
 //! `Partial<Avg>` are linear, so `P±P`, `P±R`, `R±P`, `P*R`, `R*P`, `P/R` → the same Partial.
 //! Anything else (e.g. `P*P`, `R/P`, `S+R`) needs a redistribute first.
