@@ -16,6 +16,9 @@
 //! | [`repeat`] | repeat, repeat_interleave | composed of reshape/expand |
 //! | [`index`] | index_select, gather | the indexed dim Replicate (or the index sharded) |
 //! | [`embedding`] | embedding, one_hot | vocab-sharded table → masked lookup, Partial(sum) |
+//! | [`norm`] | layer_norm, rms_norm | non-normalised dims sharded for free; normalised dims, weight, bias Replicate |
+//! | [`dropout`] | dropout | every placement kept, Partial reduced; placement-invariant mask |
+//! | [`attention`] | scaled_dot_product_attention, apply_rotary | batch/head dims sharded alike, or q sequence-sharded with k/v Replicate; local |
 //! | [`loss`] | cross_entropy, mse_loss | composed of the above |
 //!
 //! When the inputs match no rule, the op redistributes them to the strategy that moves the
@@ -27,12 +30,15 @@
 //! typed layer (`crate::typed`) builds on.
 
 pub mod activation;
+pub mod attention;
 pub mod cat;
+pub mod dropout;
 pub mod embedding;
 pub mod index;
 pub mod loss;
 pub mod mask;
 pub mod matmul;
+pub mod norm;
 pub mod pointwise;
 pub mod reduction;
 pub mod repeat;
@@ -41,6 +47,7 @@ pub mod softmax;
 pub mod strategy;
 pub mod view;
 
+pub use attention::{rotary_tables, scaled_dot_product_attention};
 pub use cat::{cat, stack};
 pub use strategy::{implicit_redistribution_count, implicit_redistributions, ImplicitRedistribute};
 
