@@ -11,8 +11,8 @@
 //! | [`reduction`] | sum/mean/max/min over dims or all, argmax/argmin | reduced sharded dim → Partial(sum / max / min), others remapped; arg* replicate the dim |
 //! | [`softmax`] | softmax, log_softmax | not sharded on the softmax dim |
 //! | [`view`] | transpose, permute, reshape, flatten, unflatten, squeeze, unsqueeze, expand, contiguous | shard dims remapped |
-//! | [`slice`] | narrow, slice, split, split_with_sizes, chunk | a shard of the sliced dim → Replicate first |
-//! | [`cat`] | cat, stack | same placement on every input; the cat dim unsharded |
+//! | [`slice`](mod@slice) | narrow, slice, split, split_with_sizes, chunk | a shard of the sliced dim → Replicate first |
+//! | [`cat`](mod@cat) | cat, stack | same placement on every input; the cat dim unsharded |
 //! | [`repeat`] | repeat, repeat_interleave | composed of reshape/expand |
 //! | [`index`] | index_select, gather | the indexed dim Replicate (or the index sharded) |
 //! | [`embedding`] | embedding, one_hot | vocab-sharded table → masked lookup, Partial(sum) |
