@@ -5,7 +5,7 @@
 //! | family | ops | rule (per mesh dim) |
 //! |---|---|---|
 //! | [`pointwise`] | add sub mul div, *_scalar, neg exp log relu gelu tanh sqrt | same placement in → out; Partial only through linear ops |
-//! | [`activation`] | silu sigmoid softplus pow rsqrt abs clamp gelu_with swiglu | same placement in → out; Partial reduced first |
+//! | [`math`] | silu sigmoid softplus pow rsqrt abs clamp gelu_with swiglu | same placement in → out; Partial reduced first |
 //! | [`mask`] | eq/ne/lt/le/gt/ge masks, where, masked_fill, tril, triu | element-wise, no Partial; tril/triu keep every placement |
 //! | [`matmul`] | matmul (2-D, batched) | (R,R)→R, (S(m),R)→S(m), (R,S(n))→S(n), (S(k),S(k))→P, (P,R)→P, (R,P)→P, batch dims shard through |
 //! | [`reduction`] | sum/mean/max/min over dims or all, argmax/argmin | reduced sharded dim → Partial(sum / max / min), others remapped; arg* replicate the dim |
@@ -29,7 +29,6 @@
 //! The signatures of `add sub mul div relu gelu matmul sum_dim transpose` are the contract the
 //! typed layer (`crate::typed`) builds on.
 
-pub mod activation;
 pub mod attention;
 pub mod cat;
 pub mod dropout;
@@ -37,6 +36,7 @@ pub mod embedding;
 pub mod index;
 pub mod loss;
 pub mod mask;
+pub mod math;
 pub mod matmul;
 pub mod norm;
 pub mod pointwise;
@@ -49,6 +49,7 @@ pub mod view;
 
 pub use attention::{rotary_tables, scaled_dot_product_attention};
 pub use cat::{cat, stack};
+pub use math::GeluApproximate;
 pub use strategy::{implicit_redistribution_count, implicit_redistributions, ImplicitRedistribute};
 
 use crate::dtensor::DTensor;

@@ -77,11 +77,11 @@ fn norm<T: Element>(
     };
     // The redistributed weight and bias follow the input, in that order.
     let mut rest = c.inputs[1..].iter();
-    if weight.is_some() {
-        y = y.mul(rest.next().expect("weight input"))?;
+    if let Some(w) = weight.and_then(|_| rest.next()) {
+        y = y.mul(w)?;
     }
-    if bias.is_some() {
-        y = y.add(rest.next().expect("bias input"))?;
+    if let Some(b) = bias.and_then(|_| rest.next()) {
+        y = y.add(b)?;
     }
     Ok(y)
 }
