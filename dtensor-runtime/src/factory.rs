@@ -166,6 +166,17 @@ pub fn causal_mask<T: Element>(q_len: usize, k_len: usize, opts: &TensorOptions)
     )
 }
 
+/// A tensor whose element at global flat index `i` is `f(i)`; only this rank's shard is
+/// computed.
+pub(crate) fn from_fn<T: Element>(
+    op: &str,
+    size: &[usize],
+    opts: &TensorOptions,
+    f: &dyn Fn(usize) -> T,
+) -> Result<DTensor<T>> {
+    build(op, size, opts, Fill::Host(f))
+}
+
 /// Value `i` of `linspace(start, end, steps)`, computed as PyTorch does (from both ends,
 /// so the last element is exactly `end`).
 pub fn linspace_value(start: f64, end: f64, steps: usize, i: usize) -> f64 {

@@ -51,7 +51,9 @@ pub use factory::{causal_mask, empty, full, linspace, logspace, ones, rand, rand
 pub use launcher::{current_mesh, run, set_current_mesh, LocalWorld, RankCtx};
 pub use mesh::DeviceMesh;
 pub use module::{distribute_module, parallelize_module, Forward, Module};
-pub use ops::{cat, implicit_redistribution_count, implicit_redistributions, stack};
+pub use ops::{
+    cat, implicit_redistribution_count, implicit_redistributions, rotary_tables, scaled_dot_product_attention, stack,
+};
 pub use placement::{Partial, Placement, ReduceOp, Replicate, Shard};
 pub use redistribute::{
     plan_redistribute, plan_redistribute_at, redistribute_local, RedistributePlan, RedistributeStep,

@@ -5,7 +5,7 @@
 
 mod ops_util;
 
-use dtensor_runtime::ops::activation::GeluApproximate;
+use dtensor_runtime::ops::GeluApproximate;
 use dtensor_runtime::{Partial, ReduceOp, Replicate as R, Shard as S};
 use ops_util::{case, check_op, inp, unary_cases};
 

@@ -269,8 +269,8 @@ pub fn slice(src: &[usize], start: &[usize], extents: &[usize]) -> PackPlan {
 }
 
 /// A row-major `src` written at `start` of a zero destination of shape `dst` (the inverse of
-/// [`slice`]): narrow's backward, and Shard → Partial(sum), where each rank keeps its shard in
-/// place and contributes zeros everywhere else.
+/// [`slice()`]): narrow's backward, and Shard → Partial(sum), where each rank keeps its shard
+/// in place and contributes zeros everywhere else.
 pub fn pad(src: &[usize], dst: &[usize], start: &[usize]) -> PackPlan {
     let mut plan = PackPlan::new(src.iter().product(), dst);
     plan.push_box(&strides_of(src), 0, &vec![0; src.len()], dst, 0, start, src);

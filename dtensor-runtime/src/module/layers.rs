@@ -1,4 +1,4 @@
-//! Layers: Linear, Embedding, LayerNorm, RmsNorm. Built with local parameters drawn from the
+//! Layers: Linear, Embedding, LayerNorm, RmsNorm, Dropout. Built with local parameters drawn from the
 //! counter-based generator (call `manual_seed` with the same seed on every rank first).
 
 use super::{Forward, LayerHooks, LayerKind, Module};
@@ -149,9 +149,8 @@ impl<T: Element> Module<T> for LayerNorm<T> {
 impl<T: Element> Forward<T> for LayerNorm<T> {
     fn forward(&self, x: &DTensor<T>) -> Result<DTensor<T>> {
         let x = self.hooks.input(x)?;
-        let xc = x.sub(&x.mean_dim(-1, true)?)?;
-        let var = xc.mul(&xc)?.mean_dim(-1, true)?;
-        let y = xc.div(&var.add_scalar(self.eps)?.sqrt()?)?.mul(&self.weight)?.add(&self.bias)?;
+        let dim = [self.weight.shape()[0]];
+        let y = x.layer_norm(&dim, Some(&self.weight), Some(&self.bias), self.eps.as_f64())?;
         self.hooks.output(&y)
     }
 }
@@ -190,8 +189,53 @@ impl<T: Element> Module<T> for RmsNorm<T> {
 impl<T: Element> Forward<T> for RmsNorm<T> {
     fn forward(&self, x: &DTensor<T>) -> Result<DTensor<T>> {
         let x = self.hooks.input(x)?;
-        let ms = x.mul(&x)?.mean_dim(-1, true)?;
-        let y = x.div(&ms.add_scalar(self.eps)?.sqrt()?)?.mul(&self.weight)?;
+        let y = x.rms_norm(&[self.weight.shape()[0]], Some(&self.weight), self.eps.as_f64())?;
         self.hooks.output(&y)
+    }
+}
+
+/// Dropout with probability `p` while training, the identity in eval mode (PyTorch
+/// `nn.Dropout`; starts in training mode). The mask comes from the placement-invariant
+/// generator, so every mesh and layout drops the same elements.
+pub struct Dropout {
+    pub p: f64,
+    pub training: bool,
+}
+
+impl Dropout {
+    /// A dropout layer in training mode; `p` outside `[0, 1]` is an error.
+    pub fn new(p: f64) -> Result<Self> {
+        if !(0.0..=1.0).contains(&p) {
+            return Err(Error::InvalidArgument {
+                context: "Dropout::new".into(),
+                reason: format!("probability must be in [0, 1], got {p}"),
+            });
+        }
+        Ok(Dropout { p, training: true })
+    }
+
+    /// Switches to training mode (PyTorch `train()`).
+    pub fn train(&mut self) {
+        self.training = true;
+    }
+
+    /// Switches to evaluation mode: the identity (PyTorch `eval()`).
+    pub fn eval(&mut self) {
+        self.training = false;
+    }
+}
+
+impl<T: Element> Module<T> for Dropout {
+    fn named_parameters(&self) -> Vec<(String, &DTensor<T>)> {
+        vec![]
+    }
+    fn named_parameters_mut(&mut self) -> Vec<(String, &mut DTensor<T>)> {
+        vec![]
+    }
+}
+
+impl<T: Element> Forward<T> for Dropout {
+    fn forward(&self, x: &DTensor<T>) -> Result<DTensor<T>> {
+        x.dropout(self.p, self.training)
     }
 }

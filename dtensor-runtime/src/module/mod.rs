@@ -47,7 +47,7 @@ mod layers;
 mod parallel;
 
 pub use distribute::{distribute_module, Distributed, InputFn, OutputFn, PartitionFn};
-pub use layers::{Embedding, LayerNorm, Linear, RmsNorm};
+pub use layers::{Dropout, Embedding, LayerNorm, Linear, RmsNorm};
 pub use parallel::{parallelize_module, ColwiseParallel, ParallelStyle, RowwiseParallel, SequenceParallel};
 
 use crate::dtensor::DTensor;

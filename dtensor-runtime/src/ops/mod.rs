@@ -5,17 +5,20 @@
 //! | family | ops | rule (per mesh dim) |
 //! |---|---|---|
 //! | [`pointwise`] | add sub mul div, *_scalar, neg exp log relu gelu tanh sqrt | same placement in → out; Partial only through linear ops |
-//! | [`activation`] | silu sigmoid softplus pow rsqrt abs clamp gelu_with swiglu | same placement in → out; Partial reduced first |
+//! | [`math`] | silu sigmoid softplus pow rsqrt abs clamp gelu_with swiglu | same placement in → out; Partial reduced first |
 //! | [`mask`] | eq/ne/lt/le/gt/ge masks, where, masked_fill, tril, triu | element-wise, no Partial; tril/triu keep every placement |
 //! | [`matmul`] | matmul (2-D, batched) | (R,R)→R, (S(m),R)→S(m), (R,S(n))→S(n), (S(k),S(k))→P, (P,R)→P, (R,P)→P, batch dims shard through |
 //! | [`reduction`] | sum/mean/max/min over dims or all, argmax/argmin | reduced sharded dim → Partial(sum / max / min), others remapped; arg* replicate the dim |
 //! | [`softmax`] | softmax, log_softmax | not sharded on the softmax dim |
 //! | [`view`] | transpose, permute, reshape, flatten, unflatten, squeeze, unsqueeze, expand, contiguous | shard dims remapped |
-//! | [`slice`] | narrow, slice, split, split_with_sizes, chunk | a shard of the sliced dim → Replicate first |
-//! | [`cat`] | cat, stack | same placement on every input; the cat dim unsharded |
+//! | [`slice`](mod@slice) | narrow, slice, split, split_with_sizes, chunk | a shard of the sliced dim → Replicate first |
+//! | [`cat`](mod@cat) | cat, stack | same placement on every input; the cat dim unsharded |
 //! | [`repeat`] | repeat, repeat_interleave | composed of reshape/expand |
 //! | [`index`] | index_select, gather | the indexed dim Replicate (or the index sharded) |
 //! | [`embedding`] | embedding, one_hot | vocab-sharded table → masked lookup, Partial(sum) |
+//! | [`norm`] | layer_norm, rms_norm | non-normalised dims sharded for free; normalised dims, weight, bias Replicate |
+//! | [`dropout`] | dropout | every placement kept, Partial reduced; placement-invariant mask |
+//! | [`attention`] | scaled_dot_product_attention, apply_rotary | batch/head dims sharded alike, or q sequence-sharded with k/v Replicate; local |
 //! | [`loss`] | cross_entropy, mse_loss | composed of the above |
 //!
 //! When the inputs match no rule, the op redistributes them to the strategy that moves the
@@ -26,13 +29,16 @@
 //! The signatures of `add sub mul div relu gelu matmul sum_dim transpose` are the contract the
 //! typed layer (`crate::typed`) builds on.
 
-pub mod activation;
+pub mod attention;
 pub mod cat;
+pub mod dropout;
 pub mod embedding;
 pub mod index;
 pub mod loss;
 pub mod mask;
+pub mod math;
 pub mod matmul;
+pub mod norm;
 pub mod pointwise;
 pub mod reduction;
 pub mod repeat;
@@ -41,7 +47,9 @@ pub mod softmax;
 pub mod strategy;
 pub mod view;
 
+pub use attention::{rotary_tables, scaled_dot_product_attention};
 pub use cat::{cat, stack};
+pub use math::GeluApproximate;
 pub use strategy::{implicit_redistribution_count, implicit_redistributions, ImplicitRedistribute};
 
 use crate::dtensor::DTensor;

@@ -15,6 +15,7 @@ use crate::error::{Error, Result};
 use crate::layout::local_shape_and_offset;
 use crate::placement::{Placement, ReduceOp};
 
+/// Every reduce op: the Partial placements an op that moves or selects elements keeps.
 pub(crate) const ALL_OPS: [ReduceOp; 5] =
     [ReduceOp::Sum, ReduceOp::Avg, ReduceOp::Min, ReduceOp::Max, ReduceOp::Product];
 

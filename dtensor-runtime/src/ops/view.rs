@@ -7,6 +7,7 @@
 //! merged dim then equals the merge of the chunks); otherwise the input is redistributed.
 //! expand keeps shards of non-broadcast dims and can shard a broadcast dim for free.
 
+use super::slice::ALL_OPS;
 use super::strategy::{partial_ops, select, DimRule, Select};
 use super::{new_output, norm_dim, sum_to};
 use crate::autograd::record;
@@ -15,8 +16,6 @@ use crate::element::Element;
 use crate::error::{Error, Result};
 use crate::layout::local_shape_and_offset;
 use crate::placement::{Placement, ReduceOp};
-
-const ALL_OPS: [ReduceOp; 5] = [ReduceOp::Sum, ReduceOp::Avg, ReduceOp::Min, ReduceOp::Max, ReduceOp::Product];
 
 /// Rules that map `Shard(d)` to `Shard(f(d))` and keep R and every Partial.
 fn remap_rules<T: Element>(x: &DTensor<T>, pairs: &[(usize, usize)]) -> Vec<DimRule> {

@@ -1,0 +1,155 @@
+//! `scaled_dot_product_attention` as one op, and rotary position embeddings.
+//!
+//! Rule per mesh dim (PyTorch's SDPA strategies): q, k, v all Replicate → Replicate; q, k, v
+//! sharded alike on a batch or head dim (any dim before the last two) → the output sharded on
+//! it; q sharded on its sequence dim with k and v Replicate → the output sharded on the
+//! sequence dim (each rank attends its queries to every key). An additive mask follows the
+//! output's layout on the dims it has at full size and is Replicate on broadcast ones; a
+//! Partial input is reduced first. On a legal layout the whole op is local: the op computes
+//! `softmax(q kᵀ · scale + mask) v` from the dynamic ops (the causal mask is built for the
+//! local query rows only), so no collective is issued and autograd differentiates it.
+//!
+//! [`rotary_tables`] and [`DTensor::apply_rotary`] build rotary position embeddings (the
+//! "rotate half" form of GPT-NeoX and Llama) from `narrow`, `cat`, `neg`, `mul` and `add`.
+
+use super::mask::scalar_like;
+use super::strategy::{select, DimRule, Select};
+use crate::dtensor::DTensor;
+use crate::element::Element;
+use crate::error::{Error, Result};
+use crate::factory::{causal_mask, from_fn, TensorOptions};
+use crate::placement::Placement;
+
+const R: Placement = Placement::Replicate;
+
+/// Placement of an operand of `shape` (right-aligned against an output of `nd` dims) for an
+/// output sharded on `d`: sharded on its matching dim when it has it at full size `full`.
+fn follow(shape: &[usize], nd: usize, d: usize, full: usize) -> Placement {
+    let off = nd - shape.len();
+    if d >= off && shape[d - off] == full {
+        Placement::Shard((d - off) as isize)
+    } else {
+        R
+    }
+}
+
+/// Attention of `q [.., Lq, E]` over `k [.., Lk, E]`, `v [.., Lk, Ev]` (same leading dims):
+/// `softmax(q kᵀ · scale + attn_mask) v`, with `is_causal` hiding keys after each query
+/// (top-left aligned, as PyTorch) and `scale` defaulting to `1/√E` (PyTorch
+/// `F.scaled_dot_product_attention`). `attn_mask` is additive (PyTorch's float mask; use
+/// `-inf` to hide) and broadcasts to `[.., Lq, Lk]`. Grouped-query attention: repeat the key
+/// and value heads first (`repeat_interleave`).
+pub fn scaled_dot_product_attention<T: Element>(
+    q: &DTensor<T>,
+    k: &DTensor<T>,
+    v: &DTensor<T>,
+    attn_mask: Option<&DTensor<T>>,
+    is_causal: bool,
+    scale: Option<f64>,
+) -> Result<DTensor<T>> {
+    let nd = q.ndim();
+    let bad = |why: &str, expected: &[usize], actual: &[usize]| Error::ShapeMismatch {
+        context: format!("scaled_dot_product_attention: {why}"),
+        expected: expected.to_vec(),
+        actual: actual.to_vec(),
+    };
+    if nd < 2 || k.ndim() != nd || v.ndim() != nd {
+        return Err(bad("q, k, v need the same rank (at least 2)", &q.shape, &k.shape));
+    }
+    let (lq, e, lk) = (q.shape[nd - 2], q.shape[nd - 1], k.shape[nd - 2]);
+    if k.shape[..nd - 2] != q.shape[..nd - 2] || k.shape[nd - 1] != e {
+        return Err(bad("k must be [.., Lk, E] with q's leading dims", &q.shape, &k.shape));
+    }
+    if v.shape[..nd - 1] != k.shape[..nd - 1] {
+        return Err(bad("v must be [.., Lk, Ev] with k's leading dims", &k.shape, &v.shape));
+    }
+    if is_causal && attn_mask.is_some() {
+        return Err(Error::InvalidArgument {
+            context: "scaled_dot_product_attention".into(),
+            reason: "give either attn_mask or is_causal, not both (PyTorch)".into(),
+        });
+    }
+    let mut scores_shape = q.shape[..nd - 1].to_vec();
+    scores_shape.push(lk);
+    if let Some(m) = attn_mask {
+        let ok = m.ndim() <= nd && m.shape.iter().rev().zip(scores_shape.iter().rev()).all(|(&a, &b)| a == b || a == 1);
+        if !ok {
+            return Err(bad("attn_mask must broadcast to [.., Lq, Lk]", &scores_shape, &m.shape));
+        }
+    }
+    // Strategies: (q, k, v[, mask]) → output.
+    let with_mask = |mut ins: Vec<Placement>, d: Option<usize>| {
+        if let Some(m) = attn_mask {
+            ins.push(d.map_or(R, |d| follow(&m.shape, nd, d, scores_shape[d])));
+        }
+        ins
+    };
+    let mut rs = vec![DimRule::new(&with_mask(vec![R, R, R], None), R)];
+    for b in 0..nd - 2 {
+        let s = Placement::Shard(b as isize);
+        rs.push(DimRule::new(&with_mask(vec![s, s, s], Some(b)), s));
+    }
+    let seq = Placement::Shard((nd - 2) as isize);
+    rs.push(DimRule::new(&with_mask(vec![seq, R, R], Some(nd - 2)), seq));
+    let mut inputs = vec![q, k, v];
+    inputs.extend(attn_mask);
+    let c = select("scaled_dot_product_attention", &inputs, &rs, Select::default())?;
+    let (qi, ki, vi) = (&*c.inputs[0], &*c.inputs[1], &*c.inputs[2]);
+    let scale = T::of_f64(scale.unwrap_or(1.0 / (e as f64).sqrt()));
+    let mut scores = qi.matmul(&ki.transpose(-2, -1)?)?.mul_scalar(scale)?;
+    if let Some(m) = c.inputs.get(3) {
+        scores = scores.add(m)?;
+    }
+    if is_causal {
+        // The mask of the local query rows: sharded like the scores' sequence dim.
+        let pl: Vec<Placement> =
+            qi.placements.iter().map(|p| if *p == seq { Placement::Shard(0) } else { R }).collect();
+        let keep = causal_mask::<T>(lq, lk, &TensorOptions::new().mesh(&qi.mesh).placements(&pl))?;
+        let hidden = keep.eq_mask(&scalar_like(&keep, T::zero())?)?;
+        scores = scores.masked_fill(&hidden, T::neg_infinity())?;
+    }
+    scores.softmax(-1)?.matmul(vi)
+}
+
+/// Cosine and sine tables `[seq_len, dim]` of rotary embeddings with frequencies
+/// `base^(-2i/dim)` repeated over both halves (GPT-NeoX / Llama), replicated on `mesh`.
+pub fn rotary_tables<T: Element>(
+    seq_len: usize,
+    dim: usize,
+    base: f64,
+    opts: &TensorOptions,
+) -> Result<(DTensor<T>, DTensor<T>)> {
+    if dim == 0 || !dim.is_multiple_of(2) {
+        return Err(Error::InvalidArgument {
+            context: "rotary_tables".into(),
+            reason: format!("dim {dim} must be even"),
+        });
+    }
+    let half = dim / 2;
+    let angle = move |i: usize| {
+        let (pos, j) = (i / dim, i % dim % half);
+        pos as f64 * base.powf(-2.0 * j as f64 / dim as f64)
+    };
+    let cos = from_fn("rotary_tables", &[seq_len, dim], opts, &|i| T::of_f64(angle(i).cos()))?;
+    let sin = from_fn("rotary_tables", &[seq_len, dim], opts, &|i| T::of_f64(angle(i).sin()))?;
+    Ok((cos, sin))
+}
+
+impl<T: Element> DTensor<T> {
+    /// Rotary position embedding of `self [.., seq, dim]`: `x·cos + rotate_half(x)·sin` with
+    /// `rotate_half(x) = cat(-x₂, x₁)` over the two halves of the last dim; `cos` and `sin`
+    /// broadcast to `self` (see [`rotary_tables`]).
+    pub fn apply_rotary(&self, cos: &DTensor<T>, sin: &DTensor<T>) -> Result<DTensor<T>> {
+        let dim = *self.shape.last().unwrap_or(&0);
+        if !dim.is_multiple_of(2) {
+            return Err(Error::InvalidArgument {
+                context: "apply_rotary".into(),
+                reason: format!("the last dim ({dim}) must be even"),
+            });
+        }
+        let half = dim / 2;
+        let (x1, x2) = (self.narrow(-1, 0, half)?, self.narrow(-1, half, half)?);
+        let rotated = super::cat::cat(&[&x2.neg()?, &x1], -1)?;
+        self.mul(cos)?.add(&rotated.mul(sin)?)
+    }
+}
