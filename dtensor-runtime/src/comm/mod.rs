@@ -14,6 +14,7 @@ pub mod bootstrap;
 mod check;
 pub mod collectives;
 pub mod debug;
+mod group;
 #[cfg(feature = "mpi")]
 pub mod mpi;
 #[cfg(feature = "cuda")]
@@ -21,6 +22,7 @@ pub mod nccl;
 pub mod reduce;
 mod storage;
 pub mod threads;
+pub mod timeout;
 
 use crate::cuda::CudaDevice;
 use crate::element::DType;

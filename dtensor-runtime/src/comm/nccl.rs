@@ -28,7 +28,7 @@
 
 use super::bootstrap::Rendezvous;
 use super::Communicator;
-use super::{check, reduce};
+use super::{check, group, reduce};
 use crate::cuda::{cuda_err, require, CudaDevice, CudaLib};
 use crate::element::DType;
 use crate::error::{Error, Result};
@@ -94,14 +94,6 @@ impl fmt::Debug for NcclComm {
     }
 }
 
-fn env_timeout() -> Duration {
-    std::env::var("DTENSOR_TIMEOUT_MS")
-        .ok()
-        .and_then(|v| v.parse::<u64>().ok())
-        .map(Duration::from_millis)
-        .unwrap_or(crate::launcher::DEFAULT_TIMEOUT)
-}
-
 impl NcclComm {
     /// Joins the communicator identified by `id` as `rank` of `size` on `device`.
     /// Collective: every rank calls it with the same id.
@@ -110,6 +102,7 @@ impl NcclComm {
         if rank >= size {
             return Err(Error::RankOutOfRange { rank, world_size: size });
         }
+        let timeout = super::timeout::from_env()?;
         device.context().bind_to_thread().map_err(|e| cuda_err("binding the CUDA context", e))?;
         let stream = device.context().new_stream().map_err(|e| cuda_err("creating the NCCL stream", e))?;
         let uid = sys::ncclUniqueId { internal: id.map(|b| b as std::ffi::c_char) };
@@ -122,7 +115,7 @@ impl NcclComm {
             size,
             device: Arc::clone(device),
             stream,
-            timeout: env_timeout(),
+            timeout,
             state: Mutex::new(State { world: Some(Raw(comm)), groups: HashMap::new(), failed: None }),
         })
     }
@@ -137,7 +130,7 @@ impl NcclComm {
     /// `DTENSOR_TIMEOUT_MS`.
     pub fn from_env(device: &Arc<CudaDevice>) -> Result<NcclComm> {
         let rv = Rendezvous::from_env()?;
-        let id = rv.share_from_rank0(env_timeout(), unique_id)?;
+        let id = rv.share_from_rank0(super::timeout::from_env()?, unique_id)?;
         Self::with_id(device, rv.rank, rv.world_size, &id)
     }
 
@@ -156,11 +149,7 @@ impl NcclComm {
     }
 
     fn my_index(&self, op: &str, group: &[usize]) -> Result<usize> {
-        check::member(op, self.rank, self.size, group)
-    }
-
-    fn is_world(&self, group: &[usize]) -> bool {
-        group.len() == self.size && group.iter().enumerate().all(|(i, &r)| i == r)
+        group::member(op, self.rank, self.size, group)
     }
 
     /// Runs `enqueue` with the group's NCCL communicator and this rank's index, then waits for
@@ -176,8 +165,11 @@ impl NcclComm {
         if let Some(why) = &st.failed {
             return Err(nccl_err(op, format!("the communicator was aborted earlier: {why}")));
         }
-        let comm =
-            if self.is_world(group) { st.world.as_ref().map(|r| r.0) } else { st.groups.get(group).map(|r| r.0) };
+        let comm = if group::is_world(group, self.size) {
+            st.world.as_ref().map(|r| r.0)
+        } else {
+            st.groups.get(group).map(|r| r.0)
+        };
         let comm = comm.ok_or_else(|| Error::Unavailable {
             what: format!("an NCCL communicator for group {group:?}"),
             reason: "NCCL creates sub-communicators only collectively, in DeviceMesh::new (prepare_groups)".into(),
@@ -276,23 +268,14 @@ impl Communicator for NcclComm {
     fn prepare_groups(&self, partitions: &[Vec<Vec<usize>>]) -> Result<()> {
         let mut st = self.state.lock().unwrap_or_else(|e| e.into_inner());
         let world = st.world.as_ref().map(|r| r.0).ok_or_else(|| nccl_err("prepare_groups", "communicator aborted"))?;
-        for p in partitions {
-            let (color, group) =
-                p.iter().enumerate().find(|(_, g)| g.contains(&self.rank)).ok_or_else(|| Error::InvalidArgument {
-                    context: "prepare_groups".into(),
-                    reason: format!("rank {} is in no group of {p:?}", self.rank),
-                })?;
-            if p.len() == 1 && self.is_world(group) {
-                continue;
-            }
-            let key = group.iter().position(|&r| r == self.rank).expect("member");
+        for group::Split { colour, key, group } in group::splits(partitions, self.rank, self.size)? {
             let mut sub: sys::ncclComm_t = std::ptr::null_mut();
             // SAFETY: collective over the world communicator, called by every rank in order.
             // (cudarc 0.19's `result::comm_split` is compiled only for cuda-1202x..1205x, the
             // binding itself exists for every version.)
-            unsafe { sys::ncclCommSplit(world, color as i32, key as i32, &mut sub, std::ptr::null_mut()).result() }
+            unsafe { sys::ncclCommSplit(world, colour as i32, key as i32, &mut sub, std::ptr::null_mut()).result() }
                 .map_err(|e| nccl_err("ncclCommSplit (needs NCCL >= 2.18)", e))?;
-            st.groups.entry(group.clone()).or_insert(Raw(sub));
+            st.groups.entry(group).or_insert(Raw(sub));
         }
         Ok(())
     }
