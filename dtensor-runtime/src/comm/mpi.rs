@@ -146,6 +146,7 @@ pub struct MpiComm {
     size: usize,
     /// Sub-communicators by group; the lock also serialises every MPI call of this process.
     groups: Mutex<Groups>,
+    sequences: super::fingerprint::Sequences,
 }
 
 #[derive(Default)]
@@ -184,6 +185,7 @@ impl MpiComm {
             rank: w.rank() as usize,
             size: w.size() as usize,
             groups: Mutex::new(Groups::default()),
+            sequences: Default::default(),
         }))
     }
 
@@ -295,6 +297,9 @@ impl Communicator for MpiComm {
     }
     fn backend(&self) -> &'static str {
         "mpi"
+    }
+    fn sequences(&self) -> Option<&super::fingerprint::Sequences> {
+        Some(&self.sequences)
     }
 
     fn prepare_groups(&self, partitions: &[Vec<Vec<usize>>]) -> Result<()> {

@@ -81,6 +81,7 @@ pub struct NcclComm {
     stream: Arc<CudaStream>,
     timeout: Duration,
     state: Mutex<State>,
+    sequences: super::fingerprint::Sequences,
 }
 
 // SAFETY: NCCL communicators may be used from any thread as long as calls are not concurrent;
@@ -117,6 +118,7 @@ impl NcclComm {
             stream,
             timeout,
             state: Mutex::new(State { world: Some(Raw(comm)), groups: HashMap::new(), failed: None }),
+            sequences: Default::default(),
         })
     }
 
@@ -263,6 +265,9 @@ impl Communicator for NcclComm {
     }
     fn backend(&self) -> &'static str {
         "nccl"
+    }
+    fn sequences(&self) -> Option<&super::fingerprint::Sequences> {
+        Some(&self.sequences)
     }
 
     fn prepare_groups(&self, partitions: &[Vec<Vec<usize>>]) -> Result<()> {

@@ -17,8 +17,10 @@
 //! never block while copying), since returning earlier would free buffers they still read.
 //!
 //! The rendezvous is model-checked with `loom` (small worlds, every interleaving):
-//! `RUSTFLAGS="--cfg loom" cargo test -p dtensor-runtime --lib --release loom`.
+//! `RUSTFLAGS="--cfg loom" cargo test -p dtensor-runtime --lib --release loom -- --nocapture`.
 
+#[cfg(all(test, loom))]
+mod loom_tests;
 mod rendezvous;
 mod sync;
 
@@ -68,7 +70,7 @@ impl ThreadWorld {
         if rank >= self.size {
             return Err(Error::RankOutOfRange { rank, world_size: self.size });
         }
-        Ok(ThreadComm { world: Arc::clone(self), rank })
+        Ok(ThreadComm { world: Arc::clone(self), rank, sequences: Arc::default() })
     }
 
     fn lock(&self) -> MutexGuard<'_, State> {
@@ -136,6 +138,7 @@ impl ThreadWorld {
 pub struct ThreadComm {
     world: Arc<ThreadWorld>,
     rank: usize,
+    sequences: Arc<super::fingerprint::Sequences>,
 }
 
 /// The collectives, as the tags members publish (a mismatch is detected before any copy).
@@ -311,6 +314,9 @@ impl Communicator for ThreadComm {
     }
     fn backend(&self) -> &'static str {
         "threads"
+    }
+    fn sequences(&self) -> Option<&super::fingerprint::Sequences> {
+        Some(&self.sequences)
     }
 
     fn all_gather(&self, group: &[usize], send: &[u8], recv: &mut [u8]) -> Result<()> {
