@@ -17,7 +17,7 @@
 //! never block while copying), since returning earlier would free buffers they still read.
 //!
 //! The rendezvous is model-checked with `loom` (small worlds, every interleaving):
-//! `RUSTFLAGS="--cfg loom" cargo test -p dtensor-runtime --lib --release loom -- --nocapture`.
+//! `RUSTFLAGS="--cfg loom" CARGO_TARGET_DIR=target/loom cargo test -p dtensor-runtime --lib --release loom`.
 
 #[cfg(all(test, loom))]
 mod loom_tests;

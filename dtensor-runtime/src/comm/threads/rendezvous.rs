@@ -1,7 +1,7 @@
 //! The rendezvous of one group: the synchronisation every thread-backend collective is built on.
 //!
 //! A [`Slot`] serves one group (one list of ranks) for the life of the world. A collective on
-//! it is two phases of one counter word, `state = phase << 32 | arrived`:
+//! it is two phases of one counter word, `state = phase << 32 | parked << 31 | arrived`:
 //!
 //! 1. *arrival*: each member publishes its buffers in its own cell, then increments `arrived`
 //!    (release). The member that makes it `n` starts phase `p + 1` with `arrived = 0`; the
@@ -17,10 +17,13 @@
 //!
 //! Waiting spins briefly, then yields the core, then parks on a condition variable: a few-byte
 //! collective completes in microseconds when every member runs, and a world with more ranks
-//! than cores hands the cores over quickly instead of burning them.
+//! than cores hands the cores over quickly instead of burning them. A waiter sets the `parked`
+//! bit (under the condition variable's lock) before it sleeps, and starting a phase swaps the
+//! word, so the member that starts it sees the bit and wakes the sleepers: both are
+//! read-modify-writes of one atomic, so no wake-up is lost and nothing relies on `SeqCst`.
 
 use super::sync::{spin_hint, yield_now, AtomicBool, AtomicU64, AtomicUsize, Condvar, Mutex, MutexGuard};
-use std::sync::atomic::Ordering::{AcqRel, Acquire, Relaxed, Release, SeqCst};
+use std::sync::atomic::Ordering::{AcqRel, Acquire, Relaxed, Release};
 use std::time::{Duration, Instant};
 
 /// Buffers one member published, as integers (pointers and lengths), plus a tag naming the
@@ -64,7 +67,9 @@ impl Cell {
 }
 
 const COUNT_BITS: u32 = 32;
-const COUNT_MASK: u64 = (1 << COUNT_BITS) - 1;
+/// Somebody sleeps on the condition variable waiting for the next phase.
+const PARKED: u64 = 1 << (COUNT_BITS - 1);
+const COUNT_MASK: u64 = PARKED - 1;
 /// How long a parked waiter sleeps before it polls its give-up check again.
 const PARK_SLICE: Duration = Duration::from_millis(20);
 /// Spin iterations before yielding, when every member can have its own core.
@@ -84,7 +89,6 @@ pub(super) struct Slot {
     departed: AtomicUsize,
     seats: Vec<AtomicBool>,
     cells: Vec<Cell>,
-    waiters: AtomicUsize,
     lock: Mutex<()>,
     cv: Condvar,
 }
@@ -96,7 +100,7 @@ impl std::fmt::Debug for Slot {
 }
 
 impl Slot {
-    /// The slot of a group of `n` members (`n < 2^32`); `cores` decides whether spinning pays.
+    /// The slot of a group of `n` members (`n < 2^31`); `cores` decides whether spinning pays.
     pub fn new(n: usize, cores: usize) -> Slot {
         Slot {
             n,
@@ -105,7 +109,6 @@ impl Slot {
             departed: AtomicUsize::new(0),
             seats: (0..n).map(|_| AtomicBool::new(false)).collect(),
             cells: (0..n).map(|_| Cell::default()).collect(),
-            waiters: AtomicUsize::new(0),
             lock: Mutex::new(()),
             cv: Condvar::new(),
         }
@@ -189,10 +192,8 @@ impl Slot {
 
     /// Starts `phase` (with no member arrived) and wakes the parked waiters.
     fn advance(&self, phase: u64) {
-        self.state.store(phase << COUNT_BITS, SeqCst);
-        // Pairs with the waiter's SeqCst increment before its last check: either we see it
-        // counted, or it sees the new phase.
-        if self.waiters.load(SeqCst) > 0 {
+        if self.state.swap(phase << COUNT_BITS, AcqRel) & PARKED != 0 {
+            // The sleeper set the bit under the lock and releases it only inside `wait`.
             drop(self.guard());
             self.cv.notify_all();
         }
@@ -237,14 +238,17 @@ impl Slot {
             }
             give_up()?;
             let g = self.guard();
-            self.waiters.fetch_add(1, SeqCst);
-            let g = if phase(self.state.load(SeqCst)) >= target {
-                g
-            } else {
-                self.cv.wait_timeout(g, PARK_SLICE).unwrap_or_else(|e| e.into_inner()).0
-            };
-            self.waiters.fetch_sub(1, SeqCst);
-            drop(g);
+            let mut s = self.state.load(Acquire);
+            while phase(s) < target {
+                if s & PARKED == 0 {
+                    if let Err(now) = self.state.compare_exchange_weak(s, s | PARKED, AcqRel, Acquire) {
+                        s = now;
+                        continue;
+                    }
+                }
+                drop(self.cv.wait_timeout(g, PARK_SLICE).unwrap_or_else(|e| e.into_inner()).0);
+                break;
+            }
         }
     }
 }
