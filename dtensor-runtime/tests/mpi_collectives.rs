@@ -278,6 +278,31 @@ fn max_min_propagate_nan(ctx: &RankCtx) -> Result<Outcome, String> {
     Ok(Outcome::Pass)
 }
 
+/// With the fingerprint check on, ranks that broadcast from different roots or all-reduce
+/// with different ops all get CollectiveMismatch (MPI alone would diverge or abort).
+fn fingerprint_check_names_the_mismatch(ctx: &RankCtx) -> Result<Outcome, String> {
+    let n = ctx.world_size();
+    if n < 2 {
+        return Ok(Outcome::Skip("needs two ranks".into()));
+    }
+    let mesh = ctx.init_device_mesh(&[n], &["x"]).map_err(fail)?;
+    mesh.set_collective_checks(true);
+    let mut buf = [1.0f32; 4];
+    mesh.broadcast(Along::All, &mut buf, 0).map_err(fail)?;
+    let e = mesh.broadcast(Along::All, &mut buf, ctx.rank() % 2).unwrap_err();
+    if !matches!(&e, Error::CollectiveMismatch { field, .. } if field == "root") {
+        return Err(format!("different roots gave {e:?}"));
+    }
+    let op = if ctx.rank() == n - 1 { ReduceOp::Max } else { ReduceOp::Sum };
+    let e = mesh.all_reduce(Along::All, &mut buf, op).unwrap_err();
+    if !matches!(&e, Error::CollectiveMismatch { field, .. } if field == "reduce op") {
+        return Err(format!("different reduce ops gave {e:?}"));
+    }
+    mesh.all_reduce(Along::All, &mut buf, ReduceOp::Sum).map_err(fail)?;
+    close(&buf.iter().map(|&x| x as f64).collect::<Vec<_>>(), &[n as f64; 4], "all_reduce after the mismatches")?;
+    Ok(Outcome::Pass)
+}
+
 fn backend_name_and_world(ctx: &RankCtx) -> Result<Outcome, String> {
     let n: usize = std::env::var("OMPI_COMM_WORLD_SIZE").ok().and_then(|v| v.parse().ok()).unwrap_or(1);
     if ctx.comm().backend() != "mpi" || ctx.world_size() != n || ctx.rank() >= n {
@@ -314,6 +339,7 @@ fn main() {
         ("mesh_dim_collectives", mesh_dim_collectives),
         ("bad_input_is_a_typed_error", bad_input_is_a_typed_error),
         ("max_min_propagate_nan", max_min_propagate_nan),
+        ("fingerprint_check_names_the_mismatch", fingerprint_check_names_the_mismatch),
         ("launch_rejects_a_wrong_world_size", launch_rejects_a_wrong_world_size),
     ];
     mpi_harness::main("mpi_collectives", tests);
