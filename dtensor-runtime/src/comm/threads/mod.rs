@@ -1,7 +1,7 @@
 //! The embedded default backend: every rank is an OS thread of one process and collectives
 //! exchange data through shared memory.
 //!
-//! A collective is a rendezvous on the group ([`rendezvous`]): each member publishes pointers
+//! A collective is a rendezvous on the group (module `rendezvous`): each member publishes pointers
 //! to its buffers, waits until every member has arrived, copies what it needs straight out of
 //! its peers' buffers (one copy, like shared-memory MPI), then waits until every member is done
 //! reading before it returns (so no buffer is freed while a peer still reads it).
