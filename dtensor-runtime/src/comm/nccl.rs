@@ -7,6 +7,7 @@
 //!
 //! * all-reduce, all-gather, reduce-scatter, broadcast: the NCCL collectives (`Avg` = sum,
 //!   then divided by the group size on the host, like every other backend);
+//! * max/min: a NaN mask is max-reduced alongside, so a NaN operand wins as in PyTorch;
 //! * all-to-all: grouped `ncclSend`/`ncclRecv` (NCCL has no all-to-all);
 //! * scatter: grouped send/recv from the root; barrier: a one-element all-reduce.
 //!
@@ -305,62 +306,24 @@ impl Communicator for NcclComm {
     }
 
     fn all_reduce(&self, group: &[usize], buf: &mut [u8], dtype: DType, op: ReduceOp) -> Result<()> {
-        check::whole("all_reduce", buf.len(), dtype)?;
-        if buf.is_empty() {
-            return self.my_index("all_reduce", group).map(|_| ());
+        // As PyTorch, a NaN operand wins max/min: reduce a NaN mask alongside.
+        let mask = reduce::drops_nan(op).then(|| reduce::nan_mask(dtype, buf));
+        self.all_reduce_native(group, buf, dtype, op)?;
+        if let Some(mut m) = mask {
+            self.all_reduce_native(group, &mut m, dtype, ReduceOp::Max)?;
+            reduce::apply_nan_mask(dtype, buf, &m);
         }
-        let mut d = self.upload(buf)?;
-        let count = buf.len() / dtype.size_of();
-        self.run("all_reduce", group, |comm, _| {
-            let (p, _g) = d.device_ptr_mut(&self.stream);
-            // SAFETY: in-place reduction over `count` elements of `dtype`.
-            unsafe {
-                result::all_reduce(
-                    p as *const c_void,
-                    p as *mut c_void,
-                    count,
-                    nccl_dtype(dtype),
-                    nccl_op(op),
-                    comm,
-                    self.cu_stream(),
-                )
-            }
-            .map_err(|e| nccl_err("ncclAllReduce", e))
-        })?;
-        self.download(&d, buf)?;
-        reduce::finish(dtype, op, buf, group.len());
         Ok(())
     }
 
     fn reduce_scatter(&self, group: &[usize], send: &[u8], recv: &mut [u8], dtype: DType, op: ReduceOp) -> Result<()> {
-        let n = group.len();
-        check::blocks("reduce_scatter", "send", send.len(), n, recv.len())?;
-        check::whole("reduce_scatter", recv.len(), dtype)?;
-        if recv.is_empty() {
-            return self.my_index("reduce_scatter", group).map(|_| ());
+        let mask = reduce::drops_nan(op).then(|| reduce::nan_mask(dtype, send));
+        self.reduce_scatter_native(group, send, recv, dtype, op)?;
+        if let Some(m) = mask {
+            let mut r = vec![0u8; recv.len()];
+            self.reduce_scatter_native(group, &m, &mut r, dtype, ReduceOp::Max)?;
+            reduce::apply_nan_mask(dtype, recv, &r);
         }
-        let s = self.upload(send)?;
-        let mut r = self.alloc(recv.len())?;
-        let count = recv.len() / dtype.size_of();
-        self.run("reduce_scatter", group, |comm, _| {
-            let (sp, _g1) = s.device_ptr(&self.stream);
-            let (rp, _g2) = r.device_ptr_mut(&self.stream);
-            // SAFETY: send holds n * count elements, recv count.
-            unsafe {
-                result::reduce_scatter(
-                    sp as *const c_void,
-                    rp as *mut c_void,
-                    count,
-                    nccl_dtype(dtype),
-                    nccl_op(op),
-                    comm,
-                    self.cu_stream(),
-                )
-            }
-            .map_err(|e| nccl_err("ncclReduceScatter", e))
-        })?;
-        self.download(&r, recv)?;
-        reduce::finish(dtype, op, recv, n);
         Ok(())
     }
 
@@ -467,5 +430,76 @@ impl Communicator for NcclComm {
     fn barrier(&self, group: &[usize]) -> Result<()> {
         let mut one = 1f32.to_ne_bytes();
         self.all_reduce(group, &mut one, DType::F32, ReduceOp::Sum)
+    }
+}
+
+impl NcclComm {
+    /// `ncclAllReduce` staged through the device (its max/min may drop NaN operands).
+    fn all_reduce_native(&self, group: &[usize], buf: &mut [u8], dtype: DType, op: ReduceOp) -> Result<()> {
+        check::whole("all_reduce", buf.len(), dtype)?;
+        if buf.is_empty() {
+            return self.my_index("all_reduce", group).map(|_| ());
+        }
+        let mut d = self.upload(buf)?;
+        let count = buf.len() / dtype.size_of();
+        self.run("all_reduce", group, |comm, _| {
+            let (p, _g) = d.device_ptr_mut(&self.stream);
+            // SAFETY: in-place reduction over `count` elements of `dtype`.
+            unsafe {
+                result::all_reduce(
+                    p as *const c_void,
+                    p as *mut c_void,
+                    count,
+                    nccl_dtype(dtype),
+                    nccl_op(op),
+                    comm,
+                    self.cu_stream(),
+                )
+            }
+            .map_err(|e| nccl_err("ncclAllReduce", e))
+        })?;
+        self.download(&d, buf)?;
+        reduce::finish(dtype, op, buf, group.len());
+        Ok(())
+    }
+
+    /// `ncclReduceScatter` staged through the device (its max/min may drop NaN operands).
+    fn reduce_scatter_native(
+        &self,
+        group: &[usize],
+        send: &[u8],
+        recv: &mut [u8],
+        dtype: DType,
+        op: ReduceOp,
+    ) -> Result<()> {
+        let n = group.len();
+        check::blocks("reduce_scatter", "send", send.len(), n, recv.len())?;
+        check::whole("reduce_scatter", recv.len(), dtype)?;
+        if recv.is_empty() {
+            return self.my_index("reduce_scatter", group).map(|_| ());
+        }
+        let s = self.upload(send)?;
+        let mut r = self.alloc(recv.len())?;
+        let count = recv.len() / dtype.size_of();
+        self.run("reduce_scatter", group, |comm, _| {
+            let (sp, _g1) = s.device_ptr(&self.stream);
+            let (rp, _g2) = r.device_ptr_mut(&self.stream);
+            // SAFETY: send holds n * count elements, recv count.
+            unsafe {
+                result::reduce_scatter(
+                    sp as *const c_void,
+                    rp as *mut c_void,
+                    count,
+                    nccl_dtype(dtype),
+                    nccl_op(op),
+                    comm,
+                    self.cu_stream(),
+                )
+            }
+            .map_err(|e| nccl_err("ncclReduceScatter", e))
+        })?;
+        self.download(&r, recv)?;
+        reduce::finish(dtype, op, recv, n);
+        Ok(())
     }
 }

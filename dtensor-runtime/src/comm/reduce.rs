@@ -67,16 +67,16 @@ pub fn finish(dtype: DType, op: ReduceOp, acc: &mut [u8], n: usize) {
     }
 }
 
-/// Whether a backend whose native max/min drop NaN operands (MPI's `MPI_MAX`/`MPI_MIN`) must
+/// Whether a backend whose native max/min drop NaN operands (MPI's `MPI_MAX`/`MPI_MIN`, NCCL's) must
 /// fix the result up with [`nan_mask`] and [`apply_nan_mask`].
-#[cfg_attr(not(feature = "mpi"), allow(dead_code))]
+#[cfg_attr(not(any(feature = "mpi", feature = "cuda")), allow(dead_code))]
 pub(crate) fn drops_nan(op: ReduceOp) -> bool {
     matches!(op, ReduceOp::Max | ReduceOp::Min)
 }
 
 /// One element of `dtype` per element of `buf`: 1 where it is NaN, else 0. Reduced with `Max`
 /// over a group it marks the elements whose true max/min is NaN.
-#[cfg_attr(not(feature = "mpi"), allow(dead_code))]
+#[cfg_attr(not(any(feature = "mpi", feature = "cuda")), allow(dead_code))]
 pub(crate) fn nan_mask(dtype: DType, buf: &[u8]) -> Vec<u8> {
     fn mask<T: bytemuck::Pod + num_traits::Float>(buf: &[u8]) -> Vec<u8> {
         let m: Vec<T> = typed::<T>(buf).iter().map(|x| if x.is_nan() { T::one() } else { T::zero() }).collect();
@@ -89,7 +89,7 @@ pub(crate) fn nan_mask(dtype: DType, buf: &[u8]) -> Vec<u8> {
 }
 
 /// Sets to NaN every element of `buf` whose element in `mask` (from [`nan_mask`]) is non-zero.
-#[cfg_attr(not(feature = "mpi"), allow(dead_code))]
+#[cfg_attr(not(any(feature = "mpi", feature = "cuda")), allow(dead_code))]
 pub(crate) fn apply_nan_mask(dtype: DType, buf: &mut [u8], mask: &[u8]) {
     fn apply<T: bytemuck::Pod + num_traits::Float>(buf: &mut [u8], mask: &[u8]) {
         let m = typed::<T>(mask);
