@@ -11,6 +11,9 @@ cargo test --features cuda
 cargo test -p dtensor-runtime --features cuda
 cargo test -p dtensor-runtime --features cuda --test cuda_gpu -- --nocapture
 
+echo "== loom model check of the thread backend's rendezvous (own target dir: other RUSTFLAGS)"
+RUSTFLAGS="--cfg loom" CARGO_TARGET_DIR=target/loom cargo test -p dtensor-runtime --lib --release loom -- --nocapture
+
 echo "== MPI suite under mpirun"
 bash scripts/mpi-tests.sh
 

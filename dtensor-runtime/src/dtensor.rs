@@ -6,7 +6,7 @@ use crate::error::{Error, Result};
 use crate::layout::pack;
 use crate::layout::{checked_global_shape_from_local, contiguous_strides, local_shape_and_offset};
 use crate::mesh::DeviceMesh;
-use crate::placement::{fmt_placements, normalize_placements, Placement};
+use crate::placement::{fmt_placements, normalize_placements, Placement, ReduceOp};
 use crate::storage::{pack_host, Device, Storage};
 use crate::Along;
 use ndarray::{ArrayD, IxDyn};
@@ -308,7 +308,28 @@ fn meta_shape(meta: &[u64]) -> Vec<usize> {
     meta[1..=n].iter().map(|&x| x as usize).collect()
 }
 
-/// All-gathers every rank's (ndim, global shape, local shape) and checks them.
+const REDUCE_OPS: [ReduceOp; 5] = [ReduceOp::Sum, ReduceOp::Avg, ReduceOp::Min, ReduceOp::Max, ReduceOp::Product];
+
+/// A placement as one metadata word: kind in the low byte, shard dim or reduce op above it.
+fn placement_code(p: &Placement) -> u64 {
+    match *p {
+        Placement::Replicate => 1,
+        Placement::Shard(d) => 2 | ((d as i64 as u64) << 8),
+        Placement::Partial(op) => 3 | ((REDUCE_OPS.iter().position(|&o| o == op).unwrap_or(0) as u64) << 8),
+    }
+}
+
+/// The placement a word from [`placement_code`] stands for, as text.
+fn placement_of_code(c: u64) -> String {
+    match c & 0xff {
+        1 => Placement::Replicate.to_string(),
+        2 => Placement::Shard((c >> 8) as i64 as isize).to_string(),
+        3 => REDUCE_OPS.get((c >> 8) as usize).map_or("?".into(), |&op| Placement::Partial(op).to_string()),
+        _ => "?".into(),
+    }
+}
+
+/// All-gathers every rank's (ndim, global shape, local shape, placements) and checks them.
 fn check_consistency(
     local_shape: &[usize],
     mesh: &DeviceMesh,
@@ -317,10 +338,31 @@ fn check_consistency(
 ) -> Result<()> {
     let mut meta = shape_meta(shape)?;
     meta.extend(shape_meta(local_shape)?);
+    let shapes_len = meta.len();
+    // One word per mesh dim (the mesh is the same on every rank): placements, Partial's
+    // reduce op included, must agree too.
+    meta.extend(placements.iter().map(placement_code));
     let all = mesh.all_gather_usize(Along::All, &meta)?;
     let len = meta.len();
     for (pos, &rank) in mesh.ranks().iter().enumerate() {
         let m = &all[pos * len..(pos + 1) * len];
+        let codes = &m[shapes_len..];
+        if codes != &meta[shapes_len..] {
+            let theirs: Vec<String> = codes.iter().map(|&c| placement_of_code(c)).collect();
+            return Err(Error::InconsistentAcrossRanks {
+                context: format!(
+                    "from_local(run_check): placements (codes below): rank {rank} has [{}], this rank {}",
+                    theirs.join(", "),
+                    fmt_placements(placements)
+                ),
+                rank,
+                reference_rank: mesh.rank(),
+                expected: meta[shapes_len..].iter().map(|&c| c as usize).collect(),
+                actual: codes.iter().map(|&c| c as usize).collect(),
+            });
+        }
+        let m = &m[..shapes_len];
+        let len = shapes_len;
         let (r_shape, r_local) = (meta_shape(&m[..len / 2]), meta_shape(&m[len / 2..]));
         if r_shape != shape {
             return Err(Error::InconsistentAcrossRanks {

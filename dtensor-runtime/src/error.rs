@@ -108,6 +108,20 @@ pub enum Error {
     /// A rank's closure panicked.
     #[error("rank {rank} panicked: {message}")]
     RankPanicked { rank: usize, message: String },
+    /// This rank called a collective on a group it is not a member of.
+    #[error("collective `{op}`: rank {rank} is not a member of group {group:?}")]
+    NotInGroup { op: String, rank: usize, group: Vec<usize> },
+    /// A second thread of the same rank entered a collective on a group while the first was
+    /// still inside one (a rank takes part in at most one collective per group at a time).
+    #[error(
+        "collective `{op}` on group {group:?}: rank {rank} is already inside a collective on this group \
+         (another thread of the same rank); serialise the collectives of a rank"
+    )]
+    ConcurrentCollective { op: String, rank: usize, group: Vec<usize> },
+    /// The members of a group issued different collectives (seen by the collective fingerprint
+    /// check, see [`crate::comm::fingerprint`]): `field` names what differs.
+    #[error("collective mismatch on group {group:?} (seen by rank {rank}): {field} differs: {detail}")]
+    CollectiveMismatch { rank: usize, group: Vec<usize>, field: String, detail: String },
     /// A collective was called with buffers of the wrong size.
     #[error("collective `{op}`: buffer size mismatch: {reason}")]
     BufferMismatch { op: String, reason: String },

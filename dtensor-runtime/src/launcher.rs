@@ -1,6 +1,7 @@
 //! Launching SPMD programs: one closure runs on every rank.
 
 use crate::comm::threads::ThreadWorld;
+use crate::comm::timeout;
 use crate::comm::Communicator;
 use crate::error::{Error, Result};
 use crate::mesh::DeviceMesh;
@@ -8,8 +9,7 @@ use std::cell::RefCell;
 use std::sync::Arc;
 use std::time::Duration;
 
-/// Default collective timeout of the thread backend (overridable by `DTENSOR_TIMEOUT_MS`).
-pub const DEFAULT_TIMEOUT: Duration = Duration::from_secs(120);
+pub use crate::comm::timeout::DEFAULT_TIMEOUT;
 
 /// Default stack size of a rank's thread.
 pub const DEFAULT_STACK_SIZE: usize = 16 << 20;
@@ -69,24 +69,23 @@ impl RankCtx {
 #[derive(Debug, Clone)]
 pub struct LocalWorld {
     size: usize,
-    timeout: Duration,
+    /// `None`: `DTENSOR_TIMEOUT_MS` or the default, read by `run`.
+    timeout: Option<Duration>,
     stack_size: usize,
 }
 
 impl LocalWorld {
-    /// A world of `size` ranks with the default timeout.
+    /// A world of `size` ranks whose collective timeout is `DTENSOR_TIMEOUT_MS` (read by
+    /// [`run`](Self::run)), else [`DEFAULT_TIMEOUT`].
     pub fn new(size: usize) -> Self {
-        let timeout = std::env::var("DTENSOR_TIMEOUT_MS")
-            .ok()
-            .and_then(|v| v.parse::<u64>().ok())
-            .map(Duration::from_millis)
-            .unwrap_or(DEFAULT_TIMEOUT);
-        LocalWorld { size, timeout, stack_size: DEFAULT_STACK_SIZE }
+        LocalWorld { size, timeout: None, stack_size: DEFAULT_STACK_SIZE }
     }
 
-    /// How long a collective waits for its peers before failing with `CollectiveTimeout`.
+    /// How long a collective waits for its peers before failing with `CollectiveTimeout`
+    /// (overrides `DTENSOR_TIMEOUT_MS`; zero makes [`run`](Self::run) fail with
+    /// [`Error::InvalidArgument`]).
     pub fn timeout(mut self, timeout: Duration) -> Self {
-        self.timeout = timeout;
+        self.timeout = Some(timeout);
         self
     }
 
@@ -101,7 +100,8 @@ impl LocalWorld {
     /// A rank that returns an error or panics poisons the world: every other rank's pending
     /// or future collective fails with [`Error::PeerFailed`] instead of hanging. A rank whose
     /// thread cannot be started (thread or memory limits) poisons it the same way, and `run`
-    /// returns [`Error::ThreadSpawn`].
+    /// returns [`Error::ThreadSpawn`]. A zero or malformed timeout (API or `DTENSOR_TIMEOUT_MS`)
+    /// is an [`Error::InvalidArgument`] before any rank starts.
     pub fn run<R, F>(&self, f: F) -> Result<Vec<R>>
     where
         R: Send,
@@ -113,7 +113,11 @@ impl LocalWorld {
                 reason: "world size must be at least 1".into(),
             });
         }
-        let world = ThreadWorld::new(self.size, self.timeout);
+        let timeout = match self.timeout {
+            Some(t) => timeout::check(t)?,
+            None => timeout::from_env()?,
+        };
+        let world = ThreadWorld::new(self.size, timeout);
         let f = &f;
         let (spawn_error, results) = std::thread::scope(|s| {
             let mut handles = Vec::with_capacity(self.size);

@@ -4,6 +4,7 @@ use crate::comm::Communicator;
 use crate::error::{Error, Result};
 use crate::storage::{Device, Target};
 use std::fmt;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 
 /// An n-dimensional arrangement of the world's ranks, with named dimensions.
@@ -37,6 +38,8 @@ struct MeshInner {
     groups: Vec<Vec<usize>>,
     /// Where this rank's shards live (from the communicator).
     target: Target,
+    /// Whether collectives first agree on their fingerprint (see [`crate::comm::fingerprint`]).
+    checks: AtomicBool,
 }
 
 impl DeviceMesh {
@@ -94,9 +97,22 @@ impl DeviceMesh {
             .ok_or(Error::RankOutOfRange { rank: me, world_size: comm.world_size() })?;
         let coord = unravel(pos, shape);
         let target = target_of(comm.as_ref())?;
-        let mut mesh = MeshInner { comm, shape: shape.to_vec(), names, ranks, coord, groups: vec![], target };
+        let checks = AtomicBool::new(crate::comm::fingerprint::enabled_by_env());
+        let mut mesh = MeshInner { comm, shape: shape.to_vec(), names, ranks, coord, groups: vec![], target, checks };
         mesh.groups = (0..shape.len()).map(|d| group_of(&mesh, d, &mesh.coord)).collect();
         Ok(DeviceMesh { inner: Arc::new(mesh) })
+    }
+
+    /// Switches the collective fingerprint check on or off for this mesh, its clones and the
+    /// sub-meshes created from it afterwards (see [`crate::comm::fingerprint`]; the default is
+    /// on when `DTENSOR_DEBUG=detail`). Every rank must make the same choice at the same point.
+    pub fn set_collective_checks(&self, on: bool) {
+        self.inner.checks.store(on, Ordering::Relaxed);
+    }
+
+    /// Whether the collective fingerprint check is on for this mesh.
+    pub fn collective_checks(&self) -> bool {
+        self.inner.checks.load(Ordering::Relaxed)
     }
 
     /// The communicator collectives on this mesh go through.
@@ -253,7 +269,9 @@ impl DeviceMesh {
             }
             ranks.push(self.inner.ranks[ravel(&c, &self.inner.shape)]);
         }
-        Self::build(Arc::clone(&self.inner.comm), &shape, names, ranks)
+        let sub = Self::build(Arc::clone(&self.inner.comm), &shape, names, ranks)?;
+        sub.set_collective_checks(self.collective_checks());
+        Ok(sub)
     }
 
     /// Same layout of the same ranks (communicators are not compared).

@@ -226,7 +226,7 @@ fn bad_input_is_a_typed_error(ctx: &RankCtx) -> Result<Outcome, String> {
     }
     if !others.is_empty() {
         let e = c.barrier(&others).unwrap_err();
-        if !matches!(e, Error::BufferMismatch { .. }) {
+        if !matches!(e, Error::NotInGroup { .. }) {
             return Err(format!("non-member group gave {e:?}"));
         }
     }
@@ -246,6 +246,60 @@ fn bad_input_is_a_typed_error(ctx: &RankCtx) -> Result<Outcome, String> {
     if !matches!(e, Error::BufferMismatch { .. }) {
         return Err(format!("5 bytes of f32 gave {e:?}"));
     }
+    Ok(Outcome::Pass)
+}
+
+/// Max and min with a NaN operand give NaN (as PyTorch), though MPI_MAX/MPI_MIN drop it.
+fn max_min_propagate_nan(ctx: &RankCtx) -> Result<Outcome, String> {
+    let c = ctx.comm();
+    let n = ctx.world_size();
+    let world: Vec<usize> = (0..n).collect();
+    let last = n - 1;
+    for op in [ReduceOp::Max, ReduceOp::Min] {
+        for dtype in [DType::F32, DType::F64] {
+            // Element 0 is NaN on the last rank only; element 1 is finite everywhere.
+            let mine = [if ctx.rank() == last { f64::NAN } else { 1.0 }, ctx.rank() as f64];
+            let mut buf = to_bytes(dtype, &mine);
+            c.all_reduce(&world, &mut buf, dtype, op).map_err(|e| e.to_string())?;
+            let got = from_bytes(dtype, &buf);
+            let finite = if op == ReduceOp::Max { last as f64 } else { 0.0 };
+            if !got[0].is_nan() || got[1] != finite {
+                return Err(format!("all_reduce {op:?} {dtype}: got {got:?}, expected [NaN, {finite}]"));
+            }
+            let send: Vec<f64> = (0..n).flat_map(|_| mine).collect();
+            let mut recv = to_bytes(dtype, &[0.0, 0.0]);
+            c.reduce_scatter(&world, &to_bytes(dtype, &send), &mut recv, dtype, op).map_err(|e| e.to_string())?;
+            let got = from_bytes(dtype, &recv);
+            if !got[0].is_nan() || got[1] != finite {
+                return Err(format!("reduce_scatter {op:?} {dtype}: got {got:?}, expected [NaN, {finite}]"));
+            }
+        }
+    }
+    Ok(Outcome::Pass)
+}
+
+/// With the fingerprint check on, ranks that broadcast from different roots or all-reduce
+/// with different ops all get CollectiveMismatch (MPI alone would diverge or abort).
+fn fingerprint_check_names_the_mismatch(ctx: &RankCtx) -> Result<Outcome, String> {
+    let n = ctx.world_size();
+    if n < 2 {
+        return Ok(Outcome::Skip("needs two ranks".into()));
+    }
+    let mesh = ctx.init_device_mesh(&[n], &["x"]).map_err(fail)?;
+    mesh.set_collective_checks(true);
+    let mut buf = [1.0f32; 4];
+    mesh.broadcast(Along::All, &mut buf, 0).map_err(fail)?;
+    let e = mesh.broadcast(Along::All, &mut buf, ctx.rank() % 2).unwrap_err();
+    if !matches!(&e, Error::CollectiveMismatch { field, .. } if field == "root") {
+        return Err(format!("different roots gave {e:?}"));
+    }
+    let op = if ctx.rank() == n - 1 { ReduceOp::Max } else { ReduceOp::Sum };
+    let e = mesh.all_reduce(Along::All, &mut buf, op).unwrap_err();
+    if !matches!(&e, Error::CollectiveMismatch { field, .. } if field == "reduce op") {
+        return Err(format!("different reduce ops gave {e:?}"));
+    }
+    mesh.all_reduce(Along::All, &mut buf, ReduceOp::Sum).map_err(fail)?;
+    close(&buf.iter().map(|&x| x as f64).collect::<Vec<_>>(), &[n as f64; 4], "all_reduce after the mismatches")?;
     Ok(Outcome::Pass)
 }
 
@@ -284,6 +338,8 @@ fn main() {
         ("barrier_waits_for_the_slowest", barrier_waits_for_the_slowest),
         ("mesh_dim_collectives", mesh_dim_collectives),
         ("bad_input_is_a_typed_error", bad_input_is_a_typed_error),
+        ("max_min_propagate_nan", max_min_propagate_nan),
+        ("fingerprint_check_names_the_mismatch", fingerprint_check_names_the_mismatch),
         ("launch_rejects_a_wrong_world_size", launch_rejects_a_wrong_world_size),
     ];
     mpi_harness::main("mpi_collectives", tests);

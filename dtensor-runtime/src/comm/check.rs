@@ -8,20 +8,6 @@ fn mismatch(op: &str, reason: String) -> Error {
     Error::BufferMismatch { op: op.into(), reason }
 }
 
-/// This rank's index in `group` (ranks in range, listed once, this rank a member).
-pub(crate) fn member(op: &str, rank: usize, world: usize, group: &[usize]) -> Result<usize> {
-    if let Some(&r) = group.iter().find(|&&r| r >= world) {
-        return Err(Error::RankOutOfRange { rank: r, world_size: world });
-    }
-    if let Some(r) = group.iter().enumerate().find(|(i, r)| group[..*i].contains(r)).map(|(_, r)| r) {
-        return Err(mismatch(op, format!("group {group:?} lists rank {r} twice")));
-    }
-    group
-        .iter()
-        .position(|&r| r == rank)
-        .ok_or_else(|| mismatch(op, format!("rank {rank} is not a member of group {group:?}")))
-}
-
 /// A group index (`root`) inside a group of `n`.
 pub(crate) fn root(root: usize, n: usize) -> Result<()> {
     if root >= n {

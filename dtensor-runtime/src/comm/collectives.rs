@@ -2,7 +2,8 @@
 //! backend. Every call is recorded for [`CommDebugMode`](crate::CommDebugMode).
 
 use super::debug::{record, CollectiveKind};
-use crate::element::Element;
+use super::fingerprint::{self, Fingerprint};
+use crate::element::{DType, Element};
 use crate::error::{Error, Result};
 use crate::mesh::DeviceMesh;
 use crate::placement::ReduceOp;
@@ -33,11 +34,36 @@ impl DeviceMesh {
         record(kind, d.map(|d| self.dim_names()[d].as_str()), g.len(), bytes);
     }
 
+    /// With the fingerprint check on, agrees with the group on this call before it runs.
+    fn agree(
+        &self,
+        g: &[usize],
+        kind: CollectiveKind,
+        dtype: Option<DType>,
+        count: usize,
+        root: Option<usize>,
+        op: Option<ReduceOp>,
+    ) -> Result<()> {
+        if !self.collective_checks() {
+            return Ok(());
+        }
+        let comm = self.comm();
+        let seq = comm.sequences().map_or(0, |s| s.next(g));
+        let dtype = match dtype {
+            Some(DType::F32) => "f32",
+            Some(DType::F64) => "f64",
+            None if kind == CollectiveKind::Barrier => "",
+            None => "u64",
+        };
+        fingerprint::agree(comm.as_ref(), g, Fingerprint { seq, kind, dtype, count, root, op })
+    }
+
     /// All-gather equal-sized blocks; returns `n * send.len()` elements in group order.
     pub fn all_gather<T: Element>(&self, along: Along, send: &[T]) -> Result<Vec<T>> {
         let (g, _) = self.group_of(along)?;
         let mut out = vec![T::zero(); send.len() * g.len()];
         self.note(CollectiveKind::AllGather, along, std::mem::size_of_val(send));
+        self.agree(g, CollectiveKind::AllGather, Some(T::DTYPE), send.len(), None, None)?;
         self.comm().all_gather(g, bytemuck::cast_slice(send), bytemuck::cast_slice_mut(&mut out))?;
         Ok(out)
     }
@@ -46,6 +72,7 @@ impl DeviceMesh {
     pub fn all_reduce<T: Element>(&self, along: Along, buf: &mut [T], op: ReduceOp) -> Result<()> {
         let (g, _) = self.group_of(along)?;
         self.note(CollectiveKind::AllReduce, along, std::mem::size_of_val(buf));
+        self.agree(g, CollectiveKind::AllReduce, Some(T::DTYPE), buf.len(), None, Some(op))?;
         self.comm().all_reduce(g, bytemuck::cast_slice_mut(buf), T::DTYPE, op)
     }
 
@@ -54,6 +81,7 @@ impl DeviceMesh {
         let (g, _) = self.group_of(along)?;
         let mut out = vec![T::zero(); send.len() / g.len().max(1)];
         self.note(CollectiveKind::ReduceScatter, along, std::mem::size_of_val(send));
+        self.agree(g, CollectiveKind::ReduceScatter, Some(T::DTYPE), send.len(), None, Some(op))?;
         self.comm().reduce_scatter(g, bytemuck::cast_slice(send), bytemuck::cast_slice_mut(&mut out), T::DTYPE, op)?;
         Ok(out)
     }
@@ -63,6 +91,7 @@ impl DeviceMesh {
         let (g, _) = self.group_of(along)?;
         let mut out = vec![T::zero(); send.len()];
         self.note(CollectiveKind::AllToAll, along, std::mem::size_of_val(send));
+        self.agree(g, CollectiveKind::AllToAll, Some(T::DTYPE), send.len(), None, None)?;
         self.comm().all_to_all(g, bytemuck::cast_slice(send), bytemuck::cast_slice_mut(&mut out))?;
         Ok(out)
     }
@@ -71,6 +100,7 @@ impl DeviceMesh {
     pub fn broadcast<T: Element>(&self, along: Along, buf: &mut [T], root: usize) -> Result<()> {
         let (g, _) = self.group_of(along)?;
         self.note(CollectiveKind::Broadcast, along, std::mem::size_of_val(buf));
+        self.agree(g, CollectiveKind::Broadcast, Some(T::DTYPE), buf.len(), Some(root), None)?;
         self.comm().broadcast(g, bytemuck::cast_slice_mut(buf), root)
     }
 
@@ -78,6 +108,7 @@ impl DeviceMesh {
     pub fn broadcast_usize(&self, along: Along, buf: &mut [u64], root: usize) -> Result<()> {
         let (g, _) = self.group_of(along)?;
         self.note(CollectiveKind::Broadcast, along, std::mem::size_of_val(buf));
+        self.agree(g, CollectiveKind::Broadcast, None, buf.len(), Some(root), None)?;
         self.comm().broadcast(g, bytemuck::cast_slice_mut(buf), root)
     }
 
@@ -86,6 +117,7 @@ impl DeviceMesh {
         let (g, _) = self.group_of(along)?;
         let mut out = vec![0u64; send.len() * g.len()];
         self.note(CollectiveKind::AllGather, along, std::mem::size_of_val(send));
+        self.agree(g, CollectiveKind::AllGather, None, send.len(), None, None)?;
         self.comm().all_gather(g, bytemuck::cast_slice(send), bytemuck::cast_slice_mut(&mut out))?;
         Ok(out)
     }
@@ -95,6 +127,7 @@ impl DeviceMesh {
         let (g, _) = self.group_of(along)?;
         let mut out = vec![T::zero(); block];
         self.note(CollectiveKind::Scatter, along, std::mem::size_of_val(send));
+        self.agree(g, CollectiveKind::Scatter, Some(T::DTYPE), block, Some(root), None)?;
         self.comm().scatter(g, bytemuck::cast_slice(send), bytemuck::cast_slice_mut(&mut out), root)?;
         Ok(out)
     }
@@ -103,6 +136,7 @@ impl DeviceMesh {
     pub fn barrier(&self, along: Along) -> Result<()> {
         let (g, _) = self.group_of(along)?;
         self.note(CollectiveKind::Barrier, along, 0);
+        self.agree(g, CollectiveKind::Barrier, None, 0, None, None)?;
         self.comm().barrier(g)
     }
 }

@@ -14,6 +14,8 @@ pub mod bootstrap;
 mod check;
 pub mod collectives;
 pub mod debug;
+pub mod fingerprint;
+mod group;
 #[cfg(feature = "mpi")]
 pub mod mpi;
 #[cfg(feature = "cuda")]
@@ -22,6 +24,7 @@ pub mod reduce;
 pub(crate) mod self_comm;
 mod storage;
 pub mod threads;
+pub mod timeout;
 
 use crate::cuda::CudaDevice;
 use crate::element::DType;
@@ -53,6 +56,12 @@ pub trait Communicator: Send + Sync + fmt::Debug {
     /// The handle of this rank's CUDA device (context and stream) when [`device`](Self::device)
     /// is `Device::Cuda` (default: none).
     fn cuda_device(&self) -> Option<Arc<CudaDevice>> {
+        None
+    }
+
+    /// The sequence numbers of this rank's checked collectives per group, for the collective
+    /// fingerprint check ([`fingerprint`]); `None` (the default) numbers every call 0.
+    fn sequences(&self) -> Option<&fingerprint::Sequences> {
         None
     }
 

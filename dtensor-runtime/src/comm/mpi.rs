@@ -21,7 +21,7 @@
 //!   collective this rank will never enter;
 //! * a process that dies makes `mpirun` terminate the job;
 //! * a watchdog thread aborts the job when one collective waits longer than
-//!   `DTENSOR_TIMEOUT_MS` (default [`DEFAULT_TIMEOUT`](crate::launcher::DEFAULT_TIMEOUT)): the
+//!   `DTENSOR_TIMEOUT_MS` (default [`DEFAULT_TIMEOUT`](super::timeout::DEFAULT_TIMEOUT)): the
 //!   peer is alive but never calls it (e.g. ranks called collectives in a different order).
 //!
 //! # Process lifetime
@@ -31,7 +31,7 @@
 //! serialised by one lock, so the communicator is safe to share between threads.
 
 use super::Communicator;
-use super::{check, reduce};
+use super::{check, group, reduce};
 use crate::element::DType;
 use crate::error::{Error, Result};
 use crate::launcher::{set_current_mesh, RankCtx};
@@ -82,20 +82,13 @@ unsafe extern "C" {
     fn atexit(cb: extern "C" fn()) -> std::ffi::c_int;
 }
 
-/// Collective timeout of the MPI watchdog (`DTENSOR_TIMEOUT_MS`, else the launcher default).
-fn timeout() -> Duration {
-    std::env::var("DTENSOR_TIMEOUT_MS")
-        .ok()
-        .and_then(|v| v.parse::<u64>().ok())
-        .map(Duration::from_millis)
-        .unwrap_or(crate::launcher::DEFAULT_TIMEOUT)
-}
-
 /// Initialises MPI once per process (idempotent). Called by [`MpiComm::world`] and [`launch`].
 ///
 /// Errors with [`Error::Unavailable`] when MPI was already finalised, and with
-/// [`Error::Backend`] when the library grants less than `MPI_THREAD_SERIALIZED`.
+/// [`Error::Backend`] when the library grants less than `MPI_THREAD_SERIALIZED`, and with
+/// [`Error::InvalidArgument`] when `DTENSOR_TIMEOUT_MS` is malformed or 0.
 pub fn init() -> Result<()> {
+    let t = super::timeout::from_env()?;
     let r = INIT.get_or_init(|| {
         if mpi::environment::is_finalized() {
             return Err("MPI was already finalised in this process".into());
@@ -113,7 +106,6 @@ pub fn init() -> Result<()> {
         if level < Threading::Serialized {
             return Err(format!("MPI grants thread level {level:?}; dtensor needs at least Serialized"));
         }
-        let t = timeout();
         std::thread::Builder::new()
             .name("dtensor-mpi-watchdog".into())
             .spawn(move || watchdog(t))
@@ -154,6 +146,7 @@ pub struct MpiComm {
     size: usize,
     /// Sub-communicators by group; the lock also serialises every MPI call of this process.
     groups: Mutex<Groups>,
+    sequences: super::fingerprint::Sequences,
 }
 
 #[derive(Default)]
@@ -192,6 +185,7 @@ impl MpiComm {
             rank: w.rank() as usize,
             size: w.size() as usize,
             groups: Mutex::new(Groups::default()),
+            sequences: Default::default(),
         }))
     }
 
@@ -208,11 +202,7 @@ impl MpiComm {
     }
 
     fn my_index(&self, op: &str, group: &[usize]) -> Result<usize> {
-        check::member(op, self.rank, self.size, group)
-    }
-
-    fn is_world(&self, group: &[usize]) -> bool {
-        group.len() == self.size && group.iter().enumerate().all(|(i, &r)| i == r)
+        group::member(op, self.rank, self.size, group)
     }
 
     /// Runs `body` on the MPI communicator of `group` with this rank's index in it, under
@@ -237,7 +227,7 @@ impl MpiComm {
         }
         *lock(&IN_FLIGHT) = Some(InFlight { op, group: group.to_vec(), rank: self.rank, since: Instant::now() });
         let world = SimpleCommunicator::world();
-        let out = if self.is_world(group) {
+        let out = if group::is_world(group, self.size) {
             Ok(body(&world, me))
         } else {
             if !g.comms.contains_key(group) {
@@ -308,39 +298,21 @@ impl Communicator for MpiComm {
     fn backend(&self) -> &'static str {
         "mpi"
     }
+    fn sequences(&self) -> Option<&super::fingerprint::Sequences> {
+        Some(&self.sequences)
+    }
 
     fn prepare_groups(&self, partitions: &[Vec<Vec<usize>>]) -> Result<()> {
-        // Validate everything first: every rank sees the same partitions, so every rank
-        // fails the same way before any collective starts.
-        let mut plan = Vec::new();
-        for p in partitions {
-            let mut seen = vec![0usize; self.size];
-            p.iter().flatten().filter(|&&r| r < self.size).for_each(|&r| seen[r] += 1);
-            if p.iter().flatten().any(|&r| r >= self.size) || seen.iter().any(|&c| c != 1) {
-                return Err(Error::InvalidArgument {
-                    context: "prepare_groups".into(),
-                    reason: format!("{p:?} is not a partition of the {} world ranks", self.size),
-                });
-            }
-            let (color, group) = p
-                .iter()
-                .enumerate()
-                .find(|(_, g)| g.contains(&self.rank))
-                .expect("a partition of the world contains this rank");
-            if !(p.len() == 1 && self.is_world(group)) {
-                let key = group.iter().position(|&r| r == self.rank).expect("member");
-                plan.push((color, key, group.clone()));
-            }
-        }
+        let plan = group::splits(partitions, self.rank, self.size)?;
         let mut g = lock(&self.groups);
         if g.closed {
             return Err(backend_err("prepare_groups on a communicator whose launch already returned"));
         }
         let world = SimpleCommunicator::world();
-        for (color, key, group) in plan {
+        for group::Split { colour, key, group } in plan {
             *lock(&IN_FLIGHT) =
                 Some(InFlight { op: "comm_split", group: group.clone(), rank: self.rank, since: Instant::now() });
-            let c = world.split_by_color_with_key(Color::with_value(color as i32), key as i32);
+            let c = world.split_by_color_with_key(Color::with_value(colour as i32), key as i32);
             *lock(&IN_FLIGHT) = None;
             let c = c.ok_or_else(|| backend_err(format!("MPI_Comm_split gave no communicator for {group:?}")))?;
             // Keep an existing communicator of the same group (its members agree on that).
@@ -356,10 +328,21 @@ impl Communicator for MpiComm {
 
     fn all_reduce(&self, group: &[usize], buf: &mut [u8], dtype: DType, op: ReduceOp) -> Result<()> {
         check::whole("all_reduce", buf.len(), dtype)?;
-        self.with_group("all_reduce", group, &[buf.len()], |c, _| match dtype {
-            DType::F32 => all_reduce_typed::<f32>(c, buf, op),
-            DType::F64 => all_reduce_typed::<f64>(c, buf, op),
+        // MPI_MAX/MPI_MIN drop NaN operands: reduce a NaN mask alongside (as PyTorch, a NaN wins).
+        let mut mask = reduce::drops_nan(op).then(|| reduce::nan_mask(dtype, buf));
+        self.with_group("all_reduce", group, &[buf.len()], |c, _| {
+            let reduce = |b: &mut [u8], op| match dtype {
+                DType::F32 => all_reduce_typed::<f32>(c, b, op),
+                DType::F64 => all_reduce_typed::<f64>(c, b, op),
+            };
+            reduce(buf, op);
+            if let Some(m) = &mut mask {
+                reduce(m, ReduceOp::Max);
+            }
         })?;
+        if let Some(m) = &mask {
+            reduce::apply_nan_mask(dtype, buf, m);
+        }
         reduce::finish(dtype, op, buf, group.len());
         Ok(())
     }
@@ -367,10 +350,22 @@ impl Communicator for MpiComm {
     fn reduce_scatter(&self, group: &[usize], send: &[u8], recv: &mut [u8], dtype: DType, op: ReduceOp) -> Result<()> {
         check::blocks("reduce_scatter", "send", send.len(), group.len(), recv.len())?;
         check::whole("reduce_scatter", recv.len(), dtype)?;
-        self.with_group("reduce_scatter", group, &[send.len()], |c, _| match dtype {
-            DType::F32 => reduce_scatter_typed::<f32>(c, send, recv, op),
-            DType::F64 => reduce_scatter_typed::<f64>(c, send, recv, op),
+        // As in all_reduce: MPI_MAX/MPI_MIN drop NaN operands, a reduced mask restores them.
+        let send_mask = reduce::drops_nan(op).then(|| reduce::nan_mask(dtype, send));
+        let mut recv_mask = send_mask.as_ref().map(|_| vec![0u8; recv.len()]);
+        self.with_group("reduce_scatter", group, &[send.len()], |c, _| {
+            let reduce = |s: &[u8], r: &mut [u8], op| match dtype {
+                DType::F32 => reduce_scatter_typed::<f32>(c, s, r, op),
+                DType::F64 => reduce_scatter_typed::<f64>(c, s, r, op),
+            };
+            reduce(send, recv, op);
+            if let (Some(s), Some(r)) = (&send_mask, &mut recv_mask) {
+                reduce(s, r, ReduceOp::Max);
+            }
         })?;
+        if let Some(m) = &recv_mask {
+            reduce::apply_nan_mask(dtype, recv, m);
+        }
         reduce::finish(dtype, op, recv, group.len());
         Ok(())
     }

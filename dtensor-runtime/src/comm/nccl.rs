@@ -7,6 +7,7 @@
 //!
 //! * all-reduce, all-gather, reduce-scatter, broadcast: the NCCL collectives (`Avg` = sum,
 //!   then divided by the group size on the host, like every other backend);
+//! * max/min: a NaN mask is max-reduced alongside, so a NaN operand wins as in PyTorch;
 //! * all-to-all: grouped `ncclSend`/`ncclRecv` (NCCL has no all-to-all);
 //! * scatter: grouped send/recv from the root; barrier: a one-element all-reduce.
 //!
@@ -28,7 +29,7 @@
 
 use super::bootstrap::Rendezvous;
 use super::Communicator;
-use super::{check, reduce};
+use super::{check, group, reduce};
 use crate::cuda::{cuda_err, require, CudaDevice, CudaLib};
 use crate::element::DType;
 use crate::error::{Error, Result};
@@ -81,6 +82,7 @@ pub struct NcclComm {
     stream: Arc<CudaStream>,
     timeout: Duration,
     state: Mutex<State>,
+    sequences: super::fingerprint::Sequences,
 }
 
 // SAFETY: NCCL communicators may be used from any thread as long as calls are not concurrent;
@@ -94,14 +96,6 @@ impl fmt::Debug for NcclComm {
     }
 }
 
-fn env_timeout() -> Duration {
-    std::env::var("DTENSOR_TIMEOUT_MS")
-        .ok()
-        .and_then(|v| v.parse::<u64>().ok())
-        .map(Duration::from_millis)
-        .unwrap_or(crate::launcher::DEFAULT_TIMEOUT)
-}
-
 impl NcclComm {
     /// Joins the communicator identified by `id` as `rank` of `size` on `device`.
     /// Collective: every rank calls it with the same id.
@@ -110,6 +104,7 @@ impl NcclComm {
         if rank >= size {
             return Err(Error::RankOutOfRange { rank, world_size: size });
         }
+        let timeout = super::timeout::from_env()?;
         device.context().bind_to_thread().map_err(|e| cuda_err("binding the CUDA context", e))?;
         let stream = device.context().new_stream().map_err(|e| cuda_err("creating the NCCL stream", e))?;
         let uid = sys::ncclUniqueId { internal: id.map(|b| b as std::ffi::c_char) };
@@ -122,8 +117,9 @@ impl NcclComm {
             size,
             device: Arc::clone(device),
             stream,
-            timeout: env_timeout(),
+            timeout,
             state: Mutex::new(State { world: Some(Raw(comm)), groups: HashMap::new(), failed: None }),
+            sequences: Default::default(),
         })
     }
 
@@ -137,7 +133,7 @@ impl NcclComm {
     /// `DTENSOR_TIMEOUT_MS`.
     pub fn from_env(device: &Arc<CudaDevice>) -> Result<NcclComm> {
         let rv = Rendezvous::from_env()?;
-        let id = rv.share_from_rank0(env_timeout(), unique_id)?;
+        let id = rv.share_from_rank0(super::timeout::from_env()?, unique_id)?;
         Self::with_id(device, rv.rank, rv.world_size, &id)
     }
 
@@ -156,11 +152,7 @@ impl NcclComm {
     }
 
     fn my_index(&self, op: &str, group: &[usize]) -> Result<usize> {
-        check::member(op, self.rank, self.size, group)
-    }
-
-    fn is_world(&self, group: &[usize]) -> bool {
-        group.len() == self.size && group.iter().enumerate().all(|(i, &r)| i == r)
+        group::member(op, self.rank, self.size, group)
     }
 
     /// Runs `enqueue` with the group's NCCL communicator and this rank's index, then waits for
@@ -176,8 +168,11 @@ impl NcclComm {
         if let Some(why) = &st.failed {
             return Err(nccl_err(op, format!("the communicator was aborted earlier: {why}")));
         }
-        let comm =
-            if self.is_world(group) { st.world.as_ref().map(|r| r.0) } else { st.groups.get(group).map(|r| r.0) };
+        let comm = if group::is_world(group, self.size) {
+            st.world.as_ref().map(|r| r.0)
+        } else {
+            st.groups.get(group).map(|r| r.0)
+        };
         let comm = comm.ok_or_else(|| Error::Unavailable {
             what: format!("an NCCL communicator for group {group:?}"),
             reason: "NCCL creates sub-communicators only collectively, in DeviceMesh::new (prepare_groups)".into(),
@@ -272,27 +267,21 @@ impl Communicator for NcclComm {
     fn backend(&self) -> &'static str {
         "nccl"
     }
+    fn sequences(&self) -> Option<&super::fingerprint::Sequences> {
+        Some(&self.sequences)
+    }
 
     fn prepare_groups(&self, partitions: &[Vec<Vec<usize>>]) -> Result<()> {
         let mut st = self.state.lock().unwrap_or_else(|e| e.into_inner());
         let world = st.world.as_ref().map(|r| r.0).ok_or_else(|| nccl_err("prepare_groups", "communicator aborted"))?;
-        for p in partitions {
-            let (color, group) =
-                p.iter().enumerate().find(|(_, g)| g.contains(&self.rank)).ok_or_else(|| Error::InvalidArgument {
-                    context: "prepare_groups".into(),
-                    reason: format!("rank {} is in no group of {p:?}", self.rank),
-                })?;
-            if p.len() == 1 && self.is_world(group) {
-                continue;
-            }
-            let key = group.iter().position(|&r| r == self.rank).expect("member");
+        for group::Split { colour, key, group } in group::splits(partitions, self.rank, self.size)? {
             let mut sub: sys::ncclComm_t = std::ptr::null_mut();
             // SAFETY: collective over the world communicator, called by every rank in order.
             // (cudarc 0.19's `result::comm_split` is compiled only for cuda-1202x..1205x, the
             // binding itself exists for every version.)
-            unsafe { sys::ncclCommSplit(world, color as i32, key as i32, &mut sub, std::ptr::null_mut()).result() }
+            unsafe { sys::ncclCommSplit(world, colour as i32, key as i32, &mut sub, std::ptr::null_mut()).result() }
                 .map_err(|e| nccl_err("ncclCommSplit (needs NCCL >= 2.18)", e))?;
-            st.groups.entry(group.clone()).or_insert(Raw(sub));
+            st.groups.entry(group).or_insert(Raw(sub));
         }
         Ok(())
     }
@@ -317,62 +306,24 @@ impl Communicator for NcclComm {
     }
 
     fn all_reduce(&self, group: &[usize], buf: &mut [u8], dtype: DType, op: ReduceOp) -> Result<()> {
-        check::whole("all_reduce", buf.len(), dtype)?;
-        if buf.is_empty() {
-            return self.my_index("all_reduce", group).map(|_| ());
+        // As PyTorch, a NaN operand wins max/min: reduce a NaN mask alongside.
+        let mask = reduce::drops_nan(op).then(|| reduce::nan_mask(dtype, buf));
+        self.all_reduce_native(group, buf, dtype, op)?;
+        if let Some(mut m) = mask {
+            self.all_reduce_native(group, &mut m, dtype, ReduceOp::Max)?;
+            reduce::apply_nan_mask(dtype, buf, &m);
         }
-        let mut d = self.upload(buf)?;
-        let count = buf.len() / dtype.size_of();
-        self.run("all_reduce", group, |comm, _| {
-            let (p, _g) = d.device_ptr_mut(&self.stream);
-            // SAFETY: in-place reduction over `count` elements of `dtype`.
-            unsafe {
-                result::all_reduce(
-                    p as *const c_void,
-                    p as *mut c_void,
-                    count,
-                    nccl_dtype(dtype),
-                    nccl_op(op),
-                    comm,
-                    self.cu_stream(),
-                )
-            }
-            .map_err(|e| nccl_err("ncclAllReduce", e))
-        })?;
-        self.download(&d, buf)?;
-        reduce::finish(dtype, op, buf, group.len());
         Ok(())
     }
 
     fn reduce_scatter(&self, group: &[usize], send: &[u8], recv: &mut [u8], dtype: DType, op: ReduceOp) -> Result<()> {
-        let n = group.len();
-        check::blocks("reduce_scatter", "send", send.len(), n, recv.len())?;
-        check::whole("reduce_scatter", recv.len(), dtype)?;
-        if recv.is_empty() {
-            return self.my_index("reduce_scatter", group).map(|_| ());
+        let mask = reduce::drops_nan(op).then(|| reduce::nan_mask(dtype, send));
+        self.reduce_scatter_native(group, send, recv, dtype, op)?;
+        if let Some(m) = mask {
+            let mut r = vec![0u8; recv.len()];
+            self.reduce_scatter_native(group, &m, &mut r, dtype, ReduceOp::Max)?;
+            reduce::apply_nan_mask(dtype, recv, &r);
         }
-        let s = self.upload(send)?;
-        let mut r = self.alloc(recv.len())?;
-        let count = recv.len() / dtype.size_of();
-        self.run("reduce_scatter", group, |comm, _| {
-            let (sp, _g1) = s.device_ptr(&self.stream);
-            let (rp, _g2) = r.device_ptr_mut(&self.stream);
-            // SAFETY: send holds n * count elements, recv count.
-            unsafe {
-                result::reduce_scatter(
-                    sp as *const c_void,
-                    rp as *mut c_void,
-                    count,
-                    nccl_dtype(dtype),
-                    nccl_op(op),
-                    comm,
-                    self.cu_stream(),
-                )
-            }
-            .map_err(|e| nccl_err("ncclReduceScatter", e))
-        })?;
-        self.download(&r, recv)?;
-        reduce::finish(dtype, op, recv, n);
         Ok(())
     }
 
@@ -479,5 +430,76 @@ impl Communicator for NcclComm {
     fn barrier(&self, group: &[usize]) -> Result<()> {
         let mut one = 1f32.to_ne_bytes();
         self.all_reduce(group, &mut one, DType::F32, ReduceOp::Sum)
+    }
+}
+
+impl NcclComm {
+    /// `ncclAllReduce` staged through the device (its max/min may drop NaN operands).
+    fn all_reduce_native(&self, group: &[usize], buf: &mut [u8], dtype: DType, op: ReduceOp) -> Result<()> {
+        check::whole("all_reduce", buf.len(), dtype)?;
+        if buf.is_empty() {
+            return self.my_index("all_reduce", group).map(|_| ());
+        }
+        let mut d = self.upload(buf)?;
+        let count = buf.len() / dtype.size_of();
+        self.run("all_reduce", group, |comm, _| {
+            let (p, _g) = d.device_ptr_mut(&self.stream);
+            // SAFETY: in-place reduction over `count` elements of `dtype`.
+            unsafe {
+                result::all_reduce(
+                    p as *const c_void,
+                    p as *mut c_void,
+                    count,
+                    nccl_dtype(dtype),
+                    nccl_op(op),
+                    comm,
+                    self.cu_stream(),
+                )
+            }
+            .map_err(|e| nccl_err("ncclAllReduce", e))
+        })?;
+        self.download(&d, buf)?;
+        reduce::finish(dtype, op, buf, group.len());
+        Ok(())
+    }
+
+    /// `ncclReduceScatter` staged through the device (its max/min may drop NaN operands).
+    fn reduce_scatter_native(
+        &self,
+        group: &[usize],
+        send: &[u8],
+        recv: &mut [u8],
+        dtype: DType,
+        op: ReduceOp,
+    ) -> Result<()> {
+        let n = group.len();
+        check::blocks("reduce_scatter", "send", send.len(), n, recv.len())?;
+        check::whole("reduce_scatter", recv.len(), dtype)?;
+        if recv.is_empty() {
+            return self.my_index("reduce_scatter", group).map(|_| ());
+        }
+        let s = self.upload(send)?;
+        let mut r = self.alloc(recv.len())?;
+        let count = recv.len() / dtype.size_of();
+        self.run("reduce_scatter", group, |comm, _| {
+            let (sp, _g1) = s.device_ptr(&self.stream);
+            let (rp, _g2) = r.device_ptr_mut(&self.stream);
+            // SAFETY: send holds n * count elements, recv count.
+            unsafe {
+                result::reduce_scatter(
+                    sp as *const c_void,
+                    rp as *mut c_void,
+                    count,
+                    nccl_dtype(dtype),
+                    nccl_op(op),
+                    comm,
+                    self.cu_stream(),
+                )
+            }
+            .map_err(|e| nccl_err("ncclReduceScatter", e))
+        })?;
+        self.download(&r, recv)?;
+        reduce::finish(dtype, op, recv, n);
+        Ok(())
     }
 }

@@ -20,9 +20,9 @@ fn fold<T: bytemuck::Pod + num_traits::Float>(op: ReduceOp, acc: &mut [u8], x: &
     }
     let run = |a: &mut [T]| match op {
         ReduceOp::Sum | ReduceOp::Avg => apply(a, &xs, |a, b| a + b),
-        // NaN propagates (PyTorch's max/min; `Float::max` would drop it).
-        ReduceOp::Min => apply(a, &xs, |a, b| if a.is_nan() || a < b { a } else { b }),
-        ReduceOp::Max => apply(a, &xs, |a, b| if a.is_nan() || a > b { a } else { b }),
+        // NaN-propagating, as PyTorch's max/min (`T::max` would drop a NaN operand).
+        ReduceOp::Min => apply(a, &xs, |a, b| if a < b || a.is_nan() { a } else { b }),
+        ReduceOp::Max => apply(a, &xs, |a, b| if a > b || a.is_nan() { a } else { b }),
         ReduceOp::Product => apply(a, &xs, |a, b| a * b),
     };
     match bytemuck::try_cast_slice_mut::<u8, T>(acc) {
@@ -64,5 +64,78 @@ pub fn finish(dtype: DType, op: ReduceOp, acc: &mut [u8], n: usize) {
     match dtype {
         DType::F32 => div::<f32>(acc, n),
         DType::F64 => div::<f64>(acc, n),
+    }
+}
+
+/// Whether a backend whose native max/min drop NaN operands (MPI's `MPI_MAX`/`MPI_MIN`, NCCL's) must
+/// fix the result up with [`nan_mask`] and [`apply_nan_mask`].
+#[cfg_attr(not(any(feature = "mpi", feature = "cuda")), allow(dead_code))]
+pub(crate) fn drops_nan(op: ReduceOp) -> bool {
+    matches!(op, ReduceOp::Max | ReduceOp::Min)
+}
+
+/// One element of `dtype` per element of `buf`: 1 where it is NaN, else 0. Reduced with `Max`
+/// over a group it marks the elements whose true max/min is NaN.
+#[cfg_attr(not(any(feature = "mpi", feature = "cuda")), allow(dead_code))]
+pub(crate) fn nan_mask(dtype: DType, buf: &[u8]) -> Vec<u8> {
+    fn mask<T: bytemuck::Pod + num_traits::Float>(buf: &[u8]) -> Vec<u8> {
+        let m: Vec<T> = typed::<T>(buf).iter().map(|x| if x.is_nan() { T::one() } else { T::zero() }).collect();
+        bytemuck::cast_slice(&m).to_vec()
+    }
+    match dtype {
+        DType::F32 => mask::<f32>(buf),
+        DType::F64 => mask::<f64>(buf),
+    }
+}
+
+/// Sets to NaN every element of `buf` whose element in `mask` (from [`nan_mask`]) is non-zero.
+#[cfg_attr(not(any(feature = "mpi", feature = "cuda")), allow(dead_code))]
+pub(crate) fn apply_nan_mask(dtype: DType, buf: &mut [u8], mask: &[u8]) {
+    fn apply<T: bytemuck::Pod + num_traits::Float>(buf: &mut [u8], mask: &[u8]) {
+        let m = typed::<T>(mask);
+        let mut v: Vec<T> = bytemuck::pod_collect_to_vec(buf);
+        v.iter_mut().zip(m.iter()).filter(|(_, m)| !m.is_zero()).for_each(|(x, _)| *x = T::nan());
+        buf.copy_from_slice(bytemuck::cast_slice(&v));
+    }
+    match dtype {
+        DType::F32 => apply::<f32>(buf, mask),
+        DType::F64 => apply::<f64>(buf, mask),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn reduce_f32(op: ReduceOp, a: &[f32], b: &[f32]) -> Vec<f32> {
+        let mut acc = bytemuck::cast_slice::<f32, u8>(a).to_vec();
+        accumulate(DType::F32, op, &mut acc, bytemuck::cast_slice(b)).unwrap();
+        bytemuck::pod_collect_to_vec(&acc)
+    }
+
+    #[test]
+    fn max_and_min_propagate_nan_from_either_side() {
+        let nan = f32::NAN;
+        for op in [ReduceOp::Max, ReduceOp::Min] {
+            let r = reduce_f32(op, &[nan, 1.0, 2.0, nan], &[1.0, nan, 3.0, nan]);
+            assert!(r[0].is_nan() && r[1].is_nan() && r[3].is_nan(), "{op}: {r:?}");
+            assert_eq!(r[2], if op == ReduceOp::Max { 3.0 } else { 2.0 });
+        }
+        let mut acc = bytemuck::cast_slice::<f64, u8>(&[1.0, f64::NAN]).to_vec();
+        accumulate(DType::F64, ReduceOp::Max, &mut acc, bytemuck::cast_slice(&[f64::NAN, 0.5])).unwrap();
+        let r: Vec<f64> = bytemuck::pod_collect_to_vec(&acc);
+        assert!(r[0].is_nan() && r[1].is_nan());
+    }
+
+    #[test]
+    fn nan_mask_round_trip() {
+        let buf = bytemuck::cast_slice::<f32, u8>(&[1.0, f32::NAN, 3.0]).to_vec();
+        let mask = nan_mask(DType::F32, &buf);
+        assert_eq!(bytemuck::pod_collect_to_vec::<u8, f32>(&mask), vec![0.0, 1.0, 0.0]);
+        let mut out = bytemuck::cast_slice::<f32, u8>(&[5.0, 6.0, 7.0]).to_vec();
+        apply_nan_mask(DType::F32, &mut out, &mask);
+        let out: Vec<f32> = bytemuck::pod_collect_to_vec(&out);
+        assert!(out[0] == 5.0 && out[1].is_nan() && out[2] == 7.0);
+        assert!(drops_nan(ReduceOp::Max) && drops_nan(ReduceOp::Min) && !drops_nan(ReduceOp::Sum));
     }
 }

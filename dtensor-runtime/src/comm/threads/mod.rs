@@ -1,0 +1,491 @@
+//! The embedded default backend: every rank is an OS thread of one process and collectives
+//! exchange data through shared memory.
+//!
+//! A collective is a rendezvous on the group (module `rendezvous`): each member publishes pointers
+//! to its buffers, waits until every member has arrived, copies what it needs straight out of
+//! its peers' buffers (one copy, like shared-memory MPI), then waits until every member is done
+//! reading before it returns (so no buffer is freed while a peer still reads it).
+//!
+//! Memory safety rests on three rules: a rank is in at most one collective per group at a
+//! time (a second thread of the same rank gets [`Error::ConcurrentCollective`]); every length
+//! comes from the caller's own buffers, and a peer's published length is only checked against
+//! it; peers' buffers are only ever viewed as the sub-ranges that nobody writes in that phase.
+//!
+//! Arrival waits are bounded by the timeout and abort at once when a peer has failed or exited;
+//! a rank that gives up withdraws its pointers, so nobody reads them later. The departure wait
+//! is bounded by the timeout too, but returns only once the peers have finished copying (they
+//! never block while copying), since returning earlier would free buffers they still read.
+//!
+//! The rendezvous is model-checked with `loom` (small worlds, every interleaving):
+//! `RUSTFLAGS="--cfg loom" CARGO_TARGET_DIR=target/loom cargo test -p dtensor-runtime --lib --release loom`.
+
+#[cfg(all(test, loom))]
+mod loom_tests;
+mod rendezvous;
+mod sync;
+
+use super::group;
+use super::reduce;
+use super::Communicator;
+use crate::element::DType;
+use crate::error::{Error, Result};
+use crate::placement::ReduceOp;
+use rendezvous::{Bufs, Slot};
+use std::collections::HashMap;
+use std::ops::Range;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+use sync::{Mutex, MutexGuard};
+
+#[derive(Debug, Default)]
+struct State {
+    failed: Option<(usize, String)>,
+    exited: Vec<bool>,
+}
+
+/// Shared state of all ranks of one in-process world.
+#[derive(Debug)]
+pub struct ThreadWorld {
+    size: usize,
+    timeout: Duration,
+    cores: usize,
+    state: Mutex<State>,
+    slots: Mutex<HashMap<Vec<usize>, Arc<Slot>>>,
+}
+
+impl ThreadWorld {
+    /// A world of `size` ranks whose collectives give up after `timeout`.
+    pub fn new(size: usize, timeout: Duration) -> Arc<ThreadWorld> {
+        Arc::new(ThreadWorld {
+            size,
+            timeout,
+            cores: std::thread::available_parallelism().map_or(1, |c| c.get()),
+            state: Mutex::new(State { exited: vec![false; size], ..State::default() }),
+            slots: Mutex::new(HashMap::new()),
+        })
+    }
+
+    /// Communicator handle of `rank`.
+    pub fn communicator(self: &Arc<Self>, rank: usize) -> Result<ThreadComm> {
+        if rank >= self.size {
+            return Err(Error::RankOutOfRange { rank, world_size: self.size });
+        }
+        Ok(ThreadComm { world: Arc::clone(self), rank, sequences: Arc::default() })
+    }
+
+    fn lock(&self) -> MutexGuard<'_, State> {
+        // Every update under this lock is a single assignment, so a panic cannot leave it
+        // half-done: recover from poisoning.
+        self.state.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// The rendezvous slot of `group`, created (after checking the group) on first use.
+    fn slot(&self, op: &str, group: &[usize]) -> Result<Arc<Slot>> {
+        let mut slots = self.slots.lock().unwrap_or_else(|e| e.into_inner());
+        if let Some(s) = slots.get(group) {
+            return Ok(Arc::clone(s));
+        }
+        group::validate(op, group, self.size)?;
+        let s = Arc::new(Slot::new(group.len(), self.cores));
+        slots.insert(group.to_vec(), Arc::clone(&s));
+        Ok(s)
+    }
+
+    /// Wakes every parked waiter so that it sees a failure or exit now.
+    fn wake_all(&self) {
+        let slots: Vec<Arc<Slot>> = self.slots.lock().unwrap_or_else(|e| e.into_inner()).values().cloned().collect();
+        slots.iter().for_each(|s| s.wake());
+    }
+
+    /// Marks `rank` as failed: every pending and future collective aborts with `PeerFailed`.
+    pub fn fail(&self, rank: usize, reason: String) {
+        let mut st = self.lock();
+        if st.failed.is_none() {
+            st.failed = Some((rank, reason));
+        }
+        drop(st);
+        self.wake_all();
+    }
+
+    /// Marks `rank` as finished: collectives that wait for it abort instead of timing out.
+    pub fn exit(&self, rank: usize) {
+        let mut st = self.lock();
+        if let Some(e) = st.exited.get_mut(rank) {
+            *e = true;
+        }
+        drop(st);
+        self.wake_all();
+    }
+
+    fn check_alive(&self, rank: usize, group: &[usize]) -> Result<()> {
+        let st = self.lock();
+        if let Some((failed_rank, reason)) = &st.failed {
+            return Err(Error::PeerFailed { rank, failed_rank: *failed_rank, reason: reason.clone() });
+        }
+        if let Some(&gone) = group.iter().find(|&&r| r != rank && st.exited.get(r).copied().unwrap_or(false)) {
+            return Err(Error::PeerFailed {
+                rank,
+                failed_rank: gone,
+                reason: "it returned from its closure while this rank still waits in a collective".into(),
+            });
+        }
+        Ok(())
+    }
+}
+
+/// One rank's handle on a [`ThreadWorld`].
+#[derive(Debug, Clone)]
+pub struct ThreadComm {
+    world: Arc<ThreadWorld>,
+    rank: usize,
+    sequences: Arc<super::fingerprint::Sequences>,
+}
+
+/// The collectives, as the tags members publish (a mismatch is detected before any copy).
+const OPS: [&str; 7] = ["all_gather", "all_reduce", "reduce_scatter", "all_to_all", "broadcast", "scatter", "barrier"];
+
+fn tag(op: &str) -> usize {
+    OPS.iter().position(|&o| o == op).map_or(0, |i| i + 1)
+}
+
+/// Frees a member's seat when its collective ends, however it ends.
+struct Seat<'a> {
+    slot: &'a Slot,
+    me: usize,
+}
+
+impl Drop for Seat<'_> {
+    fn drop(&mut self) {
+        self.slot.leave(self.me);
+    }
+}
+
+/// Departs on unwind too: a member whose body panicked must not leave its peers waiting.
+struct Departure<'a> {
+    slot: &'a Slot,
+    phase: u64,
+    done: bool,
+}
+
+impl Departure<'_> {
+    fn finish(mut self, give_up: &mut dyn FnMut() -> Result<()>) -> Result<()> {
+        self.done = true;
+        self.slot.depart(self.phase, give_up)
+    }
+}
+
+impl Drop for Departure<'_> {
+    fn drop(&mut self) {
+        if !self.done {
+            let _ = self.slot.depart::<()>(self.phase, &mut || Ok(()));
+        }
+    }
+}
+
+impl ThreadComm {
+    fn timeout_error(&self, op: &str, group: &[usize]) -> Error {
+        Error::CollectiveTimeout {
+            op: op.into(),
+            group: group.to_vec(),
+            rank: self.rank,
+            timeout_ms: u64::try_from(self.world.timeout.as_millis()).unwrap_or(u64::MAX),
+        }
+    }
+
+    /// The rendezvous. `body` runs once every member has published its buffers; it gets
+    /// every member's buffers and this rank's index. The call returns after every member
+    /// has finished its body.
+    fn rendezvous<R>(
+        &self,
+        op: &'static str,
+        group: &[usize],
+        mine: Bufs,
+        body: impl FnOnce(&[Bufs], usize) -> Result<R>,
+    ) -> Result<R> {
+        let me = group::index_of(op, self.rank, group)?;
+        let w = &*self.world;
+        let slot = w.slot(op, group)?;
+        if !slot.enter(me) {
+            return Err(Error::ConcurrentCollective { op: op.into(), rank: self.rank, group: group.to_vec() });
+        }
+        let _seat = Seat { slot: &slot, me };
+        let deadline = Instant::now() + w.timeout;
+        let (phase, all) = slot.arrive(me, Bufs { tag: tag(op), ..mine }, &mut || {
+            w.check_alive(self.rank, group)?;
+            if Instant::now() >= deadline {
+                return Err(self.timeout_error(op, group));
+            }
+            Ok(())
+        })?;
+        let departure = Departure { slot: &slot, phase, done: false };
+        let result = match all.iter().position(|b| b.tag != all[me].tag) {
+            Some(i) => Err(Error::BufferMismatch {
+                op: op.into(),
+                reason: format!(
+                    "rank {} called `{}` while rank {} called `{op}`",
+                    group[i],
+                    OPS.get(all[i].tag.wrapping_sub(1)).copied().unwrap_or("?"),
+                    self.rank
+                ),
+            }),
+            None => body(&all, me),
+        };
+        let departed = departure.finish(&mut || {
+            if Instant::now() >= deadline {
+                return Err(self.timeout_error(op, group));
+            }
+            Ok(())
+        });
+        let r = result?;
+        departed?;
+        Ok(r)
+    }
+}
+
+/// Which of a member's published buffers to view.
+#[derive(Clone, Copy)]
+enum Side {
+    Send,
+    Recv,
+}
+
+/// Bytes `r` of a member's published buffer, checked against the length it published.
+///
+/// SAFETY (of the unchecked view inside): the member is blocked in the same rendezvous until
+/// every member has departed, so the buffer is alive; callers only view sub-ranges that
+/// nobody writes in the current phase (each collective says which).
+fn peer<'a>(op: &str, b: &Bufs, side: Side, r: Range<usize>) -> Result<&'a [u8]> {
+    let (ptr, len) = match side {
+        Side::Send => (b.send, b.send_len),
+        Side::Recv => (b.recv, b.recv_len),
+    };
+    if r.start > r.end || r.end > len {
+        return Err(size_err(op, format!("a peer published {len} bytes, bytes {r:?} were expected")));
+    }
+    if r.is_empty() {
+        return Ok(&[]);
+    }
+    // SAFETY: see above; `r` lies inside the published allocation.
+    Ok(unsafe { std::slice::from_raw_parts((ptr as *const u8).add(r.start), r.len()) })
+}
+
+/// Bytes `r` of this rank's own buffer at `ptr` (of `len` bytes), for writing.
+///
+/// SAFETY: `ptr` is the caller's own buffer of `len` bytes; peers never touch range `r` in
+/// the current phase, and no other view of that range is alive meanwhile.
+unsafe fn own_mut<'a>(ptr: *mut u8, len: usize, r: Range<usize>) -> &'a mut [u8] {
+    debug_assert!(r.start <= r.end && r.end <= len);
+    if r.is_empty() {
+        return &mut [];
+    }
+    std::slice::from_raw_parts_mut(ptr.add(r.start), r.len())
+}
+
+fn size_err(op: &str, reason: String) -> Error {
+    Error::BufferMismatch { op: op.into(), reason }
+}
+
+/// Every member published `len` bytes on `side` (every member sees the same verdict).
+fn same_len(op: &str, all: &[Bufs], side: Side, len: usize, group: &[usize]) -> Result<()> {
+    let of = |b: &Bufs| match side {
+        Side::Send => b.send_len,
+        Side::Recv => b.recv_len,
+    };
+    if let Some(i) = all.iter().position(|b| of(b) != of(&all[0])) {
+        return Err(size_err(
+            op,
+            format!("rank {} has {} bytes but rank {} has {}", group[i], of(&all[i]), group[0], of(&all[0])),
+        ));
+    }
+    debug_assert_eq!(of(&all[0]), len);
+    Ok(())
+}
+
+/// All-reduces of at most this many bytes take one rendezvous over private copies of the
+/// inputs; larger ones split the reduction over the members (two rendezvous, no copies).
+const SMALL_ALL_REDUCE: usize = 64 << 10;
+
+impl Communicator for ThreadComm {
+    fn rank(&self) -> usize {
+        self.rank
+    }
+    fn world_size(&self) -> usize {
+        self.world.size
+    }
+    fn backend(&self) -> &'static str {
+        "threads"
+    }
+    fn sequences(&self) -> Option<&super::fingerprint::Sequences> {
+        Some(&self.sequences)
+    }
+
+    fn all_gather(&self, group: &[usize], send: &[u8], recv: &mut [u8]) -> Result<()> {
+        let n = group.len();
+        let l = send.len();
+        if recv.len() != l * n {
+            return Err(size_err("all_gather", format!("recv has {} bytes, expected {n} x {l}", recv.len())));
+        }
+        let mine = Bufs { send: send.as_ptr() as usize, send_len: l, ..Bufs::default() };
+        self.rendezvous("all_gather", group, mine, |all, _| {
+            same_len("all_gather", all, Side::Send, l, group)?;
+            for (j, b) in all.iter().enumerate() {
+                // Peers only read their own send buffers, which nobody writes.
+                recv[j * l..(j + 1) * l].copy_from_slice(peer("all_gather", b, Side::Send, 0..l)?);
+            }
+            Ok(())
+        })
+    }
+
+    fn all_reduce(&self, group: &[usize], buf: &mut [u8], dtype: DType, op: ReduceOp) -> Result<()> {
+        let n = group.len();
+        let es = dtype.size_of();
+        let len = buf.len();
+        if !len.is_multiple_of(es) {
+            return Err(size_err("all_reduce", format!("{len} bytes is not a whole number of {dtype}")));
+        }
+        if len <= SMALL_ALL_REDUCE {
+            // Every member folds every member's private copy in group order: one rendezvous,
+            // bit-identical results, and nobody reads a buffer that its owner writes.
+            let copy = buf.to_vec();
+            let mine = Bufs { send: copy.as_ptr() as usize, send_len: len, ..Bufs::default() };
+            return self.rendezvous("all_reduce", group, mine, |all, _| {
+                same_len("all_reduce", all, Side::Send, len, group)?;
+                buf.copy_from_slice(peer("all_reduce", &all[0], Side::Send, 0..len)?);
+                for b in &all[1..] {
+                    reduce::accumulate(dtype, op, buf, peer("all_reduce", b, Side::Send, 0..len)?)?;
+                }
+                reduce::finish(dtype, op, buf, n);
+                Ok(())
+            });
+        }
+        // Member i reduces element range i of everyone's buffer into its own buffer (nobody
+        // else touches range i of member i's buffer in this phase), then everyone copies the
+        // other ranges from their owners. One member computes each range, so the result is
+        // bit-identical on every member.
+        let elems = len / es;
+        let range = |i: usize| {
+            let (sz, off) = crate::layout::chunk_size_and_offset(elems, n, i);
+            off * es..(off + sz) * es
+        };
+        // From here on the buffer is only reached through this pointer, as sub-ranges.
+        let ptr = buf.as_mut_ptr();
+        let mine = Bufs { send: ptr as usize, send_len: len, recv: ptr as usize, recv_len: len, tag: 0 };
+        self.rendezvous("all_reduce", group, mine, |all, me| {
+            same_len("all_reduce", all, Side::Send, len, group)?;
+            let r = range(me);
+            // SAFETY: range `r` of our own buffer: peers read other ranges of it in this phase.
+            let acc = unsafe { own_mut(ptr, len, r.clone()) };
+            for (j, b) in all.iter().enumerate() {
+                if j != me {
+                    // Range `r` of a peer's buffer: its owner works on its own range only.
+                    reduce::accumulate(dtype, op, acc, peer("all_reduce", b, Side::Send, r.clone())?)?;
+                }
+            }
+            reduce::finish(dtype, op, acc, n);
+            Ok(())
+        })?;
+        self.rendezvous("all_reduce", group, mine, |all, me| {
+            same_len("all_reduce", all, Side::Recv, len, group)?;
+            for (j, b) in all.iter().enumerate() {
+                if j != me {
+                    let r = range(j);
+                    // Range j of member j's buffer is final and written by nobody in this phase.
+                    let src = peer("all_reduce", b, Side::Recv, r.clone())?;
+                    // SAFETY: range j of our own buffer: member j does not read it (it reads
+                    // ranges it does not own), the others read only range `me`.
+                    unsafe { own_mut(ptr, len, r) }.copy_from_slice(src);
+                }
+            }
+            Ok(())
+        })
+    }
+
+    fn reduce_scatter(&self, group: &[usize], send: &[u8], recv: &mut [u8], dtype: DType, op: ReduceOp) -> Result<()> {
+        let n = group.len();
+        let l = recv.len();
+        if send.len() != l * n {
+            return Err(size_err("reduce_scatter", format!("send has {} bytes, expected {n} x {l}", send.len())));
+        }
+        if !l.is_multiple_of(dtype.size_of()) {
+            return Err(size_err("reduce_scatter", format!("{l} bytes is not a whole number of {dtype}")));
+        }
+        let mine = Bufs { send: send.as_ptr() as usize, send_len: send.len(), ..Bufs::default() };
+        self.rendezvous("reduce_scatter", group, mine, |all, me| {
+            same_len("reduce_scatter", all, Side::Send, send.len(), group)?;
+            let r = me * l..(me + 1) * l;
+            recv.copy_from_slice(peer("reduce_scatter", &all[0], Side::Send, r.clone())?);
+            for b in &all[1..] {
+                reduce::accumulate(dtype, op, recv, peer("reduce_scatter", b, Side::Send, r.clone())?)?;
+            }
+            reduce::finish(dtype, op, recv, n);
+            Ok(())
+        })
+    }
+
+    fn all_to_all(&self, group: &[usize], send: &[u8], recv: &mut [u8]) -> Result<()> {
+        let n = group.len();
+        if send.len() != recv.len() || !send.len().is_multiple_of(n) {
+            return Err(size_err(
+                "all_to_all",
+                format!("send ({}) and recv ({}) must be equal and divisible by {n}", send.len(), recv.len()),
+            ));
+        }
+        let l = send.len() / n;
+        let mine = Bufs { send: send.as_ptr() as usize, send_len: send.len(), ..Bufs::default() };
+        self.rendezvous("all_to_all", group, mine, |all, me| {
+            same_len("all_to_all", all, Side::Send, send.len(), group)?;
+            for (j, b) in all.iter().enumerate() {
+                recv[j * l..(j + 1) * l].copy_from_slice(peer("all_to_all", b, Side::Send, me * l..(me + 1) * l)?);
+            }
+            Ok(())
+        })
+    }
+
+    fn broadcast(&self, group: &[usize], buf: &mut [u8], root: usize) -> Result<()> {
+        if root >= group.len() {
+            return Err(Error::RankOutOfRange { rank: root, world_size: group.len() });
+        }
+        let len = buf.len();
+        let me = group::index_of("broadcast", self.rank, group)?;
+        // Only the root's buffer is read by peers (and the root does not write it); the others
+        // publish just their length.
+        let mine = if me == root {
+            Bufs { send: buf.as_ptr() as usize, send_len: len, ..Bufs::default() }
+        } else {
+            Bufs { send_len: len, ..Bufs::default() }
+        };
+        self.rendezvous("broadcast", group, mine, |all, me| {
+            same_len("broadcast", all, Side::Send, len, group)?;
+            if me != root {
+                buf.copy_from_slice(peer("broadcast", &all[root], Side::Send, 0..len)?);
+            }
+            Ok(())
+        })
+    }
+
+    fn scatter(&self, group: &[usize], send: &[u8], recv: &mut [u8], root: usize) -> Result<()> {
+        let n = group.len();
+        if root >= n {
+            return Err(Error::RankOutOfRange { rank: root, world_size: n });
+        }
+        let me = group::index_of("scatter", self.rank, group)?;
+        let l = recv.len();
+        if me == root && send.len() != l * n {
+            return Err(size_err("scatter", format!("root send has {} bytes, expected {n} x {l}", send.len())));
+        }
+        let mine = if me == root {
+            Bufs { send: send.as_ptr() as usize, send_len: send.len(), recv_len: l, ..Bufs::default() }
+        } else {
+            Bufs { recv_len: l, ..Bufs::default() }
+        };
+        self.rendezvous("scatter", group, mine, |all, me| {
+            same_len("scatter", all, Side::Recv, l, group)?;
+            recv.copy_from_slice(peer("scatter", &all[root], Side::Send, me * l..(me + 1) * l)?);
+            Ok(())
+        })
+    }
+
+    fn barrier(&self, group: &[usize]) -> Result<()> {
+        self.rendezvous("barrier", group, Bufs::default(), |_, _| Ok(()))
+    }
+}
