@@ -20,7 +20,8 @@ mod absent;
 #[cfg(feature = "cuda")]
 mod device;
 #[cfg(feature = "cuda")]
-pub(crate) mod kernels;
+pub mod kernels;
+pub mod source;
 
 #[cfg(not(feature = "cuda"))]
 pub use absent::CudaDevice;

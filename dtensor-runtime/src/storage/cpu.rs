@@ -86,7 +86,9 @@ pub(super) fn binary<T: Element>(a: &ArrayD<T>, b: &ArrayD<T>, op: BinaryOp, sha
 pub(super) fn reduce<T: Element>(a: &ArrayD<T>, kind: Reduction, dims: &[usize], keepdim: bool) -> ArrayD<T> {
     let axis = |x: ArrayViewD<'_, T>, d: usize| match kind {
         Reduction::Sum | Reduction::Mean => x.sum_axis(Axis(d)),
-        Reduction::Max => x.fold_axis(Axis(d), T::neg_infinity(), |m, &v| if v > *m { v } else { *m }),
+        // NaN wins (PyTorch): once the accumulator is NaN it stays NaN.
+        Reduction::Max => x.fold_axis(Axis(d), T::neg_infinity(), |m, &v| if v > *m || v.is_nan() { v } else { *m }),
+        Reduction::Min => x.fold_axis(Axis(d), T::infinity(), |m, &v| if v < *m || v.is_nan() { v } else { *m }),
     };
     let mut out: Option<ArrayD<T>> = None;
     // Highest dim first, so the lower dims keep their index.

@@ -135,8 +135,10 @@ pub enum Reduction {
     Sum,
     /// Sum divided by the number of reduced elements.
     Mean,
-    /// Maximum (`-∞` over an empty dim).
+    /// Maximum (`-∞` over an empty dim; NaN if any element is NaN, as in PyTorch).
     Max,
+    /// Minimum (`+∞` over an empty dim; NaN if any element is NaN).
+    Min,
 }
 
 impl Reduction {
@@ -146,6 +148,7 @@ impl Reduction {
             Reduction::Sum => "sum",
             Reduction::Mean => "mean",
             Reduction::Max => "max",
+            Reduction::Min => "min",
         }
     }
 }
