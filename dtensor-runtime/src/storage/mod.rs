@@ -713,6 +713,16 @@ mod tests {
         assert_eq!(max.shape(), &[] as &[usize]);
         assert_eq!(max.iter().next(), a.iter().copied().reduce(f64::max).as_ref());
         assert!(matches!(s.reduce(Reduction::Sum, &[3], false), Err(Error::DimOutOfRange { .. })));
+        let min = cpu(s.reduce(Reduction::Min, &[1], false).unwrap());
+        assert_eq!(min, a.fold_axis(Axis(1), f64::INFINITY, |m, &v| m.min(v)));
+        // Max and min propagate NaN (PyTorch), whatever its position.
+        let mut n = a.clone();
+        n[[1, 2, 0]] = f64::NAN;
+        let n = Storage::Cpu(n);
+        for kind in [Reduction::Max, Reduction::Min] {
+            let r = cpu(n.reduce(kind, &[1, 2], false).unwrap());
+            assert!(!r[[0]].is_nan() && r[[1]].is_nan(), "{kind:?}: {r:?}");
+        }
     }
 
     #[test]
