@@ -11,15 +11,15 @@
 //! copies), reductions, softmax, pack plans (one launch per plan), embedding, casts, fills,
 //! the optimizer updates, Philox random fills bit-identical to the host's, and cuBLAS gemm /
 //! strided-batched gemm. Only inputs the kernels cannot index are typed errors: more than
-//! [`MAX_DIMS`] dims, or dimensions beyond cuBLAS' 32-bit limit.
+//! [`MAX_DIMS`](crate::cuda::source::MAX_DIMS) dims, or dimensions beyond cuBLAS' 32-bit limit.
 
 use super::op::{AdamWStep, BinaryOp, Distribution, RandomFill, Reduction, SgdStep, SoftmaxKind, UnaryOp};
 use super::Storage;
-use crate::cuda::source::{BLOCK, MAX_DIMS};
+use crate::cuda::args::{self, binary_code, reduce_code, unary_code, Reduce, Strided};
+use crate::cuda::source::BLOCK;
 use crate::cuda::{cuda_err, CudaDevice};
 use crate::element::Element;
 use crate::error::{Error, Result};
-use crate::layout::contiguous_strides;
 use crate::layout::pack::PackPlan;
 use cudarc::cublas::{sys::cublasOperation_t, CudaBlas, Gemm, GemmConfig, StridedBatchedConfig};
 use cudarc::driver::{CudaSlice, DeviceRepr, LaunchArgs, LaunchConfig, PushKernelArg, ValidAsZeroBits};
@@ -81,92 +81,10 @@ macro_rules! cuda_element {
 cuda_element!(f32, "f32");
 cuda_element!(f64, "f64");
 
-/// Output shape and the strides of up to two operands, as the kernels' `struct Strided`.
-#[repr(C)]
-#[derive(Clone, Copy, Debug)]
-struct Strided {
-    nd: i32,
-    shape: [i64; MAX_DIMS],
-    s0: [i64; MAX_DIMS],
-    s1: [i64; MAX_DIMS],
-}
 // SAFETY: plain old data with the layout of the C struct (repr(C), same field order).
 unsafe impl DeviceRepr for Strided {}
-
-/// Kept and reduced dims of a reduction, as the kernels' `struct Reduce`.
-#[repr(C)]
-#[derive(Clone, Copy, Debug)]
-struct Reduce {
-    nk: i32,
-    kshape: [i64; MAX_DIMS],
-    kstride: [i64; MAX_DIMS],
-    nr: i32,
-    rshape: [i64; MAX_DIMS],
-    rstride: [i64; MAX_DIMS],
-}
 // SAFETY: plain old data with the layout of the C struct (repr(C), same field order).
 unsafe impl DeviceRepr for Reduce {}
-
-/// `v` in an `i64` index array of the kernels (`dims <= MAX_DIMS`, checked by the caller).
-fn dims_array(v: &[usize]) -> [i64; MAX_DIMS] {
-    let mut a = [0i64; MAX_DIMS];
-    for (x, &y) in a.iter_mut().zip(v) {
-        *x = y as i64;
-    }
-    a
-}
-
-fn check_dims(op: &str, nd: usize) -> Result<()> {
-    if nd <= MAX_DIMS {
-        Ok(())
-    } else {
-        Err(Error::Unsupported {
-            op: op.into(),
-            reason: format!("{nd} dims; the CUDA kernels index at most {MAX_DIMS}"),
-        })
-    }
-}
-
-/// The op code of a unary op in the kernels' `dt_unary` switch.
-fn unary_code(op: UnaryOp) -> i32 {
-    match op {
-        UnaryOp::Neg => 0,
-        UnaryOp::Exp => 1,
-        UnaryOp::Log => 2,
-        UnaryOp::Relu => 3,
-        UnaryOp::Gelu => 4,
-        UnaryOp::Tanh => 5,
-        UnaryOp::Sqrt => 6,
-        UnaryOp::AddScalar(_) => 7,
-        UnaryOp::MulScalar(_) => 8,
-        UnaryOp::ReluGrad => 9,
-        UnaryOp::GeluGrad => 10,
-        UnaryOp::TanhGrad => 11,
-        UnaryOp::SqrtGrad => 12,
-    }
-}
-
-/// The op code of a binary op in the kernels' `dt_binary` switch.
-fn binary_code(op: BinaryOp) -> i32 {
-    match op {
-        BinaryOp::Add => 0,
-        BinaryOp::Sub => 1,
-        BinaryOp::Mul => 2,
-        BinaryOp::Div => 3,
-        BinaryOp::Eq => 4,
-    }
-}
-
-/// The combine code of a reduction in the kernels' `dt_combine` (sum, max, min) and whether
-/// the sum is scaled to a mean.
-fn reduce_code(kind: Reduction) -> (i32, bool) {
-    match kind {
-        Reduction::Sum => (0, false),
-        Reduction::Mean => (0, true),
-        Reduction::Max => (1, false),
-        Reduction::Min => (2, false),
-    }
-}
 
 /// One thread per element, grid-stride loops beyond 2²⁰ blocks.
 fn per_element(n: u64) -> LaunchConfig {
@@ -314,10 +232,7 @@ impl<T: Element> CudaStorage<T> {
         offset: &[usize],
         shape: &[usize],
     ) -> Result<Self> {
-        check_dims("random fill", shape.len())?;
-        let gs = contiguous_strides(global);
-        let base: u64 = offset.iter().zip(&gs).map(|(&o, &s)| (o * s) as u64).sum();
-        let g = Strided { nd: shape.len() as i32, shape: dims_array(shape), s0: dims_array(&gs), s1: [0; MAX_DIMS] };
+        let (g, base) = args::random(global, offset, shape)?;
         let k = rand_philox::splitmix64(fill.seed);
         let (k0, k1) = (k as u32, (k >> 32) as u32);
         let normal = i32::from(fill.dist == Distribution::Normal);
@@ -384,22 +299,7 @@ impl<T: Element> CudaStorage<T> {
     /// broadcast dims get stride 0, nothing is copied.
     pub(super) fn binary(&self, op: BinaryOp, other: &Self, shape: &[usize]) -> Result<Self> {
         self.same_device(other, op.name())?;
-        check_dims(op.name(), shape.len())?;
-        let strides = |s: &[usize]| {
-            let st = contiguous_strides(s);
-            let mut out = [0i64; MAX_DIMS];
-            let lead = shape.len() - s.len();
-            for (d, (&len, &stride)) in s.iter().zip(&st).enumerate() {
-                out[lead + d] = if len == 1 { 0 } else { stride as i64 };
-            }
-            out
-        };
-        let g = Strided {
-            nd: shape.len() as i32,
-            shape: dims_array(shape),
-            s0: strides(&self.shape),
-            s1: strides(&other.shape),
-        };
+        let g = args::broadcast(op.name(), shape, &self.shape, &other.shape)?;
         let mut out = Self::uninit(&self.device, shape)?;
         let (Some(a), Some(bb), Some(o)) = (&self.data, &other.data, out.data_mut()?) else {
             return Ok(out); // an empty operand broadcasts only to an empty output
@@ -457,32 +357,7 @@ impl<T: Element> CudaStorage<T> {
 
     /// Reduces `dims` (sorted, distinct, checked) in one launch: one block per output element.
     pub(super) fn reduce(&self, kind: Reduction, dims: &[usize], keepdim: bool) -> Result<Self> {
-        check_dims(kind.name(), self.shape.len())?;
-        let st = contiguous_strides(&self.shape);
-        let (mut kshape, mut kstride, mut rshape, mut rstride, mut out_shape) =
-            (vec![], vec![], vec![], vec![], vec![]);
-        for (d, (&len, &s)) in self.shape.iter().zip(&st).enumerate() {
-            if dims.contains(&d) {
-                rshape.push(len);
-                rstride.push(s);
-                if keepdim {
-                    out_shape.push(1);
-                }
-            } else {
-                kshape.push(len);
-                kstride.push(s);
-                out_shape.push(len);
-            }
-        }
-        let g = Reduce {
-            nk: kshape.len() as i32,
-            kshape: dims_array(&kshape),
-            kstride: dims_array(&kstride),
-            nr: rshape.len() as i32,
-            rshape: dims_array(&rshape),
-            rstride: dims_array(&rstride),
-        };
-        let nred: usize = rshape.iter().product();
+        let (g, out_shape, nred) = args::reduce(kind.name(), &self.shape, dims, keepdim)?;
         let (code, mean) = reduce_code(kind);
         let scale = T::one() / T::of_f64(nred as f64);
         let mut out = Self::uninit(&self.device, &out_shape)?;
@@ -505,17 +380,10 @@ impl<T: Element> CudaStorage<T> {
         Ok(out)
     }
 
-    /// `(lanes, len, inner)` of the lanes along `dim`.
-    fn lanes(&self, dim: usize) -> (u64, u64, u64) {
-        let len = self.shape[dim];
-        let inner: usize = self.shape[dim + 1..].iter().product();
-        ((self.len() / len.max(1)) as u64, len as u64, inner as u64)
-    }
-
     pub(super) fn softmax(&self, dim: usize, kind: SoftmaxKind) -> Result<Self> {
         let mut out = Self::uninit(&self.device, &self.shape)?;
         let (Some(x), Some(o)) = (&self.data, out.data_mut()?) else { return Ok(out) };
-        let (lanes, len, inner) = self.lanes(dim);
+        let (lanes, len, inner) = args::lanes(&self.shape, dim);
         let log = i32::from(kind == SoftmaxKind::LogSoftmax);
         let f = self.device.kernels()?.function("softmax", T::SUFFIX)?;
         let mut b = self.device.stream().launch_builder(&f);
@@ -528,7 +396,7 @@ impl<T: Element> CudaStorage<T> {
         self.same_device(g, "softmax_backward")?;
         let mut out = Self::uninit(&self.device, &self.shape)?;
         let (Some(y), Some(gd), Some(o)) = (&self.data, &g.data, out.data_mut()?) else { return Ok(out) };
-        let (lanes, len, inner) = self.lanes(dim);
+        let (lanes, len, inner) = args::lanes(&self.shape, dim);
         let log = i32::from(kind == SoftmaxKind::LogSoftmax);
         let f = self.device.kernels()?.function("softmax_bwd", T::SUFFIX)?;
         let mut b = self.device.stream().launch_builder(&f);
@@ -541,24 +409,7 @@ impl<T: Element> CudaStorage<T> {
     /// one thread copies one element. The output is zeroed first only when the blocks leave
     /// padding.
     pub(super) fn pack(&self, plan: &PackPlan) -> Result<Self> {
-        const ROW: usize = 4 + 3 * MAX_DIMS;
-        let mut table: Vec<u64> = Vec::with_capacity(plan.blocks.len() * ROW);
-        let mut total = 0u64;
-        for blk in plan.blocks.iter().filter(|b| !b.is_empty()) {
-            check_dims("pack", blk.extents.len())?;
-            let mut row = [0u64; ROW];
-            row[0] = blk.src_offset as u64;
-            row[1] = blk.dst_offset as u64;
-            row[2] = blk.extents.len() as u64;
-            row[3] = total;
-            for (k, ((&e, &s), &d)) in blk.extents.iter().zip(&blk.src_strides).zip(&blk.dst_strides).enumerate() {
-                row[4 + k] = e as u64;
-                row[4 + MAX_DIMS + k] = s as u64;
-                row[4 + 2 * MAX_DIMS + k] = d as u64;
-            }
-            table.extend_from_slice(&row);
-            total += blk.len() as u64;
-        }
+        let (table, total) = args::pack_table(plan)?;
         let mut out = if plan.covers_destination() {
             Self::uninit(&self.device, &plan.dst_shape)?
         } else {
@@ -568,7 +419,7 @@ impl<T: Element> CudaStorage<T> {
         if total == 0 {
             return Ok(out);
         }
-        let nblocks = (table.len() / ROW) as u64;
+        let nblocks = (table.len() / args::PACK_ROW) as u64;
         let table = self.device.stream().clone_htod(&table).map_err(|e| cuda_err("pack plan upload", e))?;
         let f = self.device.kernels()?.function("pack", T::SUFFIX)?;
         let mut b = self.device.stream().launch_builder(&f);
