@@ -99,8 +99,8 @@ for t in "$dir"/tests/*; do
   t0=$(date +%s)
   timeout "$secs" "$t" --test-threads=1 --nocapture >"$logs/$name.log" 2>&1
   rc=$?
-  echo "   $name: exit $rc in $(( $(date +%s) - t0 )) s ($(grep -c '^GPUCHECK ' "$logs/$name.log") checks)"
-  grep '^GPUCHECK ' "$logs/$name.log" | sed 's/^GPUCHECK //' >>"$rows"
+  echo "   $name: exit $rc in $(( $(date +%s) - t0 )) s ($(grep -c 'GPUCHECK ' "$logs/$name.log") checks)"
+  grep -o 'GPUCHECK .*' "$logs/$name.log" | sed 's/^GPUCHECK //' >>"$rows"
   # Tests that failed before printing their row: the panic message is the detail.
   for f in $(sed -n 's/^test \(.*\) \.\.\. FAILED$/\1/p' "$logs/$name.log"); do
     msg=$(grep -A1 "thread '$f'.*panicked" "$logs/$name.log" | tail -1 | cut -c1-160)
