@@ -1,4 +1,5 @@
-//! Compiles every device kernel with NVRTC to PTX (no GPU needed, only `libnvrtc`), and checks
+//! Compiles every device kernel with NVRTC to PTX and to machine code (no GPU needed, only
+//! `libnvrtc`), and checks
 //! that every kernel name the CUDA storage launches is an entry of the PTX.
 //!
 //! NVRTC is found by cudarc's library search (`LD_LIBRARY_PATH`), or loaded from the file
@@ -38,5 +39,13 @@ fn every_kernel_compiles_with_nvrtc() {
     assert!(missing.is_empty(), "kernels missing from the PTX: {missing:?}");
     let entries = text.matches(".entry ").count();
     assert_eq!(entries, names.len(), "the PTX has kernels no code launches");
-    println!("GPUCHECK nvrtc_compile_all | PASS | {entries} kernels compiled to PTX for {arch} ({} bytes)", text.len());
+    // Machine code for the same architecture, what a device loads first.
+    let sm = arch.replace("compute_", "sm_");
+    let cubin = kernels::compile_cubin(&sm).unwrap_or_else(|e| panic!("NVRTC could not emit {sm} code: {e}"));
+    assert!(cubin.starts_with(b"\x7fELF"), "a CUBIN is an ELF image");
+    println!(
+        "GPUCHECK nvrtc_compile_all | PASS | {entries} kernels compiled to PTX for {arch} ({} bytes) and to {sm} machine code ({} bytes)",
+        text.len(),
+        cubin.len()
+    );
 }
