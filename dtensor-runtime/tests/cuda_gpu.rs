@@ -4,43 +4,22 @@
 //! row for the summary table.
 
 mod common;
+mod cuda_device;
 mod one_rank_comm;
 
 use common::{coord_of, expected_shard, global};
+use cuda_device::{device, down, up};
 use dtensor_runtime::comm::nccl::NcclComm;
 use dtensor_runtime::cuda::{self, CudaDevice};
 use dtensor_runtime::ndarray::{ArrayD, Ix2, IxDyn};
 use dtensor_runtime::storage::op::{BinaryOp, Reduction, UnaryOp};
-use dtensor_runtime::storage::{CudaStorage, Device, Storage, Target};
+use dtensor_runtime::storage::{Device, Storage, Target};
 use dtensor_runtime::{
-    distribute_tensor, from_local, zeros, Communicator, DType, DeviceMesh, Element, Error, FromLocal, ReduceOp,
-    Replicate, Shard, TensorOptions,
+    distribute_tensor, from_local, zeros, Communicator, DType, DeviceMesh, Error, FromLocal, ReduceOp, Replicate,
+    Shard, TensorOptions,
 };
 use one_rank_comm::OneRankComm;
 use std::sync::Arc;
-
-/// `a` copied to the device.
-fn up<T: Element>(dev: &Arc<CudaDevice>, a: &ArrayD<T>) -> Storage<T> {
-    Storage::Cuda(CudaStorage::from_host(dev, a).unwrap())
-}
-
-/// The device storage's data on the host.
-fn down<T: Element>(s: Storage<T>) -> ArrayD<T> {
-    s.into_host().unwrap()
-}
-
-/// The device, or `None` after checking the error is typed and printing why we skip.
-fn device(test: &str) -> Option<Arc<CudaDevice>> {
-    match CudaDevice::new(0) {
-        Ok(d) => Some(d),
-        Err(e) => {
-            assert!(matches!(e, Error::Unavailable { .. }), "{test}: expected Error::Unavailable, got {e:?}");
-            println!("GPUCHECK {test} | SKIP | {e}");
-            eprintln!("skipping {test}: {e}");
-            None
-        }
-    }
-}
 
 fn max_err(a: &ArrayD<f64>, b: &ArrayD<f64>) -> f64 {
     assert_eq!(a.shape(), b.shape());

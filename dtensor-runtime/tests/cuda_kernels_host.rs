@@ -9,14 +9,12 @@
 
 mod common;
 
-use common::global;
+use common::{adamw_step_at, global};
 use dtensor_runtime::cuda::args::{self, Reduce, Strided};
 use dtensor_runtime::cuda::source::{module_source, BLOCK};
 use dtensor_runtime::layout::pack;
 use dtensor_runtime::ndarray::{ArrayD, IxDyn};
-use dtensor_runtime::storage::op::{
-    AdamWStep, BinaryOp, Distribution, RandomFill, Reduction, SgdStep, SoftmaxKind, UnaryOp,
-};
+use dtensor_runtime::storage::op::{BinaryOp, Distribution, RandomFill, Reduction, SgdStep, SoftmaxKind, UnaryOp};
 use dtensor_runtime::storage::Target;
 use dtensor_runtime::{Element, Storage};
 use std::ffi::{c_void, CString};
@@ -347,15 +345,7 @@ fn optimizers_cast_fill<T: Element>(e: &Emu) {
     let (mut hm, mut hv) = (Storage::Cpu(zeros::<T>(&[4, 6])), Storage::Cpu(zeros::<T>(&[4, 6])));
     let (mut m, mut v) = (zeros::<T>(&[4, 6]), zeros::<T>(&[4, 6]));
     for t in 1..=3 {
-        let p = AdamWStep {
-            lr: 0.01,
-            beta1: 0.9,
-            beta2: 0.999,
-            eps: 1e-8,
-            weight_decay: 0.1,
-            bias_correction1: 1.0 - 0.9f64.powi(t),
-            bias_correction2: 1.0 - 0.999f64.powi(t),
-        };
+        let p = adamw_step_at(t);
         hw.adamw_step(&hg, &mut hm, &mut hv, &p).unwrap();
         let c = T::of_f64;
         let (lr, b1, b2, eps, wd, c1, c2) = (

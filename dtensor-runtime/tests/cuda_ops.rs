@@ -8,44 +8,24 @@
 #![cfg(feature = "cuda")]
 
 mod common;
+mod cuda_device;
 mod one_rank_comm;
 
-use common::global;
+use common::{adamw_step_at, global};
+use cuda_device::{device, down as host, up};
 use dtensor_runtime::cuda::CudaDevice;
 use dtensor_runtime::layout::pack;
 use dtensor_runtime::module::{distribute_module, Forward, Linear, Module};
 use dtensor_runtime::ndarray::{ArrayD, IxDyn};
 use dtensor_runtime::optim::{AdamW, Sgd};
-use dtensor_runtime::storage::op::{
-    AdamWStep, BinaryOp, Distribution, RandomFill, Reduction, SgdStep, SoftmaxKind, UnaryOp,
-};
-use dtensor_runtime::storage::{CudaStorage, Target};
+use dtensor_runtime::storage::op::{BinaryOp, Distribution, RandomFill, Reduction, SgdStep, SoftmaxKind, UnaryOp};
+use dtensor_runtime::storage::Target;
 use dtensor_runtime::{
     distribute_tensor, manual_seed, rand, randn, DTensor, Device, DeviceMesh, Element, Error, Replicate, Storage,
     TensorOptions,
 };
 use one_rank_comm::OneRankComm;
 use std::sync::Arc;
-
-/// The device, or `None` after checking the error is typed and printing why the test skips.
-fn device(test: &str) -> Option<Arc<CudaDevice>> {
-    match CudaDevice::new(0) {
-        Ok(d) => Some(d),
-        Err(e) => {
-            assert!(matches!(e, Error::Unavailable { .. }), "{test}: expected Error::Unavailable, got {e:?}");
-            println!("GPUCHECK {test} | SKIP | {e}");
-            None
-        }
-    }
-}
-
-fn up<T: Element>(dev: &Arc<CudaDevice>, a: &ArrayD<T>) -> Storage<T> {
-    Storage::Cuda(CudaStorage::from_host(dev, a).unwrap())
-}
-
-fn host<T: Element>(s: Storage<T>) -> ArrayD<T> {
-    s.into_host().unwrap()
-}
 
 /// Largest `|a - b| / (1 + |b|)` (NaN-aware: NaN only matches NaN); panics on a shape mismatch.
 fn rel_err<T: Element>(a: &ArrayD<T>, b: &ArrayD<T>) -> f64 {
@@ -342,15 +322,7 @@ fn optimizer_updates_bit_exact() {
         let (mut hm, mut hv) = (hw.new_full(&[7, 9], T::zero()).unwrap(), hw.new_full(&[7, 9], T::zero()).unwrap());
         let (mut dm, mut dv) = (dw.new_full(&[7, 9], T::zero()).unwrap(), dw.new_full(&[7, 9], T::zero()).unwrap());
         for t in 1..=3 {
-            let p = AdamWStep {
-                lr: 0.01,
-                beta1: 0.9,
-                beta2: 0.999,
-                eps: 1e-8,
-                weight_decay: 0.1,
-                bias_correction1: 1.0 - 0.9f64.powi(t),
-                bias_correction2: 1.0 - 0.999f64.powi(t),
-            };
+            let p = adamw_step_at(t);
             hw.adamw_step(&hg, &mut hm, &mut hv, &p).unwrap();
             dw.adamw_step(&dg, &mut dm, &mut dv, &p).unwrap();
             assert!(same_bits(&host(dw.clone()), &host(hw.clone())), "adamw step {t} {}", T::DTYPE);
