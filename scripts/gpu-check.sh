@@ -1,57 +1,149 @@
 #!/usr/bin/env bash
-# GPU check for the `cuda` feature (CUDA storage, cuBLAS, nvrtc kernels, NCCL): run on a
-# machine with an NVIDIA GPU, the CUDA 12 driver, and cuBLAS/NVRTC/NCCL libraries. Builds
-# dtensor-runtime with --features cuda, runs tests/cuda_gpu.rs and prints one table row per
-# check. Designed to finish in < 5 minutes (a cold build is most of it).
-#   checks: CUDA availability, host<->device round trips, matmul vs CPU (f32/f64), element-wise
-#           kernels vs CPU, 1-rank NCCL collectives, distribute/redistribute on a 1-device mesh
-#           over NCCL, an MLP-like matmul chain on 1 GPU vs CPU.
-# Exit status: 0 only if every check passed (a SKIP counts as failure unless ALLOW_SKIP=1).
+# The GPU check, for a machine with an NVIDIA GPU and NO Rust toolchain: runs the binaries
+# scripts/gpu-build.sh prepared on a CPU machine.
+#
+#   scripts/gpu-check.sh --prebuilt DIR      (DIR: the output of scripts/gpu-build.sh)
+#
+# Prints `nvidia-smi -L`, the glibc and NCCL versions, where the CUDA 13 libraries were found
+# (the nvidia-* wheels of the system python, /usr/local/cuda, or the loader's cache), runs every
+# device test binary (one process each, one test thread, a shared time budget) and the
+# examples' GPU runs, and ends with one `name | result | detail` table built from the
+# `GPUCHECK name | result | detail` lines the tests print (a test that fails before printing
+# shows up as FAIL with its panic message). The whole run stays under 4 minutes
+# (GPU_CHECK_BUDGET_S, default 210 s).
+# Exit status: 0 when nothing failed (a SKIP fails too unless ALLOW_SKIP=1), 1 otherwise,
+# 2 on bad usage.
 set -uo pipefail
-cd "$(dirname "$0")/.."
 
-command -v nvidia-smi >/dev/null && nvidia-smi -L || echo "gpu-check: nvidia-smi not found"
+usage() { sed -n '2,16p' "$0" | sed 's/^# \{0,1\}//'; }
+dir=""
+while [ $# -gt 0 ]; do
+  case "$1" in
+    --prebuilt) dir="${2:-}"; shift 2 || { usage; exit 2; } ;;
+    -h|--help) usage; exit 0 ;;
+    *) echo "gpu-check: unknown argument $1" >&2; usage; exit 2 ;;
+  esac
+done
+if [ -z "$dir" ] || [ ! -d "$dir/tests" ]; then
+  echo "gpu-check: --prebuilt DIR is required (DIR/tests from scripts/gpu-build.sh)" >&2
+  exit 2
+fi
+dir=$(cd "$dir" && pwd)
+start=$(date +%s)
+budget=${GPU_CHECK_BUDGET_S:-210}
+left() { echo $(( budget - ($(date +%s) - start) )); }
 
-# cudarc looks for libnccl.so / libnccl.so.12 / ... but not libnccl.so.2 (what NCCL packages and
-# pip's nvidia-nccl-cu12 install): link it under a private dir on LD_LIBRARY_PATH.
-libdir="$PWD/target/gpu-libs"
-mkdir -p "$libdir"
-find_lib() { # $1 = soname pattern
-  { ldconfig -p 2>/dev/null | awk -v p="$1" '$1 ~ p {print $NF}'
-    ls /usr/local/cuda/lib64/$1* /usr/lib/x86_64-linux-gnu/$1* 2>/dev/null
-    python3 -c 'import site,glob;[print(p) for s in site.getsitepackages() for p in glob.glob(s+"/nvidia/*/lib/'"$1"'*")]' 2>/dev/null
-  } | head -1
+echo "== GPUs"
+command -v nvidia-smi >/dev/null && nvidia-smi -L || echo "nvidia-smi not found"
+echo "== glibc: $(ldd --version 2>/dev/null | head -1)"
+[ -f "$dir/MANIFEST" ] && sed -n '1,3p' "$dir/MANIFEST" | sed 's/^/   binaries: /'
+
+echo "== CUDA 13 libraries"
+# Library folders of the nvidia-* wheels (nvidia/<pkg>/lib, nvidia/cu13/lib) of the system python.
+wheel_dirs=$(python3 - <<'PY' 2>/dev/null
+import glob, os
+try:
+    import nvidia
+    for p in nvidia.__path__:
+        for d in sorted(glob.glob(os.path.join(p, "*", "lib"))):
+            print(d)
+except Exception:
+    pass
+PY
+)
+search="$wheel_dirs /usr/local/cuda/lib64 /usr/local/cuda/targets/x86_64-linux/lib /usr/lib/x86_64-linux-gnu"
+find_lib() {
+  for d in $search; do
+    if [ -e "$d/$1" ]; then echo "$d/$1"; return; fi
+  done
+  ldconfig -p 2>/dev/null | awk -v n="$1" '$1 == n { print $NF; exit }'
 }
-for lib in nccl nvrtc cublas; do
-  if ! ldconfig -p 2>/dev/null | grep -q "lib$lib\.so "; then
-    p=$(find_lib "lib$lib.so")
-    if [ -n "$p" ]; then ln -sf "$p" "$libdir/lib$lib.so"; echo "gpu-check: linked $libdir/lib$lib.so -> $p"; fi
+links=$(mktemp -d)
+trap 'rm -rf "$links"' EXIT
+libpath="$links"
+for lib in libcuda.so.1 libnvrtc.so.13 libcublas.so.13 libcublasLt.so.13 libnccl.so.2; do
+  p=$(find_lib "$lib")
+  if [ -z "$p" ]; then
+    echo "   $lib: NOT FOUND"
+    continue
+  fi
+  echo "   $lib: $p"
+  d=$(dirname "$p")
+  case ":$libpath:" in *":$d:"*) ;; *) libpath="$libpath:$d" ;; esac
+  # cudarc's cuda-13000 bindings try libX.so, libX.so.13, ...: never libnccl.so.2.
+  [ "$lib" = libnccl.so.2 ] && ln -sf "$p" "$links/libnccl.so"
+done
+export LD_LIBRARY_PATH="$libpath${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
+nccl=$(find_lib libnccl.so.2)
+if [ -n "$nccl" ]; then
+  real=$(basename "$(readlink -f "$nccl")")
+  pipv=$(python3 -c 'import importlib.metadata as m
+for n in ("nvidia-nccl-cu13", "nvidia-nccl-cu12", "nvidia-nccl"):
+    try: print(n, m.version(n)); break
+    except Exception: pass' 2>/dev/null)
+  echo "== NCCL: $real${pipv:+ (wheel $pipv)}"
+else
+  echo "== NCCL: not found"
+fi
+
+rows=$(mktemp)
+logs=$(mktemp -d)
+row() { printf '%s | %s | %s\n' "$1" "$2" "$3" >>"$rows"; }
+
+echo "== device tests"
+for t in "$dir"/tests/*; do
+  [ -x "$t" ] || continue
+  name=$(basename "$t")
+  secs=$(left)
+  if [ "$secs" -le 5 ]; then row "$name" SKIP "time budget spent"; continue; fi
+  t0=$(date +%s)
+  timeout "$secs" "$t" --test-threads=1 --nocapture >"$logs/$name.log" 2>&1
+  rc=$?
+  echo "   $name: exit $rc in $(( $(date +%s) - t0 )) s ($(grep -c 'GPUCHECK ' "$logs/$name.log") checks)"
+  grep -o 'GPUCHECK .*' "$logs/$name.log" | sed 's/^GPUCHECK //' >>"$rows"
+  # Tests that failed before printing their row: the panic message is the detail.
+  for f in $(sed -n 's/^test \(.*\) \.\.\. FAILED$/\1/p' "$logs/$name.log"); do
+    msg=$(grep -A1 "thread '$f'.*panicked" "$logs/$name.log" | tail -1 | cut -c1-160)
+    row "$name::$f" FAIL "${msg:-see the log}"
+  done
+  if [ "$rc" -eq 124 ]; then row "$name" FAIL "timed out (budget)"; fi
+  if [ "$rc" -ne 0 ] && ! grep -q '^test result' "$logs/$name.log"; then
+    row "$name" FAIL "exit $rc: $(tail -1 "$logs/$name.log" | cut -c1-160)"
   fi
 done
-export LD_LIBRARY_PATH="$libdir${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
 
-start=$(date +%s)
-echo "== cargo build --features cuda"
-if ! timeout 240 cargo test -p dtensor-runtime --features cuda --test cuda_gpu --no-run; then
-  echo "gpu-check: build failed or took > 240 s"; exit 1
-fi
-log=$(mktemp)
-echo "== cargo test --features cuda --test cuda_gpu"
-timeout 120 cargo test -p dtensor-runtime --features cuda --test cuda_gpu -- --nocapture --test-threads=1 >"$log" 2>&1
-rc=$?
-secs=$(( $(date +%s) - start ))
+echo "== examples"
+# (label, binary, args, env): a backend the build does not know is a SKIP.
+run_example() {
+  local label=$1 bin=$2; shift 2
+  if [ ! -x "$dir/examples/$bin" ]; then row "$label" SKIP "no $bin binary"; return; fi
+  local secs; secs=$(left)
+  if [ "$secs" -le 5 ]; then row "$label" SKIP "time budget spent"; return; fi
+  timeout "$secs" env "$@" >"$logs/$label.log" 2>&1
+  local rc=$?
+  if [ $rc -eq 0 ] && tail -1 "$logs/$label.log" | grep -q '^PASS'; then
+    row "$label" PASS "$(grep -m1 'max relative\|relative diff\|mesh dp' "$logs/$label.log" | cut -c1-120)"
+  elif [ $rc -eq 2 ] && grep -qi 'backend' "$logs/$label.log"; then
+    row "$label" SKIP "$(grep -m1 -i 'backend' "$logs/$label.log" | cut -c1-120)"
+  else
+    row "$label" FAIL "exit $rc: $(tail -1 "$logs/$label.log" | cut -c1-120)"
+  fi
+}
+run_example mlp_tp_cuda_threads_2x2 mlp_tp "$dir/examples/mlp_tp" --backend cuda-threads --mesh 2x2 --steps 5
+run_example mlp_tp_nccl_world1 mlp_tp RANK=0 WORLD_SIZE=1 LOCAL_RANK=0 MASTER_ADDR=127.0.0.1 MASTER_PORT=29511 \
+  "$dir/examples/mlp_tp" --backend nccl --mesh 1x1 --steps 5
 
 echo
-printf '%-36s %-6s %s\n' CHECK RESULT DETAIL
-printf '%-36s %-6s %s\n' ------------------------------------ ------ ------------------------------
-grep -o 'GPUCHECK|.*' "$log" | while IFS='|' read -r _ name result detail; do
-  printf '%-36s %-6s %s\n' "$name" "$result" "$detail"
-done
-grep -E '^test result|panicked|FAILED' "$log" || true
-echo "gpu-check: cargo test exit $rc, ${secs} s in total"
-
-if [ "$rc" -ne 0 ] || grep -o 'GPUCHECK|.*' "$log" | grep -q '^GPUCHECK|[^|]*|FAIL'; then cat "$log"; exit 1; fi
-if grep -o 'GPUCHECK|.*' "$log" | grep -q '^GPUCHECK|[^|]*|SKIP' && [ "${ALLOW_SKIP:-0}" != 1 ]; then
-  echo "gpu-check: some checks were skipped (no usable GPU/library?); set ALLOW_SKIP=1 to accept"; exit 1
+printf '%-56s | %-6s | %s\n' name result detail
+printf '%-56s-+-%-6s-+-%s\n' "$(printf -- '-%.0s' {1..56})" ------ "$(printf -- '-%.0s' {1..40})"
+while IFS='|' read -r n r d; do
+  printf '%-56s | %-6s | %s\n' "$(echo "$n" | xargs)" "$(echo "$r" | xargs)" "$(echo "$d" | sed 's/^ *//')"
+done <"$rows"
+fails=$(awk -F'|' '$2 ~ /FAIL/' "$rows" | wc -l)
+skips=$(awk -F'|' '$2 ~ /SKIP/' "$rows" | wc -l)
+passes=$(awk -F'|' '$2 ~ /PASS/' "$rows" | wc -l)
+echo
+echo "gpu-check: $passes PASS, $fails FAIL, $skips SKIP in $(( $(date +%s) - start )) s (logs: $logs)"
+if [ "$fails" -gt 0 ] || { [ "$skips" -gt 0 ] && [ "${ALLOW_SKIP:-0}" != 1 ]; }; then
+  exit 1
 fi
-echo "gpu-check: PASS"

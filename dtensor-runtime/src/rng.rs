@@ -77,12 +77,170 @@ impl Stream {
     /// Standard normal for global element `i`.
     pub fn normal<T: Element>(&mut self, i: usize) -> T {
         let words = self.block(i as u64 / 4);
-        let lane = i % 4;
-        let pair = lane & !1;
-        let u1 = u32_to_unit_f64(words[pair]);
-        let u2 = u32_to_unit_f64(words[pair + 1]);
-        let r = (-2.0 * u1.ln()).sqrt();
-        let theta = 2.0 * std::f64::consts::PI * u2;
-        T::of_f64(if lane.is_multiple_of(2) { r * theta.cos() } else { r * theta.sin() })
+        T::of_f64(normal_of_block(&words, i % 4))
+    }
+}
+
+/// Element `lane` of the Philox block `words` as a standard normal: Box–Muller on the word
+/// pair of the lane, with [`ln`] and [`sincos_turn`] instead of the math library, so the CUDA
+/// kernel (the same steps in C, `crate::cuda::source::RNG_SOURCE`) gives the same bits.
+pub(crate) fn normal_of_block(words: &[u32; 4], lane: usize) -> f64 {
+    let pair = lane & !1;
+    let u1 = u32_to_unit_f64(words[pair]);
+    let u2 = u32_to_unit_f64(words[pair + 1]);
+    let r = (-2.0 * ln(u1)).sqrt();
+    let (sin, cos) = sincos_turn(u2);
+    if lane.is_multiple_of(2) {
+        r * cos
+    } else {
+        r * sin
+    }
+}
+
+/// `x = m·2^e` with `m` in [0.5, 1), for positive normal `x` (C's `frexp`).
+fn frexp(x: f64) -> (f64, i32) {
+    let bits = x.to_bits();
+    let e = ((bits >> 52) & 0x7ff) as i32 - 1022;
+    (f64::from_bits((bits & !(0x7ff << 52)) | (1022 << 52)), e)
+}
+
+/// `ln x` for `x` in (0, 1) from correctly rounded operations only: `x = m·2^e` with `m` in
+/// [√½, √2), `ln m = 2 atanh s` with `s = (m-1)/(m+1)`, summed as `2s(1 + z/3 + z²/5 + …)`.
+pub(crate) fn ln(x: f64) -> f64 {
+    use crate::cuda::source::{LN2_HI, LN2_LO, LOG_TERMS};
+    let (mut m, mut e) = frexp(x);
+    if m < std::f64::consts::FRAC_1_SQRT_2 {
+        m *= 2.0;
+        e -= 1;
+    }
+    let s = (m - 1.0) / (m + 1.0);
+    let z = s * s;
+    let mut p = 2.0 / (2.0 * LOG_TERMS as f64 - 1.0);
+    for k in (0..LOG_TERMS - 1).rev() {
+        p = p * z + 2.0 / (2.0 * k as f64 + 1.0);
+    }
+    e as f64 * LN2_HI + (e as f64 * LN2_LO + s * p)
+}
+
+/// `(sin 2πt, cos 2πt)` for `t` in [0, 1): the nearest quarter turn `q` is exact, the rest
+/// `a = (4t - q)·π/2` lies in [-π/4, π/4] where the Taylor series converge to double precision.
+pub(crate) fn sincos_turn(t: f64) -> (f64, f64) {
+    use crate::cuda::source::TRIG_TERMS;
+    let r = t * 4.0;
+    let q = (r + 0.5).floor();
+    let a = (r - q) * std::f64::consts::FRAC_PI_2;
+    let z = a * a;
+    let n = TRIG_TERMS as usize;
+    let (mut sc, mut cc) = (vec![0.0; n], vec![0.0; n]);
+    let (mut fs, mut fc) = (1.0f64, 1.0f64);
+    for k in 0..n {
+        sc[k] = fs;
+        cc[k] = fc;
+        let kf = k as f64;
+        fs = -fs / ((2.0 * kf + 2.0) * (2.0 * kf + 3.0));
+        fc = -fc / ((2.0 * kf + 1.0) * (2.0 * kf + 2.0));
+    }
+    let (mut ps, mut pc) = (sc[n - 1], cc[n - 1]);
+    for k in (0..n - 1).rev() {
+        ps = ps * z + sc[k];
+        pc = pc * z + cc[k];
+    }
+    let (s, c) = (a * ps, pc);
+    match (q as i64) & 3 {
+        0 => (s, c),
+        1 => (c, -s),
+        2 => (-s, -c),
+        _ => (-c, s),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn portable_math_is_accurate() {
+        let mut worst = (0.0f64, 0.0f64);
+        for k in 0..20_000u32 {
+            let w = k.wrapping_mul(2_654_435_761);
+            let u = u32_to_unit_f64(w);
+            let l = ln(u);
+            worst.0 = worst.0.max((l - u.ln()).abs() / u.ln().abs());
+            let (s, c) = sincos_turn(u);
+            let th = 2.0 * std::f64::consts::PI * u;
+            worst.1 = worst.1.max((s - th.sin()).abs().max((c - th.cos()).abs()));
+        }
+        assert!(worst.0 < 4e-16, "ln relative error {}", worst.0);
+        // The reference angle 2πu itself is rounded (half an ulp of 2π is 4.4e-16).
+        assert!(worst.1 < 1.5e-15, "sin/cos absolute error {}", worst.1);
+        assert_eq!(sincos_turn(0.25), (1.0, 0.0));
+    }
+
+    /// The C text of the CUDA kernels' random numbers, compiled by the host C compiler, gives
+    /// the host generator's values bit for bit (the device computes the same IEEE operations;
+    /// the GPU test checks the device itself).
+    #[test]
+    fn cuda_rng_source_matches_the_host_generator_bit_for_bit() {
+        use crate::cuda::source::{rng_defines, RNG_SOURCE};
+        use std::process::Command;
+        let harness = r#"
+int main(int argc, char** argv) {
+    unsigned int k0 = (unsigned int)strtoul(argv[1], 0, 10), k1 = (unsigned int)strtoul(argv[2], 0, 10);
+    unsigned long long offset = strtoull(argv[3], 0, 10), n = strtoull(argv[4], 0, 10);
+    for (unsigned long long i = 0; i < n; ++i)
+        for (int normal = 0; normal < 2; ++normal) {
+            double v = dt_random(i, k0, k1, offset, normal);
+            unsigned long long bits;
+            memcpy(&bits, &v, 8);
+            printf("%llx\n", bits);
+        }
+    return 0;
+}
+"#;
+        let dir = tempfile::tempdir().unwrap();
+        let c = dir.path().join("rng.c");
+        let exe = dir.path().join("rng");
+        let head =
+            "#include <math.h>\n#include <stdio.h>\n#include <stdlib.h>\n#include <string.h>\n#define DEV static\n";
+        std::fs::write(&c, format!("{head}{}{RNG_SOURCE}{harness}", rng_defines())).unwrap();
+        let cc = std::env::var("CC").unwrap_or_else(|_| "cc".into());
+        let built = Command::new(&cc)
+            .args(["-O2", "-std=c99", "-ffp-contract=off", "-o"])
+            .arg(&exe)
+            .arg(&c)
+            .arg("-lm")
+            .output();
+        match built {
+            Ok(o) if o.status.success() => {}
+            Ok(o) => panic!("{cc} rejected the kernels' RNG source: {}", String::from_utf8_lossy(&o.stderr)),
+            Err(e) => {
+                eprintln!("skipping: no host C compiler `{cc}` ({e})");
+                return;
+            }
+        }
+        let n = 2048usize;
+        for (seed, offset) in [(0u64, 0u64), (DEFAULT_SEED, 17), (42, (1 << 32) - 100), (u64::MAX, 1 << 40)] {
+            let key = splitmix64(seed);
+            let out = Command::new(&exe)
+                .args([(key as u32).to_string(), ((key >> 32) as u32).to_string(), offset.to_string(), n.to_string()])
+                .output()
+                .unwrap();
+            let text = String::from_utf8(out.stdout).unwrap();
+            let got: Vec<u64> = text.lines().map(|l| u64::from_str_radix(l, 16).unwrap()).collect();
+            assert_eq!(got.len(), 2 * n);
+            let mut s = Stream::new(seed, offset);
+            for i in 0..n {
+                assert_eq!(
+                    got[2 * i],
+                    s.uniform::<f64>(i).to_bits(),
+                    "uniform, seed {seed}, offset {offset}, element {i}"
+                );
+                assert_eq!(
+                    got[2 * i + 1],
+                    s.normal::<f64>(i).to_bits(),
+                    "normal, seed {seed}, offset {offset}, element {i}"
+                );
+            }
+        }
     }
 }

@@ -91,3 +91,17 @@ pub fn check_layout(
     }
     Ok(())
 }
+
+/// AdamW hyper-parameters (PyTorch's defaults, weight decay 0.1) at step `t` (from 1), with
+/// the bias corrections the optimizer computes.
+pub fn adamw_step_at(t: i32) -> dtensor_runtime::storage::op::AdamWStep {
+    dtensor_runtime::storage::op::AdamWStep {
+        lr: 0.01,
+        beta1: 0.9,
+        beta2: 0.999,
+        eps: 1e-8,
+        weight_decay: 0.1,
+        bias_correction1: 1.0 - 0.9f64.powi(t),
+        bias_correction2: 1.0 - 0.999f64.powi(t),
+    }
+}

@@ -20,7 +20,7 @@
 //! * [`NcclComm::from_env`]: `RANK`, `WORLD_SIZE`, `MASTER_ADDR`, `MASTER_PORT` as torchrun
 //!   sets them; rank 0 creates the id and serves it over one TCP connection per peer
 //!   ([`super::bootstrap::Rendezvous`]);
-//! * [`NcclComm::from_mpi`] (features `cuda` + `mpi`): rank 0's id is broadcast over MPI;
+//! * `NcclComm::from_mpi` (features `cuda` + `mpi`): rank 0's id is broadcast over MPI;
 //! * [`NcclComm::single`]: a world of one GPU.
 //!
 //! Failures: each wait polls the stream and `ncclCommGetAsyncError`; on an NCCL error or after

@@ -8,6 +8,11 @@ use std::fmt;
 use std::sync::{Arc, Mutex};
 
 /// A CUDA device with the stream every tensor on it uses (work on one device is ordered).
+///
+/// Each handle owns one non-blocking stream, shared by cuBLAS and the kernels; never the
+/// legacy null stream, which synchronises with every other stream of the context (two ranks of
+/// one process on it would serialise, and deadlock once a collective waits for a peer). Open
+/// one handle per rank.
 pub struct CudaDevice {
     ctx: Arc<CudaContext>,
     stream: Arc<CudaStream>,
@@ -32,7 +37,7 @@ impl CudaDevice {
             });
         }
         let ctx = CudaContext::new(ordinal).map_err(|e| cuda_err("creating the CUDA context", e))?;
-        let stream = ctx.default_stream();
+        let stream = ctx.new_stream().map_err(|e| cuda_err("creating the rank's stream", e))?;
         Ok(Arc::new(CudaDevice { ctx, stream, blas: Mutex::new(None), kernels: Mutex::new(None) }))
     }
 
@@ -46,7 +51,7 @@ impl CudaDevice {
         self.ctx.name().map_err(|e| cuda_err("device name", e))
     }
 
-    /// The stream all work on this device is queued on.
+    /// The stream all work of this handle is queued on (owned, non-blocking).
     pub fn stream(&self) -> &Arc<CudaStream> {
         &self.stream
     }
@@ -78,7 +83,7 @@ impl CudaDevice {
         if let Some(k) = &*k {
             return Ok(Arc::clone(k));
         }
-        let m = Arc::new(Kernels::compile(&self.ctx)?);
+        let m = Kernels::for_device(&self.ctx)?;
         *k = Some(Arc::clone(&m));
         Ok(m)
     }

@@ -7,6 +7,12 @@
 //! [`CudaStorage`](crate::storage::CudaStorage), one arm of the kernel surface
 //! [`Storage`](crate::storage::Storage).
 //!
+//! Library names: cudarc is built with its CUDA 13.0 bindings (feature `cuda-13000`), whose
+//! loader tries `libX.so`, then `libX.so.13`, `libX.so.12`, ... With the 12.x bindings it tried
+//! `.12` and older only, so the `libnvrtc.so.13` and `libcublas.so.13` of CUDA 13 (all that pip's
+//! `nvidia-*` cu13 wheels install) were never found. A CUDA 12 installation still loads, by its
+//! `.12` names, for the functions both versions share (symbols are looked up on first use).
+//!
 //! cudarc loads the CUDA libraries at run time and *panics* when one is missing; every entry
 //! point here checks with cudarc's `is_culib_present` first and returns
 //! [`Error::Unavailable`] instead. Without the `cuda` feature [`CudaDevice`] is an uninhabited
@@ -17,10 +23,12 @@ use crate::error::{Error, Result};
 
 #[cfg(not(feature = "cuda"))]
 mod absent;
+pub mod args;
 #[cfg(feature = "cuda")]
 mod device;
 #[cfg(feature = "cuda")]
-pub(crate) mod kernels;
+pub mod kernels;
+pub mod source;
 
 #[cfg(not(feature = "cuda"))]
 pub use absent::CudaDevice;
@@ -54,7 +62,7 @@ impl CudaLib {
 /// `Ok` when `lib` can be loaded, else [`Error::Unavailable`] saying what is missing.
 ///
 /// NCCL: cudarc tries `libnccl.so`, `libnccl.so.12`, `.11`, ... but not `libnccl.so.2`, the
-/// name NCCL packages (and pip's `nvidia-nccl-cu12`) install. If only `libnccl.so.2` exists,
+/// name NCCL packages (and pip's `nvidia-nccl-cu13`) install. If only `libnccl.so.2` exists,
 /// create a link `ln -s /path/libnccl.so.2 /some/dir/libnccl.so` and put `/some/dir` on
 /// `LD_LIBRARY_PATH` (scripts/gpu-check.sh does this).
 pub fn require(lib: CudaLib) -> Result<()> {

@@ -1,29 +1,34 @@
 //! `CudaStorage<T>`: a row-major shard in the memory of one [`CudaDevice`], and the CUDA arm
 //! of the kernel surface (feature `cuda`).
 //!
-//! All work is queued on the device handle's stream. The buffer is shared behind an `Arc`, so
-//! cloning a storage (as every `DTensor` clone does) and reshaping it are free; in-place
-//! updates copy first when the buffer is shared. A zero-sized shard holds no allocation (the
-//! driver rejects 0-byte allocations).
+//! All work is queued on the device handle's stream (cuBLAS and the NVRTC kernels of
+//! `crate::cuda::source` alike). The buffer is shared behind an `Arc`, so cloning a storage (as
+//! every `DTensor` clone does) and reshaping it are free; in-place updates copy first when the
+//! buffer is shared. A zero-sized shard holds no allocation (the driver rejects 0-byte
+//! allocations) and launches nothing.
 //!
-//! Implemented on the device: host↔device copies, zero fills, cuBLAS matmul of
-//! `[.., m, k] @ [k, n]`, and the element-wise kernels of `crate::cuda::kernels` (same-shape
-//! operands). Every other kernel answers [`Error::Unsupported`] until its device kernel lands.
+//! Every method of the surface runs on the device: element-wise ops broadcast by strides (no
+//! copies), reductions, softmax, pack plans (one launch per plan), embedding, casts, fills,
+//! the optimizer updates, Philox random fills bit-identical to the host's, and cuBLAS gemm /
+//! strided-batched gemm. Only inputs the kernels cannot index are typed errors: more than
+//! [`MAX_DIMS`](crate::cuda::source::MAX_DIMS) dims, or dimensions beyond cuBLAS' 32-bit limit.
 
-use super::op::{AdamWStep, BinaryOp, RandomFill, Reduction, SgdStep, SoftmaxKind, UnaryOp};
+use super::op::{AdamWStep, BinaryOp, Distribution, RandomFill, Reduction, SgdStep, SoftmaxKind, UnaryOp};
 use super::Storage;
+use crate::cuda::args::{self, binary_code, reduce_code, unary_code, Reduce, Strided};
+use crate::cuda::source::BLOCK;
 use crate::cuda::{cuda_err, CudaDevice};
 use crate::element::Element;
 use crate::error::{Error, Result};
 use crate::layout::pack::PackPlan;
-use cudarc::cublas::{sys::cublasOperation_t, CudaBlas, Gemm, GemmConfig};
-use cudarc::driver::{CudaSlice, DeviceRepr, LaunchConfig, PushKernelArg, ValidAsZeroBits};
+use cudarc::cublas::{sys::cublasOperation_t, CudaBlas, Gemm, GemmConfig, StridedBatchedConfig};
+use cudarc::driver::{CudaSlice, DeviceRepr, LaunchArgs, LaunchConfig, PushKernelArg, ValidAsZeroBits};
 use ndarray::{ArrayD, IxDyn};
 use std::fmt;
 use std::sync::Arc;
 
 /// What an element type needs to live on a CUDA device: cudarc's device traits, a kernel
-/// name suffix and a cuBLAS gemm (implemented for f32 and f64).
+/// name suffix and cuBLAS gemms (implemented for f32 and f64).
 pub trait CudaElement: DeviceRepr + ValidAsZeroBits + Copy + 'static {
     /// Kernel name suffix (`f32`, `f64`).
     const SUFFIX: &'static str;
@@ -31,6 +36,14 @@ pub trait CudaElement: DeviceRepr + ValidAsZeroBits + Copy + 'static {
     fn gemm(
         blas: &CudaBlas,
         cfg: GemmConfig<Self>,
+        a: &CudaSlice<Self>,
+        b: &CudaSlice<Self>,
+        c: &mut CudaSlice<Self>,
+    ) -> Result<()>;
+    #[doc(hidden)]
+    fn gemm_strided_batched(
+        blas: &CudaBlas,
+        cfg: StridedBatchedConfig<Self>,
         a: &CudaSlice<Self>,
         b: &CudaSlice<Self>,
         c: &mut CudaSlice<Self>,
@@ -51,11 +64,52 @@ macro_rules! cuda_element {
                 // SAFETY: the caller sized a, b, c for cfg (see `CudaStorage::matmul`).
                 unsafe { blas.gemm(cfg, a, b, c) }.map_err(|e| cuda_err("cuBLAS gemm", e))
             }
+            fn gemm_strided_batched(
+                blas: &CudaBlas,
+                cfg: StridedBatchedConfig<Self>,
+                a: &CudaSlice<Self>,
+                b: &CudaSlice<Self>,
+                c: &mut CudaSlice<Self>,
+            ) -> Result<()> {
+                // SAFETY: the caller sized a, b, c for cfg (see `CudaStorage::matmul`).
+                unsafe { blas.gemm_strided_batched(cfg, a, b, c) }
+                    .map_err(|e| cuda_err("cuBLAS strided-batched gemm", e))
+            }
         }
     };
 }
 cuda_element!(f32, "f32");
 cuda_element!(f64, "f64");
+
+// SAFETY: plain old data with the layout of the C struct (repr(C), same field order).
+unsafe impl DeviceRepr for Strided {}
+// SAFETY: plain old data with the layout of the C struct (repr(C), same field order).
+unsafe impl DeviceRepr for Reduce {}
+
+/// One thread per element, grid-stride loops beyond 2²⁰ blocks.
+fn per_element(n: u64) -> LaunchConfig {
+    let blocks = n.div_ceil(BLOCK as u64).clamp(1, 1 << 20) as u32;
+    LaunchConfig { grid_dim: (blocks, 1, 1), block_dim: (BLOCK, 1, 1), shared_mem_bytes: 0 }
+}
+
+/// One block per output (reductions, softmax lanes), grid-stride beyond 2²⁰.
+fn per_block(n: u64) -> LaunchConfig {
+    let blocks = n.clamp(1, 1 << 20) as u32;
+    LaunchConfig { grid_dim: (blocks, 1, 1), block_dim: (BLOCK, 1, 1), shared_mem_bytes: 0 }
+}
+
+fn launch(name: &str, args: &mut LaunchArgs<'_>, cfg: LaunchConfig) -> Result<()> {
+    // SAFETY: every caller passes the arguments of the kernel's C signature in order, with
+    // buffers of the lengths the kernel indexes (checked shapes, `n` = the element count).
+    unsafe { args.launch(cfg) }.map(|_| ()).map_err(|e| cuda_err(&format!("launching {name}"), e))
+}
+
+fn to_i32(v: usize, what: &str) -> Result<i32> {
+    i32::try_from(v).map_err(|_| Error::Unsupported {
+        op: "matmul".into(),
+        reason: format!("{what} = {v} exceeds cuBLAS' 32-bit dimension limit"),
+    })
+}
 
 /// A row-major shard in device memory.
 pub struct CudaStorage<T: Element> {
@@ -77,40 +131,12 @@ impl<T: Element> fmt::Debug for CudaStorage<T> {
     }
 }
 
-/// The error of a kernel that has no CUDA implementation yet.
-fn not_yet(op: &str) -> Error {
-    Error::Unsupported { op: op.into(), reason: "not yet implemented on CUDA".into() }
-}
-
-fn to_i32(v: usize, what: &str) -> Result<i32> {
-    i32::try_from(v).map_err(|_| Error::Unsupported {
-        op: "matmul".into(),
-        reason: format!("{what} = {v} exceeds cuBLAS' 32-bit dimension limit"),
-    })
-}
-
-/// The name of the element-wise kernel of a unary op, if it has one.
-fn unary_kernel(op: UnaryOp) -> Option<&'static str> {
-    Some(match op {
-        UnaryOp::Neg => "neg",
-        UnaryOp::Exp => "exp",
-        UnaryOp::Relu => "relu",
-        UnaryOp::Gelu => "gelu",
-        UnaryOp::MulScalar(_) => "scale",
-        UnaryOp::AddScalar(_) => "add_scalar",
-        _ => return None,
-    })
-}
-
-/// The name of the element-wise kernel of a binary op, if it has one.
-fn binary_kernel(op: BinaryOp) -> Option<&'static str> {
-    Some(match op {
-        BinaryOp::Add => "add",
-        BinaryOp::Sub => "sub",
-        BinaryOp::Mul => "mul",
-        BinaryOp::Div => "div",
-        _ => return None,
-    })
+/// The device storage inside `s`, or the device-mismatch error of `op`.
+fn cuda_of<'a, T: Element>(s: &'a mut Storage<T>, op: &str) -> Result<&'a mut CudaStorage<T>> {
+    match s {
+        Storage::Cuda(c) => Ok(c),
+        Storage::Cpu(_) => Err(Error::DeviceMismatch { context: op.into(), left: "cuda".into(), right: "cpu".into() }),
+    }
 }
 
 impl<T: Element> CudaStorage<T> {
@@ -153,23 +179,72 @@ impl<T: Element> CudaStorage<T> {
         Ok(CudaStorage { data, shape: shape.to_vec(), device: Arc::clone(device) })
     }
 
-    /// Every element `value` (zeros are a memset; other values need the fill kernel).
-    pub(super) fn full(device: &Arc<CudaDevice>, shape: &[usize], value: T) -> Result<Self> {
-        if value == T::zero() {
-            Self::zeros(device, shape)
+    /// A shard whose every element the caller's kernel writes before anyone reads it.
+    fn uninit(device: &Arc<CudaDevice>, shape: &[usize]) -> Result<Self> {
+        let n: usize = shape.iter().product();
+        let data = if n == 0 {
+            None
         } else {
-            Err(not_yet("full"))
-        }
+            // SAFETY: the caller's kernel writes all n elements (queued on this stream) before
+            // any read of them.
+            Some(Arc::new(unsafe { device.stream().alloc::<T>(n) }.map_err(|e| cuda_err("device allocation", e))?))
+        };
+        Ok(CudaStorage { data, shape: shape.to_vec(), device: Arc::clone(device) })
     }
 
+    fn len(&self) -> usize {
+        self.shape.iter().product()
+    }
+
+    /// The buffer, mutably: copied first when shared with another storage.
+    fn data_mut(&mut self) -> Result<Option<&mut CudaSlice<T>>> {
+        let Some(d) = &mut self.data else { return Ok(None) };
+        if Arc::get_mut(d).is_none() {
+            let copy =
+                self.device.stream().clone_dtod(&**d).map_err(|e| cuda_err("copy before an in-place update", e))?;
+            *d = Arc::new(copy);
+        }
+        Ok(Arc::get_mut(d))
+    }
+
+    /// Every element `value`.
+    pub(super) fn full(device: &Arc<CudaDevice>, shape: &[usize], value: T) -> Result<Self> {
+        if value == T::zero() {
+            return Self::zeros(device, shape);
+        }
+        let mut out = Self::uninit(device, shape)?;
+        let n = out.len() as u64;
+        if let Some(o) = out.data_mut()? {
+            let f = device.kernels()?.function("fill", T::SUFFIX)?;
+            let mut b = device.stream().launch_builder(&f);
+            b.arg(o).arg(&n).arg(&value);
+            launch("fill", &mut b, per_element(n))?;
+        }
+        Ok(out)
+    }
+
+    /// The shard (`shape` at `offset`) of a random tensor of `global` shape: element for
+    /// element the host generator's value (`crate::rng`), computed by the same steps.
     pub(super) fn random(
-        _device: &Arc<CudaDevice>,
-        _fill: &RandomFill,
-        _global: &[usize],
-        _offset: &[usize],
-        _shape: &[usize],
+        device: &Arc<CudaDevice>,
+        fill: &RandomFill,
+        global: &[usize],
+        offset: &[usize],
+        shape: &[usize],
     ) -> Result<Self> {
-        Err(not_yet("random fill (Philox)"))
+        let (g, base) = args::random(global, offset, shape)?;
+        let k = rand_philox::splitmix64(fill.seed);
+        let (k0, k1) = (k as u32, (k >> 32) as u32);
+        let normal = i32::from(fill.dist == Distribution::Normal);
+        let mut out = Self::uninit(device, shape)?;
+        let n = out.len() as u64;
+        if let Some(o) = out.data_mut()? {
+            let f = device.kernels()?.function("random", T::SUFFIX)?;
+            let mut b = device.stream().launch_builder(&f);
+            b.arg(o).arg(&n).arg(&g).arg(&base).arg(&k0).arg(&k1).arg(&fill.offset).arg(&normal);
+            launch("random", &mut b, per_element(n))?;
+        }
+        Ok(out)
     }
 
     /// A host copy (waits for the queued work).
@@ -207,108 +282,253 @@ impl<T: Element> CudaStorage<T> {
         Ok(CudaStorage { shape: shape.to_vec(), ..self })
     }
 
-    /// Launches the element-wise kernel `name` over `self` (and `second`: the other operand or
-    /// a scalar) into a fresh buffer of the same shape.
-    fn launch(&self, name: &str, second: Second<'_, T>) -> Result<Self> {
-        let mut out = Self::zeros(&self.device, &self.shape)?;
-        let (Some(a), Some(o)) = (&self.data, &mut out.data) else {
-            return Ok(out); // empty: nothing to compute
+    pub(super) fn unary(&self, op: UnaryOp) -> Result<Self> {
+        let mut out = Self::uninit(&self.device, &self.shape)?;
+        let (Some(a), Some(o)) = (&self.data, out.data_mut()?) else {
+            return Ok(out);
         };
-        let o = Arc::get_mut(o).ok_or_else(|| cuda_err("fresh output buffer", "shared"))?;
-        let n = a.len();
-        let cfg = LaunchConfig::for_num_elems(u32::try_from(n).map_err(|_| Error::Unsupported {
-            op: name.into(),
-            reason: format!("{n} elements exceed one kernel launch"),
-        })?);
-        let f = self.device.kernels()?.function(name, T::SUFFIX)?;
-        let n64 = n as u64;
-        let stream = self.device.stream();
-        let mut b = stream.launch_builder(&f);
-        b.arg(&**a);
-        match &second {
-            Second::Tensor(t) => b.arg(*t),
-            Second::Scalar(x) => b.arg(x),
-        };
-        b.arg(o).arg(&n64);
-        // SAFETY: every kernel takes (a, b-or-scalar, out, n) and touches indices < n only;
-        // both inputs and the output hold n elements.
-        unsafe { b.launch(cfg) }.map_err(|e| cuda_err(&format!("launching {name}"), e))?;
+        let (n, code, s) = (self.len() as u64, unary_code(op), T::of_f64(op.scalar()));
+        let f = self.device.kernels()?.function("unary", T::SUFFIX)?;
+        let mut b = self.device.stream().launch_builder(&f);
+        b.arg(&**a).arg(o).arg(&n).arg(&code).arg(&s);
+        launch(op.name(), &mut b, per_element(n))?;
         Ok(out)
     }
 
-    pub(super) fn unary(&self, op: UnaryOp) -> Result<Self> {
-        let name = unary_kernel(op).ok_or_else(|| not_yet(op.name()))?;
-        self.launch(name, Second::Scalar(T::of_f64(op.scalar())))
-    }
-
+    /// `op` of `self` and `other` broadcast to `shape` (numpy rules, checked by the caller):
+    /// broadcast dims get stride 0, nothing is copied.
     pub(super) fn binary(&self, op: BinaryOp, other: &Self, shape: &[usize]) -> Result<Self> {
         self.same_device(other, op.name())?;
-        let name = binary_kernel(op).ok_or_else(|| not_yet(op.name()))?;
-        if self.shape != other.shape || self.shape != shape {
-            return Err(not_yet(&format!("{op} with broadcasting")));
-        }
-        match &other.data {
-            Some(b) => self.launch(name, Second::Tensor(b)),
-            None => Self::zeros(&self.device, shape), // empty operands
-        }
-    }
-
-    /// `self [.., m, k] @ other [k, n]` with one cuBLAS gemm (leading dims are batch rows).
-    pub(super) fn matmul(&self, other: &Self, out_shape: &[usize]) -> Result<Self> {
-        self.same_device(other, "matmul")?;
-        if other.shape.len() != 2 {
-            return Err(not_yet("batched matmul with a batched right operand"));
-        }
-        let (k, n) = (other.shape[0], other.shape[1]);
-        let rows: usize = self.shape[..self.shape.len() - 1].iter().product();
-        let mut out = Self::zeros(&self.device, out_shape)?;
-        let (Some(a), Some(b), Some(c)) = (&self.data, &other.data, &mut out.data) else {
-            return Ok(out); // an empty operand: the product is zeros (or empty)
+        let g = args::broadcast(op.name(), shape, &self.shape, &other.shape)?;
+        let mut out = Self::uninit(&self.device, shape)?;
+        let (Some(a), Some(bb), Some(o)) = (&self.data, &other.data, out.data_mut()?) else {
+            return Ok(out); // an empty operand broadcasts only to an empty output
         };
-        let c = Arc::get_mut(c).ok_or_else(|| cuda_err("fresh output buffer", "shared"))?;
-        // Row-major C = A B is column-major Cᵀ = Bᵀ Aᵀ: pass B first, dims swapped.
-        let cfg = GemmConfig {
-            transa: cublasOperation_t::CUBLAS_OP_N,
-            transb: cublasOperation_t::CUBLAS_OP_N,
-            m: to_i32(n, "n")?,
-            n: to_i32(rows, "rows")?,
-            k: to_i32(k, "k")?,
-            alpha: T::one(),
-            lda: to_i32(n, "n")?,
-            ldb: to_i32(k, "k")?,
-            beta: T::zero(),
-            ldc: to_i32(n, "n")?,
-        };
-        T::gemm(&*self.device.blas()?, cfg, b, a, c)?;
+        let (n, code) = (shape.iter().product::<usize>() as u64, binary_code(op));
+        let f = self.device.kernels()?.function("binary", T::SUFFIX)?;
+        let mut b = self.device.stream().launch_builder(&f);
+        b.arg(&**a).arg(&**bb).arg(o).arg(&n).arg(&code).arg(&g);
+        launch(op.name(), &mut b, per_element(n))?;
         Ok(out)
     }
 
-    pub(super) fn reduce(&self, kind: Reduction, _dims: &[usize], _keepdim: bool) -> Result<Self> {
-        Err(not_yet(kind.name()))
+    /// `self [.., m, k] @ other [k, n]` with one cuBLAS gemm (leading dims are batch rows), or
+    /// `self [.., m, k] @ other [.., k, n]` with one strided-batched gemm.
+    pub(super) fn matmul(&self, other: &Self, out_shape: &[usize]) -> Result<Self> {
+        self.same_device(other, "matmul")?;
+        let nb = other.shape.len();
+        let (k, n) = (other.shape[nb - 2], other.shape[nb - 1]);
+        let m = self.shape[self.shape.len() - 2];
+        let rows: usize = self.shape[..self.shape.len() - 1].iter().product();
+        let mut out = Self::zeros(&self.device, out_shape)?;
+        let blas = if out.data.is_some() { Some(self.device.blas()?) } else { None };
+        let (Some(a), Some(b), Some(c), Some(blas)) = (&self.data, &other.data, out.data_mut()?, blas) else {
+            return Ok(out); // an empty operand: the product is zeros (or empty)
+        };
+        // Row-major C = A B is column-major Cᵀ = Bᵀ Aᵀ: pass B first, dims swapped.
+        let gemm = |cols: usize| -> Result<GemmConfig<T>> {
+            Ok(GemmConfig {
+                transa: cublasOperation_t::CUBLAS_OP_N,
+                transb: cublasOperation_t::CUBLAS_OP_N,
+                m: to_i32(n, "n")?,
+                n: to_i32(cols, "rows")?,
+                k: to_i32(k, "k")?,
+                alpha: T::one(),
+                lda: to_i32(n, "n")?,
+                ldb: to_i32(k, "k")?,
+                beta: T::zero(),
+                ldc: to_i32(n, "n")?,
+            })
+        };
+        if nb == 2 {
+            T::gemm(&blas, gemm(rows)?, b, a, c)
+        } else {
+            let cfg = StridedBatchedConfig {
+                gemm: gemm(m)?,
+                batch_size: to_i32(rows / m.max(1), "batch")?,
+                stride_a: (k * n) as i64,
+                stride_b: (m * k) as i64,
+                stride_c: (m * n) as i64,
+            };
+            T::gemm_strided_batched(&blas, cfg, b, a, c)
+        }?;
+        Ok(out)
     }
 
-    pub(super) fn softmax(&self, _dim: usize, _kind: SoftmaxKind) -> Result<Self> {
-        Err(not_yet("softmax"))
+    /// Reduces `dims` (sorted, distinct, checked) in one launch: one block per output element.
+    pub(super) fn reduce(&self, kind: Reduction, dims: &[usize], keepdim: bool) -> Result<Self> {
+        let (g, out_shape, nred) = args::reduce(kind.name(), &self.shape, dims, keepdim)?;
+        let (code, mean) = reduce_code(kind);
+        let scale = T::one() / T::of_f64(nred as f64);
+        let mut out = Self::uninit(&self.device, &out_shape)?;
+        let nout = out.len() as u64;
+        let Some(o) = out.data_mut()? else { return Ok(out) };
+        // An empty input reduces to the identity (a zero-sized source needs a valid pointer).
+        let empty;
+        let a = match &self.data {
+            Some(a) => &**a,
+            None => {
+                empty = self.device.stream().alloc_zeros::<T>(1).map_err(|e| cuda_err("device allocation", e))?;
+                &empty
+            }
+        };
+        let (nred, mean) = (nred as u64, i32::from(mean));
+        let f = self.device.kernels()?.function("reduce", T::SUFFIX)?;
+        let mut b = self.device.stream().launch_builder(&f);
+        b.arg(a).arg(o).arg(&nout).arg(&nred).arg(&code).arg(&mean).arg(&scale).arg(&g);
+        launch(kind.name(), &mut b, per_block(nout))?;
+        Ok(out)
     }
 
-    pub(super) fn softmax_backward(&self, _g: &Self, _dim: usize, _kind: SoftmaxKind) -> Result<Self> {
-        Err(not_yet("softmax_backward"))
+    pub(super) fn softmax(&self, dim: usize, kind: SoftmaxKind) -> Result<Self> {
+        let mut out = Self::uninit(&self.device, &self.shape)?;
+        let (Some(x), Some(o)) = (&self.data, out.data_mut()?) else { return Ok(out) };
+        let (lanes, len, inner) = args::lanes(&self.shape, dim);
+        let log = i32::from(kind == SoftmaxKind::LogSoftmax);
+        let f = self.device.kernels()?.function("softmax", T::SUFFIX)?;
+        let mut b = self.device.stream().launch_builder(&f);
+        b.arg(&**x).arg(o).arg(&lanes).arg(&len).arg(&inner).arg(&log);
+        launch("softmax", &mut b, per_block(lanes))?;
+        Ok(out)
     }
 
-    pub(super) fn pack(&self, _plan: &PackPlan) -> Result<Self> {
-        Err(not_yet("strided copy (pack plan)"))
+    pub(super) fn softmax_backward(&self, g: &Self, dim: usize, kind: SoftmaxKind) -> Result<Self> {
+        self.same_device(g, "softmax_backward")?;
+        let mut out = Self::uninit(&self.device, &self.shape)?;
+        let (Some(y), Some(gd), Some(o)) = (&self.data, &g.data, out.data_mut()?) else { return Ok(out) };
+        let (lanes, len, inner) = args::lanes(&self.shape, dim);
+        let log = i32::from(kind == SoftmaxKind::LogSoftmax);
+        let f = self.device.kernels()?.function("softmax_bwd", T::SUFFIX)?;
+        let mut b = self.device.stream().launch_builder(&f);
+        b.arg(&**y).arg(&**gd).arg(o).arg(&lanes).arg(&len).arg(&inner).arg(&log);
+        launch("softmax_backward", &mut b, per_block(lanes))?;
+        Ok(out)
     }
 
-    pub(super) fn embedding(&self, _ids: &Self, _row0: usize, _vocab: usize) -> Result<Self> {
-        Err(not_yet("embedding"))
+    /// Executes a checked pack plan with one launch: the blocks go to the device as one table,
+    /// one thread copies one element. The output is zeroed first only when the blocks leave
+    /// padding.
+    pub(super) fn pack(&self, plan: &PackPlan) -> Result<Self> {
+        let (table, total) = args::pack_table(plan)?;
+        let mut out = if plan.covers_destination() {
+            Self::uninit(&self.device, &plan.dst_shape)?
+        } else {
+            Self::zeros(&self.device, &plan.dst_shape)?
+        };
+        let (Some(src), Some(o)) = (&self.data, out.data_mut()?) else { return Ok(out) };
+        if total == 0 {
+            return Ok(out);
+        }
+        let nblocks = (table.len() / args::PACK_ROW) as u64;
+        let table = self.device.stream().clone_htod(&table).map_err(|e| cuda_err("pack plan upload", e))?;
+        let f = self.device.kernels()?.function("pack", T::SUFFIX)?;
+        let mut b = self.device.stream().launch_builder(&f);
+        b.arg(&**src).arg(o).arg(&table).arg(&nblocks).arg(&total);
+        launch("pack", &mut b, per_element(total))?;
+        Ok(out)
     }
 
-    pub(super) fn embedding_backward(&self, _ids: &Self, _rows: usize, _row0: usize, _vocab: usize) -> Result<Self> {
-        Err(not_yet("embedding_backward"))
+    /// Launches a kernel that flags invalid ids, then reports them as the host kernels do.
+    fn checked_ids(
+        &self,
+        op: &str,
+        n: u64,
+        vocab: usize,
+        build: impl FnOnce(&mut CudaSlice<i32>) -> Result<()>,
+    ) -> Result<()> {
+        if n == 0 {
+            return Ok(());
+        }
+        let mut bad = self.device.stream().alloc_zeros::<i32>(1).map_err(|e| cuda_err("device allocation", e))?;
+        build(&mut bad)?;
+        let flag = self.device.stream().clone_dtoh(&bad).map_err(|e| cuda_err("reading the id check", e))?;
+        if flag.first().copied().unwrap_or(0) != 0 {
+            return Err(Error::InvalidArgument {
+                context: op.into(),
+                reason: format!("an index is not a whole number in [0, {vocab})"),
+            });
+        }
+        Ok(())
     }
 
-    pub(super) fn one_hot(&self, _classes: usize) -> Result<Self> {
-        Err(not_yet("one_hot"))
+    pub(super) fn embedding(&self, ids: &Self, row0: usize, vocab: usize) -> Result<Self> {
+        self.same_device(ids, "embedding")?;
+        let (rows, cols) = (self.shape[0], self.shape[1]);
+        let mut shape = ids.shape.clone();
+        shape.push(cols);
+        let mut out = Self::uninit(&self.device, &shape)?;
+        let nids = ids.len() as u64;
+        let (c64, r64, z64, v64) = (cols as u64, rows as u64, row0 as u64, vocab as u64);
+        // An empty table shard still answers (zeros); the kernel needs a valid pointer.
+        let empty;
+        let table = match &self.data {
+            Some(t) => &**t,
+            None => {
+                empty = self.device.stream().alloc_zeros::<T>(1).map_err(|e| cuda_err("device allocation", e))?;
+                &empty
+            }
+        };
+        let (Some(i), Some(o)) = (&ids.data, out.data_mut()?) else { return Ok(out) };
+        let f = self.device.kernels()?.function("embedding", T::SUFFIX)?;
+        let dev = Arc::clone(&self.device);
+        self.checked_ids("embedding", nids * c64, vocab, |bad| {
+            let mut b = dev.stream().launch_builder(&f);
+            b.arg(table).arg(&**i).arg(o).arg(&nids).arg(&c64).arg(&r64).arg(&z64).arg(&v64).arg(bad);
+            launch("embedding", &mut b, per_element(nids * c64))
+        })?;
+        Ok(out)
+    }
+
+    pub(super) fn embedding_backward(&self, ids: &Self, rows: usize, row0: usize, vocab: usize) -> Result<Self> {
+        self.same_device(ids, "embedding_backward")?;
+        let cols = *self.shape.last().unwrap_or(&0);
+        let mut out = Self::zeros(&self.device, &[rows, cols])?;
+        let nids = ids.len() as u64;
+        let (c64, r64, z64, v64) = (cols as u64, rows as u64, row0 as u64, vocab as u64);
+        // Without gradient rows there are no ids to check (as on the host).
+        let (Some(g), Some(i)) = (&self.data, &ids.data) else { return Ok(out) };
+        // A shard of no rows still checks the ids (as on the host): into a dummy buffer,
+        // which no id falls in.
+        let mut dummy;
+        let o = match out.data_mut()? {
+            Some(o) => o,
+            None => {
+                dummy = self.device.stream().alloc_zeros::<T>(1).map_err(|e| cuda_err("device allocation", e))?;
+                &mut dummy
+            }
+        };
+        let f = self.device.kernels()?.function("embedding_bwd", T::SUFFIX)?;
+        let dev = Arc::clone(&self.device);
+        self.checked_ids("embedding_backward", nids * c64, vocab, |bad| {
+            let mut b = dev.stream().launch_builder(&f);
+            b.arg(&**g).arg(&**i).arg(o).arg(&nids).arg(&c64).arg(&r64).arg(&z64).arg(&v64).arg(bad);
+            launch("embedding_backward", &mut b, per_element(nids * c64))
+        })?;
+        Ok(out)
+    }
+
+    pub(super) fn one_hot(&self, classes: usize) -> Result<Self> {
+        let mut shape = self.shape.clone();
+        shape.push(classes);
+        let mut out = Self::zeros(&self.device, &shape)?;
+        let nids = self.len() as u64;
+        let c64 = classes as u64;
+        let Some(i) = &self.data else { return Ok(out) };
+        let Some(o) = out.data_mut()? else {
+            // No classes: every id is out of range (as on the host).
+            return Err(Error::InvalidArgument {
+                context: "one_hot".into(),
+                reason: format!("an index is not a whole number in [0, {classes})"),
+            });
+        };
+        let f = self.device.kernels()?.function("one_hot", T::SUFFIX)?;
+        let dev = Arc::clone(&self.device);
+        self.checked_ids("one_hot", nids, classes, |bad| {
+            let mut b = dev.stream().launch_builder(&f);
+            b.arg(&**i).arg(o).arg(&nids).arg(&c64).arg(bad);
+            launch("one_hot", &mut b, per_element(nids))
+        })?;
+        Ok(out)
     }
 
     pub(super) fn where_(&self, _a: &Self, _b: &Self, _shape: &[usize]) -> Result<Self> {
@@ -344,26 +564,71 @@ impl<T: Element> CudaStorage<T> {
     }
 
     pub(super) fn cast<U: Element>(&self) -> Result<CudaStorage<U>> {
-        Err(not_yet("cast"))
+        let mut out = CudaStorage::<U>::uninit(&self.device, &self.shape)?;
+        let (Some(a), Some(o)) = (&self.data, out.data_mut()?) else { return Ok(out) };
+        let n = self.len() as u64;
+        let f = self.device.kernels()?.function(&format!("cast_{}", T::SUFFIX), U::SUFFIX)?;
+        let mut b = self.device.stream().launch_builder(&f);
+        b.arg(&**a).arg(o).arg(&n);
+        launch("cast", &mut b, per_element(n))?;
+        Ok(out)
     }
 
-    pub(super) fn sgd_step(&mut self, _g: &Self, _buf: Option<&mut Storage<T>>, _step: &SgdStep) -> Result<()> {
-        Err(not_yet("sgd update"))
+    pub(super) fn sgd_step(&mut self, g: &Self, buf: Option<&mut Storage<T>>, step: &SgdStep) -> Result<()> {
+        self.same_device(g, "sgd")?;
+        let n = self.len() as u64;
+        let (lr, m, wd) = (T::of_f64(step.lr), T::of_f64(step.momentum), T::of_f64(step.weight_decay));
+        let first = i32::from(step.first);
+        let dev = Arc::clone(&self.device);
+        let buf = match buf {
+            Some(b) => {
+                let b = cuda_of(b, "sgd: momentum buffer")?;
+                self.same_device(b, "sgd: momentum buffer")?;
+                Some(b)
+            }
+            None => None,
+        };
+        let (Some(w), Some(gd)) = (self.data_mut()?, &g.data) else { return Ok(()) };
+        match buf {
+            Some(bs) => {
+                let Some(bd) = bs.data_mut()? else { return Ok(()) };
+                let f = dev.kernels()?.function("sgd_momentum", T::SUFFIX)?;
+                let mut b = dev.stream().launch_builder(&f);
+                b.arg(w).arg(&**gd).arg(bd).arg(&n).arg(&lr).arg(&m).arg(&wd).arg(&first);
+                launch("sgd", &mut b, per_element(n))
+            }
+            None => {
+                let f = dev.kernels()?.function("sgd", T::SUFFIX)?;
+                let mut b = dev.stream().launch_builder(&f);
+                b.arg(w).arg(&**gd).arg(&n).arg(&lr).arg(&wd);
+                launch("sgd", &mut b, per_element(n))
+            }
+        }
     }
 
     pub(super) fn adamw_step(
         &mut self,
-        _g: &Self,
-        _m: &mut Storage<T>,
-        _v: &mut Storage<T>,
-        _step: &AdamWStep,
+        g: &Self,
+        m: &mut Storage<T>,
+        v: &mut Storage<T>,
+        step: &AdamWStep,
     ) -> Result<()> {
-        Err(not_yet("adamw update"))
+        self.same_device(g, "adamw")?;
+        let (m, v) = (cuda_of(m, "adamw: first moment")?, cuda_of(v, "adamw: second moment")?);
+        self.same_device(m, "adamw: first moment")?;
+        self.same_device(v, "adamw: second moment")?;
+        let n = self.len() as u64;
+        let c = |x: f64| T::of_f64(x);
+        let (lr, b1, b2, eps) = (c(step.lr), c(step.beta1), c(step.beta2), c(step.eps));
+        let (wd, c1, c2) = (c(step.weight_decay), c(step.bias_correction1), c(step.bias_correction2));
+        let dev = Arc::clone(&self.device);
+        let (Some(w), Some(gd), Some(md), Some(vd)) = (self.data_mut()?, &g.data, m.data_mut()?, v.data_mut()?) else {
+            return Ok(());
+        };
+        let f = dev.kernels()?.function("adamw", T::SUFFIX)?;
+        let mut b = dev.stream().launch_builder(&f);
+        b.arg(w).arg(&**gd).arg(md).arg(vd).arg(&n);
+        b.arg(&lr).arg(&b1).arg(&b2).arg(&eps).arg(&wd).arg(&c1).arg(&c2);
+        launch("adamw", &mut b, per_element(n))
     }
-}
-
-/// The second kernel argument: the other operand or a scalar.
-enum Second<'a, T> {
-    Tensor(&'a CudaSlice<T>),
-    Scalar(T),
 }

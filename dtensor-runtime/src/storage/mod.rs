@@ -16,14 +16,15 @@
 //! # How to add a kernel
 //!
 //! For a new element-wise function add a variant to [`op::UnaryOp`] or [`op::BinaryOp`] (with
-//! its name), its arm in `cpu::unary` / `cpu::binary`, and its CUDA kernel (or nothing:
-//! `CudaStorage` answers unknown variants with [`Error::Unsupported`]); ops then call
-//! `x.local.unary(UnaryOp::NewOp)`. For a kernel with a new signature, add a method here that
+//! its name), its arm in `cpu::unary` / `cpu::binary`, its op code in
+//! [`crate::cuda::args`] and that code's case in the kernels' `switch` in
+//! [`crate::cuda::source`] (the host emulation and device tests compare it with the CPU arm);
+//! ops then call `x.local.unary(UnaryOp::NewOp)`. For a kernel with a new signature, add a method here that
 //! checks shapes, then matches `self` once: `Storage::Cpu(a) => cpu::new_kernel(a, ..)` and
 //! `Storage::Cuda(c) => on_cuda!(c => c.new_kernel(..))`; add `cpu::new_kernel` (an ndarray
-//! loop, the op enum matched outside the loop), a `CudaStorage::new_kernel` (returning
-//! [`Error::Unsupported`] until the device kernel exists), and a unit test against a plain
-//! ndarray reference at the end of this file.
+//! loop, the op enum matched outside the loop), a `CudaStorage::new_kernel` (its kernel in
+//! `crate::cuda::source`, its arguments in `crate::cuda::args`), and a unit test against a
+//! plain ndarray reference at the end of this file.
 
 mod cpu;
 #[cfg(feature = "cuda")]
@@ -949,6 +950,16 @@ mod tests {
         assert_eq!(max.shape(), &[] as &[usize]);
         assert_eq!(max.iter().next(), a.iter().copied().reduce(f64::max).as_ref());
         assert!(matches!(s.reduce(Reduction::Sum, &[3], false), Err(Error::DimOutOfRange { .. })));
+        let min = cpu(s.reduce(Reduction::Min, &[1], false).unwrap());
+        assert_eq!(min, a.fold_axis(Axis(1), f64::INFINITY, |m, &v| m.min(v)));
+        // Max and min propagate NaN (PyTorch), whatever its position.
+        let mut n = a.clone();
+        n[[1, 2, 0]] = f64::NAN;
+        let n = Storage::Cpu(n);
+        for kind in [Reduction::Max, Reduction::Min] {
+            let r = cpu(n.reduce(kind, &[1, 2], false).unwrap());
+            assert!(!r[[0]].is_nan() && r[[1]].is_nan(), "{kind:?}: {r:?}");
+        }
     }
 
     #[test]

@@ -1,0 +1,471 @@
+//! The CUDA C source of every device kernel, as text: compiled at run time with NVRTC (no
+//! CUDA toolkit at build time), and, for its random-number part, by the host C compiler in a
+//! CPU test that checks it against [`crate::rng`] bit for bit.
+//!
+//! The typed kernels are written once over `T` / `SFX` and instantiated for each row of
+//! [`DTYPES`] (kernel `name_f32`, `name_f64`). Kernels take raw element counts, a grid-stride
+//! loop covers any grid, and index arithmetic is 64-bit. Op codes are the `*_CODE` functions
+//! of `storage::cuda`, which the `switch`es here must agree with (the device tests check every
+//! code against the host kernels).
+//!
+//! Compile every module with `--fmad=false`: then `a * b + c` rounds twice as on the host, the
+//! optimizer updates and the Philox normals are bit-identical to the CPU path, and element-wise
+//! arithmetic differs from it only through the math library (`exp`, `log`, `tanh`).
+//!
+//! Always compiled (it is only text), so the CPU tests can read it without the `cuda` feature.
+
+use crate::storage::op::{GELU_A, GELU_C};
+
+/// The element types kernels are instantiated for: (CUDA C type, kernel name suffix).
+pub const DTYPES: [(&str, &str); 2] = [("float", "f32"), ("double", "f64")];
+
+/// Most dims a strided kernel indexes (more is a typed error before launch).
+pub const MAX_DIMS: usize = 8;
+
+/// Threads per block of every launch (the block reductions assume this power of two).
+pub const BLOCK: u32 = 256;
+
+/// Per-dtype kernels (base names; the compiled names end in `_f32` / `_f64`).
+pub const TYPED_KERNELS: [&str; 13] = [
+    "fill",
+    "unary",
+    "binary",
+    "reduce",
+    "softmax",
+    "softmax_bwd",
+    "pack",
+    "embedding",
+    "embedding_bwd",
+    "one_hot",
+    "random",
+    "sgd",
+    "sgd_momentum",
+];
+
+/// [`TYPED_KERNELS`] plus this one: the AdamW update.
+pub const ADAMW: &str = "adamw";
+
+/// Every compiled kernel name: the typed kernels per dtype and the casts `cast_<from>_<to>`.
+pub fn kernel_names() -> Vec<String> {
+    let mut names = Vec::new();
+    for (_, sfx) in DTYPES {
+        for k in TYPED_KERNELS.iter().chain([&ADAMW]) {
+            names.push(format!("{k}_{sfx}"));
+        }
+        for (_, to) in DTYPES {
+            names.push(format!("cast_{sfx}_{to}"));
+        }
+    }
+    names
+}
+
+/// The counter-based random numbers: Philox4x32-10 and the conversions to uniform and normal
+/// numbers, in the C subset shared by CUDA and the host compiler (`DEV` marks functions:
+/// `__device__` on the GPU, `static` on the host). Every operation is a correctly rounded
+/// IEEE operation (`+ - * /`, `sqrt`, `floor`, `frexp`), so the results do not depend on a
+/// math library: `crate::rng` computes the same steps in Rust.
+pub const RNG_SOURCE: &str = r#"
+/* Philox4x32-10 (Salmon et al. 2011) of counter c under key (k0, k1), in place. */
+DEV void dt_philox(unsigned int c[4], unsigned int k0, unsigned int k1) {
+    for (int r = 0; r < 10; ++r) {
+        if (r > 0) { k0 += 0x9E3779B9u; k1 += 0xBB67AE85u; }
+        unsigned long long p0 = (unsigned long long)0xD2511F53u * c[0];
+        unsigned long long p1 = (unsigned long long)0xCD9E8D57u * c[2];
+        unsigned int n0 = (unsigned int)(p1 >> 32) ^ c[1] ^ k0;
+        unsigned int n1 = (unsigned int)p1;
+        unsigned int n2 = (unsigned int)(p0 >> 32) ^ c[3] ^ k1;
+        unsigned int n3 = (unsigned int)p0;
+        c[0] = n0; c[1] = n1; c[2] = n2; c[3] = n3;
+    }
+}
+
+/* (w + 0.5) * 2^-32: uniform in (0, 1), never 0 or 1. */
+DEV double dt_unit(unsigned int w) { return ((double)w + 0.5) * (1.0 / 4294967296.0); }
+
+/* ln x for x in (0, 1): x = m 2^e with m in [sqrt(1/2), sqrt(2)), ln m = 2 atanh(s),
+   s = (m - 1) / (m + 1), as the series 2 s (1 + z/3 + z^2/5 + ...) with z = s^2. */
+DEV double dt_log(double x) {
+    int e;
+    double m = frexp(x, &e);
+    if (m < DT_SQRT_HALF) { m = m * 2.0; e = e - 1; }
+    double s = (m - 1.0) / (m + 1.0);
+    double z = s * s;
+    double p = 2.0 / (2.0 * DT_LOG_TERMS - 1.0);
+    for (int k = DT_LOG_TERMS - 2; k >= 0; --k) p = p * z + 2.0 / (2.0 * k + 1.0);
+    /* ln 2 split so that e * hi is exact (fdlibm's ln2_hi / ln2_lo). */
+    return (double)e * DT_LN2_HI + ((double)e * DT_LN2_LO + s * p);
+}
+
+/* sin and cos of 2 pi t for t in [0, 1): the quarter turn q nearest to 4t is exact, the rest
+   a = (4t - q) pi/2 lies in [-pi/4, pi/4], where Taylor series with DT_TRIG_TERMS terms reach
+   double precision. */
+DEV void dt_sincos_turn(double t, double* sn, double* cs) {
+    double r = t * 4.0;
+    double q = floor(r + 0.5);
+    double a = (r - q) * DT_HALF_PI;
+    double z = a * a;
+    double cs_coef[DT_TRIG_TERMS];
+    double sn_coef[DT_TRIG_TERMS];
+    double fs = 1.0, fc = 1.0;
+    for (int k = 0; k < DT_TRIG_TERMS; ++k) {
+        sn_coef[k] = fs;
+        cs_coef[k] = fc;
+        fs = -fs / ((2.0 * k + 2.0) * (2.0 * k + 3.0));
+        fc = -fc / ((2.0 * k + 1.0) * (2.0 * k + 2.0));
+    }
+    double ps = sn_coef[DT_TRIG_TERMS - 1], pc = cs_coef[DT_TRIG_TERMS - 1];
+    for (int k = DT_TRIG_TERMS - 2; k >= 0; --k) { ps = ps * z + sn_coef[k]; pc = pc * z + cs_coef[k]; }
+    double s = a * ps, c = pc;
+    switch (((int)q) & 3) {
+        case 0: *sn = s; *cs = c; break;
+        case 1: *sn = c; *cs = -s; break;
+        case 2: *sn = -s; *cs = -c; break;
+        default: *sn = -c; *cs = s; break;
+    }
+}
+
+/* Element `lane` (0..4) of the block `w` as a uniform. */
+DEV double dt_uniform(const unsigned int w[4], int lane) { return dt_unit(w[lane]); }
+
+/* Element `lane` of the block `w` as a standard normal: Box-Muller on the word pair of the lane. */
+DEV double dt_normal(const unsigned int w[4], int lane) {
+    int pair = lane & ~1;
+    double u1 = dt_unit(w[pair]);
+    double u2 = dt_unit(w[pair + 1]);
+    double r = sqrt(-2.0 * dt_log(u1));
+    double sn, cs;
+    dt_sincos_turn(u2, &sn, &cs);
+    return (lane & 1) ? r * sn : r * cs;
+}
+
+/* Global element `i` of the random stream of key (k0, k1) starting at counter block `offset`. */
+DEV double dt_random(unsigned long long i, unsigned int k0, unsigned int k1, unsigned long long offset, int normal) {
+    unsigned long long b = offset + i / 4;
+    unsigned int w[4] = { (unsigned int)b, (unsigned int)(b >> 32), 0u, 0u };
+    dt_philox(w, k0, k1);
+    return normal ? dt_normal(w, (int)(i % 4)) : dt_uniform(w, (int)(i % 4));
+}
+"#;
+
+/// Definitions every module starts with (not per dtype).
+const PRELUDE: &str = r#"
+#define DEV __device__ static
+#define CAT2(a, b) a##_##b
+#define CAT(a, b) CAT2(a, b)
+#define K(name) CAT(name, SFX)
+#define GRID_LOOP(i, n) for (unsigned long long i = (unsigned long long)blockIdx.x * blockDim.x + threadIdx.x; i < (n); i += (unsigned long long)blockDim.x * gridDim.x)
+typedef unsigned long long u64;
+typedef long long i64;
+
+/* Output shape and the element strides of up to two operands (0 where broadcast). */
+struct Strided { int nd; i64 shape[MAX_DIMS]; i64 s0[MAX_DIMS]; i64 s1[MAX_DIMS]; };
+
+DEV void dt_offsets(const Strided& g, u64 i, i64* o0, i64* o1) {
+    i64 a = 0, b = 0;
+    for (int d = g.nd - 1; d >= 0; --d) {
+        i64 k = (i64)(i % (u64)g.shape[d]);
+        i /= (u64)g.shape[d];
+        a += k * g.s0[d];
+        b += k * g.s1[d];
+    }
+    *o0 = a; *o1 = b;
+}
+
+DEV double dt_inf() { return __longlong_as_double(0x7ff0000000000000ULL); }
+DEV double dt_nan() { return __longlong_as_double(0x7ff8000000000000ULL); }
+
+template <typename T> DEV T dt_unary(int op, T x, T s) {
+    switch (op) {
+        case 0: return -x;
+        case 1: return exp(x);
+        case 2: return log(x);
+        case 3: return x > (T)0 ? x : (T)0;
+        case 4: { double v = (double)x; return (T)(0.5 * v * (1.0 + tanh(GELU_C * (v + GELU_A * v * v * v)))); }
+        case 5: return tanh(x);
+        case 6: return sqrt(x);
+        case 7: return x + s;
+        case 8: return x * s;
+        case 9: return x > (T)0 ? (T)1 : (T)0;
+        case 10: {
+            double v = (double)x;
+            double t = tanh(GELU_C * (v + GELU_A * v * v * v));
+            return (T)(0.5 * (1.0 + t) + 0.5 * v * (1.0 - t * t) * GELU_C * (1.0 + 3.0 * GELU_A * v * v));
+        }
+        case 11: return (T)1 - x * x;
+        case 12: return (T)0.5 / x;
+        default: return (T)dt_nan();
+    }
+}
+
+template <typename T> DEV T dt_binary(int op, T x, T y) {
+    switch (op) {
+        case 0: return x + y;
+        case 1: return x - y;
+        case 2: return x * y;
+        case 3: return x / y;
+        case 4: return x == y ? (T)1 : (T)0;
+        default: return (T)dt_nan();
+    }
+}
+
+/* Reductions: 0 sum (and mean), 1 max, 2 min; max and min propagate NaN. */
+template <typename T> DEV T dt_reduce_init(int op) {
+    return op == 1 ? (T)(-dt_inf()) : op == 2 ? (T)dt_inf() : (T)0;
+}
+template <typename T> DEV T dt_combine(int op, T a, T b) {
+    if (op == 0) return a + b;
+    if (a != a) return a;
+    if (b != b) return b;
+    if (op == 1) return b > a ? b : a;
+    return b < a ? b : a;
+}
+
+/* Combines v over the block (blockDim.x a power of two); every thread gets the result. */
+template <typename T> DEV T dt_block_reduce(T* sh, T v, int op) {
+    sh[threadIdx.x] = v;
+    __syncthreads();
+    for (unsigned w = blockDim.x / 2; w > 0; w >>= 1) {
+        if (threadIdx.x < w) sh[threadIdx.x] = dt_combine(op, sh[threadIdx.x], sh[threadIdx.x + w]);
+        __syncthreads();
+    }
+    T r = sh[0];
+    __syncthreads();
+    return r;
+}
+
+/* Kept dims (output order) and reduced dims of a reduction, with their input strides. */
+struct Reduce { int nk; i64 kshape[MAX_DIMS]; i64 kstride[MAX_DIMS]; int nr; i64 rshape[MAX_DIMS]; i64 rstride[MAX_DIMS]; };
+
+DEV i64 dt_offset_of(u64 i, int nd, const i64* shape, const i64* stride) {
+    i64 o = 0;
+    for (int d = nd - 1; d >= 0; --d) { o += (i64)(i % (u64)shape[d]) * stride[d]; i /= (u64)shape[d]; }
+    return o;
+}
+
+/* A whole-number id in [0, n), or -1. */
+DEV i64 dt_index(double v, u64 n) {
+    if (!(v >= 0.0 && v < (double)n && v == floor(v))) return -1;
+    return (i64)v;
+}
+
+/* Pack plan table: one row of PACK_ROW u64 per block: src offset, dst offset, dims, first
+   element, extents[MAX_DIMS], src strides[MAX_DIMS], dst strides[MAX_DIMS]. */
+#define PACK_ROW (4 + 3 * MAX_DIMS)
+"#;
+
+/// The per-dtype kernels (`T` and `SFX` defined in front).
+const TYPED: &str = r#"
+extern "C" __global__ void K(fill)(T* o, u64 n, T v) { GRID_LOOP(i, n) o[i] = v; }
+
+extern "C" __global__ void K(unary)(const T* a, T* o, u64 n, int op, T s) {
+    GRID_LOOP(i, n) o[i] = dt_unary<T>(op, a[i], s);
+}
+
+extern "C" __global__ void K(binary)(const T* a, const T* b, T* o, u64 n, int op, Strided g) {
+    GRID_LOOP(i, n) {
+        i64 ia, ib;
+        dt_offsets(g, i, &ia, &ib);
+        o[i] = dt_binary<T>(op, a[ia], b[ib]);
+    }
+}
+
+/* One block per output element; `scale` multiplies the result when op is a mean. */
+extern "C" __global__ void K(reduce)(const T* a, T* o, u64 nout, u64 nred, int op, int mean, T scale, Reduce g) {
+    __shared__ T sh[BLOCK];
+    for (u64 out = blockIdx.x; out < nout; out += gridDim.x) {
+        i64 base = dt_offset_of(out, g.nk, g.kshape, g.kstride);
+        T acc = dt_reduce_init<T>(op);
+        for (u64 j = threadIdx.x; j < nred; j += blockDim.x) acc = dt_combine(op, acc, a[base + dt_offset_of(j, g.nr, g.rshape, g.rstride)]);
+        T r = dt_block_reduce(sh, acc, op);
+        if (threadIdx.x == 0) o[out] = mean ? r * scale : r;
+    }
+}
+
+/* Rows of `len` elements `inner` apart: lane l starts at (l / inner) len inner + l % inner.
+   The maximum ignores NaN (as the host kernel does); the sum then carries it. */
+extern "C" __global__ void K(softmax)(const T* x, T* o, u64 lanes, u64 len, u64 inner, int log_out) {
+    __shared__ T sh[BLOCK];
+    for (u64 l = blockIdx.x; l < lanes; l += gridDim.x) {
+        u64 base = (l / inner) * len * inner + l % inner;
+        T m = (T)(-dt_inf());
+        for (u64 j = threadIdx.x; j < len; j += blockDim.x) { T v = x[base + j * inner]; m = v > m ? v : m; }
+        sh[threadIdx.x] = m;
+        __syncthreads();
+        for (unsigned w = blockDim.x / 2; w > 0; w >>= 1) {
+            if (threadIdx.x < w) { T v = sh[threadIdx.x + w]; if (v > sh[threadIdx.x]) sh[threadIdx.x] = v; }
+            __syncthreads();
+        }
+        m = sh[0];
+        __syncthreads();
+        T s = (T)0;
+        for (u64 j = threadIdx.x; j < len; j += blockDim.x) s += exp(x[base + j * inner] - m);
+        s = dt_block_reduce(sh, s, 0);
+        T ls = log(s);
+        for (u64 j = threadIdx.x; j < len; j += blockDim.x) {
+            T v = x[base + j * inner];
+            o[base + j * inner] = log_out ? v - m - ls : exp(v - m) / s;
+        }
+    }
+}
+
+/* Softmax: g_in = y (g - sum g y); log-softmax: g_in = g - e^y sum g. */
+extern "C" __global__ void K(softmax_bwd)(const T* y, const T* g, T* o, u64 lanes, u64 len, u64 inner, int log_out) {
+    __shared__ T sh[BLOCK];
+    for (u64 l = blockIdx.x; l < lanes; l += gridDim.x) {
+        u64 base = (l / inner) * len * inner + l % inner;
+        T s = (T)0;
+        for (u64 j = threadIdx.x; j < len; j += blockDim.x) {
+            u64 k = base + j * inner;
+            s += log_out ? g[k] : g[k] * y[k];
+        }
+        s = dt_block_reduce(sh, s, 0);
+        for (u64 j = threadIdx.x; j < len; j += blockDim.x) {
+            u64 k = base + j * inner;
+            o[k] = log_out ? g[k] - exp(y[k]) * s : y[k] * (g[k] - s);
+        }
+    }
+}
+
+/* Every element of every block of a pack plan, one thread each (blocks found by binary search
+   on their first element). */
+extern "C" __global__ void K(pack)(const T* src, T* dst, const u64* table, u64 nblocks, u64 total) {
+    GRID_LOOP(i, total) {
+        u64 lo = 0, hi = nblocks - 1;
+        while (lo < hi) {
+            u64 mid = (lo + hi + 1) / 2;
+            if (table[mid * PACK_ROW + 3] <= i) lo = mid; else hi = mid - 1;
+        }
+        const u64* b = table + lo * PACK_ROW;
+        u64 r = i - b[3], so = b[0], d = b[1];
+        for (int k = (int)b[2] - 1; k >= 0; --k) {
+            u64 e = b[4 + k], ik = r % e;
+            r /= e;
+            so += ik * b[4 + MAX_DIMS + k];
+            d += ik * b[4 + 2 * MAX_DIMS + k];
+        }
+        dst[d] = src[so];
+    }
+}
+
+/* Rows ids - row0 of a [rows, cols] table shard, zeros for other ids; *bad = 1 on an invalid id. */
+extern "C" __global__ void K(embedding)(const T* table, const T* ids, T* o, u64 nids, u64 cols, u64 rows, u64 row0, u64 vocab, int* bad) {
+    GRID_LOOP(i, nids * cols) {
+        u64 k = i / cols, c = i % cols;
+        i64 v = dt_index((double)ids[k], vocab);
+        if (v < 0) { atomicExch(bad, 1); o[i] = (T)0; continue; }
+        o[i] = ((u64)v >= row0 && (u64)v < row0 + rows) ? table[((u64)v - row0) * cols + c] : (T)0;
+    }
+}
+
+/* Scatter-add of the gradient rows into a zeroed [rows, cols] shard. */
+extern "C" __global__ void K(embedding_bwd)(const T* g, const T* ids, T* o, u64 nids, u64 cols, u64 rows, u64 row0, u64 vocab, int* bad) {
+    GRID_LOOP(i, nids * cols) {
+        u64 k = i / cols, c = i % cols;
+        i64 v = dt_index((double)ids[k], vocab);
+        if (v < 0) { atomicExch(bad, 1); continue; }
+        if ((u64)v >= row0 && (u64)v < row0 + rows) atomicAdd(&o[((u64)v - row0) * cols + c], g[i]);
+    }
+}
+
+/* Ones at ids in a zeroed [nids, classes] output. */
+extern "C" __global__ void K(one_hot)(const T* ids, T* o, u64 nids, u64 classes, int* bad) {
+    GRID_LOOP(k, nids) {
+        i64 v = dt_index((double)ids[k], classes);
+        if (v < 0) { atomicExch(bad, 1); continue; }
+        o[k * classes + (u64)v] = (T)1;
+    }
+}
+
+/* A shard of a random tensor: local element i sits at global flat index base + sum_d i_d g.s0[d]. */
+extern "C" __global__ void K(random)(T* o, u64 n, Strided g, u64 base, unsigned int k0, unsigned int k1, u64 offset, int normal) {
+    GRID_LOOP(i, n) {
+        i64 rel, unused;
+        dt_offsets(g, i, &rel, &unused);
+        o[i] = (T)dt_random(base + (u64)rel, k0, k1, offset, normal);
+    }
+}
+
+/* The optimizer updates, operation for operation as the host kernels (see --fmad=false). */
+extern "C" __global__ void K(sgd)(T* w, const T* g, u64 n, T lr, T wd) {
+    GRID_LOOP(i, n) {
+        T d = wd != (T)0 ? g[i] + wd * w[i] : g[i];
+        w[i] -= lr * d;
+    }
+}
+
+extern "C" __global__ void K(sgd_momentum)(T* w, const T* g, T* b, u64 n, T lr, T m, T wd, int first) {
+    GRID_LOOP(i, n) {
+        T d = wd != (T)0 ? g[i] + wd * w[i] : g[i];
+        b[i] = first ? d : m * b[i] + d;
+        w[i] -= lr * b[i];
+    }
+}
+
+extern "C" __global__ void K(adamw)(T* w, const T* g, T* m, T* v, u64 n, T lr, T b1, T b2, T eps, T wd, T c1, T c2) {
+    GRID_LOOP(i, n) {
+        T wi = w[i], gi = g[i];
+        wi -= lr * wd * wi;
+        T mi = b1 * m[i] + ((T)1 - b1) * gi;
+        T vi = b2 * v[i] + ((T)1 - b2) * gi * gi;
+        wi -= lr * (mi / c1) / (sqrt(vi / c2) + eps);
+        m[i] = mi; v[i] = vi; w[i] = wi;
+    }
+}
+"#;
+
+/// Number of terms of the `ln` series of [`RNG_SOURCE`] (also used by `crate::rng`).
+pub const LOG_TERMS: i32 = 12;
+/// Number of terms of the sine and cosine series of [`RNG_SOURCE`].
+pub const TRIG_TERMS: i32 = 11;
+
+/// `ln 2` rounded so that `e·LN2_HI` is exact for any exponent (fdlibm's `ln2_hi`).
+pub const LN2_HI: f64 = 6.931_471_803_691_238e-1;
+/// `ln 2 - LN2_HI` (fdlibm's `ln2_lo`).
+pub const LN2_LO: f64 = 1.908_214_929_270_587_7e-10;
+
+/// The `#define`s [`RNG_SOURCE`] needs: term counts and constants, printed from the Rust
+/// values `crate::rng` uses (shortest round-trip form, so C reads the same doubles).
+pub fn rng_defines() -> String {
+    use std::f64::consts::{FRAC_1_SQRT_2, FRAC_PI_2};
+    format!(
+        "#define DT_LOG_TERMS {LOG_TERMS}\n#define DT_TRIG_TERMS {TRIG_TERMS}\n#define DT_SQRT_HALF {FRAC_1_SQRT_2:?}\n\
+         #define DT_HALF_PI {FRAC_PI_2:?}\n#define DT_LN2_HI {LN2_HI:?}\n#define DT_LN2_LO {LN2_LO:?}\n"
+    )
+}
+
+/// The whole CUDA C module: constants, prelude, random numbers, the typed kernels for each
+/// dtype and the casts between dtypes.
+pub fn module_source() -> String {
+    let mut s = format!(
+        "#define MAX_DIMS {MAX_DIMS}\n#define BLOCK {BLOCK}\n#define GELU_C {GELU_C:?}\n#define GELU_A {GELU_A:?}\n{}",
+        rng_defines()
+    );
+    s.push_str(PRELUDE);
+    s.push_str(RNG_SOURCE);
+    for (ty, sfx) in DTYPES {
+        s.push_str(&format!("\n#define T {ty}\n#define SFX {sfx}\n{TYPED}\n#undef T\n#undef SFX\n"));
+    }
+    for (from, fsfx) in DTYPES {
+        for (to, tsfx) in DTYPES {
+            s.push_str(&format!(
+                "extern \"C\" __global__ void cast_{fsfx}_{tsfx}(const {from}* a, {to}* o, u64 n) {{ GRID_LOOP(i, n) o[i] = ({to})a[i]; }}\n"
+            ));
+        }
+    }
+    s
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn every_kernel_name_is_defined_once_per_dtype() {
+        let src = module_source();
+        for k in TYPED_KERNELS.iter().chain([&ADAMW]) {
+            assert!(TYPED.contains(&format!("void K({k})(")), "{k} has no definition");
+        }
+        assert_eq!(kernel_names().len(), DTYPES.len() * (TYPED_KERNELS.len() + 1 + DTYPES.len()));
+        assert!(src.contains("cast_f64_f32"));
+    }
+}

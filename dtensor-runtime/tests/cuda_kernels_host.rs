@@ -1,0 +1,395 @@
+//! The CUDA kernels' C text, compiled by the host C++ compiler with a thin emulation of the
+//! CUDA built-ins (one thread per block, blocks run in turn, a small grid so the grid-stride
+//! loops wrap), called with the arguments `dtensor_runtime::cuda::args` builds for the device,
+//! against the host kernels of the same ops. Catches indexing, broadcasting, reduction,
+//! pack-table and formula mistakes on a machine without a GPU; the device tests
+//! (`tests/cuda_ops.rs`) check the real thing. Without a C++ compiler the test prints why and
+//! passes.
+#![cfg(unix)]
+
+mod common;
+
+use common::{adamw_step_at, global};
+use dtensor_runtime::cuda::args::{self, Reduce, Strided};
+use dtensor_runtime::cuda::source::{module_source, BLOCK};
+use dtensor_runtime::layout::pack;
+use dtensor_runtime::ndarray::{ArrayD, IxDyn};
+use dtensor_runtime::storage::op::{BinaryOp, Distribution, RandomFill, Reduction, SgdStep, SoftmaxKind, UnaryOp};
+use dtensor_runtime::storage::Target;
+use dtensor_runtime::{Element, Storage};
+use std::ffi::{c_void, CString};
+use std::process::Command;
+
+/// The CUDA built-ins the kernels use, on the host, for blocks of one thread.
+const SHIM: &str = r#"
+#include <cmath>
+#include <cstring>
+struct dt_dim3 { unsigned x, y, z; };
+static dt_dim3 blockIdx, threadIdx, blockDim, gridDim;
+extern "C" void dt_emu_set(unsigned grid, unsigned block) {
+    gridDim.x = grid; blockDim.x = 1; blockIdx.x = block; threadIdx.x = 0;
+}
+#define __global__
+#define __device__
+#define __shared__ static
+#define __syncthreads() do {} while (0)
+static inline double __longlong_as_double(long long v) { double d; std::memcpy(&d, &v, 8); return d; }
+static inline int atomicExch(int* p, int v) { int o = *p; *p = v; return o; }
+template <typename T> static inline T atomicAdd(T* p, T v) { T o = *p; *p = o + v; return o; }
+using std::exp; using std::log; using std::tanh; using std::sqrt; using std::floor; using std::frexp;
+"#;
+
+struct Emu {
+    lib: *mut c_void,
+    _dir: tempfile::TempDir,
+}
+
+impl Emu {
+    /// Compiles the kernels for the host, or `None` (printed) without a C++ compiler.
+    fn build() -> Option<Emu> {
+        let dir = tempfile::tempdir().unwrap();
+        let src = dir.path().join("kernels.cpp");
+        let so = dir.path().join("libkernels.so");
+        let text = module_source().replace(&format!("#define BLOCK {BLOCK}\n"), "#define BLOCK 1\n");
+        std::fs::write(&src, format!("{SHIM}{text}")).unwrap();
+        let cxx = std::env::var("CXX").unwrap_or_else(|_| "c++".into());
+        let out = Command::new(&cxx)
+            .args(["-std=c++17", "-O1", "-shared", "-fPIC", "-ffp-contract=off", "-w", "-o"])
+            .arg(&so)
+            .arg(&src)
+            .output();
+        match out {
+            Ok(o) if o.status.success() => {}
+            Ok(o) => panic!("{cxx} rejected the kernel source: {}", String::from_utf8_lossy(&o.stderr)),
+            Err(e) => {
+                println!("skipping: no host C++ compiler `{cxx}` ({e})");
+                return None;
+            }
+        }
+        let path = CString::new(so.to_str().unwrap()).unwrap();
+        // SAFETY: loads the library just built; kept open for the test.
+        let lib = unsafe { libc::dlopen(path.as_ptr(), libc::RTLD_NOW | libc::RTLD_LOCAL) };
+        assert!(!lib.is_null(), "dlopen of the host kernels failed");
+        Some(Emu { lib, _dir: dir })
+    }
+
+    /// The kernel `name` as a function of type `F` (the caller states its C signature).
+    fn kernel<F: Copy>(&self, name: &str) -> F {
+        let c = CString::new(name).unwrap();
+        // SAFETY: dlsym on the open library; a missing name is a test failure.
+        let p = unsafe { libc::dlsym(self.lib, c.as_ptr()) };
+        assert!(!p.is_null(), "kernel {name} missing");
+        assert_eq!(std::mem::size_of::<F>(), std::mem::size_of::<*mut c_void>());
+        // SAFETY: F is the extern "C" fn type of the kernel's C signature.
+        unsafe { std::mem::transmute_copy(&p) }
+    }
+
+    /// Runs `launch` once per block of a `grid`-block grid.
+    fn grid(&self, grid: u32, mut launch: impl FnMut()) {
+        let set: unsafe extern "C" fn(u32, u32) = self.kernel("dt_emu_set");
+        for b in 0..grid.max(1) {
+            // SAFETY: sets the emulated built-ins.
+            unsafe { set(grid.max(1), b) };
+            launch();
+        }
+    }
+}
+
+fn sfx<T: Element>() -> String {
+    T::DTYPE.to_string()
+}
+
+fn cpu<T: Element>(s: Storage<T>) -> ArrayD<T> {
+    s.into_host().unwrap()
+}
+
+fn same<T: Element>(a: &ArrayD<T>, b: &ArrayD<T>) -> bool {
+    a.shape() == b.shape() && a.iter().zip(b).all(|(&x, &y)| x == y || (x.is_nan() && y.is_nan()))
+}
+
+fn close<T: Element>(a: &ArrayD<T>, b: &ArrayD<T>, tol: f64) -> bool {
+    a.shape() == b.shape()
+        && a.iter().zip(b).all(|(&x, &y)| (x.as_f64() - y.as_f64()).abs() <= tol * (1.0 + y.as_f64().abs()))
+}
+
+fn arr<T: Element>(shape: &[usize], seed: u64, scale: f64) -> ArrayD<T> {
+    global(shape, seed).mapv(|v| T::of_f64(v * scale))
+}
+
+fn zeros<T: Element>(shape: &[usize]) -> ArrayD<T> {
+    ArrayD::zeros(IxDyn(shape))
+}
+
+type Unary<T> = unsafe extern "C" fn(*const T, *mut T, u64, i32, T);
+type Binary<T> = unsafe extern "C" fn(*const T, *const T, *mut T, u64, i32, Strided);
+type ReduceK<T> = unsafe extern "C" fn(*const T, *mut T, u64, u64, i32, i32, T, Reduce);
+type Softmax<T> = unsafe extern "C" fn(*const T, *mut T, u64, u64, u64, i32);
+type SoftmaxBwd<T> = unsafe extern "C" fn(*const T, *const T, *mut T, u64, u64, u64, i32);
+type Pack<T> = unsafe extern "C" fn(*const T, *mut T, *const u64, u64, u64);
+type Embed<T> = unsafe extern "C" fn(*const T, *const T, *mut T, u64, u64, u64, u64, u64, *mut i32);
+type OneHot<T> = unsafe extern "C" fn(*const T, *mut T, u64, u64, *mut i32);
+type Random<T> = unsafe extern "C" fn(*mut T, u64, Strided, u64, u32, u32, u64, i32);
+type SgdK<T> = unsafe extern "C" fn(*mut T, *const T, u64, T, T);
+type SgdMomentum<T> = unsafe extern "C" fn(*mut T, *const T, *mut T, u64, T, T, T, i32);
+type AdamWK<T> = unsafe extern "C" fn(*mut T, *const T, *mut T, *mut T, u64, T, T, T, T, T, T, T);
+type Fill<T> = unsafe extern "C" fn(*mut T, u64, T);
+type Cast<A, B> = unsafe extern "C" fn(*const A, *mut B, u64);
+
+fn elementwise<T: Element>(e: &Emu) {
+    let s = sfx::<T>();
+    let x = arr::<T>(&[5, 7], 1, 1.0 / 12.0);
+    let pos = x.mapv(|v| v.abs() + T::of_f64(0.25));
+    let un: Unary<T> = e.kernel(&format!("unary_{s}"));
+    for op in [
+        UnaryOp::Neg,
+        UnaryOp::Exp,
+        UnaryOp::Log,
+        UnaryOp::Relu,
+        UnaryOp::Gelu,
+        UnaryOp::Tanh,
+        UnaryOp::Sqrt,
+        UnaryOp::AddScalar(1.25),
+        UnaryOp::MulScalar(-0.75),
+        UnaryOp::ReluGrad,
+        UnaryOp::GeluGrad,
+        UnaryOp::TanhGrad,
+        UnaryOp::SqrtGrad,
+    ] {
+        let input = if matches!(op, UnaryOp::Log | UnaryOp::Sqrt | UnaryOp::SqrtGrad) { &pos } else { &x };
+        let mut out = zeros::<T>(&[5, 7]);
+        let (n, code, sc) = (35u64, args::unary_code(op), T::of_f64(op.scalar()));
+        // SAFETY: buffers of n elements.
+        e.grid(3, || unsafe { un(input.as_ptr(), out.as_mut_ptr(), n, code, sc) });
+        assert!(close(&out, &cpu(Storage::Cpu(input.clone()).unary(op).unwrap()), 1e-6), "{op} {s}");
+    }
+    let bin: Binary<T> = e.kernel(&format!("binary_{s}"));
+    let pairs: [(&[usize], &[usize]); 5] =
+        [(&[2, 3, 4], &[3, 1]), (&[4, 1], &[1, 5]), (&[5], &[2, 5]), (&[], &[3]), (&[6, 7], &[6, 7])];
+    for (sa, sb) in pairs {
+        let a = arr::<T>(sa, 2, 0.125);
+        let b = arr::<T>(sb, 3, 0.25).mapv(|v| if v == T::zero() { T::of_f64(0.5) } else { v });
+        for op in [BinaryOp::Add, BinaryOp::Sub, BinaryOp::Mul, BinaryOp::Div, BinaryOp::Eq] {
+            let want = cpu(Storage::Cpu(a.clone()).binary(op, &Storage::Cpu(b.clone())).unwrap());
+            let g = args::broadcast(op.name(), want.shape(), sa, sb).unwrap();
+            let mut out = zeros::<T>(want.shape());
+            let (n, code) = (want.len() as u64, args::binary_code(op));
+            // SAFETY: the strides stay inside a and b (broadcast shapes).
+            e.grid(4, || unsafe { bin(a.as_ptr(), b.as_ptr(), out.as_mut_ptr(), n, code, g) });
+            assert!(same(&out, &want), "{op} {sa:?} {sb:?} {s}");
+        }
+    }
+}
+
+fn reductions_and_softmax<T: Element>(e: &Emu) {
+    let s = sfx::<T>();
+    let a = arr::<T>(&[3, 4, 5], 4, 1.0 / 3.0);
+    let red: ReduceK<T> = e.kernel(&format!("reduce_{s}"));
+    let dims: [&[usize]; 6] = [&[0], &[1], &[2], &[0, 2], &[0, 1, 2], &[]];
+    for kind in [Reduction::Sum, Reduction::Mean, Reduction::Max, Reduction::Min] {
+        for d in dims {
+            for keep in [false, true] {
+                let want = cpu(Storage::Cpu(a.clone()).reduce(kind, d, keep).unwrap());
+                let (g, shape, nred) = args::reduce(kind.name(), a.shape(), d, keep).unwrap();
+                assert_eq!(shape, want.shape());
+                let (code, mean) = args::reduce_code(kind);
+                let scale = T::one() / T::of_f64(nred as f64);
+                let mut out = zeros::<T>(&shape);
+                let (nout, nr, m) = (out.len() as u64, nred as u64, i32::from(mean));
+                // SAFETY: the reduce struct indexes inside a.
+                e.grid(nout.min(5) as u32, || unsafe {
+                    red(a.as_ptr(), out.as_mut_ptr(), nout, nr, code, m, scale, g)
+                });
+                assert!(close(&out, &want, 1e-6), "{kind:?} {d:?} keepdim {keep} {s}: {out:?} vs {want:?}");
+            }
+        }
+    }
+    let mut nan = a.clone();
+    nan[[1, 2, 3]] = T::nan();
+    for kind in [Reduction::Max, Reduction::Min] {
+        let want = cpu(Storage::Cpu(nan.clone()).reduce(kind, &[2], false).unwrap());
+        let (g, shape, nred) = args::reduce(kind.name(), nan.shape(), &[2], false).unwrap();
+        let (code, _) = args::reduce_code(kind);
+        let mut out = zeros::<T>(&shape);
+        let nout = out.len() as u64;
+        // SAFETY: as above.
+        e.grid(2, || unsafe { red(nan.as_ptr(), out.as_mut_ptr(), nout, nred as u64, code, 0, T::one(), g) });
+        assert!(same(&out, &want) && out[[1, 2]].is_nan(), "{kind:?} NaN {s}");
+    }
+    let sm: Softmax<T> = e.kernel(&format!("softmax_{s}"));
+    let smb: SoftmaxBwd<T> = e.kernel(&format!("softmax_bwd_{s}"));
+    let g = arr::<T>(&[3, 4, 5], 7, 1.0 / 30.0);
+    for dim in 0..3 {
+        for kind in [SoftmaxKind::Softmax, SoftmaxKind::LogSoftmax] {
+            let y = Storage::Cpu(a.clone()).softmax(dim, kind).unwrap();
+            let gx = cpu(y.softmax_backward(&Storage::Cpu(g.clone()), dim, kind).unwrap());
+            let (lanes, len, inner) = args::lanes(a.shape(), dim);
+            let log = i32::from(kind == SoftmaxKind::LogSoftmax);
+            let (mut out, mut back) = (zeros::<T>(a.shape()), zeros::<T>(a.shape()));
+            // SAFETY: lanes·len elements.
+            e.grid(3, || unsafe { sm(a.as_ptr(), out.as_mut_ptr(), lanes, len, inner, log) });
+            assert!(close(&out, y.as_cpu().unwrap(), 1e-6), "{kind:?} dim {dim} {s}");
+            // SAFETY: as above.
+            e.grid(3, || unsafe { smb(out.as_ptr(), g.as_ptr(), back.as_mut_ptr(), lanes, len, inner, log) });
+            assert!(close(&back, &gx, 1e-6), "{kind:?} backward dim {dim} {s}");
+        }
+    }
+}
+
+fn pack_embedding_random<T: Element>(e: &Emu) {
+    let s = sfx::<T>();
+    let a = arr::<T>(&[5, 6, 7], 10, 1.0);
+    let pk: Pack<T> = e.kernel(&format!("pack_{s}"));
+    let run_plan = |plan: &pack::PackPlan, src: &ArrayD<T>| {
+        let (table, total) = args::pack_table(plan).unwrap();
+        let mut out = zeros::<T>(&plan.dst_shape);
+        let nb = (table.len() / args::PACK_ROW) as u64;
+        if total > 0 {
+            // SAFETY: the checked plan stays inside both buffers.
+            e.grid(3, || unsafe { pk(src.as_ptr(), out.as_mut_ptr(), table.as_ptr(), nb, total) });
+        }
+        out
+    };
+    let sa = Storage::Cpu(a.clone());
+    let mut plans = vec![
+        pack::permute(&[5, 6, 7], &[2, 0, 1]),
+        pack::slice(&[5, 6, 7], &[1, 2, 3], &[3, 4, 2]),
+        pack::broadcast(&[6, 1], &[5, 6, 7]).unwrap(),
+    ];
+    for (dim, parts) in [(0usize, 2usize), (1, 4), (2, 3), (0, 8)] {
+        let mut block: Vec<usize> = vec![5, 6, 7];
+        block[dim] = block[dim].div_ceil(parts);
+        plans.push(pack::split(&[5, 6, 7], dim, parts, &block));
+    }
+    for plan in &plans {
+        let src = if plan.src_len == 6 { arr::<T>(&[6, 1], 11, 1.0) } else { a.clone() };
+        let want = cpu(Storage::Cpu(src.clone()).pack(plan).unwrap());
+        assert!(same(&run_plan(plan, &src), &want), "plan {plan:?} {s}");
+    }
+    assert!(same(&run_plan(&pack::permute(&[5, 6, 7], &[1, 0, 2]), &a), &cpu(sa.transpose(0, 1).unwrap())));
+
+    let table = arr::<T>(&[6, 5], 12, 1.0);
+    let ids = ArrayD::from_shape_vec(IxDyn(&[2, 4]), [3.0, 0.0, 7.0, 3.0, 9.0, 2.0, 3.0, 8.0].map(T::of_f64).to_vec())
+        .unwrap();
+    let emb: Embed<T> = e.kernel(&format!("embedding_{s}"));
+    let embb: Embed<T> = e.kernel(&format!("embedding_bwd_{s}"));
+    let oh: OneHot<T> = e.kernel(&format!("one_hot_{s}"));
+    let mut bad = 0i32;
+    let mut out = zeros::<T>(&[2, 4, 5]);
+    // SAFETY: 8 ids, 5 columns, a 6-row table.
+    e.grid(3, || unsafe { emb(table.as_ptr(), ids.as_ptr(), out.as_mut_ptr(), 8, 5, 6, 2, 10, &mut bad) });
+    let st = Storage::Cpu(table.clone());
+    assert!(bad == 0 && same(&out, &cpu(st.embedding(&Storage::Cpu(ids.clone()), 2, 10).unwrap())), "embedding {s}");
+    let g = arr::<T>(&[2, 4, 5], 13, 1.0 / 7.0);
+    let mut gt = zeros::<T>(&[6, 5]);
+    // SAFETY: as above.
+    e.grid(3, || unsafe { embb(g.as_ptr(), ids.as_ptr(), gt.as_mut_ptr(), 8, 5, 6, 2, 10, &mut bad) });
+    let want = cpu(Storage::Cpu(g.clone()).embedding_backward(&Storage::Cpu(ids.clone()), 6, 2, 10).unwrap());
+    assert!(bad == 0 && close(&gt, &want, 1e-6), "embedding_backward {s}");
+    let mut o = zeros::<T>(&[2, 4, 10]);
+    // SAFETY: 8 ids, 10 classes.
+    e.grid(3, || unsafe { oh(ids.as_ptr(), o.as_mut_ptr(), 8, 10, &mut bad) });
+    assert!(bad == 0 && same(&o, &cpu(Storage::Cpu(ids.clone()).one_hot(10).unwrap())), "one_hot {s}");
+    for v in [1.5, -1.0, 10.0, f64::NAN] {
+        let one = [T::of_f64(v)];
+        let mut o = zeros::<T>(&[10]);
+        let mut flag = 0i32;
+        // SAFETY: one id, 10 classes.
+        e.grid(1, || unsafe { oh(one.as_ptr(), o.as_mut_ptr(), 1, 10, &mut flag) });
+        assert_eq!(flag, 1, "id {v} is flagged");
+    }
+
+    let rnd: Random<T> = e.kernel(&format!("random_{s}"));
+    for dist in [Distribution::Uniform, Distribution::Normal] {
+        let fill = RandomFill { seed: 99, offset: (1 << 32) - 2, dist };
+        let (global, off, shape) = ([9usize, 11], [2usize, 3], [5usize, 7]);
+        let want = cpu(Storage::<T>::random(&Target::Cpu, &fill, &global, &off, &shape).unwrap());
+        let (g, base) = args::random(&global, &off, &shape).unwrap();
+        let k = rand_philox::splitmix64(fill.seed);
+        let normal = i32::from(dist == Distribution::Normal);
+        let mut out = zeros::<T>(&shape);
+        // SAFETY: 35 elements.
+        e.grid(4, || unsafe { rnd(out.as_mut_ptr(), 35, g, base, k as u32, (k >> 32) as u32, fill.offset, normal) });
+        assert!(same(&out, &want), "random {dist:?} {s}");
+    }
+}
+
+fn optimizers_cast_fill<T: Element>(e: &Emu) {
+    let s = sfx::<T>();
+    let w0 = arr::<T>(&[4, 6], 15, 0.1);
+    let g = arr::<T>(&[4, 6], 16, 0.05);
+    let sgd: SgdK<T> = e.kernel(&format!("sgd_{s}"));
+    let sgdm: SgdMomentum<T> = e.kernel(&format!("sgd_momentum_{s}"));
+    let adamw: AdamWK<T> = e.kernel(&format!("adamw_{s}"));
+    let (mut hw, mut w) = (Storage::Cpu(w0.clone()), w0.clone());
+    let mut hb = Storage::Cpu(zeros::<T>(&[4, 6]));
+    let mut b = zeros::<T>(&[4, 6]);
+    let hg = Storage::Cpu(g.clone());
+    for st in [
+        SgdStep { lr: 0.1, momentum: 0.0, weight_decay: 0.01, first: true },
+        SgdStep { lr: 0.05, momentum: 0.9, weight_decay: 0.01, first: true },
+        SgdStep { lr: 0.05, momentum: 0.9, weight_decay: 0.0, first: false },
+    ] {
+        let (lr, m, wd) = (T::of_f64(st.lr), T::of_f64(st.momentum), T::of_f64(st.weight_decay));
+        if st.momentum == 0.0 {
+            hw.sgd_step(&hg, None, &st).unwrap();
+            // SAFETY: 24 elements each.
+            e.grid(2, || unsafe { sgd(w.as_mut_ptr(), g.as_ptr(), 24, lr, wd) });
+        } else {
+            hw.sgd_step(&hg, Some(&mut hb), &st).unwrap();
+            let first = i32::from(st.first);
+            // SAFETY: 24 elements each.
+            e.grid(2, || unsafe { sgdm(w.as_mut_ptr(), g.as_ptr(), b.as_mut_ptr(), 24, lr, m, wd, first) });
+        }
+        assert!(same(&w, hw.as_cpu().unwrap()), "sgd {st:?} {s}");
+    }
+    let (mut hm, mut hv) = (Storage::Cpu(zeros::<T>(&[4, 6])), Storage::Cpu(zeros::<T>(&[4, 6])));
+    let (mut m, mut v) = (zeros::<T>(&[4, 6]), zeros::<T>(&[4, 6]));
+    for t in 1..=3 {
+        let p = adamw_step_at(t);
+        hw.adamw_step(&hg, &mut hm, &mut hv, &p).unwrap();
+        let c = T::of_f64;
+        let (lr, b1, b2, eps, wd, c1, c2) = (
+            c(p.lr),
+            c(p.beta1),
+            c(p.beta2),
+            c(p.eps),
+            c(p.weight_decay),
+            c(p.bias_correction1),
+            c(p.bias_correction2),
+        );
+        // SAFETY: 24 elements each.
+        e.grid(2, || unsafe {
+            adamw(w.as_mut_ptr(), g.as_ptr(), m.as_mut_ptr(), v.as_mut_ptr(), 24, lr, b1, b2, eps, wd, c1, c2)
+        });
+        assert!(same(&w, hw.as_cpu().unwrap()) && same(&v, hv.as_cpu().unwrap()), "adamw step {t} {s}");
+    }
+    let fill: Fill<T> = e.kernel(&format!("fill_{s}"));
+    let mut f = zeros::<T>(&[3, 5]);
+    // SAFETY: 15 elements.
+    e.grid(2, || unsafe { fill(f.as_mut_ptr(), 15, T::of_f64(-2.5)) });
+    assert_eq!(f, ArrayD::from_elem(IxDyn(&[3, 5]), T::of_f64(-2.5)));
+}
+
+#[test]
+fn kernel_source_matches_the_host_kernels() {
+    let Some(e) = Emu::build() else { return };
+    elementwise::<f64>(&e);
+    elementwise::<f32>(&e);
+    reductions_and_softmax::<f64>(&e);
+    reductions_and_softmax::<f32>(&e);
+    pack_embedding_random::<f64>(&e);
+    pack_embedding_random::<f32>(&e);
+    optimizers_cast_fill::<f64>(&e);
+    optimizers_cast_fill::<f32>(&e);
+    let x = arr::<f64>(&[7, 3], 20, 1.0 / 3.0 + 1e-9);
+    let to32: Cast<f64, f32> = e.kernel("cast_f64_f32");
+    let mut y = zeros::<f32>(&[7, 3]);
+    // SAFETY: 21 elements.
+    e.grid(2, || unsafe { to32(x.as_ptr(), y.as_mut_ptr(), 21) });
+    assert!(same(&y, &cpu(Storage::Cpu(x.clone()).cast::<f32>().unwrap())));
+    let to64: Cast<f32, f64> = e.kernel("cast_f32_f64");
+    let mut z = zeros::<f64>(&[7, 3]);
+    // SAFETY: 21 elements.
+    e.grid(2, || unsafe { to64(y.as_ptr(), z.as_mut_ptr(), 21) });
+    assert!(same(&z, &y.mapv(f64::from)));
+}
