@@ -157,7 +157,7 @@ fn elementwise<T: Element>(e: &Emu) {
     ] {
         let input = if matches!(op, UnaryOp::Log | UnaryOp::Sqrt | UnaryOp::SqrtGrad) { &pos } else { &x };
         let mut out = zeros::<T>(&[5, 7]);
-        let (n, code, sc) = (35u64, args::unary_code(op), T::of_f64(op.scalar()));
+        let (n, code, sc) = (35u64, args::unary_code(op).unwrap(), T::of_f64(op.scalar()));
         // SAFETY: buffers of n elements.
         e.grid(3, || unsafe { un(input.as_ptr(), out.as_mut_ptr(), n, code, sc) });
         assert!(close(&out, &cpu(Storage::Cpu(input.clone()).unary(op).unwrap()), 1e-6), "{op} {s}");
@@ -172,7 +172,7 @@ fn elementwise<T: Element>(e: &Emu) {
             let want = cpu(Storage::Cpu(a.clone()).binary(op, &Storage::Cpu(b.clone())).unwrap());
             let g = args::broadcast(op.name(), want.shape(), sa, sb).unwrap();
             let mut out = zeros::<T>(want.shape());
-            let (n, code) = (want.len() as u64, args::binary_code(op));
+            let (n, code) = (want.len() as u64, args::binary_code(op).unwrap());
             // SAFETY: the strides stay inside a and b (broadcast shapes).
             e.grid(4, || unsafe { bin(a.as_ptr(), b.as_ptr(), out.as_mut_ptr(), n, code, g) });
             assert!(same(&out, &want), "{op} {sa:?} {sb:?} {s}");

@@ -69,9 +69,10 @@ pub fn check_dims(op: &str, nd: usize) -> Result<()> {
     }
 }
 
-/// The op code of a unary op in the kernels' `dt_unary` switch.
-pub fn unary_code(op: UnaryOp) -> i32 {
-    match op {
+/// The op code of a unary op in the kernels' `dt_unary` switch; `Unsupported` for the ops
+/// that have no device kernel yet.
+pub fn unary_code(op: UnaryOp) -> Result<i32> {
+    Ok(match op {
         UnaryOp::Neg => 0,
         UnaryOp::Exp => 1,
         UnaryOp::Log => 2,
@@ -85,18 +86,25 @@ pub fn unary_code(op: UnaryOp) -> i32 {
         UnaryOp::GeluGrad => 10,
         UnaryOp::TanhGrad => 11,
         UnaryOp::SqrtGrad => 12,
-    }
+        _ => return Err(no_kernel(op.name())),
+    })
 }
 
-/// The op code of a binary op in the kernels' `dt_binary` switch.
-pub fn binary_code(op: BinaryOp) -> i32 {
-    match op {
+/// The op code of a binary op in the kernels' `dt_binary` switch (`Unsupported` as above).
+pub fn binary_code(op: BinaryOp) -> Result<i32> {
+    Ok(match op {
         BinaryOp::Add => 0,
         BinaryOp::Sub => 1,
         BinaryOp::Mul => 2,
         BinaryOp::Div => 3,
         BinaryOp::Eq => 4,
-    }
+        _ => return Err(no_kernel(op.name())),
+    })
+}
+
+/// The typed error of an op of the storage surface that has no CUDA kernel yet.
+pub fn no_kernel(op: &str) -> Error {
+    Error::Unsupported { op: op.into(), reason: "no CUDA kernel yet; run this op on a host mesh".into() }
 }
 
 /// The combine code of a reduction in the kernels' `dt_combine` (0 sum, 1 max, 2 min) and

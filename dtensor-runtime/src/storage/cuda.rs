@@ -287,7 +287,7 @@ impl<T: Element> CudaStorage<T> {
         let (Some(a), Some(o)) = (&self.data, out.data_mut()?) else {
             return Ok(out);
         };
-        let (n, code, s) = (self.len() as u64, unary_code(op), T::of_f64(op.scalar()));
+        let (n, code, s) = (self.len() as u64, unary_code(op)?, T::of_f64(op.scalar()));
         let f = self.device.kernels()?.function("unary", T::SUFFIX)?;
         let mut b = self.device.stream().launch_builder(&f);
         b.arg(&**a).arg(o).arg(&n).arg(&code).arg(&s);
@@ -304,7 +304,7 @@ impl<T: Element> CudaStorage<T> {
         let (Some(a), Some(bb), Some(o)) = (&self.data, &other.data, out.data_mut()?) else {
             return Ok(out); // an empty operand broadcasts only to an empty output
         };
-        let (n, code) = (shape.iter().product::<usize>() as u64, binary_code(op));
+        let (n, code) = (shape.iter().product::<usize>() as u64, binary_code(op)?);
         let f = self.device.kernels()?.function("binary", T::SUFFIX)?;
         let mut b = self.device.stream().launch_builder(&f);
         b.arg(&**a).arg(&**bb).arg(o).arg(&n).arg(&code).arg(&g);
@@ -532,35 +532,35 @@ impl<T: Element> CudaStorage<T> {
     }
 
     pub(super) fn where_(&self, _a: &Self, _b: &Self, _shape: &[usize]) -> Result<Self> {
-        Err(not_yet("where"))
+        Err(args::no_kernel("where"))
     }
 
     pub(super) fn tri(&self, _lower: bool, _diagonal: i64, _row0: usize, _col0: usize) -> Result<Self> {
-        Err(not_yet("tril/triu"))
+        Err(args::no_kernel("tril/triu"))
     }
 
     pub(super) fn arg_reduce(&self, _dim: usize, max: bool, _keepdim: bool) -> Result<Self> {
-        Err(not_yet(if max { "argmax" } else { "argmin" }))
+        Err(args::no_kernel(if max { "argmax" } else { "argmin" }))
     }
 
     pub(super) fn cat(&self, _parts: &[&Storage<T>], _dim: usize) -> Result<Self> {
-        Err(not_yet("cat"))
+        Err(args::no_kernel("cat"))
     }
 
     pub(super) fn index_select(&self, _dim: usize, _ids: &Self) -> Result<Self> {
-        Err(not_yet("index_select"))
+        Err(args::no_kernel("index_select"))
     }
 
     pub(super) fn index_add(&self, _dim: usize, _ids: &Self, _n: usize) -> Result<Self> {
-        Err(not_yet("index_select_backward"))
+        Err(args::no_kernel("index_select_backward"))
     }
 
     pub(super) fn gather(&self, _dim: usize, _ids: &Self) -> Result<Self> {
-        Err(not_yet("gather"))
+        Err(args::no_kernel("gather"))
     }
 
     pub(super) fn scatter_add(&self, _dim: usize, _ids: &Self, _shape: &[usize]) -> Result<Self> {
-        Err(not_yet("gather_backward"))
+        Err(args::no_kernel("gather_backward"))
     }
 
     pub(super) fn cast<U: Element>(&self) -> Result<CudaStorage<U>> {
