@@ -7,8 +7,9 @@ use quote::ToTokens;
 use syn::punctuated::Punctuated;
 use syn::{Attribute, Expr, ExprLit, Lit, LitStr, Meta, Token, UnOp};
 
-/// Reduce ops of `Partial(op)`, as `(accepted spelling, marker type name)`.
-const REDUCE_OPS: &[(&str, &str)] = &[
+/// Reduce ops of `Partial(op)`, as `(accepted spelling, marker type name)`: the spellings
+/// `dtensor_runtime::ReduceOp::parse` accepts (a unit test checks they agree).
+pub(crate) const REDUCE_OPS: &[(&str, &str)] = &[
     ("sum", "Sum"),
     ("avg", "Avg"),
     ("mean", "Avg"),

@@ -11,7 +11,7 @@ use quote::{format_ident, quote, quote_spanned, ToTokens};
 use syn::spanned::Spanned;
 use syn::{Fields, FnArg, ItemFn, ItemStruct, Pat, ReturnType};
 
-/// Mesh dim names the runtime predefines in `dtensor::typed::dims` (a test of the facade
+/// Mesh dim names the runtime predefines in `dtensor::typed::dims` (a unit test of this
 /// crate checks this list against `dtensor_runtime::typed::dims::PREDEFINED`).
 pub(crate) const PREDEFINED_DIMS: &[&str] =
     &["dp", "tp", "pp", "cp", "sp", "ep", "fsdp", "dim0", "dim1", "dim2", "dim3"];

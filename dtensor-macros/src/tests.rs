@@ -143,3 +143,20 @@ fn invalid_input_falls_back_to_the_plain_item_and_stubs() {
         assert!(out.contains(needle), "missing stub `{needle}` in {out}");
     }
 }
+
+/// The macro cannot call the runtime at expansion time, so it keeps small copies of the
+/// runtime's tables; these tests keep them equal.
+#[test]
+fn tables_agree_with_the_runtime() {
+    assert_eq!(crate::expand::PREDEFINED_DIMS, dtensor_runtime::typed::dims::PREDEFINED);
+    let runtime: Vec<(&str, String)> =
+        dtensor_runtime::ReduceOp::SPELLINGS.iter().map(|(s, op)| (*s, format!("{op:?}"))).collect();
+    let ours: Vec<(&str, String)> = attr::REDUCE_OPS.iter().map(|(s, m)| (*s, m.to_string())).collect();
+    assert_eq!(ours, runtime, "reduce-op spellings and their markers");
+    for rank in 0..5usize {
+        for d in -7i64..7 {
+            let runtime = dtensor_runtime::shape::normalize_dim(d as isize, rank);
+            assert_eq!(crate::valid::normalize_dim(d, rank), runtime, "dim {d} rank {rank}");
+        }
+    }
+}

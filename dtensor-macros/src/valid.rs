@@ -103,8 +103,8 @@ pub(crate) fn resolve(
                 Marker::Partial(op)
             }
             Kind::Shard(d) => {
-                let nd = if d < 0 { d + rank as i64 } else { d };
-                if nd < 0 || nd >= rank as i64 {
+                let nd = normalize_dim(d, rank);
+                if nd.is_none() {
                     let from = if rank_explicit {
                         format!("rank {rank}")
                     } else {
@@ -116,12 +116,20 @@ pub(crate) fn resolve(
                     );
                     ok = false;
                 }
-                Marker::Shard(nd.max(0) as usize)
+                Marker::Shard(nd.unwrap_or(0))
             }
         };
         out.push(m);
     }
     ok.then_some(out)
+}
+
+/// A possibly negative dim resolved against `rank` (`-1` is the last), `None` out of range:
+/// the runtime's `shape::normalize_dim` rule (a unit test checks they agree).
+pub(crate) fn normalize_dim(d: i64, rank: usize) -> Option<usize> {
+    let n = i64::try_from(rank).ok()?;
+    let nd = if d < 0 { d.checked_add(n)? } else { d };
+    (0..n).contains(&nd).then_some(nd as usize)
 }
 
 fn list_names(mesh: &MeshAst) -> String {

@@ -153,7 +153,7 @@ fn distribute_array<T: Element>(
             // Every rank must agree with the source about the global shape.
             let mine = shape_meta(tensor.shape())?;
             let mut meta = mine.clone();
-            mesh.broadcast_usize(Along::All, &mut meta, root)?;
+            mesh.broadcast_u64(Along::All, &mut meta, root)?;
             if meta != mine {
                 return Err(Error::InconsistentAcrossRanks {
                     context: "distribute_tensor: shape of the tensor passed on each rank".into(),
@@ -342,7 +342,7 @@ fn check_consistency(
     // One word per mesh dim (the mesh is the same on every rank): placements, Partial's
     // reduce op included, must agree too.
     meta.extend(placements.iter().map(placement_code));
-    let all = mesh.all_gather_usize(Along::All, &meta)?;
+    let all = mesh.all_gather_u64(Along::All, &meta)?;
     let len = meta.len();
     for (pos, &rank) in mesh.ranks().iter().enumerate() {
         let m = &all[pos * len..(pos + 1) * len];

@@ -26,16 +26,20 @@ impl ReduceOp {
         }
     }
 
-    /// Parses `sum`, `avg`, `min`, `max`, `product` (case-insensitive).
+    /// Every accepted spelling of every reduce op (`mean` and `prod` are PyTorch's aliases).
+    pub const SPELLINGS: &'static [(&'static str, ReduceOp)] = &[
+        ("sum", ReduceOp::Sum),
+        ("avg", ReduceOp::Avg),
+        ("mean", ReduceOp::Avg),
+        ("min", ReduceOp::Min),
+        ("max", ReduceOp::Max),
+        ("product", ReduceOp::Product),
+        ("prod", ReduceOp::Product),
+    ];
+
+    /// Parses any of [`SPELLINGS`](Self::SPELLINGS), case-insensitively.
     pub fn parse(s: &str) -> Option<ReduceOp> {
-        Some(match s.to_ascii_lowercase().as_str() {
-            "sum" => ReduceOp::Sum,
-            "avg" | "mean" => ReduceOp::Avg,
-            "min" => ReduceOp::Min,
-            "max" => ReduceOp::Max,
-            "product" | "prod" => ReduceOp::Product,
-            _ => return None,
-        })
+        Self::SPELLINGS.iter().find(|(name, _)| name.eq_ignore_ascii_case(s)).map(|&(_, op)| op)
     }
 }
 
@@ -124,15 +128,10 @@ impl Placement {
     /// Resolves a negative shard dim against the tensor rank and checks it is in range.
     pub fn normalize(self, ndim: usize) -> Result<Placement> {
         match self {
-            Placement::Shard(d) => {
-                let n = ndim as isize;
-                let nd = if d < 0 { d + n } else { d };
-                if nd < 0 || nd >= n {
-                    Err(Error::ShardDimOutOfRange { dim: d, ndim })
-                } else {
-                    Ok(Placement::Shard(nd))
-                }
-            }
+            Placement::Shard(d) => match crate::shape::normalize_dim(d, ndim) {
+                Some(nd) => Ok(Placement::Shard(nd as isize)),
+                None => Err(Error::ShardDimOutOfRange { dim: d, ndim }),
+            },
             p => Ok(p),
         }
     }

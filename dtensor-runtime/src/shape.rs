@@ -19,6 +19,22 @@
 
 use crate::error::{Error, Result};
 
+/// Resolves a possibly negative dim (`-1` is the last) against a rank: `None` when out of
+/// range. The one rule for every dim argument and every `Shard(dim)` (the macro crate's copy
+/// is tested against it).
+///
+/// ```
+/// use dtensor_runtime::shape::normalize_dim;
+/// assert_eq!(normalize_dim(-1, 3), Some(2));
+/// assert_eq!(normalize_dim(3, 3), None);
+/// assert_eq!(normalize_dim(-4, 3), None);
+/// ```
+pub fn normalize_dim(dim: isize, ndim: usize) -> Option<usize> {
+    let n = isize::try_from(ndim).ok()?;
+    let d = if dim < 0 { dim.checked_add(n)? } else { dim };
+    (0..n).contains(&d).then_some(d as usize)
+}
+
 fn overflow(context: &str, shape: &[usize]) -> Error {
     Error::ShapeOverflow { context: context.to_string(), shape: shape.to_vec() }
 }

@@ -104,16 +104,17 @@ impl DeviceMesh {
         self.comm().broadcast(g, bytemuck::cast_slice_mut(buf), root)
     }
 
-    /// Broadcast of plain integers (metadata: shapes, counts).
-    pub fn broadcast_usize(&self, along: Along, buf: &mut [u64], root: usize) -> Result<()> {
+    /// Broadcast of `u64` metadata (shapes, counts: fixed width, so ranks of different
+    /// pointer sizes agree).
+    pub fn broadcast_u64(&self, along: Along, buf: &mut [u64], root: usize) -> Result<()> {
         let (g, _) = self.group_of(along)?;
         self.note(CollectiveKind::Broadcast, along, std::mem::size_of_val(buf));
         self.agree(g, CollectiveKind::Broadcast, None, buf.len(), Some(root), None)?;
         self.comm().broadcast(g, bytemuck::cast_slice_mut(buf), root)
     }
 
-    /// All-gather of plain integers (metadata: shapes, counts).
-    pub fn all_gather_usize(&self, along: Along, send: &[u64]) -> Result<Vec<u64>> {
+    /// All-gather of `u64` metadata (shapes, counts).
+    pub fn all_gather_u64(&self, along: Along, send: &[u64]) -> Result<Vec<u64>> {
         let (g, _) = self.group_of(along)?;
         let mut out = vec![0u64; send.len() * g.len()];
         self.note(CollectiveKind::AllGather, along, std::mem::size_of_val(send));

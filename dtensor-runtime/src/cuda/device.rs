@@ -7,7 +7,8 @@ use cudarc::driver::{CudaContext, CudaStream};
 use std::fmt;
 use std::sync::{Arc, Mutex};
 
-/// A CUDA device with the stream every tensor on it uses (work on one device is ordered).
+/// A handle on one CUDA device: work queued through one handle is ordered; two handles on the
+/// same GPU (two ranks) run independently.
 ///
 /// Each handle owns one non-blocking stream, shared by cuBLAS and the kernels; never the
 /// legacy null stream, which synchronises with every other stream of the context (two ranks of

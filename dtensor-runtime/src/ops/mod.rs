@@ -76,12 +76,7 @@ pub(crate) fn new_output<T: Element>(
 
 /// Resolves a possibly negative dim against `ndim`.
 pub(crate) fn norm_dim(op: &str, dim: isize, ndim: usize) -> Result<usize> {
-    let n = ndim as isize;
-    let d = if dim < 0 { dim + n } else { dim };
-    if d < 0 || d >= n {
-        return Err(Error::DimOutOfRange { context: op.into(), dim, ndim });
-    }
-    Ok(d as usize)
+    crate::shape::normalize_dim(dim, ndim).ok_or_else(|| Error::DimOutOfRange { context: op.into(), dim, ndim })
 }
 
 /// Sums a broadcast gradient back to `shape` (leading extra dims, then size-1 dims).
