@@ -37,6 +37,7 @@ static inline double __longlong_as_double(long long v) { double d; std::memcpy(&
 static inline int atomicExch(int* p, int v) { int o = *p; *p = v; return o; }
 template <typename T> static inline T atomicAdd(T* p, T v) { T o = *p; *p = o + v; return o; }
 using std::exp; using std::log; using std::tanh; using std::sqrt; using std::floor; using std::frexp;
+using std::erf; using std::log1p; using std::pow; using std::fabs;
 "#;
 
 struct Emu {
@@ -120,7 +121,7 @@ fn zeros<T: Element>(shape: &[usize]) -> ArrayD<T> {
     ArrayD::zeros(IxDyn(shape))
 }
 
-type Unary<T> = unsafe extern "C" fn(*const T, *mut T, u64, i32, T);
+type Unary<T> = unsafe extern "C" fn(*const T, *mut T, u64, i32, T, T);
 type Binary<T> = unsafe extern "C" fn(*const T, *const T, *mut T, u64, i32, Strided);
 type ReduceK<T> = unsafe extern "C" fn(*const T, *mut T, u64, u64, i32, i32, T, Reduce);
 type Softmax<T> = unsafe extern "C" fn(*const T, *mut T, u64, u64, u64, i32);
@@ -154,13 +155,66 @@ fn elementwise<T: Element>(e: &Emu) {
         UnaryOp::GeluGrad,
         UnaryOp::TanhGrad,
         UnaryOp::SqrtGrad,
+        UnaryOp::Silu,
+        UnaryOp::SiluGrad,
+        UnaryOp::Sigmoid,
+        UnaryOp::SigmoidGrad,
+        UnaryOp::Softplus { beta: 1.5, threshold: 2.0 },
+        UnaryOp::SoftplusGrad { beta: 1.5, threshold: 2.0 },
+        UnaryOp::Pow(2.5),
+        UnaryOp::PowGrad(2.5),
+        UnaryOp::PowGrad(0.0),
+        UnaryOp::Rsqrt,
+        UnaryOp::RsqrtGrad,
+        UnaryOp::Abs,
+        UnaryOp::Sign,
+        UnaryOp::Clamp { lo: -0.25, hi: 0.5 },
+        UnaryOp::Clamp { lo: 0.5, hi: -0.25 },
+        UnaryOp::ClampGrad { lo: -0.25, hi: 0.5 },
+        UnaryOp::GeluErf,
+        UnaryOp::GeluErfGrad,
+        UnaryOp::DropoutScale(0.3),
+        UnaryOp::NonZero,
     ] {
-        let input = if matches!(op, UnaryOp::Log | UnaryOp::Sqrt | UnaryOp::SqrtGrad) { &pos } else { &x };
+        let positive = matches!(
+            op,
+            UnaryOp::Log | UnaryOp::Sqrt | UnaryOp::SqrtGrad | UnaryOp::Pow(_) | UnaryOp::PowGrad(_) | UnaryOp::Rsqrt
+        );
+        let input = if positive { &pos } else { &x };
         let mut out = zeros::<T>(&[5, 7]);
-        let (n, code, sc) = (35u64, args::unary_code(op).unwrap(), T::of_f64(op.scalar()));
+        let (n, code) = (35u64, args::unary_code(op).unwrap());
+        let (sc, tc) = args::unary_scalars(op);
+        let (sc, tc) = (T::of_f64(sc), T::of_f64(tc));
         // SAFETY: buffers of n elements.
-        e.grid(3, || unsafe { un(input.as_ptr(), out.as_mut_ptr(), n, code, sc) });
+        e.grid(3, || unsafe { un(input.as_ptr(), out.as_mut_ptr(), n, code, sc, tc) });
         assert!(close(&out, &cpu(Storage::Cpu(input.clone()).unary(op).unwrap()), 1e-6), "{op} {s}");
+    }
+    // NaN, ±0 and ±∞ through the ops with special cases (sign, clamp, abs, comparisons below).
+    let special = ArrayD::from_shape_vec(
+        IxDyn(&[6]),
+        [f64::NAN, 0.0, -0.0, f64::INFINITY, f64::NEG_INFINITY, 0.75].map(T::of_f64).to_vec(),
+    )
+    .unwrap();
+    for op in [
+        UnaryOp::Sign,
+        UnaryOp::Abs,
+        UnaryOp::Clamp { lo: -0.25, hi: 0.5 },
+        UnaryOp::ClampGrad { lo: -0.25, hi: 0.5 },
+        UnaryOp::NonZero,
+        UnaryOp::Relu,
+    ] {
+        let mut out = zeros::<T>(&[6]);
+        let code = args::unary_code(op).unwrap();
+        let (sc, tc) = args::unary_scalars(op);
+        let (sc, tc) = (T::of_f64(sc), T::of_f64(tc));
+        // SAFETY: 6 elements.
+        e.grid(2, || unsafe { un(special.as_ptr(), out.as_mut_ptr(), 6, code, sc, tc) });
+        let want = cpu(Storage::Cpu(special.clone()).unary(op).unwrap());
+        assert!(
+            same(&out, &want)
+                && out.iter().zip(&want).all(|(x, y)| x.is_sign_negative() == y.is_sign_negative() || x.is_nan()),
+            "{op} special values {s}: {out:?} vs {want:?}"
+        );
     }
     let bin: Binary<T> = e.kernel(&format!("binary_{s}"));
     let pairs: [(&[usize], &[usize]); 5] =
@@ -168,7 +222,7 @@ fn elementwise<T: Element>(e: &Emu) {
     for (sa, sb) in pairs {
         let a = arr::<T>(sa, 2, 0.125);
         let b = arr::<T>(sb, 3, 0.25).mapv(|v| if v == T::zero() { T::of_f64(0.5) } else { v });
-        for op in [BinaryOp::Add, BinaryOp::Sub, BinaryOp::Mul, BinaryOp::Div, BinaryOp::Eq] {
+        for op in BINARY_OPS {
             let want = cpu(Storage::Cpu(a.clone()).binary(op, &Storage::Cpu(b.clone())).unwrap());
             let g = args::broadcast(op.name(), want.shape(), sa, sb).unwrap();
             let mut out = zeros::<T>(want.shape());
@@ -178,7 +232,37 @@ fn elementwise<T: Element>(e: &Emu) {
             assert!(same(&out, &want), "{op} {sa:?} {sb:?} {s}");
         }
     }
+    // Ties and NaN on either side (comparisons are false with NaN but `ne`; maximum/minimum
+    // propagate it).
+    let v = |x: [f64; 6]| ArrayD::from_shape_vec(IxDyn(&[6]), x.map(T::of_f64).to_vec()).unwrap();
+    let a = v([f64::NAN, 1.0, 2.0, f64::NAN, 3.0, -0.5]);
+    let b = v([1.0, f64::NAN, 2.0, f64::NAN, -3.0, 0.5]);
+    for op in BINARY_OPS {
+        let want = cpu(Storage::Cpu(a.clone()).binary(op, &Storage::Cpu(b.clone())).unwrap());
+        let g = args::broadcast(op.name(), &[6], &[6], &[6]).unwrap();
+        let mut out = zeros::<T>(&[6]);
+        let code = args::binary_code(op).unwrap();
+        // SAFETY: 6 elements each.
+        e.grid(2, || unsafe { bin(a.as_ptr(), b.as_ptr(), out.as_mut_ptr(), 6, code, g) });
+        assert!(same(&out, &want), "{op} NaN/ties {s}: {out:?} vs {want:?}");
+    }
 }
+
+/// Every binary op with a device kernel.
+const BINARY_OPS: [BinaryOp; 12] = [
+    BinaryOp::Add,
+    BinaryOp::Sub,
+    BinaryOp::Mul,
+    BinaryOp::Div,
+    BinaryOp::Eq,
+    BinaryOp::Ne,
+    BinaryOp::Lt,
+    BinaryOp::Le,
+    BinaryOp::Gt,
+    BinaryOp::Ge,
+    BinaryOp::Maximum,
+    BinaryOp::Minimum,
+];
 
 fn reductions_and_softmax<T: Element>(e: &Emu) {
     let s = sfx::<T>();

@@ -72,6 +72,26 @@ fn unary_ops_and_their_gradients() {
         (UnaryOp::GeluGrad, false, false),
         (UnaryOp::TanhGrad, true, false),
         (UnaryOp::SqrtGrad, true, true),
+        (UnaryOp::Silu, false, false),
+        (UnaryOp::SiluGrad, false, false),
+        (UnaryOp::Sigmoid, false, false),
+        (UnaryOp::SigmoidGrad, true, false),
+        (UnaryOp::Softplus { beta: 1.5, threshold: 2.0 }, false, false),
+        (UnaryOp::SoftplusGrad { beta: 1.5, threshold: 2.0 }, false, false),
+        (UnaryOp::Pow(2.5), false, true),
+        (UnaryOp::PowGrad(2.5), false, true),
+        (UnaryOp::PowGrad(0.0), true, true),
+        (UnaryOp::Rsqrt, true, true),
+        (UnaryOp::RsqrtGrad, true, false),
+        (UnaryOp::Abs, true, false),
+        (UnaryOp::Sign, true, false),
+        (UnaryOp::Clamp { lo: -0.25, hi: 0.5 }, true, false),
+        (UnaryOp::Clamp { lo: 0.5, hi: -0.25 }, true, false),
+        (UnaryOp::ClampGrad { lo: -0.25, hi: 0.5 }, true, false),
+        (UnaryOp::GeluErf, false, false),
+        (UnaryOp::GeluErfGrad, false, false),
+        (UnaryOp::DropoutScale(0.3), true, false),
+        (UnaryOp::NonZero, true, false),
     ];
     let (mut worst64, mut worst32) = (0.0f64, 0.0f64);
     for (op, exact, positive) in ops {
@@ -92,7 +112,8 @@ fn unary_ops_and_their_gradients() {
         }
     }
     println!(
-        "GPUCHECK unary_ops_and_their_gradients | PASS | 13 ops x f32/f64; exact ones bit-exact, transcendental max rel err f64 {worst64:.1e} f32 {worst32:.1e}"
+        "GPUCHECK unary_ops_and_their_gradients | PASS | {} ops x f32/f64; exact ones bit-exact, transcendental max rel err f64 {worst64:.1e} f32 {worst32:.1e}",
+        ops.len()
     );
 }
 
@@ -111,7 +132,20 @@ fn binary_ops_broadcast_by_strides() {
     for (sa, sb) in pairs {
         let a = global(sa, 2).mapv(|v| v / 8.0);
         let b = global(sb, 3).mapv(|v| if v == 0.0 { 0.5 } else { v / 4.0 });
-        for op in [BinaryOp::Add, BinaryOp::Sub, BinaryOp::Mul, BinaryOp::Div, BinaryOp::Eq] {
+        for op in [
+            BinaryOp::Add,
+            BinaryOp::Sub,
+            BinaryOp::Mul,
+            BinaryOp::Div,
+            BinaryOp::Eq,
+            BinaryOp::Ne,
+            BinaryOp::Lt,
+            BinaryOp::Le,
+            BinaryOp::Gt,
+            BinaryOp::Ge,
+            BinaryOp::Maximum,
+            BinaryOp::Minimum,
+        ] {
             let want = host(Storage::Cpu(a.clone()).binary(op, &Storage::Cpu(b.clone())).unwrap());
             let got = host(up(&dev, &a).binary(op, &up(&dev, &b)).unwrap());
             assert!(same_bits(&got, &want), "{op} {sa:?} {sb:?} f64");
@@ -125,7 +159,7 @@ fn binary_ops_broadcast_by_strides() {
     assert!(matches!(bad, Err(Error::ShapeMismatch { .. })), "{bad:?}");
     let mixed = up(&dev, &global(&[2, 3], 0)).binary(BinaryOp::Add, &Storage::Cpu(global(&[2, 3], 0)));
     assert!(matches!(mixed, Err(Error::DeviceMismatch { .. })), "{mixed:?}");
-    println!("GPUCHECK binary_ops_broadcast_by_strides | PASS | {cases} cases (5 ops, 6 shape pairs incl. 0-d and empty, f32/f64) bit-exact");
+    println!("GPUCHECK binary_ops_broadcast_by_strides | PASS | {cases} cases (12 ops, 6 shape pairs incl. 0-d and empty, f32/f64) bit-exact");
 }
 
 #[test]

@@ -69,8 +69,8 @@ pub fn check_dims(op: &str, nd: usize) -> Result<()> {
     }
 }
 
-/// The op code of a unary op in the kernels' `dt_unary` switch; `Unsupported` for the ops
-/// that have no device kernel yet.
+/// The op code of a unary op in the kernels' `dt_unary` switch (every op has one; a `Result`
+/// so that an op added later can answer [`no_kernel`] until its kernel exists).
 pub fn unary_code(op: UnaryOp) -> Result<i32> {
     Ok(match op {
         UnaryOp::Neg => 0,
@@ -86,11 +86,41 @@ pub fn unary_code(op: UnaryOp) -> Result<i32> {
         UnaryOp::GeluGrad => 10,
         UnaryOp::TanhGrad => 11,
         UnaryOp::SqrtGrad => 12,
-        _ => return Err(no_kernel(op.name())),
+        UnaryOp::Silu => 13,
+        UnaryOp::SiluGrad => 14,
+        UnaryOp::Sigmoid => 15,
+        UnaryOp::SigmoidGrad => 16,
+        UnaryOp::Softplus { .. } => 17,
+        UnaryOp::SoftplusGrad { .. } => 18,
+        UnaryOp::Pow(_) => 19,
+        UnaryOp::PowGrad(_) => 20,
+        UnaryOp::Rsqrt => 21,
+        UnaryOp::RsqrtGrad => 22,
+        UnaryOp::Abs => 23,
+        UnaryOp::Sign => 24,
+        UnaryOp::Clamp { .. } => 25,
+        UnaryOp::ClampGrad { .. } => 26,
+        UnaryOp::GeluErf => 27,
+        UnaryOp::GeluErfGrad => 28,
+        UnaryOp::DropoutScale(_) => 29,
+        UnaryOp::NonZero => 30,
     })
 }
 
-/// The op code of a binary op in the kernels' `dt_binary` switch (`Unsupported` as above).
+/// The two scalars `(s, t)` the kernels' `dt_unary` takes for `op`, as `f64` (the caller
+/// converts them to the element type once): softplus `(β, threshold)`, clamp `(lo, hi)`,
+/// dropout `(p, 1 / (1 - p))` (the keep scale computed in `f64`, as the host kernel does),
+/// else `(op.scalar(), 0)`.
+pub fn unary_scalars(op: UnaryOp) -> (f64, f64) {
+    match op {
+        UnaryOp::Softplus { beta, threshold } | UnaryOp::SoftplusGrad { beta, threshold } => (beta, threshold),
+        UnaryOp::Clamp { lo, hi } | UnaryOp::ClampGrad { lo, hi } => (lo, hi),
+        UnaryOp::DropoutScale(p) => (p, 1.0 / (1.0 - p)),
+        _ => (op.scalar(), 0.0),
+    }
+}
+
+/// The op code of a binary op in the kernels' `dt_binary` switch (a `Result` as above).
 pub fn binary_code(op: BinaryOp) -> Result<i32> {
     Ok(match op {
         BinaryOp::Add => 0,
@@ -98,7 +128,13 @@ pub fn binary_code(op: BinaryOp) -> Result<i32> {
         BinaryOp::Mul => 2,
         BinaryOp::Div => 3,
         BinaryOp::Eq => 4,
-        _ => return Err(no_kernel(op.name())),
+        BinaryOp::Ne => 5,
+        BinaryOp::Lt => 6,
+        BinaryOp::Le => 7,
+        BinaryOp::Gt => 8,
+        BinaryOp::Ge => 9,
+        BinaryOp::Maximum => 10,
+        BinaryOp::Minimum => 11,
     })
 }
 

@@ -174,7 +174,8 @@ DEV void dt_offsets(const Strided& g, u64 i, i64* o0, i64* o1) {
 DEV double dt_inf() { return __longlong_as_double(0x7ff0000000000000ULL); }
 DEV double dt_nan() { return __longlong_as_double(0x7ff8000000000000ULL); }
 
-template <typename T> DEV T dt_unary(int op, T x, T s) {
+/* `s` and `t` are the op's scalars in the element type (see `args::unary_scalars`). */
+template <typename T> DEV T dt_unary(int op, T x, T s, T t) {
     switch (op) {
         case 0: return -x;
         case 1: return exp(x);
@@ -193,6 +194,28 @@ template <typename T> DEV T dt_unary(int op, T x, T s) {
         }
         case 11: return (T)1 - x * x;
         case 12: return (T)0.5 / x;
+        case 13: return x / ((T)1 + exp(-x));
+        case 14: { T sig = (T)1 / ((T)1 + exp(-x)); return sig * ((T)1 + x * ((T)1 - sig)); }
+        case 15: return (T)1 / ((T)1 + exp(-x));
+        case 16: return x * ((T)1 - x);
+        case 17: { T bx = s * x; return bx > t ? x : log1p(exp(bx)) / s; }
+        case 18: { T bx = s * x; return bx > t ? (T)1 : (T)1 / ((T)1 + exp(-bx)); }
+        case 19: return pow(x, s);
+        case 20: return s == (T)0 ? (T)0 : s * pow(x, s - (T)1);
+        case 21: return (T)1 / sqrt(x);
+        case 22: return -((T)0.5 * x * x * x);
+        case 23: return fabs(x);
+        case 24: return x > (T)0 ? (T)1 : x < (T)0 ? (T)(-1) : x; /* ±0 and NaN stay */
+        case 25: { T m = x < s ? s : x; return m > t ? t : m; } /* hi wins when lo > hi; NaN stays */
+        case 26: return x >= s && x <= t ? (T)1 : (T)0;
+        case 27: { double v = (double)x; return (T)(0.5 * v * (1.0 + erf(v * DT_SQRT_HALF))); }
+        case 28: {
+            double v = (double)x;
+            double pdf = exp(-0.5 * v * v) * 0.5 * DT_2_SQRT_PI * DT_SQRT_HALF;
+            return (T)(0.5 * (1.0 + erf(v * DT_SQRT_HALF)) + v * pdf);
+        }
+        case 29: return x < s ? (T)0 : t;
+        case 30: return x != (T)0 ? (T)1 : (T)0;
         default: return (T)dt_nan();
     }
 }
@@ -204,6 +227,13 @@ template <typename T> DEV T dt_binary(int op, T x, T y) {
         case 2: return x * y;
         case 3: return x / y;
         case 4: return x == y ? (T)1 : (T)0;
+        case 5: return x != y ? (T)1 : (T)0;
+        case 6: return x < y ? (T)1 : (T)0;
+        case 7: return x <= y ? (T)1 : (T)0;
+        case 8: return x > y ? (T)1 : (T)0;
+        case 9: return x >= y ? (T)1 : (T)0;
+        case 10: return x != x || x > y ? x : y; /* NaN if either is NaN */
+        case 11: return x != x || x < y ? x : y;
         default: return (T)dt_nan();
     }
 }
@@ -257,8 +287,8 @@ DEV i64 dt_index(double v, u64 n) {
 const TYPED: &str = r#"
 extern "C" __global__ void K(fill)(T* o, u64 n, T v) { GRID_LOOP(i, n) o[i] = v; }
 
-extern "C" __global__ void K(unary)(const T* a, T* o, u64 n, int op, T s) {
-    GRID_LOOP(i, n) o[i] = dt_unary<T>(op, a[i], s);
+extern "C" __global__ void K(unary)(const T* a, T* o, u64 n, int op, T s, T t) {
+    GRID_LOOP(i, n) o[i] = dt_unary<T>(op, a[i], s, t);
 }
 
 extern "C" __global__ void K(binary)(const T* a, const T* b, T* o, u64 n, int op, Strided g) {
@@ -426,10 +456,11 @@ pub const LN2_LO: f64 = 1.908_214_929_270_587_7e-10;
 /// The `#define`s [`RNG_SOURCE`] needs: term counts and constants, printed from the Rust
 /// values `crate::rng` uses (shortest round-trip form, so C reads the same doubles).
 pub fn rng_defines() -> String {
-    use std::f64::consts::{FRAC_1_SQRT_2, FRAC_PI_2};
+    use std::f64::consts::{FRAC_1_SQRT_2, FRAC_2_SQRT_PI, FRAC_PI_2};
     format!(
         "#define DT_LOG_TERMS {LOG_TERMS}\n#define DT_TRIG_TERMS {TRIG_TERMS}\n#define DT_SQRT_HALF {FRAC_1_SQRT_2:?}\n\
-         #define DT_HALF_PI {FRAC_PI_2:?}\n#define DT_LN2_HI {LN2_HI:?}\n#define DT_LN2_LO {LN2_LO:?}\n"
+         #define DT_HALF_PI {FRAC_PI_2:?}\n#define DT_LN2_HI {LN2_HI:?}\n#define DT_LN2_LO {LN2_LO:?}\n\
+         #define DT_2_SQRT_PI {FRAC_2_SQRT_PI:?}\n"
     )
 }
 

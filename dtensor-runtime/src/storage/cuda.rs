@@ -287,10 +287,12 @@ impl<T: Element> CudaStorage<T> {
         let (Some(a), Some(o)) = (&self.data, out.data_mut()?) else {
             return Ok(out);
         };
-        let (n, code, s) = (self.len() as u64, unary_code(op)?, T::of_f64(op.scalar()));
+        let (n, code) = (self.len() as u64, unary_code(op)?);
+        let (s, t) = args::unary_scalars(op);
+        let (s, t) = (T::of_f64(s), T::of_f64(t));
         let f = self.device.kernels()?.function("unary", T::SUFFIX)?;
         let mut b = self.device.stream().launch_builder(&f);
-        b.arg(&**a).arg(o).arg(&n).arg(&code).arg(&s);
+        b.arg(&**a).arg(o).arg(&n).arg(&code).arg(&s).arg(&t);
         launch(op.name(), &mut b, per_element(n))?;
         Ok(out)
     }
