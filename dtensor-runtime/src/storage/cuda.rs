@@ -7,11 +7,13 @@
 //! buffer is shared. A zero-sized shard holds no allocation (the driver rejects 0-byte
 //! allocations) and launches nothing.
 //!
-//! Every method of the surface runs on the device: element-wise ops broadcast by strides (no
-//! copies), reductions, softmax, pack plans (one launch per plan), embedding, casts, fills,
-//! the optimizer updates, Philox random fills bit-identical to the host's, and cuBLAS gemm /
-//! strided-batched gemm. Only inputs the kernels cannot index are typed errors: more than
-//! [`MAX_DIMS`](crate::cuda::source::MAX_DIMS) dims, or dimensions beyond cuBLAS' 32-bit limit.
+//! On the device: every unary and binary op (broadcast by strides, no copies), reductions,
+//! softmax, pack plans (one launch per plan), embedding, casts, fills, the optimizer updates,
+//! Philox random fills bit-identical to the host's, and cuBLAS gemm / strided-batched gemm.
+//! Not yet on the device (a typed [`Error::Unsupported`] naming the op): `where`, `tril`/`triu`,
+//! `argmax`/`argmin`, `cat`, `index_select`, `gather` and their backwards. Inputs the kernels
+//! cannot index are typed errors too: more than [`MAX_DIMS`](crate::cuda::source::MAX_DIMS)
+//! dims, or dimensions beyond cuBLAS' 32-bit limit.
 
 use super::op::{AdamWStep, BinaryOp, Distribution, RandomFill, Reduction, SgdStep, SoftmaxKind, UnaryOp};
 use super::Storage;
