@@ -14,7 +14,7 @@ use crate::error::{Error, Result};
 use crate::layout::contiguous_strides;
 use crate::layout::pack::{CopyBlock, PackPlan};
 use crate::rng::Stream;
-use ndarray::{s, ArrayD, ArrayViewD, Axis, Dimension, Ix2, IxDyn, Zip};
+use ndarray::{ArrayD, ArrayViewD, Axis, Dimension, IxDyn, Zip};
 use std::borrow::Cow;
 
 /// Row-major data of `a`, borrowed when `a` already is row-major.
@@ -349,39 +349,77 @@ pub(super) fn softmax_backward<T: Element>(y: &ArrayD<T>, g: &ArrayD<T>, dim: us
 }
 
 /// `a [.., m, k] @ b [k, n]` or `a [.., m, k] @ b [.., k, n]` (same batch dims); the shapes
-/// were checked by the caller.
+/// were checked by the caller. The `gemm` crate reads any strides, so transposed operands are
+/// not copied; only batch dims that cannot be merged without a copy are.
 pub(super) fn matmul<T: Element>(a: &ArrayD<T>, b: &ArrayD<T>, out_shape: &[usize]) -> Result<ArrayD<T>> {
     let na = a.ndim();
     let (m, k) = (a.shape()[na - 2], a.shape()[na - 1]);
     let n = b.shape()[b.ndim() - 1];
     let nbatch: usize = a.shape()[..na - 2].iter().product();
-    let a_std = a.as_standard_layout();
-    let b_std = b.as_standard_layout();
+    let mut out = ArrayD::<T>::zeros(IxDyn(out_shape));
+    if out.is_empty() || k == 0 {
+        return Ok(out);
+    }
     let shape_err = |what: &str| Error::Unsupported { op: "matmul".into(), reason: format!("{what} is not {m}x{k}") };
-    let out = if b.ndim() == 2 {
-        // Batch rows of `a` are independent rows of one gemm.
-        let a2 = a_std.view().into_shape_with_order((nbatch * m, k)).map_err(|_| shape_err("the left operand"))?;
-        let b2 = b_std.view().into_dimensionality::<Ix2>().map_err(|_| shape_err("the right operand"))?;
-        a2.dot(&b2).into_dyn()
+    let a3 = a.to_shape((nbatch, m, k)).map_err(|_| shape_err("the left operand"))?;
+    let b3 = b.to_shape((b.len() / (k * n), k, n)).map_err(|_| shape_err("the right operand"))?;
+    // A 2-D right operand is shared by every batch: a zero batch stride.
+    let b3 = b3.broadcast((nbatch, k, n)).ok_or_else(|| shape_err("the right operand"))?;
+    let mut o3 = out.view_mut().into_shape_with_order((nbatch, m, n)).map_err(|_| shape_err("the output"))?;
+    let (sa, sb) = (a3.strides(), b3.strides());
+    if sb[0] == 0 && sa[0] == sa[1] * m as isize {
+        // Batch rows of `a` are evenly strided rows of one gemm with a shared `b`.
+        gemm_into(nbatch * m, k, n, a3.as_ptr(), [sa[1], sa[2]], b3.as_ptr(), [sb[1], sb[2]], o3.as_mut_ptr());
     } else {
-        let a3 = a_std.view().into_shape_with_order((nbatch, m, k)).map_err(|_| shape_err("the left operand"))?;
-        let b3 = b_std.view().into_shape_with_order((nbatch, k, n)).map_err(|_| shape_err("the right operand"))?;
-        let mut o = ndarray::Array3::<T>::zeros((nbatch, m, n));
         for i in 0..nbatch {
-            ndarray::linalg::general_mat_mul(
-                T::one(),
-                &a3.slice(s![i, .., ..]),
-                &b3.slice(s![i, .., ..]),
-                T::zero(),
-                &mut o.slice_mut(s![i, .., ..]),
-            );
+            let (ai, bi, mut oi) =
+                (a3.index_axis(Axis(0), i), b3.index_axis(Axis(0), i), o3.index_axis_mut(Axis(0), i));
+            let (sa, sb) = (ai.strides(), bi.strides());
+            gemm_into(m, k, n, ai.as_ptr(), [sa[0], sa[1]], bi.as_ptr(), [sb[0], sb[1]], oi.as_mut_ptr());
         }
-        o.into_dyn()
-    };
-    // `dot` may return a column-major result; reshaping needs row-major.
-    into_standard(out)
-        .into_shape_with_order(IxDyn(out_shape))
-        .map_err(|e| Error::Unsupported { op: "matmul".into(), reason: e.to_string() })
+    }
+    Ok(out)
+}
+
+/// `c = a @ b` for an `m × k` `a` and a `k × n` `b` at the given (row, column) element strides,
+/// into a row-major `m × n` `c`, on this thread (a rank is one thread).
+#[allow(clippy::too_many_arguments)]
+fn gemm_into<T: Element>(
+    m: usize,
+    k: usize,
+    n: usize,
+    a: *const T,
+    sa: [isize; 2],
+    b: *const T,
+    sb: [isize; 2],
+    c: *mut T,
+) {
+    // SAFETY: the callers pass pointers and strides of live ndarray views of these shapes, and
+    // `c` points to an exclusively borrowed row-major m × n block; `gemm` supports f32 and f64,
+    // the only `Element` types, and reads strides of any sign.
+    unsafe {
+        gemm::gemm(
+            m,
+            n,
+            k,
+            c,
+            1,
+            n as isize,
+            false,
+            a,
+            sa[1],
+            sa[0],
+            b,
+            sb[1],
+            sb[0],
+            T::zero(),
+            T::one(),
+            false,
+            false,
+            false,
+            gemm::Parallelism::None,
+        );
+    }
 }
 
 /// Executes a pack plan (checked by the caller) from row-major `src` into a fresh array.

@@ -112,7 +112,9 @@ mod tests {
         assert!(can::<(Replicate, Replicate), (Partial<Avg>, Shard<1>)>());
         assert!(can::<(Partial<Max>, Shard<1>), (Partial<Max>, Shard<0>)>());
         // The table the typed rule is generated from.
-        assert!(!legal(Placement::Shard(3), Placement::PARTIAL_SUM));
+        assert!(legal(Placement::Shard(3), Placement::PARTIAL_SUM)); // PyTorch 2.15: zero fill
+        assert!(!legal(Placement::Shard(3), Placement::Partial(ReduceOp::Avg)));
+        assert!(can::<(Shard<0>, Shard<1>), (Partial<Sum>, Shard<1>)>());
         assert!(!legal(Placement::PARTIAL_SUM, Placement::Partial(ReduceOp::Avg)));
         assert!(legal(Placement::PARTIAL_SUM, Placement::Shard(1)));
     }
