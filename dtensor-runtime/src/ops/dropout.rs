@@ -8,6 +8,7 @@
 //! dropout as a non-linear pointwise op). The gradient is the same mask times the gradient.
 
 use super::new_output;
+use super::pointwise::{partials_kept, UnaryKind};
 use super::strategy::reduce_partials;
 use crate::autograd::redistribute_op;
 use crate::dtensor::DTensor;
@@ -31,7 +32,7 @@ impl<T: Element> DTensor<T> {
         if !train || p == 0.0 {
             return Ok(self.clone());
         }
-        let keep = reduce_partials(&self.placements, &[]);
+        let keep = reduce_partials(&self.placements, partials_kept(UnaryKind::Dropout));
         let x = if keep == self.placements { self.clone() } else { redistribute_op(self, &keep, "dropout", None)? };
         let (seed, offset) = rng::reserve(x.numel());
         let fill = RandomFill { seed, offset, dist: Distribution::Uniform };

@@ -3,9 +3,9 @@
 //!
 //! Rule (per mesh dim, PyTorch's pointwise strategy): every placement of the input is kept
 //! (`R → R`, `Shard(d) → Shard(d)`); none of these functions is linear, so a Partial input is
-//! all-reduced to Replicate first. `swiglu` is `silu(gate) * up` and follows `mul`'s rule.
+//! all-reduced to Replicate first (their row of [`partials_kept`] is empty). `swiglu` is `silu(gate) * up` and follows `mul`'s rule.
 
-use super::pointwise::unary;
+use super::pointwise::{partials_kept, unary, UnaryKind};
 use crate::dtensor::DTensor;
 use crate::element::Element;
 use crate::error::{Error, Result};
@@ -41,12 +41,16 @@ impl FromStr for GeluApproximate {
 impl<T: Element> DTensor<T> {
     /// SiLU (swish) `x·σ(x)`.
     pub fn silu(&self) -> Result<DTensor<T>> {
-        unary(UnaryOp::Silu, "silu_backward", self, &[], |g, x, _| g.mul(&x.map_local(UnaryOp::SiluGrad)?))
+        unary(UnaryOp::Silu, "silu_backward", self, partials_kept(UnaryKind::Silu), |g, x, _| {
+            g.mul(&x.map_local(UnaryOp::SiluGrad)?)
+        })
     }
 
     /// Logistic sigmoid `1 / (1 + e⁻ˣ)`.
     pub fn sigmoid(&self) -> Result<DTensor<T>> {
-        unary(UnaryOp::Sigmoid, "sigmoid_backward", self, &[], |g, _, y| g.mul(&y.map_local(UnaryOp::SigmoidGrad)?))
+        unary(UnaryOp::Sigmoid, "sigmoid_backward", self, partials_kept(UnaryKind::Sigmoid), |g, _, y| {
+            g.mul(&y.map_local(UnaryOp::SigmoidGrad)?)
+        })
     }
 
     /// Softplus with PyTorch's defaults (`beta = 1`, `threshold = 20`).
@@ -59,26 +63,34 @@ impl<T: Element> DTensor<T> {
         if beta == 0.0 || !beta.is_finite() {
             return Err(Error::InvalidArgument { context: "softplus".into(), reason: format!("beta = {beta}") });
         }
-        unary(UnaryOp::Softplus { beta, threshold }, "softplus_backward", self, &[], move |g, x, _| {
-            g.mul(&x.map_local(UnaryOp::SoftplusGrad { beta, threshold })?)
-        })
+        unary(
+            UnaryOp::Softplus { beta, threshold },
+            "softplus_backward",
+            self,
+            partials_kept(UnaryKind::Softplus),
+            move |g, x, _| g.mul(&x.map_local(UnaryOp::SoftplusGrad { beta, threshold })?),
+        )
     }
 
     /// `selfᵖ` for a scalar exponent (PyTorch `pow(Tensor, Scalar)`).
     pub fn pow(&self, exponent: f64) -> Result<DTensor<T>> {
-        unary(UnaryOp::Pow(exponent), "pow_backward", self, &[], move |g, x, _| {
+        unary(UnaryOp::Pow(exponent), "pow_backward", self, partials_kept(UnaryKind::Pow), move |g, x, _| {
             g.mul(&x.map_local(UnaryOp::PowGrad(exponent))?)
         })
     }
 
     /// `1 / √self`.
     pub fn rsqrt(&self) -> Result<DTensor<T>> {
-        unary(UnaryOp::Rsqrt, "rsqrt_backward", self, &[], |g, _, y| g.mul(&y.map_local(UnaryOp::RsqrtGrad)?))
+        unary(UnaryOp::Rsqrt, "rsqrt_backward", self, partials_kept(UnaryKind::Rsqrt), |g, _, y| {
+            g.mul(&y.map_local(UnaryOp::RsqrtGrad)?)
+        })
     }
 
     /// `|self|` (gradient `sign(x)`, 0 at 0, as PyTorch).
     pub fn abs(&self) -> Result<DTensor<T>> {
-        unary(UnaryOp::Abs, "abs_backward", self, &[], |g, x, _| g.mul(&x.map_local(UnaryOp::Sign)?))
+        unary(UnaryOp::Abs, "abs_backward", self, partials_kept(UnaryKind::Abs), |g, x, _| {
+            g.mul(&x.map_local(UnaryOp::Sign)?)
+        })
     }
 
     /// `min(max(self, min), max)` with either bound optional (PyTorch `clamp`; the gradient
@@ -92,7 +104,7 @@ impl<T: Element> DTensor<T> {
         }
         let lo = min.map_or(f64::NEG_INFINITY, |v| v.as_f64());
         let hi = max.map_or(f64::INFINITY, |v| v.as_f64());
-        unary(UnaryOp::Clamp { lo, hi }, "clamp_backward", self, &[], move |g, x, _| {
+        unary(UnaryOp::Clamp { lo, hi }, "clamp_backward", self, partials_kept(UnaryKind::Clamp), move |g, x, _| {
             g.mul(&x.map_local(UnaryOp::ClampGrad { lo, hi })?)
         })
     }
@@ -101,9 +113,11 @@ impl<T: Element> DTensor<T> {
     pub fn gelu_with(&self, approximate: GeluApproximate) -> Result<DTensor<T>> {
         match approximate {
             GeluApproximate::Tanh => self.gelu(),
-            GeluApproximate::None => unary(UnaryOp::GeluErf, "gelu_backward", self, &[], |g, x, _| {
-                g.mul(&x.map_local(UnaryOp::GeluErfGrad)?)
-            }),
+            GeluApproximate::None => {
+                unary(UnaryOp::GeluErf, "gelu_backward", self, partials_kept(UnaryKind::Gelu), |g, x, _| {
+                    g.mul(&x.map_local(UnaryOp::GeluErfGrad)?)
+                })
+            }
         }
     }
 

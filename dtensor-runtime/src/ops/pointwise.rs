@@ -21,7 +21,7 @@ const R: Placement = Placement::Replicate;
 /// Partial reduce ops a linear op keeps.
 const LINEAR: [ReduceOp; 2] = [ReduceOp::Sum, ReduceOp::Avg];
 
-/// The one-input element-wise ops (and softmax), for their table of kept Partials.
+/// The one-input element-wise ops (and softmax, dropout), for their table of kept Partials.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum UnaryKind {
     Neg,
@@ -34,6 +34,14 @@ pub enum UnaryKind {
     AddScalar,
     MulScalar,
     Softmax,
+    Silu,
+    Sigmoid,
+    Softplus,
+    Pow,
+    Rsqrt,
+    Abs,
+    Clamp,
+    Dropout,
 }
 
 /// The Partial reduce ops a one-input op keeps, because it commutes with that reduction
@@ -50,7 +58,15 @@ pub const fn partials_kept(kind: UnaryKind) -> &'static [ReduceOp] {
         | UnaryKind::Gelu
         | UnaryKind::Tanh
         | UnaryKind::Sqrt
-        | UnaryKind::Softmax => &[],
+        | UnaryKind::Softmax
+        | UnaryKind::Silu
+        | UnaryKind::Sigmoid
+        | UnaryKind::Softplus
+        | UnaryKind::Pow
+        | UnaryKind::Rsqrt
+        | UnaryKind::Abs
+        | UnaryKind::Clamp
+        | UnaryKind::Dropout => &[],
     }
 }
 

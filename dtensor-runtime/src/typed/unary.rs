@@ -1,5 +1,6 @@
 //! Typed one-input element-wise ops (`neg`, `exp`, `log`, `tanh`, `sqrt`, `relu`, `gelu`,
-//! scalar `+ - * /`): every op keeps `Replicate` and `Shard<D>`; a `Partial<Op>` is kept only
+//! scalar `+ - * /`, `silu`, `sigmoid`, `softplus`, `pow`, `rsqrt`, `abs`, `clamp`,
+//! `gelu_with`, and `dropout`): every op keeps `Replicate` and `Shard<D>`; a `Partial<Op>` is kept only
 //! when the op commutes with that reduction. Which ones do is the runtime's table
 //! ([`partials_kept`](crate::ops::pointwise::partials_kept)); the rules here are generated from it, so the typed op compiles exactly
 //! when the dynamic op would run without an implicit all-reduce.
@@ -12,6 +13,7 @@ use super::same::SameLayout;
 use super::{Dt, MeshDims, TypedLayout};
 use crate::element::Element;
 use crate::error::Result;
+use crate::ops::math::GeluApproximate;
 use crate::ops::pointwise::{keeps_partial, UnaryKind};
 use crate::placement::ReduceOp;
 
@@ -43,7 +45,23 @@ pub mod kinds {
         /// `mul_scalar` / `div_scalar`.
         MulScalar,
         /// `softmax` / `log_softmax`.
-        Softmax
+        Softmax,
+        /// `silu`.
+        Silu,
+        /// `sigmoid`.
+        Sigmoid,
+        /// `softplus` / `softplus_with`.
+        Softplus,
+        /// `pow` with a scalar exponent.
+        Pow,
+        /// `rsqrt`.
+        Rsqrt,
+        /// `abs`.
+        Abs,
+        /// `clamp`.
+        Clamp,
+        /// `dropout`.
+        Dropout
     );
 }
 
@@ -51,7 +69,7 @@ pub mod kinds {
 #[doc(hidden)]
 #[diagnostic::on_unimplemented(
     message = "`{Kind}` of `{From}` on mesh dim `{Name}` is not a legal layout: the op does not commute with that reduction",
-    label = "`{From}` on mesh dim `{Name}` must be reduced before this op",
+    label = "`{From}` on mesh dim `{Name}` must be reduced before this op: call `.redistribute()`",
     note = "redistribute mesh dim `{Name}` to `Replicate` (all-reduce) or `Shard<D>` (reduce-scatter) first; `neg`/`mul_scalar` keep Partial<Sum|Avg>, `add_scalar` keeps Partial<Avg|Max|Min>, other element-wise ops keep no Partial"
 )]
 pub trait KeepsPartial<From, Kind, Name> {}
@@ -93,7 +111,7 @@ macro_rules! partial_rules {
         partial_rules!(@op $k; Sum Avg Min Max Product);
     )*};
 }
-partial_rules!(Neg Exp Log Relu Gelu Tanh Sqrt AddScalar MulScalar Softmax);
+partial_rules!(Neg Exp Log Relu Gelu Tanh Sqrt AddScalar MulScalar Softmax Silu Sigmoid Softplus Pow Rsqrt Abs Clamp Dropout);
 
 /// Typed methods over the dynamic op of the same name.
 macro_rules! unary_methods {
@@ -135,6 +153,29 @@ unary_methods! {
     mul_scalar(s: T) => MulScalar;
     /// `self / s` (`s = 0` is an error); keeps `Partial<Sum|Avg>`.
     div_scalar(s: T) => MulScalar;
+    /// SiLU `x·σ(x)`; does not compile on a `Partial` layout.
+    silu() => Silu;
+    /// Logistic sigmoid; does not compile on a `Partial` layout.
+    sigmoid() => Sigmoid;
+    /// Softplus (`beta = 1`, `threshold = 20`); does not compile on a `Partial` layout.
+    softplus() => Softplus;
+    /// Softplus with PyTorch's `beta` and `threshold`; does not compile on a `Partial` layout.
+    softplus_with(beta: f64, threshold: f64) => Softplus;
+    /// `selfᵖ` for a scalar exponent; does not compile on a `Partial` layout.
+    pow(exponent: f64) => Pow;
+    /// `1 / √self`; does not compile on a `Partial` layout.
+    rsqrt() => Rsqrt;
+    /// `|self|`; does not compile on a `Partial` layout.
+    abs() => Abs;
+    /// `min(max(self, min), max)` (both bounds absent is a run-time error); does not compile
+    /// on a `Partial` layout.
+    clamp(min: Option<T>, max: Option<T>) => Clamp;
+    /// GELU in the form PyTorch's `approximate` names; does not compile on a `Partial` layout.
+    gelu_with(approximate: GeluApproximate) => Gelu;
+    /// Dropout with probability `p` when `train` (the identity otherwise); keeps the layout
+    /// (the mask is drawn per shard from the placement-invariant stream); does not compile on
+    /// a `Partial` layout.
+    dropout(p: f64, train: bool) => Dropout;
 }
 
 impl<T: Element, M: MeshDims, L: TypedLayout<M>, const R: usize> Dt<T, M, L, R> {

@@ -1,0 +1,10 @@
+// `pow` is not linear: a Partial<Sum> input must be reduced first (call .redistribute()).
+use dtensor::typed::dims::{dp, tp};
+use dtensor::{Sum, Dt, Partial, Shard};
+
+fn f(x: &Dt<f32, (dp, tp), (Shard<0>, Partial<Sum>), 2>) -> dtensor::Result<()> {
+    let _ = x.pow(2.0)?;
+    Ok(())
+}
+
+fn main() {}

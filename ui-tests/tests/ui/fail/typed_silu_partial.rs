@@ -1,0 +1,10 @@
+// `silu` is not linear: a Partial<Sum> input must be reduced first (call .redistribute()).
+use dtensor::typed::dims::{dp, tp};
+use dtensor::{Sum, Dt, Partial, Shard};
+
+fn f(x: &Dt<f32, (dp, tp), (Shard<0>, Partial<Sum>), 2>) -> dtensor::Result<()> {
+    let _ = x.silu()?;
+    Ok(())
+}
+
+fn main() {}
