@@ -5,7 +5,9 @@ use std::fmt;
 /// Runtime tag of an element type; collectives move bytes and use it to reduce.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub enum DType {
+    /// 32-bit IEEE float (`f32`).
     F32,
+    /// 64-bit IEEE float (`f64`).
     F64,
 }
 

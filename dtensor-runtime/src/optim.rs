@@ -47,8 +47,11 @@ fn local_grad<T: Element>(name: &str, p: &DTensor<T>) -> Result<Option<Storage<T
 /// PyTorch `optim.SGD`.
 #[derive(Debug, Clone)]
 pub struct Sgd<T: Element> {
+    /// Learning rate: the step is `lr` times the (momentum-smoothed) gradient.
     pub lr: T,
+    /// Momentum factor in `[0, 1)`; 0 disables the momentum buffer.
     pub momentum: T,
+    /// L2 penalty coefficient added to the gradient (`grad + weight_decay * param`); 0 disables it.
     pub weight_decay: T,
     buf: HashMap<String, Storage<T>>,
 }
@@ -100,9 +103,13 @@ impl<T: Element> Sgd<T> {
 /// Adam with decoupled weight decay, as PyTorch `optim.AdamW`.
 #[derive(Debug, Clone)]
 pub struct AdamW<T: Element> {
+    /// Learning rate scaling each update.
     pub lr: T,
+    /// Decay rates `(beta1, beta2)` in `[0, 1)` of the first and second moment averages.
     pub betas: (T, T),
+    /// Added to the square root of the second moment to avoid division by zero.
     pub eps: T,
+    /// Decoupled decay: each step scales parameters by `1 - lr * weight_decay` before the Adam update.
     pub weight_decay: T,
     state: HashMap<String, (usize, Storage<T>, Storage<T>)>,
 }

@@ -6,11 +6,16 @@ use std::fmt;
 /// Reduction of a [`Placement::Partial`] tensor (and of reducing collectives).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, Default)]
 pub enum ReduceOp {
+    /// Element-wise sum of the rank contributions (the default).
     #[default]
     Sum,
+    /// Sum divided by the number of contributing ranks.
     Avg,
+    /// Element-wise minimum over ranks.
     Min,
+    /// Element-wise maximum over ranks.
     Max,
+    /// Element-wise product over ranks.
     Product,
 }
 

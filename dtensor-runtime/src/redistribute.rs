@@ -29,7 +29,9 @@ use std::fmt;
 pub struct RedistributeStep {
     /// Mesh dimension the step runs over.
     pub mesh_dim: usize,
+    /// Placement on `mesh_dim` before the step.
     pub from: Placement,
+    /// Placement on `mesh_dim` after the step.
     pub to: Placement,
     /// The tensor's shape as this mesh dim sees it on this rank: the local shape if this mesh
     /// dim were Replicate (the global shape split by every other mesh dim's sharding).
@@ -54,6 +56,7 @@ impl fmt::Display for RedistributeStep {
 /// The inspectable plan of a redistribution (see [`plan_redistribute`]).
 #[derive(Debug, Clone, PartialEq, Eq, Default)]
 pub struct RedistributePlan {
+    /// Steps in execution order; empty when the placements already match.
     pub steps: Vec<RedistributeStep>,
 }
 

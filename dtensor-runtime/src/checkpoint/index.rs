@@ -33,7 +33,9 @@ pub struct CheckpointIndex {
 /// The saving mesh.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct MeshInfo {
+    /// Number of ranks along each mesh dim.
     pub shape: Vec<usize>,
+    /// Names of the mesh dims, one per entry of `shape`.
     pub dim_names: Vec<String>,
     /// Global ranks, row-major.
     pub ranks: Vec<usize>,
@@ -42,6 +44,7 @@ pub struct MeshInfo {
 /// One tensor of the state dict.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct TensorEntry {
+    /// Key of the tensor in the state dict.
     pub name: String,
     /// safetensors dtype name: `F32` or `F64`.
     pub dtype: String,

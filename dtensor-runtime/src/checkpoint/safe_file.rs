@@ -35,13 +35,19 @@ pub const MAX_INDEX_BYTES: u64 = 256 << 20;
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 #[non_exhaustive]
 pub enum FileKind {
+    /// A directory.
     Directory,
     /// A named pipe (FIFO): opening it for reading blocks until a writer appears.
     Fifo,
+    /// A character device (e.g. `/dev/null`).
     CharDevice,
+    /// A block device (e.g. a disk).
     BlockDevice,
+    /// A Unix domain socket.
     Socket,
+    /// A symbolic link (not followed).
     Symlink,
+    /// Any other kind the platform reports.
     Other,
 }
 

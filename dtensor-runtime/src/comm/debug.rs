@@ -32,12 +32,19 @@ use std::sync::{Arc, Mutex};
 /// Kind of a collective.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub enum CollectiveKind {
+    /// All-gather: every rank receives the concatenation of all ranks' buffers.
     AllGather,
+    /// All-reduce: every rank receives the reduction of all ranks' buffers.
     AllReduce,
+    /// Reduce-scatter: reduce, then each rank keeps its own chunk.
     ReduceScatter,
+    /// All-to-all: rank `i` sends its chunk `j` to rank `j`.
     AllToAll,
+    /// Broadcast of one root rank's buffer to all ranks.
     Broadcast,
+    /// Scatter: the root rank sends chunk `i` to rank `i`.
     Scatter,
+    /// Barrier: synchronisation only, no data.
     Barrier,
 }
 
@@ -76,6 +83,7 @@ impl fmt::Display for CollectiveKind {
 /// One recorded collective.
 #[derive(Debug, Clone, PartialEq)]
 pub struct CollectiveRecord {
+    /// Which collective ran.
     pub kind: CollectiveKind,
     /// Name of the mesh dim it ran over (`None`: the whole mesh).
     pub mesh_dim: Option<String>,

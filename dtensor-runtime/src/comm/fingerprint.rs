@@ -66,12 +66,15 @@ pub struct Fingerprint {
     /// Which collective on this group it is, counted by this member (0 when the backend keeps
     /// no count).
     pub seq: u64,
+    /// Which collective this member is entering.
     pub kind: CollectiveKind,
     /// Element type name (`f32`, `f64`, `u64`; empty for a barrier).
     pub dtype: &'static str,
     /// Elements this member contributes.
     pub count: usize,
+    /// Root rank of a broadcast or scatter (`None` for rootless collectives).
     pub root: Option<usize>,
+    /// Reduction of a reducing collective (`None` for the others).
     pub op: Option<ReduceOp>,
 }
 

@@ -31,8 +31,11 @@ fn check_positive(context: &str, sizes: &[usize]) -> Result<()> {
 
 /// `y = x Wᵀ + b` with `W: [out, in]` and `b: [out]` (PyTorch `nn.Linear`, same init).
 pub struct Linear<T: Element> {
+    /// Weight `[out_features, in_features]`, uniform in ±1/sqrt(in_features) at init.
     pub weight: DTensor<T>,
+    /// Bias `[out_features]` (same init as the weight), or `None` for a layer built without one.
     pub bias: Option<DTensor<T>>,
+    /// Input/output hooks that redistribute activations (set by `parallelize_module` styles).
     pub hooks: LayerHooks,
 }
 
@@ -81,7 +84,9 @@ impl<T: Element> Forward<T> for Linear<T> {
 /// Lookup table `[num_embeddings, dim]`, N(0, 1) init (PyTorch `nn.Embedding`). Its input is
 /// a tensor of whole-number ids (see [`DTensor::embedding`]).
 pub struct Embedding<T: Element> {
+    /// Table `[num_embeddings, dim]`; row `i` is the vector for id `i`.
     pub weight: DTensor<T>,
+    /// Input/output hooks that redistribute activations (set by `parallelize_module` styles).
     pub hooks: LayerHooks,
 }
 
@@ -115,9 +120,13 @@ impl<T: Element> Forward<T> for Embedding<T> {
 
 /// Layer normalisation over the last dim with affine weight and bias (PyTorch `nn.LayerNorm`).
 pub struct LayerNorm<T: Element> {
+    /// Per-feature scale `[normalized_dim]`, ones at init.
     pub weight: DTensor<T>,
+    /// Per-feature shift `[normalized_dim]`, zeros at init.
     pub bias: DTensor<T>,
+    /// Added to the variance before the square root to avoid division by zero.
     pub eps: T,
+    /// Input/output hooks that redistribute activations (set by `parallelize_module` styles).
     pub hooks: LayerHooks,
 }
 
@@ -157,8 +166,11 @@ impl<T: Element> Forward<T> for LayerNorm<T> {
 
 /// Root-mean-square normalisation over the last dim with a weight (PyTorch `nn.RMSNorm`).
 pub struct RmsNorm<T: Element> {
+    /// Per-feature scale `[normalized_dim]`, ones at init.
     pub weight: DTensor<T>,
+    /// Added to the mean square before the square root to avoid division by zero.
     pub eps: T,
+    /// Input/output hooks that redistribute activations (set by `parallelize_module` styles).
     pub hooks: LayerHooks,
 }
 
@@ -198,7 +210,9 @@ impl<T: Element> Forward<T> for RmsNorm<T> {
 /// `nn.Dropout`; starts in training mode). The mask comes from the placement-invariant
 /// generator, so every mesh and layout drops the same elements.
 pub struct Dropout {
+    /// Probability in `[0, 1]` that an element is zeroed in training; survivors are scaled by `1/(1-p)`.
     pub p: f64,
+    /// `true` while training (dropout applied), `false` in eval mode (identity).
     pub training: bool,
 }
 

@@ -106,9 +106,13 @@ pub enum LayerKind {
 /// (other mesh dims keep their placements).
 #[derive(Debug, Clone, PartialEq)]
 pub struct LayerHooks {
+    /// Which layer the hooks belong to; decides what the placements mean.
     pub kind: LayerKind,
+    /// Index of the mesh dim the input/output placements apply to.
     pub mesh_dim: usize,
+    /// Placement the input is redistributed to before the forward (`None`: left as is).
     pub input: Option<Placement>,
+    /// Placement the output is redistributed to after the forward (`None`: left as is).
     pub output: Option<Placement>,
 }
 

@@ -24,15 +24,25 @@ const LINEAR: [ReduceOp; 2] = [ReduceOp::Sum, ReduceOp::Avg];
 /// The one-input element-wise ops (and softmax, dropout), for their table of kept Partials.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum UnaryKind {
+    /// `-x`.
     Neg,
+    /// `e^x`.
     Exp,
+    /// Natural logarithm `ln x`.
     Log,
+    /// `max(x, 0)`.
     Relu,
+    /// Gaussian error linear unit (tanh approximation).
     Gelu,
+    /// Hyperbolic tangent.
     Tanh,
+    /// Square root.
     Sqrt,
+    /// `x + c` for a scalar `c`.
     AddScalar,
+    /// `x * c` for a scalar `c`.
     MulScalar,
+    /// Softmax along one tensor dim.
     Softmax,
     Silu,
     Sigmoid,

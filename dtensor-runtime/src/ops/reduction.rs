@@ -22,8 +22,11 @@ use crate::storage::op::Reduction;
 /// The reductions (`mean` is a sum, then a scale).
 #[derive(Clone, Copy, PartialEq, Eq, Debug)]
 pub enum ReductionKind {
+    /// Sum of the reduced elements.
     Sum,
+    /// Largest reduced element.
     Max,
+    /// Smallest reduced element.
     Min,
 }
 
