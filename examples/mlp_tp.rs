@@ -27,7 +27,7 @@ mod model;
 
 use clap::Parser;
 use dtensor::prelude::*;
-use dtensor::{visualize_sharding, Backend, CollectiveKind, CommDebugMode, RankCtx};
+use dtensor::{visualize_sharding, CollectiveKind, CommDebugMode, Launch, RankCtx};
 use indicatif::{ProgressBar, ProgressStyle};
 use model::{Mlp, MlpConfig, Trainer};
 use std::collections::BTreeMap;
@@ -64,7 +64,7 @@ struct Args {
     /// Communication backend: `threads` (in-process ranks), or `mpi` (build with
     /// `--features mpi`, start with `mpirun -np DP*TP`).
     #[arg(long, default_value = "threads", value_parser = parse_backend)]
-    backend: Backend,
+    backend: Launch,
     /// Largest relative difference to the 1-rank run that still passes.
     #[arg(long, default_value_t = 1e-4)]
     tol: f64,
@@ -73,8 +73,8 @@ struct Args {
     progress: bool,
 }
 
-fn parse_backend(s: &str) -> std::result::Result<Backend, String> {
-    s.parse::<Backend>().map_err(|e| e.to_string())
+fn parse_backend(s: &str) -> std::result::Result<Launch, String> {
+    s.parse::<Launch>().map_err(|e| e.to_string())
 }
 
 fn parse_mesh(s: &str) -> std::result::Result<(usize, usize), String> {

@@ -4,7 +4,7 @@
 use crate::dtensor::DTensor;
 use crate::element::Element;
 use crate::error::{Error, Result};
-use crate::launcher::current_mesh;
+use crate::launch::current_mesh;
 use crate::layout::{contiguous_strides, local_shape_and_offset};
 use crate::mesh::DeviceMesh;
 use crate::placement::{normalize_placements, Placement};

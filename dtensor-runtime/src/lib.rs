@@ -14,7 +14,6 @@
 
 pub(crate) mod alloc;
 pub mod autograd;
-pub mod backend;
 pub mod checkpoint;
 pub mod comm;
 pub mod cuda;
@@ -22,7 +21,7 @@ pub mod dtensor;
 pub mod element;
 pub mod error;
 pub mod factory;
-pub mod launcher;
+pub mod launch;
 pub mod layout;
 pub mod mesh;
 pub mod module;
@@ -39,7 +38,6 @@ pub mod visualize;
 pub use ndarray;
 
 pub use autograd::{from_local_grad, local_mesh, no_grad};
-pub use backend::{launch, Backend};
 pub use comm::collectives::Along;
 pub use comm::debug::{op_scope, CollectiveKind, CollectiveRecord, CommDebugGuard, CommDebugMode, CommStats};
 pub use comm::threads::{ThreadComm, ThreadWorld};
@@ -48,7 +46,9 @@ pub use dtensor::{distribute_tensor, from_local, DTensor, DistributeSource, From
 pub use element::{DType, Element};
 pub use error::{Error, Result};
 pub use factory::{causal_mask, empty, full, linspace, logspace, ones, rand, randn, zeros, TensorOptions};
-pub use launcher::{current_mesh, run, set_current_mesh, LocalWorld, RankCtx};
+#[allow(deprecated)]
+pub use launch::Backend;
+pub use launch::{current_mesh, launch, run, set_current_mesh, Launch, LocalWorld, RankCtx};
 pub use mesh::DeviceMesh;
 pub use module::{distribute_module, parallelize_module, Forward, Module};
 pub use ops::{

@@ -4,7 +4,7 @@
 
 mod mpi_harness;
 
-use dtensor_runtime::{launch, Along, Backend, DType, Error, RankCtx, ReduceOp};
+use dtensor_runtime::{launch, Along, DType, Error, Launch, RankCtx, ReduceOp};
 use mpi_harness::{fail, Outcome, TestFn};
 use std::time::{Duration, Instant};
 
@@ -316,11 +316,11 @@ fn backend_name_and_world(ctx: &RankCtx) -> Result<Outcome, String> {
     Ok(Outcome::Pass)
 }
 
-/// `launch(Backend::Mpi, n, ..)` with `n` different from mpirun's `-np`: a typed error on
+/// `launch(Launch::Mpi, n, ..)` with `n` different from mpirun's `-np`: a typed error on
 /// every rank, before the closure runs.
 fn launch_rejects_a_wrong_world_size(ctx: &RankCtx) -> Result<Outcome, String> {
     let n = ctx.world_size();
-    match launch(Backend::Mpi, n + 1, |_| -> dtensor_runtime::Result<()> { panic!("must not run") }) {
+    match launch(Launch::Mpi, n + 1, |_| -> dtensor_runtime::Result<()> { panic!("must not run") }) {
         Err(Error::InvalidArgument { .. }) => Ok(Outcome::Pass),
         other => Err(format!("launch with {} ranks under -np {n} gave {other:?}", n + 1)),
     }

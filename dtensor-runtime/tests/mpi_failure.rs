@@ -11,7 +11,7 @@
 //!
 //! Without the variable (plain `cargo test --features mpi`) it only explains itself.
 
-use dtensor_runtime::{launch, Backend, Error};
+use dtensor_runtime::{launch, Error, Launch};
 use std::time::Duration;
 
 fn main() {
@@ -21,7 +21,7 @@ fn main() {
         );
         return;
     };
-    let r = launch(Backend::Mpi, 0, |ctx| {
+    let r = launch(Launch::Mpi, 0, |ctx| {
         let world: Vec<usize> = (0..ctx.world_size()).collect();
         ctx.comm().barrier(&world)?;
         if ctx.rank() == 1 {

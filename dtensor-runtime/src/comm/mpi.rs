@@ -16,7 +16,7 @@
 //! # Failures never hang
 //! MPI's default error handler (`MPI_ERRORS_ARE_FATAL`) aborts the whole job on any MPI error
 //! (truncated message, mismatched sizes, dead peer). On top of that:
-//! * [`launch`] calls `MPI_Abort` when this rank's closure returns an error or panics (with
+//! * [`Launch::Mpi`](crate::Launch::Mpi) calls `MPI_Abort` when this rank's closure returns an error or panics (with
 //!   more than one rank): `mpirun` then kills every process, so no peer waits forever in a
 //!   collective this rank will never enter;
 //! * a process that dies makes `mpirun` terminate the job;
@@ -25,16 +25,15 @@
 //!   peer is alive but never calls it (e.g. ranks called collectives in a different order).
 //!
 //! # Process lifetime
-//! MPI is initialised once per process (the first [`MpiComm::world`] or [`launch`]), with
+//! MPI is initialised once per process (the first [`MpiComm::world`]), with
 //! `MPI_THREAD_MULTIPLE` requested; `MPI_Finalize` runs at process exit (an `atexit` hook), so
-//! one process may [`launch`] several programs in turn. Every call into MPI from this module is
+//! one process may launch several programs in turn. Every call into MPI from this module is
 //! serialised by one lock, so the communicator is safe to share between threads.
 
 use super::Communicator;
 use super::{check, group, reduce};
 use crate::element::DType;
 use crate::error::{Error, Result};
-use crate::launcher::{set_current_mesh, RankCtx};
 use crate::placement::ReduceOp;
 use mpi::collective::SystemOperation;
 use mpi::datatype::Equivalence;
@@ -82,7 +81,7 @@ unsafe extern "C" {
     fn atexit(cb: extern "C" fn()) -> std::ffi::c_int;
 }
 
-/// Initialises MPI once per process (idempotent). Called by [`MpiComm::world`] and [`launch`].
+/// Initialises MPI once per process (idempotent). Called by [`MpiComm::world`].
 ///
 /// Errors with [`Error::Unavailable`] when MPI was already finalised, and with
 /// [`Error::Backend`] when the library grants less than `MPI_THREAD_SERIALIZED`, and with
@@ -397,56 +396,5 @@ impl Communicator for MpiComm {
 
     fn barrier(&self, group: &[usize]) -> Result<()> {
         self.with_group("barrier", group, &[], |c, _| c.barrier())
-    }
-}
-
-// ---------------------------------------------------------------------------- launcher
-
-/// Runs `f` once in this process, as the rank `mpirun` gave it, and returns its result as a
-/// one-element vector (the other ranks' results live in their own processes).
-///
-/// `world_size` 0 accepts whatever `mpirun -np N` started; any other value must equal `N`
-/// (every process gets the same error otherwise, before any collective).
-///
-/// When `f` fails or panics on a world of more than one rank, this prints the error and calls
-/// `MPI_Abort`: the peers may be blocked in a collective this rank will never enter, and
-/// aborting is the only way MPI offers to release them. With one rank the error is returned.
-pub fn launch<R, F>(world_size: usize, f: F) -> Result<Vec<R>>
-where
-    F: Fn(RankCtx) -> Result<R>,
-{
-    let comm = MpiComm::world()?;
-    if world_size != 0 && world_size != comm.size {
-        return Err(Error::InvalidArgument {
-            context: "launch(Backend::Mpi)".into(),
-            reason: format!(
-                "the program wants {world_size} ranks but mpirun started {} processes (use `mpirun -np {world_size}`)",
-                comm.size
-            ),
-        });
-    }
-    let dyn_comm: Arc<dyn Communicator> = comm.clone();
-    let out = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| f(RankCtx::new(dyn_comm))));
-    set_current_mesh(None);
-    let out = match out {
-        Ok(r) => r,
-        Err(p) => Err(Error::RankPanicked { rank: comm.rank, message: crate::launcher::panic_message(&p) }),
-    };
-    match out {
-        Ok(v) => {
-            comm.close();
-            Ok(vec![v])
-        }
-        Err(e) if comm.size > 1 => {
-            eprintln!(
-                "dtensor[mpi]: rank {} failed: {e}\ndtensor[mpi]: calling MPI_Abort so that no peer waits forever",
-                comm.rank
-            );
-            comm.abort(1)
-        }
-        Err(e) => {
-            comm.close();
-            Err(e)
-        }
     }
 }

@@ -9,7 +9,7 @@
 //! A positional argument filters tests by substring.
 #![allow(dead_code)]
 
-use dtensor_runtime::{launch, Backend, DType, RankCtx, ReduceOp};
+use dtensor_runtime::{launch, DType, Launch, RankCtx, ReduceOp};
 use std::time::Instant;
 
 /// What a test reports when it did not fail.
@@ -33,7 +33,7 @@ pub fn main(suite: &str, tests: &[(&str, TestFn)]) {
     let filter: Option<String> = std::env::args().skip(1).find(|a| !a.starts_with('-'));
     let selected: Vec<&(&str, TestFn)> =
         tests.iter().filter(|(n, _)| filter.as_ref().is_none_or(|f| n.contains(f.as_str()))).collect();
-    let res = launch(Backend::Mpi, 0, |ctx| {
+    let res = launch(Launch::Mpi, 0, |ctx| {
         let (me, n) = (ctx.rank(), ctx.world_size());
         let world: Vec<usize> = (0..n).collect();
         if me == 0 {

@@ -1,64 +1,15 @@
-//! Launching SPMD programs: one closure runs on every rank.
+//! [`Launch::Threads`](super::Launch::Threads): every rank is an OS thread of this process.
 
+use super::{panic_message, set_current_mesh, RankCtx};
 use crate::comm::threads::ThreadWorld;
 use crate::comm::timeout;
 use crate::comm::Communicator;
 use crate::error::{Error, Result};
-use crate::mesh::DeviceMesh;
-use std::cell::RefCell;
 use std::sync::Arc;
 use std::time::Duration;
 
-pub use crate::comm::timeout::DEFAULT_TIMEOUT;
-
 /// Default stack size of a rank's thread.
 pub const DEFAULT_STACK_SIZE: usize = 16 << 20;
-
-thread_local! {
-    static CURRENT_MESH: RefCell<Option<DeviceMesh>> = const { RefCell::new(None) };
-}
-
-/// Sets the mesh that factories use when none is given (PyTorch's "current mesh").
-pub fn set_current_mesh(mesh: Option<DeviceMesh>) {
-    CURRENT_MESH.with(|m| *m.borrow_mut() = mesh);
-}
-
-/// The mesh set by the latest [`RankCtx::init_device_mesh`] (or [`set_current_mesh`]) on this rank.
-pub fn current_mesh() -> Option<DeviceMesh> {
-    CURRENT_MESH.with(|m| m.borrow().clone())
-}
-
-/// What every rank's closure receives: its rank and the communicator of its world.
-#[derive(Clone, Debug)]
-pub struct RankCtx {
-    comm: Arc<dyn Communicator>,
-}
-
-impl RankCtx {
-    /// Wraps any communicator (used by the MPI and NCCL launchers).
-    pub fn new(comm: Arc<dyn Communicator>) -> Self {
-        RankCtx { comm }
-    }
-    /// This rank.
-    pub fn rank(&self) -> usize {
-        self.comm.rank()
-    }
-    /// Number of ranks.
-    pub fn world_size(&self) -> usize {
-        self.comm.world_size()
-    }
-    /// The communicator.
-    pub fn comm(&self) -> &Arc<dyn Communicator> {
-        &self.comm
-    }
-    /// Builds a mesh over the whole world (like `init_device_mesh("cpu", shape, mesh_dim_names)`)
-    /// and makes it this rank's current mesh.
-    pub fn init_device_mesh(&self, shape: &[usize], names: &[&str]) -> Result<DeviceMesh> {
-        let mesh = DeviceMesh::new(Arc::clone(&self.comm), shape, names)?;
-        set_current_mesh(Some(mesh.clone()));
-        Ok(mesh)
-    }
-}
 
 /// The embedded in-process world: one OS thread per rank.
 ///
@@ -76,7 +27,7 @@ pub struct LocalWorld {
 
 impl LocalWorld {
     /// A world of `size` ranks whose collective timeout is `DTENSOR_TIMEOUT_MS` (read by
-    /// [`run`](Self::run)), else [`DEFAULT_TIMEOUT`].
+    /// [`run`](Self::run)), else [`DEFAULT_TIMEOUT`](super::DEFAULT_TIMEOUT).
     pub fn new(size: usize) -> Self {
         LocalWorld { size, timeout: None, stack_size: DEFAULT_STACK_SIZE }
     }
@@ -187,16 +138,6 @@ impl LocalWorld {
             Some(e) => Err(e),
             None => Ok(out),
         }
-    }
-}
-
-pub(crate) fn panic_message(p: &Box<dyn std::any::Any + Send>) -> String {
-    if let Some(s) = p.downcast_ref::<&str>() {
-        s.to_string()
-    } else if let Some(s) = p.downcast_ref::<String>() {
-        s.clone()
-    } else {
-        "non-string panic payload".into()
     }
 }
 
