@@ -10,7 +10,6 @@
 //! [`autograd`] (`requires_grad_`, `backward`, `grad`), [`module`] (`Module`,
 //! `distribute_module`, `parallelize_module`, tensor-parallel styles) and [`optim`].
 #![warn(missing_docs)]
-#![allow(missing_docs)] // field-level docs are tracked per module; items carry rustdoc
 
 pub(crate) mod alloc;
 pub mod autograd;

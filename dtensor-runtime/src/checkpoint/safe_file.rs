@@ -101,9 +101,17 @@ pub enum FileProblem {
     /// The entry (or the target of its link) is not a regular file.
     NotRegular(FileKind),
     /// A symbolic link whose resolved target lies outside the directory.
-    LeavesDirectory { target: String },
+    LeavesDirectory {
+        /// Where the link resolves to.
+        target: String,
+    },
     /// Longer than the cap of a whole-file read.
-    TooLarge { len: u64, max: u64 },
+    TooLarge {
+        /// The file's length, in bytes.
+        len: u64,
+        /// The cap of this read, in bytes.
+        max: u64,
+    },
     /// The name is not a plain file name inside the directory.
     NotPlainName,
     /// The entry changed between its inspection and its opening.

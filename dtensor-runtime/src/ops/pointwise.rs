@@ -44,13 +44,21 @@ pub enum UnaryKind {
     MulScalar,
     /// Softmax along one tensor dim.
     Softmax,
+    /// `x·σ(x)`.
     Silu,
+    /// Logistic sigmoid `σ(x)`.
     Sigmoid,
+    /// `ln(1 + e^(βx)) / β`.
     Softplus,
+    /// `xᵖ` for a scalar `p`.
     Pow,
+    /// `1 / √x`.
     Rsqrt,
+    /// `|x|`.
     Abs,
+    /// `x` clamped to `[lo, hi]`.
     Clamp,
+    /// Dropout (zeros and a `1/(1-p)` scale).
     Dropout,
 }
 

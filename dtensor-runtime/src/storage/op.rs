@@ -75,9 +75,19 @@ pub enum UnaryOp {
     /// `y(1 - y)` from the output `y = σ(x)`.
     SigmoidGrad,
     /// `ln(1 + e^(βx)) / β`, and `x` where `βx > threshold` (PyTorch `softplus(beta, threshold)`).
-    Softplus { beta: f64, threshold: f64 },
+    Softplus {
+        /// The β of `βx` (PyTorch's default 1).
+        beta: f64,
+        /// Above this `βx` the linear form is used (PyTorch's default 20).
+        threshold: f64,
+    },
     /// `σ(βx)`, and `1` where `βx > threshold`: the derivative of [`UnaryOp::Softplus`].
-    SoftplusGrad { beta: f64, threshold: f64 },
+    SoftplusGrad {
+        /// The β of `βx` (PyTorch's default 1).
+        beta: f64,
+        /// Above this `βx` the linear form is used (PyTorch's default 20).
+        threshold: f64,
+    },
     /// `xᵖ` (scalar exponent).
     Pow(f64),
     /// `p·xᵖ⁻¹` (`0` for `p = 0`), the derivative of [`UnaryOp::Pow`].
@@ -91,9 +101,19 @@ pub enum UnaryOp {
     /// `sign(x)` (`0` at `0`), the derivative of [`UnaryOp::Abs`].
     Sign,
     /// `min(max(x, lo), hi)`; NaN stays NaN.
-    Clamp { lo: f64, hi: f64 },
+    Clamp {
+        /// Lower bound (`-∞`: none).
+        lo: f64,
+        /// Upper bound (`+∞`: none).
+        hi: f64,
+    },
     /// `1` where `lo ≤ x ≤ hi`, else `0` (PyTorch's clamp backward).
-    ClampGrad { lo: f64, hi: f64 },
+    ClampGrad {
+        /// Lower bound (`-∞`: none).
+        lo: f64,
+        /// Upper bound (`+∞`: none).
+        hi: f64,
+    },
     /// [`gelu_erf`] (exact form).
     GeluErf,
     /// [`gelu_erf_grad`].
