@@ -274,3 +274,29 @@ fn index_too_large() {
     f.set_len(dtensor_runtime::checkpoint::MAX_INDEX_BYTES + 1).unwrap(); // sparse: no disk used
     expect_refused(read_all(dir.path()), INDEX_FILE, |p| matches!(p, FileProblem::TooLarge { .. }));
 }
+
+/// A Hugging Face hub cache: snapshot files link to `../../blobs/`. Refused by default, read
+/// when the repository folder is named as the root links may resolve in; a link leaving that
+/// root is still refused, and a root that does not contain the checkpoint is an error.
+#[test]
+fn hub_cache_links_within_a_named_root() {
+    let cache = tempfile::tempdir().unwrap();
+    let repo = cache.path().join("models--org--tiny");
+    let (blobs, snap) = (repo.join("blobs"), repo.join("snapshots").join("abc123"));
+    std::fs::create_dir_all(&blobs).unwrap();
+    std::fs::create_dir_all(&snap).unwrap();
+    write_st(&blobs.join("5f2e"), &[("w", Dtype::BF16, &global(&[4, 2], 3))]);
+    std::os::unix::fs::symlink("../../blobs/5f2e", snap.join(SINGLE_FILE)).unwrap();
+    expect_refused(read_all(&snap), SINGLE_FILE, |p| matches!(p, FileProblem::LeavesDirectory { .. }));
+    let mut ck = HfCheckpoint::open_with_link_root(&snap, &repo).unwrap();
+    assert_eq!(ck.read_full::<f32>("w").unwrap().mapv(f64::from), global(&[4, 2], 3));
+    // Out of the root: still refused.
+    let outside = tempfile::tempdir().unwrap();
+    write_st(&outside.path().join("x"), &[("w", Dtype::F32, &global(&[2], 1))]);
+    std::fs::remove_file(snap.join(SINGLE_FILE)).unwrap();
+    std::os::unix::fs::symlink(outside.path().join("x"), snap.join(SINGLE_FILE)).unwrap();
+    let r = HfCheckpoint::open_with_link_root(&snap, &repo).map(|_| ());
+    expect_refused(r, SINGLE_FILE, |p| matches!(p, FileProblem::LeavesDirectory { .. }));
+    let e = HfCheckpoint::open_with_link_root(&snap, outside.path()).err().unwrap();
+    assert!(matches!(e, Error::InvalidArgument { .. }), "{e}");
+}

@@ -9,7 +9,8 @@
 //!   a regular file (a FIFO, which would block `open` forever; a device such as `/dev/zero`,
 //!   which never ends; a directory; a socket) is refused with [`FileProblem::NotRegular`];
 //! - a symbolic link is followed only when its target, fully resolved, lies inside the
-//!   directory, and that target must be a regular file too ([`FileProblem::LeavesDirectory`]);
+//!   directory (or inside a root the caller names that contains it, as a Hugging Face hub
+//!   cache needs), and that target must be a regular file too ([`FileProblem::LeavesDirectory`]);
 //! - the file is opened with `O_NOFOLLOW | O_NONBLOCK` (so a FIFO swapped in after the check
 //!   cannot block) and the opened descriptor is checked again: still a regular file, and the
 //!   same file as inspected ([`FileProblem::Replaced`]); its length is taken from the
@@ -150,8 +151,10 @@ pub(crate) fn is_plain_name(name: &str) -> bool {
 pub(crate) struct SafeDir {
     /// As the caller named it (for messages).
     shown: PathBuf,
-    /// Fully resolved, to decide whether a link target lies inside.
+    /// Fully resolved.
     resolved: PathBuf,
+    /// Fully resolved; link targets must lie inside it (by default, the directory itself).
+    link_root: PathBuf,
 }
 
 /// A regular file opened by [`SafeDir::open`], with its length at opening.
@@ -168,7 +171,20 @@ impl SafeDir {
         if !meta.is_dir() {
             return Err(io_error(dir, "cannot open the directory", std::io::ErrorKind::NotADirectory.into()));
         }
-        Ok(SafeDir { shown: dir.to_path_buf(), resolved })
+        Ok(SafeDir { shown: dir.to_path_buf(), link_root: resolved.clone(), resolved })
+    }
+
+    /// Lets symbolic links resolve anywhere inside `root`, which must contain the directory.
+    pub(crate) fn with_link_root(mut self, root: &Path) -> Result<SafeDir> {
+        let resolved = std::fs::canonicalize(root).map_err(|e| io_error(root, "cannot open the directory", e))?;
+        if !self.resolved.starts_with(&resolved) {
+            return Err(Error::InvalidArgument {
+                context: format!("links allowed within `{}`", root.display()),
+                reason: format!("it does not contain `{}`", self.shown.display()),
+            });
+        }
+        self.link_root = resolved;
+        Ok(self)
     }
 
     /// `name` inside the directory, as shown in messages.
@@ -188,7 +204,7 @@ impl SafeDir {
         if meta.file_type().is_symlink() {
             target = std::fs::canonicalize(&target)
                 .map_err(|e| io_error(&shown, "cannot open (a symbolic link that does not resolve)", e))?;
-            if !target.starts_with(&self.resolved) {
+            if !target.starts_with(&self.link_root) {
                 return Err(refused(&shown, FileProblem::LeavesDirectory { target: target.display().to_string() }));
             }
             meta = std::fs::symlink_metadata(&target).map_err(|e| io_error(&shown, "cannot open", e))?;

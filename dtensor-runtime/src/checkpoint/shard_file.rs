@@ -64,7 +64,8 @@ impl ShardFile {
         if n > MAX_HEADER || len.checked_sub(8).is_none_or(|rest| n > rest) {
             return Err(err(&path, format!("bad header: header length {n} does not fit in a {len}-byte file")));
         }
-        let mut header = vec![0u8; n as usize]; // at most MAX_HEADER, and backed by the file
+        // At most MAX_HEADER, and backed by the file.
+        let mut header = crate::alloc::try_zeroed::<u8>("reading a safetensors header", n as usize)?;
         file.read_exact(&mut header).map_err(|e| err(&path, format!("truncated header: {e}")))?;
         let meta: Metadata = serde_json::from_slice(&header)
             .map_err(|e| err(&path, format!("bad header: not a safetensors header: {e}")))?;

@@ -111,7 +111,18 @@ impl HfCheckpoint {
     /// `model.safetensors.index.json`: the order `transformers` looks in), a `.safetensors`
     /// file, or an index file. Reads the index, or the single file's header; nothing else.
     pub fn open(path: impl AsRef<Path>) -> Result<HfCheckpoint> {
-        let path = path.as_ref();
+        Self::open_in(path.as_ref(), None)
+    }
+
+    /// [`HfCheckpoint::open`], letting the checkpoint's symbolic links resolve anywhere inside
+    /// `root` (which must contain the checkpoint's directory) instead of only inside that
+    /// directory: a Hugging Face hub cache keeps `snapshots/<revision>/model.safetensors` as a
+    /// link to `../../blobs/<hash>`, so `root` is its `models--<org>--<name>` folder.
+    pub fn open_with_link_root(path: impl AsRef<Path>, root: impl AsRef<Path>) -> Result<HfCheckpoint> {
+        Self::open_in(path.as_ref(), Some(root.as_ref()))
+    }
+
+    fn open_in(path: &Path, link_root: Option<&Path>) -> Result<HfCheckpoint> {
         let (dir, name) = if path.is_dir() {
             let single = std::fs::symlink_metadata(path.join(SINGLE_FILE)).is_ok();
             (path.to_path_buf(), if single { SINGLE_FILE } else { INDEX_FILE }.to_string())
@@ -123,7 +134,10 @@ impl HfCheckpoint {
             })?;
             (dir.to_path_buf(), name.to_string())
         };
-        let dir = SafeDir::new(&dir)?;
+        let mut dir = SafeDir::new(&dir)?;
+        if let Some(root) = link_root {
+            dir = dir.with_link_root(root)?;
+        }
         let listing = dir.shown(&name);
         let mut files = HashMap::new();
         let weight_map = if name.ends_with(".json") {
