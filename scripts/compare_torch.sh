@@ -65,7 +65,7 @@ torchrun() {
     local n=$1; shift
     [ -n "$py" ] || return 0
     OMP_NUM_THREADS=1 "$py" -m torch.distributed.run --standalone --nproc-per-node "$n" scripts/bench_torch.py "$@" \
-        2> >(grep -v -i "warn" >&2)
+        2> >(grep -v -i -e warn -e _conversion_method_template -e "does not support alltoall" >&2)
 }
 
 log "GEMM"

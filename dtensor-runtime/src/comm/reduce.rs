@@ -50,6 +50,45 @@ pub fn accumulate(dtype: DType, op: ReduceOp, acc: &mut [u8], x: &[u8]) -> Resul
     Ok(())
 }
 
+fn combine_typed<T: bytemuck::Pod + num_traits::Float>(op: ReduceOp, out: &mut [u8], a: &[u8], b: &[u8]) {
+    let (a, b) = (typed::<T>(a), typed::<T>(b));
+    // One tight loop per op, as in `fold`.
+    fn apply<T: Copy>(o: &mut [T], a: &[T], b: &[T], f: impl Fn(T, T) -> T) {
+        o.iter_mut().zip(a.iter().zip(b)).for_each(|(o, (a, b))| *o = f(*a, *b));
+    }
+    let run = |o: &mut [T]| match op {
+        ReduceOp::Sum | ReduceOp::Avg => apply(o, &a, &b, |a, b| a + b),
+        ReduceOp::Min => apply(o, &a, &b, |a, b| if a < b || a.is_nan() { a } else { b }),
+        ReduceOp::Max => apply(o, &a, &b, |a, b| if a > b || a.is_nan() { a } else { b }),
+        ReduceOp::Product => apply(o, &a, &b, |a, b| a * b),
+    };
+    match bytemuck::try_cast_slice_mut::<u8, T>(out) {
+        Ok(o) => run(o),
+        Err(_) => {
+            let mut o: Vec<T> = bytemuck::pod_collect_to_vec(out);
+            run(&mut o);
+            out.copy_from_slice(bytemuck::cast_slice(&o));
+        }
+    }
+}
+
+/// `out = a ⊕ b` element-wise: the first fold of a reduction written straight into its
+/// output (one pass instead of a copy of `a` and an [`accumulate`]). `Avg` sums; call
+/// [`finish`] afterwards.
+pub fn combine(dtype: DType, op: ReduceOp, out: &mut [u8], a: &[u8], b: &[u8]) -> Result<()> {
+    if a.len() != out.len() || b.len() != out.len() {
+        return Err(Error::BufferMismatch {
+            op: format!("reduce({op})"),
+            reason: format!("inputs have {} and {} bytes, the output {}", a.len(), b.len(), out.len()),
+        });
+    }
+    match dtype {
+        DType::F32 => combine_typed::<f32>(op, out, a, b),
+        DType::F64 => combine_typed::<f64>(op, out, a, b),
+    }
+    Ok(())
+}
+
 /// Final step of a reduction over `n` members (divides by `n` for `Avg`).
 pub fn finish(dtype: DType, op: ReduceOp, acc: &mut [u8], n: usize) {
     if op != ReduceOp::Avg {
@@ -125,6 +164,19 @@ mod tests {
         accumulate(DType::F64, ReduceOp::Max, &mut acc, bytemuck::cast_slice(&[f64::NAN, 0.5])).unwrap();
         let r: Vec<f64> = bytemuck::pod_collect_to_vec(&acc);
         assert!(r[0].is_nan() && r[1].is_nan());
+    }
+
+    #[test]
+    fn combine_equals_copy_then_accumulate() {
+        let (a, b) = ([1.0f32, f32::NAN, -2.0, 4.0], [3.0f32, 1.0, f32::NAN, -5.0]);
+        for op in [ReduceOp::Sum, ReduceOp::Avg, ReduceOp::Max, ReduceOp::Min, ReduceOp::Product] {
+            let mut out = vec![0u8; 16];
+            combine(DType::F32, op, &mut out, bytemuck::cast_slice(&a), bytemuck::cast_slice(&b)).unwrap();
+            let got: Vec<f32> = bytemuck::pod_collect_to_vec(&out);
+            let want = reduce_f32(op, &a, &b);
+            assert!(got.iter().zip(&want).all(|(g, w)| g == w || (g.is_nan() && w.is_nan())), "{op}: {got:?}");
+        }
+        assert!(combine(DType::F32, ReduceOp::Sum, &mut [0u8; 8], &[0u8; 4], &[0u8; 8]).is_err());
     }
 
     #[test]

@@ -298,11 +298,16 @@ impl ThreadComm {
             // SAFETY: range `r` of our own output: peers read only inputs in this phase, and
             // of an in-place member's buffer only the ranges it does not own.
             let acc = unsafe { own_mut(recv, len, r.clone()) };
-            if !in_place {
+            // Out of place, the first peer's range is folded in while our input is copied.
+            let first = usize::from(me == 0);
+            if !in_place && n > 1 {
+                let (mine, theirs) = (peer("all_reduce", &all[me], Side::Send, r.clone())?, &all[first]);
+                reduce::combine(dtype, op, acc, mine, peer("all_reduce", theirs, Side::Send, r.clone())?)?;
+            } else if !in_place {
                 acc.copy_from_slice(peer("all_reduce", &all[me], Side::Send, r.clone())?);
             }
             for (j, b) in all.iter().enumerate() {
-                if j != me {
+                if j != me && (in_place || j != first) {
                     // Range `r` of a peer's input: its owner writes only its own range.
                     reduce::accumulate(dtype, op, acc, peer("all_reduce", b, Side::Send, r.clone())?)?;
                 }
