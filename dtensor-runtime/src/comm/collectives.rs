@@ -50,8 +50,7 @@ impl DeviceMesh {
         let comm = self.comm();
         let seq = comm.sequences().map_or(0, |s| s.next(g));
         let dtype = match dtype {
-            Some(DType::F32) => "f32",
-            Some(DType::F64) => "f64",
+            Some(d) => d.name(),
             None if kind == CollectiveKind::Barrier => "",
             None => "u64",
         };
