@@ -25,6 +25,7 @@ pub mod markers;
 pub mod matmul;
 pub mod params;
 pub mod pointwise;
+#[doc(hidden)] // only `#[distribute]`'s generated code uses it
 pub mod probe;
 pub mod redistribute;
 pub mod reduce;
