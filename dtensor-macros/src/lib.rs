@@ -25,10 +25,10 @@ use proc_macro::TokenStream;
 ///
 /// # On a struct
 ///
-/// ```ignore
-/// use dtensor::DTensor;
+/// ```
+/// use dtensor::{distribute, DTensor};
 ///
-/// #[dtensor::distribute(mesh = "dp,tp")]
+/// #[distribute(mesh = "dp,tp")]
 /// pub struct Mlp {
 ///     #[placements = [Replicate, Shard(1)]] // column parallel
 ///     pub w1: DTensor<f32>,
@@ -36,7 +36,15 @@ use proc_macro::TokenStream;
 ///     pub w2: DTensor<f32>,
 /// }
 /// // w1: Dt<f32, (dp, tp), (Replicate, Shard<1>), 2>, ...
-/// // let mlp = Mlp::distribute(MlpGlobal { w1, w2 }, &mesh)?;
+///
+/// let names = dtensor::run(4, |ctx| {
+///     let mesh = ctx.init_device_mesh(&[2, 2], &["dp", "tp"])?;
+///     let ones = |r: usize, c: usize| dtensor::ndarray::ArrayD::<f32>::ones(vec![r, c]);
+///     let mlp = Mlp::distribute(MlpGlobal { w1: ones(4, 8), w2: ones(8, 4) }, &mesh)?;
+///     Ok(mlp.named_parameters().into_iter().map(|(n, _)| n).collect::<Vec<_>>())
+/// })
+/// .unwrap();
+/// assert_eq!(names[0], ["w1", "w2"]);
 /// ```
 ///
 /// Every `DTensor<T>` field (rank 2 unless written `DTensor<T, RANK>`) becomes a typed
@@ -56,11 +64,23 @@ use proc_macro::TokenStream;
 ///
 /// # On a function
 ///
-/// ```ignore
-/// #[dtensor::distribute(mesh = "dp,tp", placements = [Shard(0), Replicate])]
+/// ```
+/// use dtensor::{distribute, DTensor};
+///
+/// #[distribute(mesh = "dp,tp", placements = [Shard(0), Replicate])]
 /// fn forward(x: &DTensor<f32>, #[placements(Replicate, Shard(1))] w: &DTensor<f32>) -> dtensor::Result<DTensor<f32>> {
 ///     x.matmul(w)?.redistribute() // (Shard<0>, Shard<1>) -> the declared result layout
 /// }
+///
+/// let shapes = dtensor::run(4, |ctx| {
+///     let mesh = ctx.init_device_mesh(&[2, 2], &["dp", "tp"])?;
+///     let x = dtensor::Dt::distribute(&dtensor::ndarray::ArrayD::ones(vec![4, 3]), &mesh)?;
+///     let w = dtensor::Dt::distribute(&dtensor::ndarray::ArrayD::ones(vec![3, 6]), &mesh)?;
+///     let y = forward(&x, &w)?; // every layout is inferred from `forward`'s signature
+///     Ok(y.local().shape().to_vec())
+/// })
+/// .unwrap();
+/// assert_eq!(shapes[0], [2, 6]);
 /// ```
 ///
 /// `DTensor` arguments (also `&[DTensor<T>]`, `Option<&DTensor<T>>`, tuples) take their own
