@@ -34,6 +34,16 @@ impl Forward<f32> for Block {
     }
 }
 
+/// A generic impl block: the element type stays generic in the typed signature.
+pub struct Doubler<T>(std::marker::PhantomData<T>);
+
+#[distribute(mesh = "dp,tp", placements = [Shard(0), Replicate])]
+impl<T: dtensor::Element> Doubler<T> {
+    pub fn double(&self, x: &DTensor<T>) -> Result<DTensor<T>> {
+        x.add(x)
+    }
+}
+
 fn main() {
     let out = run(4, |ctx| {
         let mesh = ctx.init_device_mesh(&[2, 2], &["dp", "tp"])?;
@@ -42,9 +52,11 @@ fn main() {
         // The target layout of `redistribute` is inferred from `block_forward`'s signature.
         let y = block_forward(&x.redistribute()?, &b)?;
         let z = Forward::forward(&b, y.as_dtensor())?;
-        z.full_tensor()
+        let z: Dt<f32, (dp, tp), (Shard<0>, Replicate), 2> = Dt::from_dtensor(z)?;
+        Doubler(std::marker::PhantomData).double(&z)?.full_tensor()
     })
     .unwrap();
-    // ones(2,3) @ ones(3,4) = 3, relu, @ ones(4,3) = 12; twice more: 12*3*4 = 144, 144*3*4 = 1728.
-    assert!(out.iter().all(|z| z.iter().all(|&v| v == 1728.0)), "{out:?}");
+    // ones(2,3) @ ones(3,4) = 3, relu, @ ones(4,3) = 12; twice more: 12*3*4 = 144, 144*3*4 = 1728;
+    // doubled: 3456.
+    assert!(out.iter().all(|z| z.iter().all(|&v| v == 3456.0)), "{out:?}");
 }
