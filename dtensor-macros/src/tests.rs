@@ -159,3 +159,49 @@ fn tables_agree_with_the_runtime() {
         }
     }
 }
+
+#[test]
+fn fn_bodies_run_in_an_implicit_scope_unless_allowed() {
+    let f = quote!(
+        fn f(x: &DTensor<f32>) -> Result<DTensor<f32>> {
+            todo!()
+        }
+    );
+    let deny = expand(quote!(mesh = "tp", placements = [Shard(0)]), f.clone());
+    assert!(deny.contains("forbid_implicit") && deny.contains("function : \"f\""), "{deny}");
+    let allow = expand(quote!(mesh = "tp", placements = [Shard(0)], implicit = "allow"), f);
+    assert!(allow.contains("allow_implicit") && !allow.contains("forbid_implicit"), "{allow}");
+    let (_, e) = args(quote!(mesh = "tp", implicit = "maybe"));
+    assert!(e.is_some_and(|e| e.contains("`implicit` is")));
+}
+
+#[test]
+fn trait_impl_methods_keep_the_traits_signature_and_check_on_entry() {
+    let out = expand(
+        quote!(mesh = "tp", placements = [Shard(0)]),
+        quote! {
+            impl Forward<f32> for Block {
+                fn forward(&self, x: &DTensor<f32>) -> Result<DTensor<f32>> { todo!() }
+            }
+        },
+    );
+    for needle in [
+        "fn forward (& self , x : & DTensor < f32 >) -> Result < DTensor < f32 > >",
+        "let x : & :: dtensor :: typed :: Dt < f32 , (:: dtensor :: typed :: dims :: tp ,) , (:: dtensor :: Shard < 0 > ,) , 2 > = :: dtensor :: typed :: Dt :: from_dtensor_ref (x) ?",
+        "map (:: dtensor :: typed :: Dt :: into_dtensor)",
+    ] {
+        assert!(out.contains(needle), "missing `{needle}` in {out}");
+    }
+    // In an inherent impl the method gets the typed signature.
+    let out = expand(
+        quote!(mesh = "tp", placements = [Shard(0)]),
+        quote! {
+            impl Block {
+                fn forward(&self, x: &DTensor<f32>) -> Result<DTensor<f32>> { todo!() }
+                fn width(&self) -> usize { 0 }
+            }
+        },
+    );
+    assert!(out.contains("x : & :: dtensor :: typed :: Dt <"), "{out}");
+    assert!(out.contains("fn width (& self) -> usize { 0 }"), "{out}");
+}
