@@ -314,6 +314,9 @@ fn print_table(sizes: &[usize], ranks: &[usize], full: bool) {
             None => "-".into(),
         };
         println!("rendezvous latency, {n} ranks: barrier {}, all_reduce of 4 B {}", us("barrier"), us("all_reduce_4B"));
+        if let Some(t) = RECORDER.median_ns(&format!("latency/all_reduce_4B/{n}r")) {
+            println!("latency-result {n} {:.2}", t / 1e3);
+        }
     }
     for kind in Kind::ALL {
         for &n in ranks {
@@ -329,6 +332,16 @@ fn print_table(sizes: &[usize], ranks: &[usize], full: bool) {
                     Some(t) => format!("{:.2}", bytes / t),
                     None => "-".into(),
                 };
+                if let Some(t) = RECORDER.median_ns(&key(kind, Layer::Redistribute, s, n)) {
+                    // Machine-readable, for scripts/compare_torch.sh.
+                    println!(
+                        "redist-result {} {n} {mib} {:.3} {:.3} {:.3}",
+                        kind.name(),
+                        bytes / base,
+                        base / t,
+                        bytes / t
+                    );
+                }
                 println!(
                     "{:<15} {:>5} {:>7} {:>12.2} {:>8} {:>8} {:>13} {:>14}",
                     kind.name(),

@@ -5,6 +5,7 @@
 //! ```text
 //! cargo bench --bench mlp_step
 //! DTENSOR_BENCH_MESHES=1x1,2x2,1x2 cargo bench --bench mlp_step
+//! DTENSOR_BENCH_MLP_SIZES=64x128x512,256x512x2048 cargo bench --bench mlp_step   # batch x dim x hidden
 //! ```
 //!
 //! A step = forward (one tp all-reduce per block), MSE, backward (tp all-reduces for the input
@@ -25,7 +26,27 @@ use std::time::{Duration, Instant};
 static RECORDER: LazyLock<Recorder> = LazyLock::new(Recorder::default);
 
 /// (batch, dim, hidden).
-const SIZES: [(usize, usize, usize); 3] = [(32, 64, 256), (64, 128, 512), (128, 256, 1024)];
+const SIZES: [(usize, usize, usize); 4] = [(32, 64, 256), (64, 128, 512), (128, 256, 1024), (256, 512, 2048)];
+
+/// `DTENSOR_BENCH_MLP_SIZES` (a list like `64x128x512,256x512x2048`), else [`SIZES`].
+fn sizes() -> Vec<(usize, usize, usize)> {
+    let Ok(spec) = std::env::var("DTENSOR_BENCH_MLP_SIZES") else { return SIZES.to_vec() };
+    let parsed: Option<Vec<(usize, usize, usize)>> = spec
+        .split(',')
+        .map(|m| {
+            let v: Vec<usize> =
+                m.trim().split('x').map(|x| x.parse().ok().filter(|&v| v > 0)).collect::<Option<_>>()?;
+            match v[..] {
+                [b, d, h] => Some((b, d, h)),
+                _ => None,
+            }
+        })
+        .collect();
+    parsed.unwrap_or_else(|| {
+        eprintln!("DTENSOR_BENCH_MLP_SIZES={spec:?} is not a list like 64x128x512; using {SIZES:?}");
+        SIZES.to_vec()
+    })
+}
 
 fn meshes() -> Vec<(usize, usize)> {
     let spec = std::env::var("DTENSOR_BENCH_MESHES").unwrap_or_else(|_| "1x1,2x2".into());
@@ -68,7 +89,8 @@ fn key(size: (usize, usize, usize), mesh: (usize, usize)) -> String {
 }
 
 fn bench_mlp_step(c: &mut Criterion) {
-    let sizes: &[(usize, usize, usize)] = if measuring() { &SIZES } else { &SIZES[..1] };
+    let all = sizes();
+    let sizes = if measuring() { &all[..] } else { &all[..1] };
     let meshes = meshes();
     let mut group = c.benchmark_group("mlp_step");
     group.sample_size(10).warm_up_time(Duration::from_millis(500)).measurement_time(Duration::from_secs(3));
@@ -98,6 +120,14 @@ fn bench_mlp_step(c: &mut Criterion) {
         "{:<7} {:>5} {:>6} {:>6} {:>12} {:>14} {:>8}",
         "mesh", "batch", "dim", "hidden", "ms/step", "µs/sample", "speedup"
     );
+    for &size in sizes {
+        for &mesh in &meshes {
+            if let Some(t) = RECORDER.median_ns(&key(size, mesh)) {
+                // Machine-readable, for scripts/compare_torch.sh.
+                println!("mlp-result {} {} {} {}x{} {:.4}", size.0, size.1, size.2, mesh.0, mesh.1, t / 1e6);
+            }
+        }
+    }
     for &size in sizes {
         let base = RECORDER.median_ns(&key(size, (1, 1)));
         for &mesh in &meshes {

@@ -450,8 +450,11 @@ fn execute_step<T: Element>(
             let recv = mesh.all_gather_storage(along, &send)?;
             recv.into_packed(&pack::join(&block, n, d, &with_dim(&mine, d, shape[d])))?
         }
-        // In place on our own copy: no extra buffer.
-        (Placement::Partial(op), Placement::Replicate) => mesh.all_reduce_storage(along, local.into_owned(), op)?,
+        (Placement::Partial(op), Placement::Replicate) => match local {
+            // In place on a buffer this plan owns; else straight into a fresh one (no copy first).
+            Cow::Owned(buf) => mesh.all_reduce_storage(along, buf, op)?,
+            Cow::Borrowed(src) => mesh.all_reduce_into_storage(along, src, op)?,
+        },
         (Placement::Partial(op), Placement::Shard(d)) => {
             // Member j's rows of `d` go to block j (padded); our reduced block loses its padding.
             let d = d as usize;
@@ -471,8 +474,16 @@ fn execute_step<T: Element>(
             // receive from member j is its rows of `d` of our chunk of `e`.
             let (d, e) = (d as usize, e as usize);
             let block = with_dim(&with_dim(&mine, d, padded_chunk(shape[d], n)), e, padded_chunk(shape[e], n));
-            let send = pack_or_borrow(&local, &pack::split(&mine, e, n, &block))?;
-            let recv = mesh.all_to_all_storage(along, &send)?;
+            let recv = if shape[d].is_multiple_of(n) && shape[e].is_multiple_of(n) {
+                // Even on both dims (the same verdict on every member): block j is run j of
+                // every row over the dims before `e`, sent as it lies, without packing.
+                let rows = mine[..e].iter().product();
+                let run = block[e..].iter().product();
+                mesh.all_to_all_strided_storage(along, &local, rows, run)?
+            } else {
+                let send = pack_or_borrow(&local, &pack::split(&mine, e, n, &block))?;
+                mesh.all_to_all_storage(along, &send)?
+            };
             let my_e = chunk_size_and_offset(shape[e], n, k).0;
             recv.into_packed(&pack::join(&block, n, d, &with_dim(&with_dim(&mine, d, shape[d]), e, my_e)))?
         }

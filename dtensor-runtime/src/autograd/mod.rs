@@ -182,9 +182,12 @@ pub(crate) fn redistribute_grad<T: Element>(
         g.cast::<U>()?.redistribute_scoped(target, label)?.cast::<T>()
     }
     match dtype {
-        Some(DType::F32) if T::DTYPE != DType::F32 => via::<T, f32>(g, target, label),
-        Some(DType::F64) if T::DTYPE != DType::F64 => via::<T, f64>(g, target, label),
-        _ => g.redistribute_scoped(target, label),
+        Some(d) if d == T::DTYPE => g.redistribute_scoped(target, label),
+        Some(DType::F32) => via::<T, f32>(g, target, label),
+        Some(DType::F64) => via::<T, f64>(g, target, label),
+        Some(DType::BF16) => via::<T, half::bf16>(g, target, label),
+        Some(DType::F16) => via::<T, half::f16>(g, target, label),
+        None => g.redistribute_scoped(target, label),
     }
 }
 
@@ -286,7 +289,8 @@ impl<T: Element> DTensor<T> {
     }
 
     /// `redistribute` whose backward runs the gradient's collectives in `backward_dtype`
-    /// (e.g. `DType::F64` for an f32 model: gradients are reduced in double precision).
+    /// (e.g. `DType::F64` for an f32 model: gradients are reduced in double precision, or
+    /// `DType::F32` for a bf16/f16 model: gradients are reduced in f32 and rounded once).
     pub fn redistribute_with_dtype(&self, to: &[Placement], backward_dtype: Option<DType>) -> Result<DTensor<T>> {
         redistribute_op(self, to, "redistribute", backward_dtype)
     }

@@ -75,6 +75,8 @@ pub(crate) fn safetensors_dtype(d: DType) -> safetensors::Dtype {
     match d {
         DType::F32 => safetensors::Dtype::F32,
         DType::F64 => safetensors::Dtype::F64,
+        DType::BF16 => safetensors::Dtype::BF16,
+        DType::F16 => safetensors::Dtype::F16,
     }
 }
 
@@ -143,7 +145,7 @@ impl CheckpointIndex {
             }
             let elem = match DType::from_safetensors_name(&t.dtype) {
                 Some(d) => d.size_of(),
-                None => return Err(ctx(format!("dtype `{}` is not F32 or F64", t.dtype))),
+                None => return Err(ctx(format!("dtype `{}` is not F32, F64, BF16 or F16", t.dtype))),
             };
             if t.placements.len() != m.shape.len() {
                 return Err(ctx(format!("{} placements for a {}-d mesh", t.placements.len(), m.shape.len())));

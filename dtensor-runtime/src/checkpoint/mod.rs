@@ -206,7 +206,7 @@ pub fn load<T: Element>(
 }
 
 /// Writes the full tensors of a state dict to one safetensors file at `path`, readable by
-/// any safetensors reader (tensor names as given, dtype F32/F64, row-major).
+/// any safetensors reader (tensor names as given, dtype F32/F64/BF16/F16, row-major).
 ///
 /// Collective: every rank gathers each full tensor ([`DTensor::full_tensor`]); the first rank
 /// of the mesh writes the file, and every rank returns after it exists.

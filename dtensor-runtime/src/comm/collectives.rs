@@ -50,8 +50,7 @@ impl DeviceMesh {
         let comm = self.comm();
         let seq = comm.sequences().map_or(0, |s| s.next(g));
         let dtype = match dtype {
-            Some(DType::F32) => "f32",
-            Some(DType::F64) => "f64",
+            Some(d) => d.name(),
             None if kind == CollectiveKind::Barrier => "",
             None => "u64",
         };
@@ -76,6 +75,18 @@ impl DeviceMesh {
         self.comm().all_reduce(g, bytemuck::cast_slice_mut(buf), T::DTYPE, op)
     }
 
+    /// All-reduce out of place: the reduction of every member's `send`, in a fresh buffer
+    /// (`send` is left as it is, and not copied first).
+    pub fn all_reduce_into<T: Element>(&self, along: Along, send: &[T], op: ReduceOp) -> Result<Vec<T>> {
+        let (g, _) = self.group_of(along)?;
+        let mut out = crate::alloc::try_zeroed("all_reduce", send.len())?;
+        self.note(CollectiveKind::AllReduce, along, std::mem::size_of_val(send));
+        self.agree(g, CollectiveKind::AllReduce, Some(T::DTYPE), send.len(), None, Some(op))?;
+        let recv = bytemuck::cast_slice_mut(&mut out);
+        self.comm().all_reduce_into(g, bytemuck::cast_slice(send), recv, T::DTYPE, op)?;
+        Ok(out)
+    }
+
     /// Reduce-scatter of `n` equal blocks; returns this member's reduced block.
     pub fn reduce_scatter<T: Element>(&self, along: Along, send: &[T], op: ReduceOp) -> Result<Vec<T>> {
         let (g, _) = self.group_of(along)?;
@@ -93,6 +104,21 @@ impl DeviceMesh {
         self.note(CollectiveKind::AllToAll, along, std::mem::size_of_val(send));
         self.agree(g, CollectiveKind::AllToAll, Some(T::DTYPE), send.len(), None, None)?;
         self.comm().all_to_all(g, bytemuck::cast_slice(send), bytemuck::cast_slice_mut(&mut out))?;
+        Ok(out)
+    }
+
+    /// All-to-all of the column blocks of a row-major `send` of `rows` rows of `n` runs of
+    /// `run` elements: member `j` gets run `j` of every row; returns `n` contiguous blocks
+    /// (`rows * run` elements each) in group order, as [`all_to_all`](Self::all_to_all) of
+    /// the packed blocks would, without packing them first.
+    pub fn all_to_all_strided<T: Element>(&self, along: Along, send: &[T], rows: usize, run: usize) -> Result<Vec<T>> {
+        let (g, _) = self.group_of(along)?;
+        let mut out = crate::alloc::try_zeroed("all_to_all", send.len())?;
+        self.note(CollectiveKind::AllToAll, along, std::mem::size_of_val(send));
+        self.agree(g, CollectiveKind::AllToAll, Some(T::DTYPE), send.len(), None, None)?;
+        let es = std::mem::size_of::<T>();
+        let recv = bytemuck::cast_slice_mut(&mut out);
+        self.comm().all_to_all_strided(g, bytemuck::cast_slice(send), rows, run * es, recv)?;
         Ok(out)
     }
 

@@ -81,6 +81,42 @@ pub trait Communicator: Send + Sync + fmt::Debug {
     /// `send` holds `group.len()` equal blocks; block `j` goes to member `j`, whose `recv`
     /// block `i` is what member `i` sent it.
     fn all_to_all(&self, group: &[usize], send: &[u8], recv: &mut [u8]) -> Result<()>;
+    /// Out-of-place all-reduce: `recv` (as long as `send`) receives the element-wise reduction
+    /// of every member's `send`, identical on every member. The default copies `send` into
+    /// `recv` and reduces in place; backends that read their peers' buffers override it to
+    /// reduce straight from the inputs (one pass instead of a copy and a pass).
+    fn all_reduce_into(&self, group: &[usize], send: &[u8], recv: &mut [u8], dtype: DType, op: ReduceOp) -> Result<()> {
+        if send.len() != recv.len() {
+            return Err(crate::error::Error::BufferMismatch {
+                op: "all_reduce".into(),
+                reason: format!("send has {} bytes, recv {}", send.len(), recv.len()),
+            });
+        }
+        recv.copy_from_slice(send);
+        self.all_reduce(group, recv, dtype, op)
+    }
+    /// [`all_to_all`](Self::all_to_all) whose send blocks are the column blocks of a row-major
+    /// buffer of `rows` rows of `group.len()` runs of `run` bytes each: block `j` is run `j` of
+    /// every row (a split along a non-leading tensor dim). `recv` receives contiguous blocks,
+    /// as from `all_to_all`. The default packs the blocks and calls `all_to_all`; backends that
+    /// read their peers' buffers override it to copy the runs straight into `recv`.
+    fn all_to_all_strided(&self, group: &[usize], send: &[u8], rows: usize, run: usize, recv: &mut [u8]) -> Result<()> {
+        let n = group.len();
+        if rows.checked_mul(run).and_then(|b| b.checked_mul(n)) != Some(send.len()) {
+            return Err(crate::error::Error::BufferMismatch {
+                op: "all_to_all".into(),
+                reason: format!("send has {} bytes, expected {rows} rows x {n} x {run}", send.len()),
+            });
+        }
+        let mut packed = Vec::with_capacity(send.len());
+        for j in 0..n {
+            for r in 0..rows {
+                let at = (r * n + j) * run;
+                packed.extend_from_slice(&send[at..at + run]);
+            }
+        }
+        self.all_to_all(group, &packed, recv)
+    }
     /// Copies the root's `buf` into every member's `buf`.
     fn broadcast(&self, group: &[usize], buf: &mut [u8], root: usize) -> Result<()>;
     /// The root's `send` holds `group.len()` equal blocks; member `i` receives block `i`.

@@ -327,12 +327,20 @@ impl Communicator for MpiComm {
 
     fn all_reduce(&self, group: &[usize], buf: &mut [u8], dtype: DType, op: ReduceOp) -> Result<()> {
         check::whole("all_reduce", buf.len(), dtype)?;
+        if dtype.is_half() {
+            // MPI has no 16-bit float datatype: gather every member's buffer and fold it here,
+            // in group order, so every member gets the same bits.
+            let mut all = vec![0u8; buf.len() * group.len()];
+            self.all_gather(group, buf, &mut all)?;
+            return reduce::fold_blocks(dtype, op, &all, buf);
+        }
         // MPI_MAX/MPI_MIN drop NaN operands: reduce a NaN mask alongside (as PyTorch, a NaN wins).
         let mut mask = reduce::drops_nan(op).then(|| reduce::nan_mask(dtype, buf));
         self.with_group("all_reduce", group, &[buf.len()], |c, _| {
             let reduce = |b: &mut [u8], op| match dtype {
                 DType::F32 => all_reduce_typed::<f32>(c, b, op),
                 DType::F64 => all_reduce_typed::<f64>(c, b, op),
+                DType::BF16 | DType::F16 => unreachable!("16-bit floats are reduced above"),
             };
             reduce(buf, op);
             if let Some(m) = &mut mask {
@@ -349,6 +357,12 @@ impl Communicator for MpiComm {
     fn reduce_scatter(&self, group: &[usize], send: &[u8], recv: &mut [u8], dtype: DType, op: ReduceOp) -> Result<()> {
         check::blocks("reduce_scatter", "send", send.len(), group.len(), recv.len())?;
         check::whole("reduce_scatter", recv.len(), dtype)?;
+        if dtype.is_half() {
+            // As in all_reduce, reduced locally: member i receives every member's block i.
+            let mut mine = vec![0u8; send.len()];
+            self.all_to_all(group, send, &mut mine)?;
+            return reduce::fold_blocks(dtype, op, &mine, recv);
+        }
         // As in all_reduce: MPI_MAX/MPI_MIN drop NaN operands, a reduced mask restores them.
         let send_mask = reduce::drops_nan(op).then(|| reduce::nan_mask(dtype, send));
         let mut recv_mask = send_mask.as_ref().map(|_| vec![0u8; recv.len()]);
@@ -356,6 +370,7 @@ impl Communicator for MpiComm {
             let reduce = |s: &[u8], r: &mut [u8], op| match dtype {
                 DType::F32 => reduce_scatter_typed::<f32>(c, s, r, op),
                 DType::F64 => reduce_scatter_typed::<f64>(c, s, r, op),
+                DType::BF16 | DType::F16 => unreachable!("16-bit floats are reduced above"),
             };
             reduce(send, recv, op);
             if let (Some(s), Some(r)) = (&send_mask, &mut recv_mask) {

@@ -243,6 +243,8 @@ fn nccl_dtype(d: DType) -> sys::ncclDataType_t {
     match d {
         DType::F32 => sys::ncclDataType_t::ncclFloat32,
         DType::F64 => sys::ncclDataType_t::ncclFloat64,
+        DType::BF16 => sys::ncclDataType_t::ncclBfloat16,
+        DType::F16 => sys::ncclDataType_t::ncclFloat16,
     }
 }
 

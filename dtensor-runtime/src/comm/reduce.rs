@@ -46,6 +46,9 @@ pub fn accumulate(dtype: DType, op: ReduceOp, acc: &mut [u8], x: &[u8]) -> Resul
     match dtype {
         DType::F32 => fold::<f32>(op, acc, x),
         DType::F64 => fold::<f64>(op, acc, x),
+        // `half`'s arithmetic widens each pair to f32 and rounds the result once.
+        DType::BF16 => fold::<half::bf16>(op, acc, x),
+        DType::F16 => fold::<half::f16>(op, acc, x),
     }
     Ok(())
 }
@@ -64,7 +67,26 @@ pub fn finish(dtype: DType, op: ReduceOp, acc: &mut [u8], n: usize) {
     match dtype {
         DType::F32 => div::<f32>(acc, n),
         DType::F64 => div::<f64>(acc, n),
+        DType::BF16 => div::<half::bf16>(acc, n),
+        DType::F16 => div::<half::f16>(acc, n),
     }
+}
+
+/// `out = b₀ ⊕ b₁ ⊕ …` over the `out.len()`-byte blocks of `blocks`, in order (so every rank
+/// that folds the same blocks gets the same bits), then [`finish`]: the reduction of a backend
+/// that gathers the members' buffers and reduces locally (MPI for the 16-bit floats).
+#[cfg_attr(not(feature = "mpi"), allow(dead_code))]
+pub(crate) fn fold_blocks(dtype: DType, op: ReduceOp, blocks: &[u8], out: &mut [u8]) -> Result<()> {
+    let n = if out.is_empty() { 0 } else { blocks.len() / out.len() };
+    for (k, b) in blocks.chunks_exact(out.len().max(1)).enumerate() {
+        if k == 0 {
+            out.copy_from_slice(b);
+        } else {
+            accumulate(dtype, op, out, b)?;
+        }
+    }
+    finish(dtype, op, out, n);
+    Ok(())
 }
 
 /// Whether a backend whose native max/min drop NaN operands (MPI's `MPI_MAX`/`MPI_MIN`, NCCL's) must
@@ -85,6 +107,8 @@ pub(crate) fn nan_mask(dtype: DType, buf: &[u8]) -> Vec<u8> {
     match dtype {
         DType::F32 => mask::<f32>(buf),
         DType::F64 => mask::<f64>(buf),
+        DType::BF16 => mask::<half::bf16>(buf),
+        DType::F16 => mask::<half::f16>(buf),
     }
 }
 
@@ -100,6 +124,8 @@ pub(crate) fn apply_nan_mask(dtype: DType, buf: &mut [u8], mask: &[u8]) {
     match dtype {
         DType::F32 => apply::<f32>(buf, mask),
         DType::F64 => apply::<f64>(buf, mask),
+        DType::BF16 => apply::<half::bf16>(buf, mask),
+        DType::F16 => apply::<half::f16>(buf, mask),
     }
 }
 

@@ -36,6 +36,18 @@ impl DeviceMesh {
         buf.with_host_data(buf.shape(), v)
     }
 
+    /// [`all_reduce_into`](DeviceMesh::all_reduce_into) of a shard: the reduction in a fresh
+    /// storage of the same shape (the input is read, not copied).
+    pub(crate) fn all_reduce_into_storage<T: Element>(
+        &self,
+        along: Along,
+        send: &Storage<T>,
+        op: ReduceOp,
+    ) -> Result<Storage<T>> {
+        let out = self.all_reduce_into(along, &send.host_data()?, op)?;
+        send.with_host_data(send.shape(), out)
+    }
+
     /// [`reduce_scatter`](DeviceMesh::reduce_scatter) of `n` equal blocks: this member's block.
     pub(crate) fn reduce_scatter_storage<T: Element>(
         &self,
@@ -68,5 +80,18 @@ impl DeviceMesh {
         let mut v = buf.host_data()?.into_owned();
         self.broadcast(along, &mut v, root)?;
         buf.with_host_data(buf.shape(), v)
+    }
+
+    /// [`all_to_all_strided`](DeviceMesh::all_to_all_strided) of a shard viewed as `rows`
+    /// rows of `n` runs of `run` elements.
+    pub(crate) fn all_to_all_strided_storage<T: Element>(
+        &self,
+        along: Along,
+        send: &Storage<T>,
+        rows: usize,
+        run: usize,
+    ) -> Result<Storage<T>> {
+        let out = self.all_to_all_strided(along, &send.host_data()?, rows, run)?;
+        send.with_host_data(&[out.len()], out)
     }
 }

@@ -99,6 +99,9 @@ impl Kernels {
 
     /// The kernel `name` for element type suffix `sfx` (`f32` / `f64`).
     pub(crate) fn function(&self, name: &str, sfx: &str) -> Result<CudaFunction> {
+        if sfx == "bf16" || sfx == "f16" {
+            return Err(super::no_kernels(name, sfx));
+        }
         let full = format!("{name}_{sfx}");
         let mut f = self.functions.lock().unwrap_or_else(|e| e.into_inner());
         if let Some(k) = f.get(&full) {

@@ -43,7 +43,16 @@ pub(super) fn from_vec<T: Element>(shape: &[usize], v: Vec<T>) -> Result<ArrayD<
     })
 }
 
+/// For the 16-bit floats, `f` of `a` widened to f32 and rounded back once (PyTorch's CPU
+/// kernels compute these types in f32 too); `None` for f32 and f64.
+fn widened<T: Element>(a: &ArrayD<T>, f: impl FnOnce(&ArrayD<f32>) -> ArrayD<f32>) -> Option<ArrayD<T>> {
+    T::DTYPE.is_half().then(|| cast(&f(&cast(a))))
+}
+
 pub(super) fn unary<T: Element>(a: &ArrayD<T>, op: UnaryOp) -> ArrayD<T> {
+    if let Some(r) = widened(a, |a| unary(a, op)) {
+        return r;
+    }
     let s = T::of_f64(op.scalar());
     let (zero, one) = (T::zero(), T::one());
     match op {
@@ -286,6 +295,9 @@ pub(super) fn scatter_add<T: Element>(
 
 /// Reduces `dims` (sorted, distinct) of `a`.
 pub(super) fn reduce<T: Element>(a: &ArrayD<T>, kind: Reduction, dims: &[usize], keepdim: bool) -> ArrayD<T> {
+    if let Some(r) = widened(a, |a| reduce(a, kind, dims, keepdim)) {
+        return r;
+    }
     let axis = |x: ArrayViewD<'_, T>, d: usize| match kind {
         Reduction::Sum | Reduction::Mean => x.sum_axis(Axis(d)),
         // A NaN wins and stays (PyTorch propagates NaN through max/min).
@@ -314,6 +326,9 @@ pub(super) fn reduce<T: Element>(a: &ArrayD<T>, kind: Reduction, dims: &[usize],
 }
 
 pub(super) fn softmax<T: Element>(a: &ArrayD<T>, dim: usize, kind: SoftmaxKind) -> ArrayD<T> {
+    if let Some(r) = widened(a, |a| softmax(a, dim, kind)) {
+        return r;
+    }
     let mut out = a.to_owned();
     for mut lane in out.lanes_mut(Axis(dim)) {
         let m = lane.fold(T::neg_infinity(), |a, &b| if b > a { b } else { a });
@@ -332,6 +347,9 @@ pub(super) fn softmax<T: Element>(a: &ArrayD<T>, dim: usize, kind: SoftmaxKind) 
 /// Input gradient of a softmax along `dim` from its output `y` and output gradient `g`:
 /// softmax `y·(g - Σ g·y)`, log-softmax `g - eʸ·Σ g`.
 pub(super) fn softmax_backward<T: Element>(y: &ArrayD<T>, g: &ArrayD<T>, dim: usize, kind: SoftmaxKind) -> ArrayD<T> {
+    if let Some(r) = widened(y, |y| softmax_backward(y, &cast(g), dim, kind)) {
+        return r;
+    }
     let mut out = g.to_owned();
     for (mut go, yl) in out.lanes_mut(Axis(dim)).into_iter().zip(y.lanes(Axis(dim))) {
         match kind {
@@ -350,8 +368,12 @@ pub(super) fn softmax_backward<T: Element>(y: &ArrayD<T>, g: &ArrayD<T>, dim: us
 
 /// `a [.., m, k] @ b [k, n]` or `a [.., m, k] @ b [.., k, n]` (same batch dims); the shapes
 /// were checked by the caller. The `gemm` crate reads any strides, so transposed operands are
-/// not copied; only batch dims that cannot be merged without a copy are.
+/// not copied; only batch dims that cannot be merged without a copy are. The 16-bit floats
+/// are widened to f32, multiplied and accumulated in f32, and rounded once.
 pub(super) fn matmul<T: Element>(a: &ArrayD<T>, b: &ArrayD<T>, out_shape: &[usize]) -> Result<ArrayD<T>> {
+    if T::DTYPE.is_half() {
+        return matmul::<f32>(&cast(a), &cast(b), out_shape).map(|o| cast(&o));
+    }
     let na = a.ndim();
     let (m, k) = (a.shape()[na - 2], a.shape()[na - 1]);
     let n = b.shape()[b.ndim() - 1];
@@ -395,8 +417,8 @@ fn gemm_into<T: Element>(
     c: *mut T,
 ) {
     // SAFETY: the callers pass pointers and strides of live ndarray views of these shapes, and
-    // `c` points to an exclusively borrowed row-major m × n block; `gemm` supports f32 and f64,
-    // the only `Element` types, and reads strides of any sign.
+    // `c` points to an exclusively borrowed row-major m × n block; `gemm` supports f32 and f64
+    // (`matmul` widens the 16-bit floats before calling), and reads strides of any sign.
     unsafe {
         gemm::gemm(
             m,
@@ -556,6 +578,16 @@ pub(super) fn random<T: Element>(fill: &RandomFill, global: &[usize], offset: &[
 }
 
 pub(super) fn sgd_step<T: Element>(w: &mut ArrayD<T>, g: &ArrayD<T>, buf: Option<&mut ArrayD<T>>, p: &SgdStep) {
+    if T::DTYPE.is_half() {
+        // Each element's update in f32, rounded once into the 16-bit weight and buffer.
+        let (mut w32, mut b32) = (cast::<T, f32>(w), buf.as_deref().map(cast::<T, f32>));
+        sgd_step(&mut w32, &cast(g), b32.as_mut(), p);
+        *w = cast(&w32);
+        if let (Some(b), Some(b32)) = (buf, b32) {
+            *b = cast(&b32);
+        }
+        return;
+    }
     let (lr, m, wd) = (T::of_f64(p.lr), T::of_f64(p.momentum), T::of_f64(p.weight_decay));
     let decayed = |g: T, w: T| if wd != T::zero() { g + wd * w } else { g };
     match buf {
@@ -578,6 +610,13 @@ pub(super) fn adamw_step<T: Element>(
     v: &mut ArrayD<T>,
     p: &AdamWStep,
 ) {
+    if T::DTYPE.is_half() {
+        // Each element's update in f32, rounded once into the 16-bit weight and moments.
+        let (mut w32, mut m32, mut v32) = (cast::<T, f32>(w), cast::<T, f32>(m), cast::<T, f32>(v));
+        adamw_step(&mut w32, &cast(g), &mut m32, &mut v32, p);
+        (*w, *m, *v) = (cast(&w32), cast(&m32), cast(&v32));
+        return;
+    }
     let (lr, b1, b2) = (T::of_f64(p.lr), T::of_f64(p.beta1), T::of_f64(p.beta2));
     let (eps, wd) = (T::of_f64(p.eps), T::of_f64(p.weight_decay));
     let (c1, c2) = (T::of_f64(p.bias_correction1), T::of_f64(p.bias_correction2));

@@ -30,7 +30,7 @@ use std::fmt;
 use std::sync::Arc;
 
 /// What an element type needs to live on a CUDA device: cudarc's device traits, a kernel
-/// name suffix and cuBLAS gemms (implemented for f32 and f64).
+/// name suffix and cuBLAS gemms (implemented for f32 and f64; the 16-bit floats have none yet).
 pub trait CudaElement: DeviceRepr + ValidAsZeroBits + Copy + 'static {
     /// Kernel name suffix (`f32`, `f64`).
     const SUFFIX: &'static str;
@@ -82,6 +82,36 @@ macro_rules! cuda_element {
 }
 cuda_element!(f32, "f32");
 cuda_element!(f64, "f64");
+
+/// The 16-bit floats can live on a device and be communicated (NCCL has both), but have no
+/// kernels yet: every kernel lookup (`crate::cuda::kernels`) and gemm is a typed error.
+macro_rules! cuda_half_element {
+    ($t:ty, $sfx:literal) => {
+        impl CudaElement for $t {
+            const SUFFIX: &'static str = $sfx;
+            fn gemm(
+                _: &CudaBlas,
+                _: GemmConfig<Self>,
+                _: &CudaSlice<Self>,
+                _: &CudaSlice<Self>,
+                _: &mut CudaSlice<Self>,
+            ) -> Result<()> {
+                Err(crate::cuda::no_kernels("matmul", $sfx))
+            }
+            fn gemm_strided_batched(
+                _: &CudaBlas,
+                _: StridedBatchedConfig<Self>,
+                _: &CudaSlice<Self>,
+                _: &CudaSlice<Self>,
+                _: &mut CudaSlice<Self>,
+            ) -> Result<()> {
+                Err(crate::cuda::no_kernels("matmul", $sfx))
+            }
+        }
+    };
+}
+cuda_half_element!(half::bf16, "bf16");
+cuda_half_element!(half::f16, "f16");
 
 // SAFETY: plain old data with the layout of the C struct (repr(C), same field order).
 unsafe impl DeviceRepr for Strided {}

@@ -142,7 +142,16 @@ pub struct ThreadComm {
 }
 
 /// The collectives, as the tags members publish (a mismatch is detected before any copy).
-const OPS: [&str; 7] = ["all_gather", "all_reduce", "reduce_scatter", "all_to_all", "broadcast", "scatter", "barrier"];
+const OPS: [&str; 8] = [
+    "all_gather",
+    "all_reduce",
+    "reduce_scatter",
+    "all_to_all",
+    "all_to_all_strided",
+    "broadcast",
+    "scatter",
+    "barrier",
+];
 
 fn tag(op: &str) -> usize {
     OPS.iter().position(|&o| o == op).map_or(0, |i| i + 1)
@@ -242,6 +251,90 @@ impl ThreadComm {
     }
 }
 
+impl ThreadComm {
+    /// An all-reduce in one rendezvous: every member folds every member's `send` (which
+    /// nobody writes) into its own `recv` in group order, so results are bit-identical.
+    fn reduce_small(&self, group: &[usize], send: &[u8], recv: &mut [u8], dtype: DType, op: ReduceOp) -> Result<()> {
+        let len = send.len();
+        let mine = Bufs { send: send.as_ptr() as usize, send_len: len, ..Bufs::default() };
+        self.rendezvous("all_reduce", group, mine, |all, _| {
+            same_len("all_reduce", all, Side::Send, len, group)?;
+            recv.copy_from_slice(peer("all_reduce", &all[0], Side::Send, 0..len)?);
+            for b in &all[1..] {
+                reduce::accumulate(dtype, op, recv, peer("all_reduce", b, Side::Send, 0..len)?)?;
+            }
+            reduce::finish(dtype, op, recv, group.len());
+            Ok(())
+        })
+    }
+
+    /// An all-reduce in two rendezvous without private copies: member `i` reduces element
+    /// range `i` of every member's input (`send`, `len` bytes) into range `i` of its output
+    /// (`recv`, which may be `send` itself), then every member copies the other ranges from
+    /// their owners' outputs. One member computes each range, so results are bit-identical.
+    ///
+    /// Both pointers must be the caller's buffers of `len` bytes, reached only through this
+    /// call until it returns (`send` is only read unless it is `recv`).
+    fn reduce_in_ranges(
+        &self,
+        group: &[usize],
+        send: *const u8,
+        recv: *mut u8,
+        len: usize,
+        dtype: DType,
+        op: ReduceOp,
+    ) -> Result<()> {
+        let n = group.len();
+        let es = dtype.size_of();
+        let range = |i: usize| {
+            let (sz, off) = crate::layout::chunk_size_and_offset(len / es, n, i);
+            off * es..(off + sz) * es
+        };
+        let in_place = std::ptr::eq(send, recv);
+        let mine = Bufs { send: send as usize, send_len: len, recv: recv as usize, recv_len: len, tag: 0 };
+        self.rendezvous("all_reduce", group, mine, |all, me| {
+            same_len("all_reduce", all, Side::Send, len, group)?;
+            let r = range(me);
+            // SAFETY: range `r` of our own output: peers read only inputs in this phase, and
+            // of an in-place member's buffer only the ranges it does not own.
+            let acc = unsafe { own_mut(recv, len, r.clone()) };
+            if !in_place {
+                acc.copy_from_slice(peer("all_reduce", &all[me], Side::Send, r.clone())?);
+            }
+            for (j, b) in all.iter().enumerate() {
+                if j != me {
+                    // Range `r` of a peer's input: its owner writes only its own range.
+                    reduce::accumulate(dtype, op, acc, peer("all_reduce", b, Side::Send, r.clone())?)?;
+                }
+            }
+            reduce::finish(dtype, op, acc, n);
+            Ok(())
+        })?;
+        self.rendezvous("all_reduce", group, mine, |all, me| {
+            same_len("all_reduce", all, Side::Recv, len, group)?;
+            for (j, b) in all.iter().enumerate() {
+                if j != me {
+                    let r = range(j);
+                    // Range j of member j's output is final and written by nobody in this phase.
+                    let src = peer("all_reduce", b, Side::Recv, r.clone())?;
+                    // SAFETY: range j of our own output: member j does not read it (it reads
+                    // ranges it does not own), the others read only range `me`.
+                    unsafe { own_mut(recv, len, r) }.copy_from_slice(src);
+                }
+            }
+            Ok(())
+        })
+    }
+}
+
+/// `len` bytes are a whole number of `dtype` elements.
+fn check_whole(op: &str, len: usize, dtype: DType) -> Result<()> {
+    if !len.is_multiple_of(dtype.size_of()) {
+        return Err(size_err(op, format!("{len} bytes is not a whole number of {dtype}")));
+    }
+    Ok(())
+}
+
 /// Which of a member's published buffers to view.
 #[derive(Clone, Copy)]
 enum Side {
@@ -337,67 +430,26 @@ impl Communicator for ThreadComm {
     }
 
     fn all_reduce(&self, group: &[usize], buf: &mut [u8], dtype: DType, op: ReduceOp) -> Result<()> {
-        let n = group.len();
-        let es = dtype.size_of();
-        let len = buf.len();
-        if !len.is_multiple_of(es) {
-            return Err(size_err("all_reduce", format!("{len} bytes is not a whole number of {dtype}")));
-        }
-        if len <= SMALL_ALL_REDUCE {
-            // Every member folds every member's private copy in group order: one rendezvous,
-            // bit-identical results, and nobody reads a buffer that its owner writes.
+        check_whole("all_reduce", buf.len(), dtype)?;
+        if buf.len() <= SMALL_ALL_REDUCE {
+            // Peers read a private copy of the input, never the buffer its owner writes.
             let copy = buf.to_vec();
-            let mine = Bufs { send: copy.as_ptr() as usize, send_len: len, ..Bufs::default() };
-            return self.rendezvous("all_reduce", group, mine, |all, _| {
-                same_len("all_reduce", all, Side::Send, len, group)?;
-                buf.copy_from_slice(peer("all_reduce", &all[0], Side::Send, 0..len)?);
-                for b in &all[1..] {
-                    reduce::accumulate(dtype, op, buf, peer("all_reduce", b, Side::Send, 0..len)?)?;
-                }
-                reduce::finish(dtype, op, buf, n);
-                Ok(())
-            });
+            return self.reduce_small(group, &copy, buf, dtype, op);
         }
-        // Member i reduces element range i of everyone's buffer into its own buffer (nobody
-        // else touches range i of member i's buffer in this phase), then everyone copies the
-        // other ranges from their owners. One member computes each range, so the result is
-        // bit-identical on every member.
-        let elems = len / es;
-        let range = |i: usize| {
-            let (sz, off) = crate::layout::chunk_size_and_offset(elems, n, i);
-            off * es..(off + sz) * es
-        };
         // From here on the buffer is only reached through this pointer, as sub-ranges.
         let ptr = buf.as_mut_ptr();
-        let mine = Bufs { send: ptr as usize, send_len: len, recv: ptr as usize, recv_len: len, tag: 0 };
-        self.rendezvous("all_reduce", group, mine, |all, me| {
-            same_len("all_reduce", all, Side::Send, len, group)?;
-            let r = range(me);
-            // SAFETY: range `r` of our own buffer: peers read other ranges of it in this phase.
-            let acc = unsafe { own_mut(ptr, len, r.clone()) };
-            for (j, b) in all.iter().enumerate() {
-                if j != me {
-                    // Range `r` of a peer's buffer: its owner works on its own range only.
-                    reduce::accumulate(dtype, op, acc, peer("all_reduce", b, Side::Send, r.clone())?)?;
-                }
-            }
-            reduce::finish(dtype, op, acc, n);
-            Ok(())
-        })?;
-        self.rendezvous("all_reduce", group, mine, |all, me| {
-            same_len("all_reduce", all, Side::Recv, len, group)?;
-            for (j, b) in all.iter().enumerate() {
-                if j != me {
-                    let r = range(j);
-                    // Range j of member j's buffer is final and written by nobody in this phase.
-                    let src = peer("all_reduce", b, Side::Recv, r.clone())?;
-                    // SAFETY: range j of our own buffer: member j does not read it (it reads
-                    // ranges it does not own), the others read only range `me`.
-                    unsafe { own_mut(ptr, len, r) }.copy_from_slice(src);
-                }
-            }
-            Ok(())
-        })
+        self.reduce_in_ranges(group, ptr, ptr, buf.len(), dtype, op)
+    }
+
+    fn all_reduce_into(&self, group: &[usize], send: &[u8], recv: &mut [u8], dtype: DType, op: ReduceOp) -> Result<()> {
+        if send.len() != recv.len() {
+            return Err(size_err("all_reduce", format!("send has {} bytes, recv {}", send.len(), recv.len())));
+        }
+        check_whole("all_reduce", send.len(), dtype)?;
+        if send.len() <= SMALL_ALL_REDUCE {
+            return self.reduce_small(group, send, recv, dtype, op);
+        }
+        self.reduce_in_ranges(group, send.as_ptr(), recv.as_mut_ptr(), send.len(), dtype, op)
     }
 
     fn reduce_scatter(&self, group: &[usize], send: &[u8], recv: &mut [u8], dtype: DType, op: ReduceOp) -> Result<()> {
@@ -436,6 +488,34 @@ impl Communicator for ThreadComm {
             same_len("all_to_all", all, Side::Send, send.len(), group)?;
             for (j, b) in all.iter().enumerate() {
                 recv[j * l..(j + 1) * l].copy_from_slice(peer("all_to_all", b, Side::Send, me * l..(me + 1) * l)?);
+            }
+            Ok(())
+        })
+    }
+
+    fn all_to_all_strided(&self, group: &[usize], send: &[u8], rows: usize, run: usize, recv: &mut [u8]) -> Result<()> {
+        let n = group.len();
+        let len = send.len();
+        if rows.checked_mul(run).and_then(|b| b.checked_mul(n)) != Some(len) || recv.len() != len {
+            return Err(size_err(
+                "all_to_all",
+                format!("send ({len}) and recv ({}) must both be {rows} rows x {n} x {run} bytes", recv.len()),
+            ));
+        }
+        let l = rows * run;
+        // The run length travels as the published recv length: every member must use the same layout.
+        let mine = Bufs { send: send.as_ptr() as usize, send_len: len, recv_len: run, ..Bufs::default() };
+        self.rendezvous("all_to_all_strided", group, mine, |all, me| {
+            same_len("all_to_all", all, Side::Send, len, group)?;
+            same_len("all_to_all", all, Side::Recv, run, group)?;
+            for (j, b) in all.iter().enumerate() {
+                // Peers only read their own send buffers, which nobody writes.
+                let src = peer("all_to_all", b, Side::Send, 0..len)?;
+                let dst = &mut recv[j * l..(j + 1) * l];
+                for (r, out) in dst.chunks_exact_mut(run.max(1)).enumerate().take(rows) {
+                    let at = (r * n + me) * run;
+                    out.copy_from_slice(&src[at..at + run]);
+                }
             }
             Ok(())
         })

@@ -1,0 +1,148 @@
+//! Dynamic loss scaling for f16 training, with PyTorch `torch.amp.GradScaler`'s semantics.
+
+use super::Optimizer;
+use crate::comm::collectives::Along;
+use crate::dtensor::DTensor;
+use crate::element::Element;
+use crate::error::{Error, Result};
+use crate::module::Module;
+use crate::placement::ReduceOp;
+
+/// Multiplies the loss by a scale so that small f16 gradients do not underflow, divides the
+/// gradients by it again inside the optimizer step (in f32 with master weights), skips a step
+/// whose gradients hold an inf or NaN and then halves the scale, and doubles the scale after
+/// `growth_interval` steps in a row without one. All ranks of the parameters' mesh agree on
+/// skipping (the inf/NaN flag is all-reduced), so replicas never diverge.
+///
+/// Per step: `scaler.scale(&loss)?.backward()?; scaler.step(&mut opt, &mut model)?;
+/// scaler.update();`. A scale the loss's dtype cannot hold (above 65504 in f16) overflows the
+/// scaled loss; that step is skipped and the scale lowered, as for any overflow.
+///
+/// ```
+/// use dtensor_runtime::optim::{GradScaler, Sgd};
+/// use dtensor_runtime::module::{Forward, Linear, Module};
+/// use dtensor_runtime::{f16, manual_seed, DTensor, ndarray::ArrayD};
+/// manual_seed(0);
+/// let mut lin = Linear::<f16>::new(3, 1, true)?;
+/// let x = DTensor::local_tensor(ArrayD::from_elem(vec![4, 3], f16::ONE));
+/// let y = DTensor::local_tensor(ArrayD::from_elem(vec![4, 1], f16::ZERO));
+/// let mut opt = Sgd::new(f16::from_f32(0.1)).master_weights(true);
+/// let mut scaler = GradScaler::new().init_scale(1024.0);
+/// lin.zero_grad();
+/// scaler.scale(&lin.forward(&x)?.mse_loss(&y)?)?.backward()?;
+/// assert!(scaler.step(&mut opt, &mut lin)?);
+/// scaler.update();
+/// assert_eq!(scaler.get_scale(), 1024.0);
+/// # Ok::<(), dtensor_runtime::Error>(())
+/// ```
+#[derive(Debug, Clone)]
+pub struct GradScaler {
+    scale: f64,
+    growth_factor: f64,
+    backoff_factor: f64,
+    growth_interval: usize,
+    good_steps: usize,
+    /// Whether the last `step` found an inf/NaN gradient (`None` before any step).
+    found_inf: Option<bool>,
+}
+
+impl Default for GradScaler {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+impl GradScaler {
+    /// PyTorch's defaults: scale 2¹⁶, growth ×2 every 2000 good steps, backoff ×0.5.
+    pub fn new() -> Self {
+        GradScaler {
+            scale: 65536.0,
+            growth_factor: 2.0,
+            backoff_factor: 0.5,
+            growth_interval: 2000,
+            good_steps: 0,
+            found_inf: None,
+        }
+    }
+    /// Sets the initial scale.
+    pub fn init_scale(mut self, s: f64) -> Self {
+        self.scale = s;
+        self
+    }
+    /// Sets the factor the scale grows by after `growth_interval` good steps.
+    pub fn growth_factor(mut self, f: f64) -> Self {
+        self.growth_factor = f;
+        self
+    }
+    /// Sets the factor the scale shrinks by after a step with an inf/NaN gradient.
+    pub fn backoff_factor(mut self, f: f64) -> Self {
+        self.backoff_factor = f;
+        self
+    }
+    /// Sets the number of consecutive good steps before the scale grows.
+    pub fn growth_interval(mut self, n: usize) -> Self {
+        self.growth_interval = n;
+        self
+    }
+
+    /// The current scale.
+    pub fn get_scale(&self) -> f64 {
+        self.scale
+    }
+
+    /// `loss × scale` (differentiable): call `backward` on the result.
+    pub fn scale<T: Element>(&self, loss: &DTensor<T>) -> Result<DTensor<T>> {
+        loss.mul_scalar(T::of_f64(self.scale))
+    }
+
+    /// Unscales the gradients and runs `opt`'s step unless a gradient holds an inf or NaN on
+    /// any rank of the parameters' mesh; returns whether the step ran. Call [`update`](Self::update)
+    /// afterwards.
+    pub fn step<T: Element, O: Optimizer<T>, M: Module<T> + ?Sized>(
+        &mut self,
+        opt: &mut O,
+        module: &mut M,
+    ) -> Result<bool> {
+        let mut mesh = None;
+        let mut bad = false;
+        for (_, p) in module.named_parameters() {
+            mesh.get_or_insert_with(|| p.device_mesh().clone());
+            if let Some(g) = p.grad() {
+                bad |= g.to_host()?.iter().any(|v| !v.is_finite());
+            }
+        }
+        let Some(mesh) = mesh else {
+            return Err(Error::InvalidArgument {
+                context: "GradScaler::step".into(),
+                reason: "the module has no parameters".into(),
+            });
+        };
+        let mut flag = [if bad { 1.0f32 } else { 0.0 }];
+        mesh.all_reduce(Along::All, &mut flag, ReduceOp::Max)?;
+        let found = flag[0] != 0.0;
+        self.found_inf = Some(found);
+        if !found {
+            opt.step_with_grad_factor(module, 1.0 / self.scale)?;
+        }
+        Ok(!found)
+    }
+
+    /// Adjusts the scale after a [`step`](Self::step): backs off after an inf/NaN, grows after
+    /// `growth_interval` good steps in a row. Does nothing without a step since the last call.
+    pub fn update(&mut self) {
+        match self.found_inf.take() {
+            Some(true) => {
+                self.scale *= self.backoff_factor;
+                self.good_steps = 0;
+            }
+            Some(false) => {
+                self.good_steps += 1;
+                if self.good_steps >= self.growth_interval {
+                    self.scale *= self.growth_factor;
+                    self.good_steps = 0;
+                }
+            }
+            None => {}
+        }
+    }
+}

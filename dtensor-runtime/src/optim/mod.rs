@@ -1,0 +1,285 @@
+//! Optimizers that update DTensor parameters in place, shard by shard: a parameter's gradient
+//! has the parameter's placements, so the update is purely local (no communication).
+//!
+//! ```
+//! use dtensor_runtime::module::{Forward, Linear, Module};
+//! use dtensor_runtime::optim::Sgd;
+//! use dtensor_runtime::{manual_seed, DTensor, ndarray::ArrayD};
+//! manual_seed(0);
+//! let mut lin = Linear::<f64>::new(3, 1, true)?;
+//! let x = DTensor::local_tensor(ArrayD::ones(vec![4, 3]));
+//! let mut opt = Sgd::new(0.1);
+//! let first = lin.forward(&x)?.mse_loss(&DTensor::local_tensor(ArrayD::zeros(vec![4, 1])))?;
+//! for _ in 0..10 {
+//!     lin.zero_grad();
+//!     let loss = lin.forward(&x)?.mse_loss(&DTensor::local_tensor(ArrayD::zeros(vec![4, 1])))?;
+//!     loss.backward()?;
+//!     opt.step(&mut lin)?;
+//! }
+//! let last = lin.forward(&x)?.mse_loss(&DTensor::local_tensor(ArrayD::zeros(vec![4, 1])))?;
+//! assert!(last.full_tensor()?.sum() < first.full_tensor()?.sum());
+//! # Ok::<(), dtensor_runtime::Error>(())
+//! ```
+//!
+//! Mixed precision (the AMP recipe): with [`Sgd::master_weights`] / [`AdamW::master_weights`]
+//! the optimizer keeps an f32 copy of each bf16/f16 parameter shard and its state, applies the
+//! update to the copy in f32 and writes the copy back rounded, so updates smaller than half an
+//! ulp of the 16-bit weight are not lost. For f16, a [`GradScaler`] scales the loss against
+//! gradient underflow and skips the steps whose gradients overflowed.
+
+mod grad_scaler;
+
+pub use grad_scaler::GradScaler;
+
+use crate::dtensor::DTensor;
+use crate::element::Element;
+use crate::error::{Error, Result};
+use crate::module::Module;
+use crate::storage::op::{AdamWStep, SgdStep, UnaryOp};
+use crate::storage::Storage;
+use std::collections::hash_map::Entry;
+use std::collections::HashMap;
+
+/// Gradient of `p` as a shard shaped like `p`'s local shard, or `None` without a gradient.
+fn local_grad<T: Element>(name: &str, p: &DTensor<T>) -> Result<Option<Storage<T>>> {
+    let Some(g) = p.grad() else { return Ok(None) };
+    if g.placements() != p.placements() || g.local().shape() != p.local().shape() {
+        return Err(Error::ShapeMismatch {
+            context: format!("optimizer: gradient of `{name}` is laid out differently from the parameter"),
+            expected: p.local().shape().to_vec(),
+            actual: g.local().shape().to_vec(),
+        });
+    }
+    Ok(Some(g.into_local()))
+}
+
+/// `g` times `factor` (the inverse loss scale), untouched for a factor of 1.
+fn times<W: Element>(g: Storage<W>, factor: f64) -> Result<Storage<W>> {
+    if factor == 1.0 {
+        Ok(g)
+    } else {
+        g.unary(UnaryOp::MulScalar(factor))
+    }
+}
+
+/// What a [`GradScaler`] needs of an optimizer: one step whose gradients are first multiplied
+/// by `grad_factor` (in f32 for master weights, so unscaling cannot underflow a 16-bit value).
+pub trait Optimizer<T: Element> {
+    /// One update of every parameter of `module` that has a gradient, each gradient taken
+    /// times `grad_factor` (1 for a plain step).
+    fn step_with_grad_factor<M: Module<T> + ?Sized>(&mut self, module: &mut M, grad_factor: f64) -> Result<()>;
+}
+
+/// An f32 weight copy and its momentum buffer.
+type SgdMaster = (Storage<f32>, Storage<f32>);
+/// Step count, f32 weight copy, first and second moments.
+type AdamWMaster = (usize, Storage<f32>, Storage<f32>, Storage<f32>);
+
+/// Stochastic gradient descent with optional momentum and (coupled) weight decay, as
+/// PyTorch `optim.SGD`.
+#[derive(Debug, Clone)]
+pub struct Sgd<T: Element> {
+    /// Learning rate: the step is `lr` times the (momentum-smoothed) gradient.
+    pub lr: T,
+    /// Momentum factor in `[0, 1)`; 0 disables the momentum buffer.
+    pub momentum: T,
+    /// L2 penalty coefficient added to the gradient (`grad + weight_decay * param`); 0 disables it.
+    pub weight_decay: T,
+    buf: HashMap<String, Storage<T>>,
+    /// f32 weight copies and momentum buffers by parameter name, with master weights on.
+    master: Option<HashMap<String, SgdMaster>>,
+}
+
+impl<T: Element> Sgd<T> {
+    /// Plain SGD with learning rate `lr`.
+    pub fn new(lr: T) -> Self {
+        Sgd { lr, momentum: T::zero(), weight_decay: T::zero(), buf: HashMap::new(), master: None }
+    }
+    /// Keeps f32 master copies of the parameters (and an f32 momentum buffer), made from each
+    /// parameter at its first step: the update runs in f32 and is written back rounded to `T`.
+    /// Meant for bf16/f16 parameters; for f32 it changes nothing but memory.
+    pub fn master_weights(mut self, on: bool) -> Self {
+        self.master = on.then(HashMap::new);
+        self
+    }
+    /// Sets the momentum.
+    pub fn momentum(mut self, m: T) -> Self {
+        self.momentum = m;
+        self
+    }
+    /// Sets the weight decay.
+    pub fn weight_decay(mut self, wd: T) -> Self {
+        self.weight_decay = wd;
+        self
+    }
+
+    /// One update of every parameter of `module` that has a gradient.
+    pub fn step<M: Module<T> + ?Sized>(&mut self, module: &mut M) -> Result<()> {
+        self.step_with_grad_factor(module, 1.0)
+    }
+}
+
+impl<T: Element> Optimizer<T> for Sgd<T> {
+    fn step_with_grad_factor<M: Module<T> + ?Sized>(&mut self, module: &mut M, grad_factor: f64) -> Result<()> {
+        let momentum = self.momentum != T::zero();
+        for (name, p) in module.named_parameters_mut() {
+            let Some(g) = local_grad(&name, p)? else { continue };
+            let mut step = SgdStep {
+                lr: self.lr.as_f64(),
+                momentum: self.momentum.as_f64(),
+                weight_decay: self.weight_decay.as_f64(),
+                first: false,
+            };
+            if let Some(master) = &mut self.master {
+                let g = times(g.cast::<f32>()?, grad_factor)?;
+                let (w, buf) = match master.entry(name) {
+                    Entry::Occupied(o) => o.into_mut(),
+                    Entry::Vacant(e) => {
+                        step.first = true;
+                        e.insert((p.local.cast::<f32>()?, g.new_full(g.shape(), 0.0)?))
+                    }
+                };
+                w.sgd_step(&g, momentum.then_some(buf), &step)?;
+                p.local = w.cast::<T>()?;
+                continue;
+            }
+            let g = times(g, grad_factor)?;
+            let buf = if momentum {
+                Some(match self.buf.entry(name) {
+                    Entry::Occupied(o) => o.into_mut(),
+                    Entry::Vacant(e) => {
+                        // The first step starts the buffer at the (decayed) gradient (PyTorch).
+                        step.first = true;
+                        e.insert(g.new_full(g.shape(), T::zero())?)
+                    }
+                })
+            } else {
+                None
+            };
+            p.local.sgd_step(&g, buf, &step)?;
+        }
+        Ok(())
+    }
+}
+
+/// Adam with decoupled weight decay, as PyTorch `optim.AdamW`.
+#[derive(Debug, Clone)]
+pub struct AdamW<T: Element> {
+    /// Learning rate scaling each update.
+    pub lr: T,
+    /// Decay rates `(beta1, beta2)` in `[0, 1)` of the first and second moment averages.
+    pub betas: (T, T),
+    /// Added to the square root of the second moment to avoid division by zero.
+    pub eps: T,
+    /// Decoupled decay: each step scales parameters by `1 - lr * weight_decay` before the Adam update.
+    pub weight_decay: T,
+    state: HashMap<String, (usize, Storage<T>, Storage<T>)>,
+    /// (step count, f32 weight copy, first and second moments) by name, with master weights on.
+    master: Option<HashMap<String, AdamWMaster>>,
+}
+
+impl<T: Element> AdamW<T> {
+    /// PyTorch defaults: betas (0.9, 0.999), eps 1e-8, weight decay 0.01.
+    pub fn new(lr: T) -> Self {
+        AdamW {
+            lr,
+            betas: (T::of_f64(0.9), T::of_f64(0.999)),
+            eps: T::of_f64(1e-8),
+            weight_decay: T::of_f64(0.01),
+            state: HashMap::new(),
+            master: None,
+        }
+    }
+    /// Keeps f32 master copies of the parameters and f32 moments, made from each parameter at
+    /// its first step: the update runs in f32 and is written back rounded to `T`. Meant for
+    /// bf16/f16 parameters; for f32 it changes nothing but memory.
+    pub fn master_weights(mut self, on: bool) -> Self {
+        self.master = on.then(HashMap::new);
+        self
+    }
+    /// Sets the weight decay.
+    pub fn weight_decay(mut self, wd: T) -> Self {
+        self.weight_decay = wd;
+        self
+    }
+    /// Sets the moment decay rates.
+    pub fn betas(mut self, b1: T, b2: T) -> Self {
+        self.betas = (b1, b2);
+        self
+    }
+    /// Sets the denominator's epsilon.
+    pub fn eps(mut self, eps: T) -> Self {
+        self.eps = eps;
+        self
+    }
+
+    /// One update of every parameter of `module` that has a gradient.
+    pub fn step<M: Module<T> + ?Sized>(&mut self, module: &mut M) -> Result<()> {
+        self.step_with_grad_factor(module, 1.0)
+    }
+}
+
+/// One AdamW update of `w` at step `t` (1-based), computed in `W` (the parameter's type, or
+/// f32 for master weights).
+fn adamw_update<W: Element>(
+    hyper: &AdamW<impl Element>,
+    t: usize,
+    w: &mut Storage<W>,
+    g: &Storage<W>,
+    m: &mut Storage<W>,
+    v: &mut Storage<W>,
+) -> Result<()> {
+    let (b1, b2) = (W::of_f64(hyper.betas.0.as_f64()), W::of_f64(hyper.betas.1.as_f64()));
+    // Bias corrections in `W`, as PyTorch computes them for the parameter's dtype.
+    let c1 = W::one() - b1.powi(t as i32);
+    let c2 = W::one() - b2.powi(t as i32);
+    let step = AdamWStep {
+        lr: hyper.lr.as_f64(),
+        beta1: b1.as_f64(),
+        beta2: b2.as_f64(),
+        eps: hyper.eps.as_f64(),
+        weight_decay: hyper.weight_decay.as_f64(),
+        bias_correction1: c1.as_f64(),
+        bias_correction2: c2.as_f64(),
+    };
+    w.adamw_step(g, m, v, &step)
+}
+
+impl<T: Element> Optimizer<T> for AdamW<T> {
+    fn step_with_grad_factor<M: Module<T> + ?Sized>(&mut self, module: &mut M, grad_factor: f64) -> Result<()> {
+        let mut master = self.master.take();
+        let mut state = std::mem::take(&mut self.state);
+        let result = (|| {
+            for (name, p) in module.named_parameters_mut() {
+                let Some(g) = local_grad(&name, p)? else { continue };
+                if let Some(master) = &mut master {
+                    let g = times(g.cast::<f32>()?, grad_factor)?;
+                    let (t, w, m, v) = match master.entry(name) {
+                        Entry::Occupied(o) => o.into_mut(),
+                        Entry::Vacant(e) => {
+                            let zeros = g.new_full(g.shape(), 0.0)?;
+                            e.insert((0, p.local.cast::<f32>()?, zeros.clone(), zeros))
+                        }
+                    };
+                    *t += 1;
+                    adamw_update(self, *t, w, &g, m, v)?;
+                    p.local = w.cast::<T>()?;
+                    continue;
+                }
+                let g = times(g, grad_factor)?;
+                let (t, m, v) = match state.entry(name) {
+                    Entry::Occupied(o) => o.into_mut(),
+                    Entry::Vacant(e) => {
+                        let zeros = g.new_full(g.shape(), T::zero())?;
+                        e.insert((0, zeros.clone(), zeros))
+                    }
+                };
+                *t += 1;
+                adamw_update(self, *t, &mut p.local, &g, m, v)?;
+            }
+            Ok(())
+        })();
+        (self.master, self.state) = (master, state);
+        result
+    }
+}

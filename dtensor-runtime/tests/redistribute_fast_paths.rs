@@ -1,0 +1,231 @@
+//! The copy-saving paths of redistribution, each against the single-rank result: Shard(d) →
+//! Shard(e) as one strided all-to-all when both dims split evenly (and the packed fallback
+//! when not, or when shards are empty), Partial → Replicate reduced straight from a borrowed
+//! shard or in place on an owned one, and the backend methods behind them, including the
+//! trait's default implementations that the MPI and NCCL backends use.
+
+mod common;
+
+use common::{expected_shard, global};
+use dtensor_runtime::comm::Communicator;
+use dtensor_runtime::ndarray::ArrayD;
+use dtensor_runtime::{
+    distribute_tensor, from_local, run, CollectiveKind, CommDebugMode, DType, Error, FromLocal, Partial, Placement,
+    ReduceOp, Replicate as R, Result, Shard as S, ThreadComm, ThreadWorld,
+};
+use std::sync::Arc;
+use std::time::Duration;
+
+/// Redistributes `g` (distributed as `from`) to `to` on `mesh_shape`; every rank's shard must
+/// be the slice of `g` that `to` gives it, and the step must be one all-to-all.
+fn check_shard_to_shard(mesh_shape: &[usize], shape: &[usize], from: &[Placement], to: &[Placement]) {
+    let g = global(shape, 3);
+    let world: usize = mesh_shape.iter().product();
+    let out = run(world, |ctx| {
+        let mesh = ctx.init_device_mesh(mesh_shape, &[])?;
+        let x = distribute_tensor(&g, &mesh, from, None)?;
+        let debug = CommDebugMode::new();
+        let y = {
+            let _on = debug.enter();
+            x.redistribute(to)?
+        };
+        Ok((mesh.coordinate().to_vec(), y.to_local().to_host()?, debug.count(CollectiveKind::AllToAll)))
+    })
+    .unwrap();
+    for (coord, local, all_to_all) in out {
+        assert_eq!(local, expected_shard(&g, mesh_shape, &coord, to), "{shape:?} {from:?} -> {to:?} at {coord:?}");
+        assert_eq!(all_to_all, 1, "{shape:?} {from:?} -> {to:?}: one all-to-all");
+    }
+}
+
+#[test]
+fn shard_to_shard_even_uneven_and_empty() {
+    // Even on both dims (strided all-to-all), leading and trailing target dims.
+    check_shard_to_shard(&[2], &[4, 8], &[S(0)], &[S(1)]);
+    check_shard_to_shard(&[2], &[4, 8], &[S(1)], &[S(0)]);
+    check_shard_to_shard(&[4], &[8, 4, 12], &[S(0)], &[S(2)]);
+    check_shard_to_shard(&[3], &[6, 3, 9], &[S(2)], &[S(1)]);
+    check_shard_to_shard(&[2], &[2, 6, 4], &[S(1)], &[S(2)]);
+    // Uneven on either dim (packed, padded).
+    check_shard_to_shard(&[2], &[5, 8], &[S(0)], &[S(1)]);
+    check_shard_to_shard(&[2], &[4, 7], &[S(0)], &[S(1)]);
+    check_shard_to_shard(&[4], &[3, 6], &[S(0)], &[S(1)]);
+    // Empty: zero-sized dims (even: 0 splits into empty chunks) and empty shards.
+    check_shard_to_shard(&[2], &[0, 8], &[S(0)], &[S(1)]);
+    check_shard_to_shard(&[2], &[4, 0, 3], &[S(0)], &[S(1)]);
+    check_shard_to_shard(&[4], &[2, 8], &[S(0)], &[S(1)]);
+    // Nested: the inner mesh dim moves its split while the outer one keeps its own.
+    check_shard_to_shard(&[2, 2], &[4, 8, 4], &[S(0), S(1)], &[S(0), S(2)]);
+    check_shard_to_shard(&[2, 2], &[4, 6, 4], &[S(2), S(0)], &[S(2), S(1)]);
+}
+
+#[test]
+fn partial_to_replicate_from_borrowed_and_owned_shards() {
+    // Small (one rendezvous) and large (> 64 KiB: reduced by ranges) buffers, every op.
+    for shape in [vec![3, 5], vec![130, 70]] {
+        for op in [ReduceOp::Sum, ReduceOp::Avg, ReduceOp::Max, ReduceOp::Min, ReduceOp::Product] {
+            let n = 3;
+            let locals: Vec<ArrayD<f64>> = (0..n).map(|r| global(&shape, r as u64).mapv(|v| v / 16.0)).collect();
+            let mut want = locals[0].clone();
+            for l in &locals[1..] {
+                want.zip_mut_with(l, |a, &b| {
+                    *a = match op {
+                        ReduceOp::Sum | ReduceOp::Avg => *a + b,
+                        ReduceOp::Max => a.max(b),
+                        ReduceOp::Min => a.min(b),
+                        ReduceOp::Product => *a * b,
+                    }
+                });
+            }
+            if op == ReduceOp::Avg {
+                want.mapv_inplace(|v| v / n as f64);
+            }
+            let out = run(n, |ctx| {
+                let mesh = ctx.init_device_mesh(&[n], &[])?;
+                let x = from_local(locals[ctx.rank()].clone(), &mesh, &[Partial(op)], FromLocal::default())?;
+                // First step: reads the caller's shard (borrowed).
+                let borrowed = x.redistribute(&[R])?.to_local().to_host()?;
+                // The input is left as it was.
+                assert_eq!(x.to_local().to_host()?, locals[ctx.rank()]);
+                Ok(borrowed)
+            })
+            .unwrap();
+            for got in out {
+                let close = got.iter().zip(want.iter()).all(|(a, b)| (a - b).abs() <= 1e-9 * b.abs().max(1.0));
+                assert!(close, "{shape:?} {op}");
+            }
+        }
+    }
+    // Second step of a plan (an owned buffer, reduced in place): [P, S(0)] -> [R, R].
+    let g = global(&[6, 40], 5);
+    let out = run(4, |ctx| {
+        let mesh = ctx.init_device_mesh(&[2, 2], &[])?;
+        let x = distribute_tensor(&g, &mesh, &[R, S(0)], None)?.redistribute(&[Partial(ReduceOp::Sum), S(0)])?;
+        x.redistribute(&[R, R])?.to_local().to_host()
+    })
+    .unwrap();
+    out.iter().for_each(|l| assert_eq!(l, &g));
+}
+
+/// Forwards the required methods only, so that the trait's default `all_reduce_into` and
+/// `all_to_all_strided` run (as on the MPI and NCCL backends).
+#[derive(Debug)]
+struct Defaults(ThreadComm);
+
+impl Communicator for Defaults {
+    fn rank(&self) -> usize {
+        self.0.rank()
+    }
+    fn world_size(&self) -> usize {
+        self.0.world_size()
+    }
+    fn backend(&self) -> &'static str {
+        "defaults"
+    }
+    fn all_gather(&self, g: &[usize], send: &[u8], recv: &mut [u8]) -> Result<()> {
+        self.0.all_gather(g, send, recv)
+    }
+    fn all_reduce(&self, g: &[usize], buf: &mut [u8], dtype: DType, op: ReduceOp) -> Result<()> {
+        self.0.all_reduce(g, buf, dtype, op)
+    }
+    fn reduce_scatter(&self, g: &[usize], send: &[u8], recv: &mut [u8], dtype: DType, op: ReduceOp) -> Result<()> {
+        self.0.reduce_scatter(g, send, recv, dtype, op)
+    }
+    fn all_to_all(&self, g: &[usize], send: &[u8], recv: &mut [u8]) -> Result<()> {
+        self.0.all_to_all(g, send, recv)
+    }
+    fn broadcast(&self, g: &[usize], buf: &mut [u8], root: usize) -> Result<()> {
+        self.0.broadcast(g, buf, root)
+    }
+    fn scatter(&self, g: &[usize], send: &[u8], recv: &mut [u8], root: usize) -> Result<()> {
+        self.0.scatter(g, send, recv, root)
+    }
+    fn barrier(&self, g: &[usize]) -> Result<()> {
+        self.0.barrier(g)
+    }
+}
+
+/// Runs `f(rank, comm)` on `n` threads, once with the thread backend's own methods and once
+/// with the trait defaults; returns both runs' results by rank.
+fn both_backends<R: Send>(n: usize, f: impl Fn(usize, &dyn Communicator) -> R + Sync) -> [Vec<R>; 2] {
+    [false, true].map(|defaults| {
+        let world = ThreadWorld::new(n, Duration::from_secs(20));
+        std::thread::scope(|s| {
+            let hs: Vec<_> = (0..n)
+                .map(|r| {
+                    let (world, f) = (Arc::clone(&world), &f);
+                    s.spawn(move || {
+                        let c = world.communicator(r).unwrap();
+                        if defaults {
+                            f(r, &Defaults(c))
+                        } else {
+                            f(r, &c)
+                        }
+                    })
+                })
+                .collect();
+            hs.into_iter().map(|h| h.join().unwrap()).collect()
+        })
+    })
+}
+
+#[test]
+fn strided_all_to_all_matches_packed_blocks() {
+    for (n, rows, run) in [(2usize, 3usize, 2usize), (3, 4, 1), (4, 1, 5), (3, 0, 2), (2, 3, 0), (1, 2, 3)] {
+        let group: Vec<usize> = (0..n).collect();
+        let send = |r: usize| -> Vec<u8> { (0..rows * n * run).map(|i| (i * 7 + r * 31) as u8).collect() };
+        let results = both_backends(n, |r, c| {
+            let mut recv = vec![0u8; rows * n * run];
+            c.all_to_all_strided(&group, &send(r), rows, run, &mut recv).map(|()| recv)
+        });
+        for got in results {
+            for (me, recv) in got.into_iter().enumerate() {
+                // Block j: run `me` of every row of member j's send.
+                let want: Vec<u8> = (0..n)
+                    .flat_map(|j| {
+                        let s = send(j);
+                        (0..rows).flat_map(move |row| s[(row * n + me) * run..(row * n + me + 1) * run].to_vec())
+                    })
+                    .collect();
+                assert_eq!(recv.unwrap(), want, "n {n} rows {rows} run {run} member {me}");
+            }
+        }
+    }
+    // A layout that does not tile the buffer is an error on every member, not a panic.
+    for got in both_backends(2, |_, c| c.all_to_all_strided(&[0, 1], &[0u8; 10], 2, 3, &mut [0u8; 10])) {
+        got.into_iter().for_each(|r| assert!(matches!(r, Err(Error::BufferMismatch { .. })), "{r:?}"));
+    }
+}
+
+#[test]
+fn out_of_place_all_reduce_matches_in_place() {
+    // 5 f64 (small path) and 20 000 f64 (ranges, uneven over 3 members).
+    for len in [5usize, 20_000] {
+        let n = 3;
+        let group: Vec<usize> = (0..n).collect();
+        let input = |r: usize| -> Vec<f64> { (0..len).map(|i| ((i * 13 + r * 7) % 29) as f64 - 14.0).collect() };
+        let results = both_backends(n, |r, c| {
+            let send = input(r);
+            let mut recv = vec![0f64; len];
+            let mut inplace = send.clone();
+            let into = bytemuck::cast_slice_mut(&mut recv);
+            c.all_reduce_into(&group, bytemuck::cast_slice(&send), into, DType::F64, ReduceOp::Sum)?;
+            c.all_reduce(&group, bytemuck::cast_slice_mut(&mut inplace), DType::F64, ReduceOp::Sum)?;
+            Ok::<_, Error>((send == input(r), recv, inplace))
+        });
+        let want: Vec<f64> = (0..len).map(|i| (0..n).map(|r| input(r)[i]).sum()).collect();
+        for got in results {
+            for res in got {
+                let (untouched, recv, inplace) = res.unwrap();
+                assert!(untouched, "all_reduce_into leaves its input as it was");
+                assert_eq!(recv, want, "len {len}");
+                assert_eq!(inplace, want, "len {len}");
+            }
+        }
+    }
+    // Lengths that differ between send and recv are an error, not a panic.
+    for got in both_backends(2, |_, c| c.all_reduce_into(&[0, 1], &[0u8; 8], &mut [0u8; 4], DType::F32, ReduceOp::Sum))
+    {
+        got.into_iter().for_each(|r| assert!(matches!(r, Err(Error::BufferMismatch { .. })), "{r:?}"));
+    }
+}
