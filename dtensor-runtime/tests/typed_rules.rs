@@ -339,7 +339,7 @@ fn conversion_from_dynamic_checks_names_rank_and_placements() {
             other => panic!("expected TypedMismatch, got {other:?}"),
         };
         // Each names what differs and the caller's line (`#[track_caller]`).
-        for (e, want) in [(layout, "placements"), (rank, "tensor rank"), (names, "mesh dims")] {
+        for (e, want) in [(layout, "layout"), (rank, "tensor rank"), (names, "mesh dims")] {
             let w = what(e);
             assert!(w.starts_with(&format!("{want} (at ")) && w.contains("typed_rules.rs:"), "{w}");
         }

@@ -19,7 +19,9 @@ pub enum Rank<const LR: usize> {}
 /// Context of the batched matmul rule: the rank of both operands.
 pub enum Batched<const R: usize> {}
 
-/// The matmul rule on one mesh dim: `Self @ Rhs` on mesh dim `Name`.
+/// The matmul rule on one mesh dim: `Self @ Rhs` on mesh dim `Name` (hidden from the docs:
+/// its impls would fill every marker's page; [`MatmulLayout`] is the bound users meet).
+#[doc(hidden)]
 #[diagnostic::on_unimplemented(
     message = "matmul of `{Self}` × `{Rhs}` on mesh dim `{Name}` is not a legal layout: redistribute one side first",
     label = "no matmul sharding rule for `{Self}` × `{Rhs}` on mesh dim `{Name}`",

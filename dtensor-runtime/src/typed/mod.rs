@@ -27,6 +27,7 @@ pub mod matmul;
 pub mod norm;
 pub mod params;
 pub mod pointwise;
+#[doc(hidden)] // only `#[distribute]`'s generated code uses it
 pub mod probe;
 pub mod redistribute;
 pub mod reduce;
