@@ -64,7 +64,7 @@ fn main() -> dtensor::Result<()> {
 //   |       |
 //   |       required by a bound introduced by this call
 //   |
-//   = help: the trait `MatmulRule<dtensor::Shard<0>, dp, Rank<2>>` is not implemented for `dtensor::Shard<0>`
+//   = help: the trait `dtensor::typed::MatmulRule<dtensor::Shard<0>, dp, Rank<2>>` is not implemented for `dtensor::Shard<0>`
 //   = note: legal per mesh dim ([.., m, k] @ [k, n]): R×R→R, S(m or batch)×R→S, R×S(n)→S(n), S(k)×S(k)→Partial<Sum>, P×R→P, R×P→P (P = Partial<Sum|Avg>)
 //   (... the list of implemented rules follows)
 //
@@ -79,16 +79,16 @@ fn main() -> dtensor::Result<()> {
 //        let _ = scale(y);
 //    }
 //
-// error[E0277]: expected layout `(dtensor::Shard<0>, dtensor::Replicate)`, found `(dtensor::Replicate, dtensor::Shard<1>)`: call `.redistribute()`
+// error[E0308]: mismatched types
 //   --> tests/ui/fail/macro_fn_wrong_layout.rs:11:19
 //    |
 // 11 |     let _ = scale(y);
-//    |             ----- ^ this tensor has layout `(dtensor::Replicate, dtensor::Shard<1>)`, not `(dtensor::Shard<0>, dtensor::Replicate)`
+//    |             ----- ^ expected `&Dt<f32, (dp, tp), (Shard<0>, ...), 2>`, found `&Dt<f32, (dp, tp), (Replicate, ...), 2>`
 //    |             |
-//    |             required by a bound introduced by this call
+//    |             arguments to this function are incorrect
 //    |
-//    = help: the trait `SameLayout<(dtensor::Shard<0>, dtensor::Replicate)>` is not implemented for `(dtensor::Replicate, dtensor::Shard<1>)`
-//    = note: call `.redistribute::<(dtensor::Shard<0>, dtensor::Replicate)>()` on it first
+//    = note: expected reference `&Dt<f32, (dp, tp), (dtensor::Shard<0>, dtensor::Replicate), 2>`
+//               found reference `&Dt<f32, (dp, tp), (dtensor::Replicate, dtensor::Shard<1>), 2>`
 //
 // 3. A Partial parameter (ui-tests/tests/ui/fail/macro_partial_parameter.rs):
 //

@@ -199,7 +199,7 @@ fn human_bytes(b: usize) -> String {
 }
 
 /// Which rank holds which block of every parameter (computed from the layout, no comm).
-fn print_layouts(model: &Mlp, mesh: &DeviceMesh) -> Result<()> {
+fn print_layouts(model: &Mlp<f32>, mesh: &DeviceMesh) -> Result<()> {
     println!("parameter layouts on {mesh}:");
     for (name, p) in model.named_parameters() {
         println!("{name}:");

@@ -208,8 +208,6 @@ pub(crate) struct TensorSlot {
     pub ty: TensorTy,
     /// Every tensor in the type, in [`rewrite_tensors`] order.
     pub all: Vec<TensorTy>,
-    /// The type is a `DTensor` or a reference to one (not a container of them).
-    pub direct: bool,
     /// Its own `#[placements]`, if any.
     pub placements: Option<PlacementList>,
     /// It had a `#[placements]` attribute that was invalid (already reported).
@@ -231,12 +229,11 @@ pub(crate) fn slot(
     let placements = attr::take_placements_attr(attrs, errs);
     let mut all = Vec::new();
     let found = errs.ok(find_tensors(ty, &mut all));
-    let direct = matches!(tensor_ty(ty), Ok(Some(_)));
     match found.filter(|_| !all.is_empty()) {
         Some(()) => {
             let placements_invalid = had_attr && placements.is_none();
             let first = all[0].clone();
-            Some(TensorSlot { name, ty: first, all, direct, placements, placements_invalid, span_tokens })
+            Some(TensorSlot { name, ty: first, all, placements, placements_invalid, span_tokens })
         }
         None => {
             if had_attr {

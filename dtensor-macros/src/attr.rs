@@ -74,9 +74,28 @@ pub(crate) struct Args {
     pub krate: Option<syn::Path>,
     /// `elem = T`: the element type of a struct whose parameters all live in nested fields.
     pub elem: Option<syn::Type>,
+    /// `implicit = "allow"` (true) or `"deny"` (false, the default): may dynamic ops in a
+    /// function's body redistribute their inputs on their own? With the tokens, for spans.
+    pub implicit: Option<(bool, TokenStream)>,
     /// Some argument was given but was invalid or unknown (already reported): follow-up
     /// "missing" errors would only repeat it.
     pub had_error: bool,
+}
+
+impl Args {
+    /// These arguments, each missing one taken from `defaults` (a method's own
+    /// `#[distribute(..)]` over its impl block's).
+    pub(crate) fn or(self, defaults: Args) -> Args {
+        Args {
+            mesh: self.mesh.or(defaults.mesh),
+            placements: self.placements.or(defaults.placements),
+            returns: self.returns.or(defaults.returns),
+            krate: self.krate.or(defaults.krate),
+            elem: self.elem.or(defaults.elem),
+            implicit: self.implicit.or(defaults.implicit),
+            had_error: self.had_error || defaults.had_error,
+        }
+    }
 }
 
 /// Parses the arguments of `#[distribute(..)]`.
@@ -121,6 +140,14 @@ pub(crate) fn parse_args(tokens: TokenStream, errs: &mut Errors) -> Args {
                 args.elem = errs.ok(syn::parse2::<syn::Type>(nv.value.to_token_stream()));
                 args.elem.is_some()
             }
+            "implicit" if args.implicit.is_some() => {
+                errs.spanned(&nv.path, "duplicate `implicit` argument");
+                true
+            }
+            "implicit" => {
+                args.implicit = parse_implicit(&nv.value, errs);
+                args.implicit.is_some()
+            }
             "mesh" if args.mesh.is_some() => {
                 errs.spanned(&nv.path, "duplicate `mesh` argument");
                 true
@@ -147,7 +174,7 @@ pub(crate) fn parse_args(tokens: TokenStream, errs: &mut Errors) -> Args {
                 errs.spanned(
                     &nv.path,
                     format!(
-                        "unknown `#[distribute]` argument `{}`: expected `mesh`, `placements`, `returns`, `elem` or `crate`",
+                        "unknown `#[distribute]` argument `{}`: expected `mesh`, `placements`, `returns`, `implicit`, `elem` or `crate`",
                         nv.path.to_token_stream()
                     ),
                 );
@@ -157,6 +184,22 @@ pub(crate) fn parse_args(tokens: TokenStream, errs: &mut Errors) -> Args {
         args.had_error |= !ok;
     }
     args
+}
+
+/// `implicit = "allow"` / `"deny"`.
+fn parse_implicit(value: &Expr, errs: &mut Errors) -> Option<(bool, TokenStream)> {
+    let allow = match value {
+        Expr::Lit(ExprLit { lit: Lit::Str(s), .. }) if s.value() == "allow" => Some(true),
+        Expr::Lit(ExprLit { lit: Lit::Str(s), .. }) if s.value() == "deny" => Some(false),
+        _ => None,
+    };
+    if allow.is_none() {
+        errs.spanned(
+            value,
+            "`implicit` is `\"deny\"` (the default: a dynamic op that would redistribute its inputs on its own is an error) or `\"allow\"`",
+        );
+    }
+    allow.map(|a| (a, value.to_token_stream()))
 }
 
 /// `crate = "::my_dtensor"` (a string, as serde's `crate = ".."`).

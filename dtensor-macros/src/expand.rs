@@ -350,48 +350,17 @@ pub(crate) fn fallback_struct(krate: &TokenStream, args: &Args, mut item: ItemSt
 /// removed).
 pub(crate) fn expand_fn(krate: &TokenStream, mut item: ItemFn, plan: FnPlan<'_>) -> TokenStream {
     let mesh_ty = mesh_type(krate, plan.mesh);
-    // Direct tensor arguments: `x: &Dt<T, M, __L0, R>` with `__L0: SameLayout<L>`, then
-    // `let x = cast(x)` (a mismatch is then the bound's error, with its message); tensors in
-    // containers (`&[DTensor]`, `Option<&DTensor>`) get their concrete typed form.
+    // Every tensor argument gets its concrete typed form (`x: &Dt<f32, (dp, tp), (Shard<0>,
+    // Replicate), 2>`), direct or in a container: no hidden generic, so rustdoc shows the
+    // layout, callers need no annotation and `f(&x.redistribute()?)` infers its target. A
+    // caller's tensor of another layout is then a type mismatch that names both layouts.
     let mut prologue = Vec::new();
     let mut typed_args = Vec::new();
-    for (k, (i, slot, markers)) in plan.args.iter().enumerate() {
+    for (i, _slot, markers) in &plan.args {
         typed_args.push(*i);
-        let FnArg::Typed(pt) = &mut item.sig.inputs[*i] else { continue };
-        if !slot.direct {
+        if let FnArg::Typed(pt) = &mut item.sig.inputs[*i] {
             ast::rewrite_tensors(&mut pt.ty, &mut |j, t| typed_tensor(krate, t, &mesh_ty, &markers[j]));
-            continue;
         }
-        let span = pt.ty.span();
-        let l = format_ident!("__DtLayout{}", k, span = span);
-        let layout = layout_type(krate, &markers[0]);
-        item.sig.generics.params.push(syn::parse_quote_spanned!(span=>
-            #l: #krate::typed::SameLayout<#layout> + #krate::typed::TypedLayout<#mesh_ty>
-        ));
-        let generic_ty = with_reference(&slot.ty, dt_type(krate, &slot.ty, &mesh_ty, &quote!(#l)));
-        let exact_ty = typed_tensor(krate, &slot.ty, &mesh_ty, &markers[0]);
-        let cast = match &slot.ty.reference {
-            None => quote!(cast),
-            Some(r) if r.mutability.is_some() => quote!(cast_mut),
-            Some(_) => quote!(cast_ref),
-        };
-        // Keep simple names (shadowed by the cast); give other patterns a hidden name.
-        let (param, pat): (Pat, Pat) = match &*pt.pat {
-            Pat::Ident(pi) if pi.subpat.is_none() => {
-                let id = &pi.ident;
-                (syn::parse_quote!(#id), (*pt.pat).clone())
-            }
-            other => {
-                let id = format_ident!("__dtensor_arg{}", k);
-                (syn::parse_quote!(#id), other.clone())
-            }
-        };
-        let param_id = param.to_token_stream();
-        prologue.push(quote_spanned!(span=>
-            let #pat: #exact_ty = <#l as #krate::typed::SameLayout<#layout>>::#cast(#param_id);
-        ));
-        *pt.pat = param;
-        *pt.ty = syn::parse2(generic_ty).expect("generated type parses");
     }
     // Arguments without a visible tensor: probe for a `DTensor` under another name.
     for (i, arg) in item.sig.inputs.iter().enumerate() {
@@ -415,6 +384,7 @@ pub(crate) fn expand_fn(krate: &TokenStream, mut item: ItemFn, plan: FnPlan<'_>)
         let dynamic = &s.ty.dynamic;
         prologue.push(quote!(let _ = ::core::marker::PhantomData::<#dynamic>;));
     }
+    prologue.push(implicit_scope(krate, &item, plan.allow_implicit));
     let body = &item.block;
     let attrs = &item.attrs;
     let vis = &item.vis;
@@ -427,6 +397,67 @@ pub(crate) fn expand_fn(krate: &TokenStream, mut item: ItemFn, plan: FnPlan<'_>)
         #vis #sig {
             #(#prologue)*
             #body
+        }
+    }
+}
+
+/// `let __dtensor_implicit_scope = ..;`: the promise that no collective runs that the body
+/// does not show. Dynamic ops in the body may not redistribute their inputs on their own
+/// (unless `implicit = "allow"`, which also lifts a caller's scope for this body).
+fn implicit_scope(krate: &TokenStream, item: &ItemFn, allow: bool) -> TokenStream {
+    let name = item.sig.ident.to_string();
+    let site = item.sig.ident.span();
+    let scope = if allow {
+        quote_spanned!(site=> #krate::ops::implicit::allow_implicit())
+    } else {
+        quote_spanned!(site=> #krate::ops::implicit::forbid_implicit(#krate::ops::implicit::ScopeSite {
+            function: #name,
+            file: ::core::file!(),
+            line: ::core::line!(),
+        }))
+    };
+    quote!(let __dtensor_implicit_scope = #scope;)
+}
+
+/// `#[distribute]` on a method of a trait impl whose checks passed. The trait fixes the
+/// signature, so it stays dynamic: each tensor argument is checked against its declared
+/// layout on entry (`Dt::from_dtensor_ref`, an error naming the method's line) and the body
+/// sees the typed tensor under the same name; the body's typed result is handed back as the
+/// trait's `DTensor`.
+pub(crate) fn expand_trait_fn(krate: &TokenStream, mut item: ItemFn, plan: FnPlan<'_>) -> TokenStream {
+    let mesh_ty = mesh_type(krate, plan.mesh);
+    let mut prologue = Vec::new();
+    for (i, slot, markers) in &plan.args {
+        let FnArg::Typed(pt) = &mut item.sig.inputs[*i] else { continue };
+        ast::strip_rank(&mut pt.ty);
+        let Pat::Ident(pi) = &*pt.pat else { continue };
+        let id = &pi.ident;
+        let pat = &pt.pat;
+        let span = pt.ty.span();
+        let ty = typed_tensor(krate, &slot.ty, &mesh_ty, &markers[0]);
+        let conv = if slot.ty.reference.is_some() { quote!(from_dtensor_ref) } else { quote!(from_dtensor) };
+        prologue.push(quote_spanned!(span=> let #pat: #ty = #krate::typed::Dt::#conv(#id)?;));
+    }
+    let mut typed_ret = quote!(());
+    if let ReturnType::Type(_, t) = &mut item.sig.output {
+        let mut typed = (**t).clone();
+        ast::rewrite_tensors(&mut typed, &mut |j, tt| typed_tensor(krate, tt, &mesh_ty, &plan.ret[j]));
+        typed_ret = typed.to_token_stream();
+        ast::strip_rank(t);
+    }
+    prologue.push(implicit_scope(krate, &item, plan.allow_implicit));
+    let body = &item.block;
+    let attrs = &item.attrs;
+    let vis = &item.vis;
+    let sig = &item.sig;
+    // A closure, so that the body's own `return`s and `?`s produce the typed result.
+    quote! {
+        #(#attrs)*
+        #[allow(clippy::type_complexity, clippy::redundant_closure_call)]
+        #vis #sig {
+            #(#prologue)*
+            let __dtensor_typed: #typed_ret = (|| -> #typed_ret #body)();
+            __dtensor_typed.map(#krate::typed::Dt::into_dtensor)
         }
     }
 }

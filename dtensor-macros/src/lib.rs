@@ -25,10 +25,10 @@ use proc_macro::TokenStream;
 ///
 /// # On a struct
 ///
-/// ```ignore
-/// use dtensor::DTensor;
+/// ```
+/// use dtensor::{distribute, DTensor};
 ///
-/// #[dtensor::distribute(mesh = "dp,tp")]
+/// #[distribute(mesh = "dp,tp")]
 /// pub struct Mlp {
 ///     #[placements = [Replicate, Shard(1)]] // column parallel
 ///     pub w1: DTensor<f32>,
@@ -36,7 +36,15 @@ use proc_macro::TokenStream;
 ///     pub w2: DTensor<f32>,
 /// }
 /// // w1: Dt<f32, (dp, tp), (Replicate, Shard<1>), 2>, ...
-/// // let mlp = Mlp::distribute(MlpGlobal { w1, w2 }, &mesh)?;
+///
+/// let names = dtensor::run(4, |ctx| {
+///     let mesh = ctx.init_device_mesh(&[2, 2], &["dp", "tp"])?;
+///     let ones = |r: usize, c: usize| dtensor::ndarray::ArrayD::<f32>::ones(vec![r, c]);
+///     let mlp = Mlp::distribute(MlpGlobal { w1: ones(4, 8), w2: ones(8, 4) }, &mesh)?;
+///     Ok(mlp.named_parameters().into_iter().map(|(n, _)| n).collect::<Vec<_>>())
+/// })
+/// .unwrap();
+/// assert_eq!(names[0], ["w1", "w2"]);
 /// ```
 ///
 /// Every `DTensor<T>` field (rank 2 unless written `DTensor<T, RANK>`) becomes a typed
@@ -56,11 +64,23 @@ use proc_macro::TokenStream;
 ///
 /// # On a function
 ///
-/// ```ignore
-/// #[dtensor::distribute(mesh = "dp,tp", placements = [Shard(0), Replicate])]
+/// ```
+/// use dtensor::{distribute, DTensor};
+///
+/// #[distribute(mesh = "dp,tp", placements = [Shard(0), Replicate])]
 /// fn forward(x: &DTensor<f32>, #[placements(Replicate, Shard(1))] w: &DTensor<f32>) -> dtensor::Result<DTensor<f32>> {
 ///     x.matmul(w)?.redistribute() // (Shard<0>, Shard<1>) -> the declared result layout
 /// }
+///
+/// let shapes = dtensor::run(4, |ctx| {
+///     let mesh = ctx.init_device_mesh(&[2, 2], &["dp", "tp"])?;
+///     let x = dtensor::Dt::distribute(&dtensor::ndarray::ArrayD::ones(vec![4, 3]), &mesh)?;
+///     let w = dtensor::Dt::distribute(&dtensor::ndarray::ArrayD::ones(vec![3, 6]), &mesh)?;
+///     let y = forward(&x, &w)?; // every layout is inferred from `forward`'s signature
+///     Ok(y.local().shape().to_vec())
+/// })
+/// .unwrap();
+/// assert_eq!(shapes[0], [2, 6]);
 /// ```
 ///
 /// `DTensor` arguments (also `&[DTensor<T>]`, `Option<&DTensor<T>>`, tuples) take their own
@@ -69,6 +89,20 @@ use proc_macro::TokenStream;
 /// tuple, in order) or the default. A call with a tensor of another layout does not compile
 /// (the error names both layouts). A tensor argument or result written through a type alias,
 /// and a function in which nothing would be typed, are compile errors.
+///
+/// The signature keeps no hidden generic: a tensor argument is exactly
+/// `&Dt<f32, (dp, tp), (Shard<0>, Replicate), 2>`, so callers need no annotation, rustdoc shows
+/// the layout, and `f(&x.redistribute()?)` infers the target from `f`. A tensor of another
+/// layout is a type mismatch naming both layouts (on the mesh, `(dp, tp)`): redistribute it.
+///
+/// # No implicit communication
+///
+/// The body runs in a scope in which a *dynamic* op that would redistribute an input on its
+/// own (e.g. `exp` of a `Partial` tensor reached through `.as_dtensor()`) returns
+/// `Error::ImplicitCollective`, naming the op, the layouts and this function, instead of
+/// running a collective the code does not show. Explicit `.redistribute()` calls are always
+/// allowed; `implicit = "allow"` lets the body's dynamic ops redistribute as they would
+/// outside (`implicit = "deny"` is the default).
 ///
 /// # Other arguments
 ///
@@ -89,6 +123,7 @@ pub fn distribute(args: TokenStream, item: TokenStream) -> TokenStream {
 /// Parse → validate → expand (or the fallback), on `proc_macro2` tokens (unit-testable).
 fn distribute_impl(args: proc_macro2::TokenStream, item: proc_macro2::TokenStream) -> proc_macro2::TokenStream {
     let mut errs = errors::Errors::default();
+    let args_tokens = args.clone();
     let args = attr::parse_args(args, &mut errs);
     let krate = expand::krate(&args);
     match syn::parse2::<syn::Item>(item.clone()) {
@@ -108,10 +143,15 @@ fn distribute_impl(args: proc_macro2::TokenStream, item: proc_macro2::TokenStrea
                 (_, e) => expand::fallback_fn(f, e.unwrap_or_default()),
             }
         }
+        Ok(syn::Item::Impl(imp)) => {
+            let e = errs.into_compile_errors();
+            let imp = impl_block(&args_tokens, args.mesh.is_some(), imp);
+            quote::quote!(#e #imp)
+        }
         Ok(other) => {
             let e = syn::Error::new_spanned(
                 &other,
-                "`#[distribute]` applies to a struct (its parameters) or a function (its tensor arguments and result)",
+                "`#[distribute]` applies to a struct (its parameters), a function (its tensor arguments and result) or an `impl` block (its methods)",
             )
             .into_compile_error();
             quote::quote!(#e #item)
@@ -121,4 +161,50 @@ fn distribute_impl(args: proc_macro2::TokenStream, item: proc_macro2::TokenStrea
             quote::quote!(#e #item)
         }
     }
+}
+
+/// `#[distribute]` on an `impl` block: every method with its own `#[distribute(..)]` (whose
+/// missing arguments come from the block's), and every method with a `DTensor` in its
+/// signature when the block names a mesh, is expanded as a function; in a trait impl with the
+/// trait's signature kept ([`expand::expand_trait_fn`]).
+fn impl_block(block_args: &proc_macro2::TokenStream, block_has_mesh: bool, mut imp: syn::ItemImpl) -> syn::ItemImpl {
+    let in_trait = imp.trait_.is_some();
+    for item in imp.items.iter_mut() {
+        let syn::ImplItem::Fn(f) = item else { continue };
+        let own = f.attrs.iter().position(attr::is_field_distribute_attr).map(|i| f.attrs.remove(i));
+        let mentions_tensor = f.sig.inputs.iter().any(|a| matches!(a, syn::FnArg::Typed(pt) if has_tensor(&pt.ty)))
+            || matches!(&f.sig.output, syn::ReturnType::Type(_, t) if has_tensor(t));
+        if own.is_none() && !(block_has_mesh && mentions_tensor) {
+            continue;
+        }
+        let mut errs = errors::Errors::default();
+        let own_tokens = match own.as_ref().map(|a| &a.meta) {
+            Some(syn::Meta::List(l)) => l.tokens.clone(),
+            _ => proc_macro2::TokenStream::new(),
+        };
+        // The block's own errors were reported once, on the block.
+        let defaults = attr::parse_args(block_args.clone(), &mut errors::Errors::default());
+        let args = attr::parse_args(own_tokens, &mut errs).or(defaults);
+        let krate = expand::krate(&args);
+        let (attrs, vis, sig, block) = (&f.attrs, &f.vis, &f.sig, &f.block);
+        let Ok(mut func) = syn::parse2::<syn::ItemFn>(quote::quote!(#(#attrs)* #vis #sig #block)) else { continue };
+        let slots = ast::parse_fn(&mut func, &mut errs);
+        let plan = valid::validate_fn(&args, &func, slots, &mut errs);
+        if let (Some(plan), true) = (&plan, in_trait) {
+            valid::check_trait_fn(&func, plan, &mut errs);
+        }
+        let tokens = match (plan, errs.into_compile_errors()) {
+            (Some(plan), None) if in_trait => expand::expand_trait_fn(&krate, func, plan),
+            (Some(plan), None) => expand::expand_fn(&krate, func, plan),
+            (_, e) => expand::fallback_fn(func, e.unwrap_or_default()),
+        };
+        *item = syn::ImplItem::Verbatim(tokens);
+    }
+    imp
+}
+
+/// Does `ty` mention a `DTensor`?
+fn has_tensor(ty: &syn::Type) -> bool {
+    let mut found = Vec::new();
+    ast::find_tensors(ty, &mut found).is_err() || !found.is_empty()
 }

@@ -93,7 +93,7 @@ fn crate_argument_replaces_the_facade_path() {
 }
 
 #[test]
-fn fn_expansion_makes_arguments_generic_over_a_same_layout_bound() {
+fn fn_expansion_gives_arguments_their_concrete_layout_without_generics() {
     let out = expand(
         quote!(mesh = "tp", placements = [Shard(0)], returns = [Replicate]),
         quote! {
@@ -101,15 +101,14 @@ fn fn_expansion_makes_arguments_generic_over_a_same_layout_bound() {
         },
     );
     for needle in [
-        "__DtLayout0 : :: dtensor :: typed :: SameLayout < (:: dtensor :: Shard < 0 > ,) >",
-        "__DtLayout1 : :: dtensor :: typed :: SameLayout < (:: dtensor :: Replicate ,) >",
-        "let mut x : :: dtensor :: typed :: Dt < f64 , (:: dtensor :: typed :: dims :: tp ,) , (:: dtensor :: Shard < 0 > ,) , 2 > = < __DtLayout0",
-        ":: cast_ref (w)",
+        "fn f (mut x : :: dtensor :: typed :: Dt < f64 , (:: dtensor :: typed :: dims :: tp ,) , (:: dtensor :: Shard < 0 > ,) , 2 >",
+        "w : & :: dtensor :: typed :: Dt < f64 , (:: dtensor :: typed :: dims :: tp ,) , (:: dtensor :: Replicate ,) , 2 >",
         "xs : & [:: dtensor :: typed :: Dt < f64 , (:: dtensor :: typed :: dims :: tp ,) , (:: dtensor :: Shard < 0 > ,) , 2 >]",
         "-> Result < :: dtensor :: typed :: Dt < f64 , (:: dtensor :: typed :: dims :: tp ,) , (:: dtensor :: Replicate ,) , 2 > >",
     ] {
         assert!(out.contains(needle), "missing `{needle}` in {out}");
     }
+    assert!(!out.contains("__DtLayout"), "hidden generic in {out}");
 }
 
 #[test]
@@ -159,4 +158,50 @@ fn tables_agree_with_the_runtime() {
             assert_eq!(crate::valid::normalize_dim(d, rank), runtime, "dim {d} rank {rank}");
         }
     }
+}
+
+#[test]
+fn fn_bodies_run_in_an_implicit_scope_unless_allowed() {
+    let f = quote!(
+        fn f(x: &DTensor<f32>) -> Result<DTensor<f32>> {
+            todo!()
+        }
+    );
+    let deny = expand(quote!(mesh = "tp", placements = [Shard(0)]), f.clone());
+    assert!(deny.contains("forbid_implicit") && deny.contains("function : \"f\""), "{deny}");
+    let allow = expand(quote!(mesh = "tp", placements = [Shard(0)], implicit = "allow"), f);
+    assert!(allow.contains("allow_implicit") && !allow.contains("forbid_implicit"), "{allow}");
+    let (_, e) = args(quote!(mesh = "tp", implicit = "maybe"));
+    assert!(e.is_some_and(|e| e.contains("`implicit` is")));
+}
+
+#[test]
+fn trait_impl_methods_keep_the_traits_signature_and_check_on_entry() {
+    let out = expand(
+        quote!(mesh = "tp", placements = [Shard(0)]),
+        quote! {
+            impl Forward<f32> for Block {
+                fn forward(&self, x: &DTensor<f32>) -> Result<DTensor<f32>> { todo!() }
+            }
+        },
+    );
+    for needle in [
+        "fn forward (& self , x : & DTensor < f32 >) -> Result < DTensor < f32 > >",
+        "let x : & :: dtensor :: typed :: Dt < f32 , (:: dtensor :: typed :: dims :: tp ,) , (:: dtensor :: Shard < 0 > ,) , 2 > = :: dtensor :: typed :: Dt :: from_dtensor_ref (x) ?",
+        "map (:: dtensor :: typed :: Dt :: into_dtensor)",
+    ] {
+        assert!(out.contains(needle), "missing `{needle}` in {out}");
+    }
+    // In an inherent impl the method gets the typed signature.
+    let out = expand(
+        quote!(mesh = "tp", placements = [Shard(0)]),
+        quote! {
+            impl Block {
+                fn forward(&self, x: &DTensor<f32>) -> Result<DTensor<f32>> { todo!() }
+                fn width(&self) -> usize { 0 }
+            }
+        },
+    );
+    assert!(out.contains("x : & :: dtensor :: typed :: Dt <"), "{out}");
+    assert!(out.contains("fn width (& self) -> usize { 0 }"), "{out}");
 }

@@ -206,6 +206,9 @@ pub(crate) fn validate_struct<'a>(
     if args.returns.is_some() {
         errs.spanned(&item.ident, "`returns` only applies to functions");
     }
+    if let Some((_, tokens)) = &args.implicit {
+        errs.spanned(tokens, "`implicit` only applies to functions (it governs the ops in a function's body)");
+    }
     let mesh = require_mesh(args, &item.ident, errs);
     if !matches!(item.fields, syn::Fields::Named(_)) {
         errs.spanned(&item.fields, "`#[distribute]` needs a struct with named fields");
@@ -262,6 +265,8 @@ pub(crate) struct FnPlan<'a> {
     pub args: Vec<(usize, TensorSlot, Vec<Vec<Marker>>)>,
     /// The markers of every tensor of the result, in order.
     pub ret: Vec<Vec<Marker>>,
+    /// `implicit = "allow"`: the body's dynamic ops may redistribute on their own.
+    pub allow_implicit: bool,
 }
 
 /// Every check of a function (the arguments were parsed by [`crate::ast::parse_fn`]).
@@ -330,5 +335,51 @@ pub(crate) fn validate_fn<'a>(
             "`#[distribute]` function has no `DTensor<T>` argument or result: nothing in it would be typed",
         );
     }
-    Some(FnPlan { mesh, args: out, ret })
+    let allow_implicit = args.implicit.as_ref().is_some_and(|(a, _)| *a);
+    Some(FnPlan { mesh, args: out, ret, allow_implicit })
+}
+
+/// The extra checks of a method in a trait impl (expanded by
+/// [`crate::expand::expand_trait_fn`]): the trait fixes the signature, so each tensor argument
+/// must be one `DTensor` the body can view as typed (`&DTensor<T>` or `DTensor<T>`, bound to a
+/// name) and the result must be `Result<DTensor<T>>`.
+pub(crate) fn check_trait_fn(item: &ItemFn, plan: &FnPlan<'_>, errs: &mut Errors) {
+    for (i, slot, _) in &plan.args {
+        let syn::FnArg::Typed(pt) = &item.sig.inputs[*i] else { continue };
+        let direct = matches!(crate::ast::tensor_ty(&pt.ty), Ok(Some(_)));
+        let mutable = slot.ty.reference.as_ref().is_some_and(|r| r.mutability.is_some());
+        if !direct || mutable {
+            errs.spanned(
+                &pt.ty,
+                "in a trait impl, `#[distribute]` checks tensor arguments on entry: write `&DTensor<T>` or `DTensor<T>` (the trait fixes the signature, so containers and `&mut` cannot be typed)",
+            );
+        } else if !matches!(&*pt.pat, syn::Pat::Ident(_)) {
+            errs.spanned(&pt.pat, "in a trait impl, bind a tensor argument to a name (`x: &DTensor<f32>`)");
+        }
+    }
+    let ok = match &item.sig.output {
+        ReturnType::Type(_, ty) => result_of_tensor(ty),
+        ReturnType::Default => false,
+    };
+    if !ok {
+        let span = match &item.sig.output {
+            ReturnType::Type(_, ty) => ty.to_token_stream(),
+            ReturnType::Default => item.sig.ident.to_token_stream(),
+        };
+        errs.spanned(
+            span,
+            "in a trait impl, `#[distribute]` needs the result `Result<DTensor<T>>`: the body's typed result is handed back as the trait's `DTensor`",
+        );
+    }
+}
+
+/// Is `ty` `Result<DTensor<T>, ..>` (any path ending in `Result`)?
+fn result_of_tensor(ty: &syn::Type) -> bool {
+    let syn::Type::Path(p) = ty else { return false };
+    let Some(last) = p.path.segments.last() else { return false };
+    let syn::PathArguments::AngleBracketed(a) = &last.arguments else { return false };
+    let first = a.args.first();
+    last.ident == "Result"
+        && matches!(first, Some(syn::GenericArgument::Type(t))
+            if matches!(crate::ast::tensor_ty(t), Ok(Some(tt)) if tt.reference.is_none()))
 }

@@ -105,6 +105,19 @@ pub enum Error {
         /// What the dynamic tensor has.
         actual: String,
     },
+    /// Inside a `#[distribute]` function (without `implicit = "allow"`), a dynamic op would
+    /// have redistributed an input on its own: a collective the code does not show.
+    #[error(
+        "`{op}` would redistribute its {redistribution} inside `#[distribute]` fn {function}: call `.redistribute()` first, or opt in with `#[distribute(.., implicit = \"allow\")]`"
+    )]
+    ImplicitCollective {
+        /// The op.
+        op: String,
+        /// Which input, from which placements to which (`input 0 from (P(sum)) to (R)`).
+        redistribution: String,
+        /// The `#[distribute]` function and its source location (`` `f` (src/lib.rs:12) ``).
+        function: String,
+    },
     /// Two DTensors live on different meshes.
     #[error("{context}: the tensors live on different device meshes ({left} vs {right})")]
     MeshMismatch {

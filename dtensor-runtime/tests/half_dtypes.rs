@@ -6,7 +6,9 @@ mod common;
 
 use common::global;
 use dtensor_runtime::checkpoint::{self, hf};
+use dtensor_runtime::module::Module;
 use dtensor_runtime::ndarray::{ArrayD, IxDyn};
+use dtensor_runtime::optim::{GradScaler, Sgd};
 use dtensor_runtime::{
     bf16, distribute_tensor, empty, f16, from_local, full, linspace, logspace, manual_seed, ones, rand, randn, run,
     zeros, Along, DTensor, DType, Element, FromLocal, Placement, ReduceOp, Replicate, Shard, TensorOptions,
@@ -434,4 +436,46 @@ fn dtype_names() {
     assert_eq!(DType::from_safetensors_name("F16"), Some(DType::F16));
     assert_eq!((DType::BF16.size_of(), DType::F16.size_of()), (2, 2));
     assert_eq!(<bf16 as Element>::DTYPE, DType::BF16);
+}
+
+/// One replicated parameter.
+struct One {
+    w: DTensor<f16>,
+}
+
+impl Module<f16> for One {
+    fn named_parameters(&self) -> Vec<(String, &DTensor<f16>)> {
+        vec![("w".into(), &self.w)]
+    }
+    fn named_parameters_mut(&mut self) -> Vec<(String, &mut DTensor<f16>)> {
+        vec![("w".into(), &mut self.w)]
+    }
+}
+
+#[test]
+fn grad_scaler_skips_overflowing_steps_on_every_rank_backs_off_and_grows() {
+    let w0 = ArrayD::from_elem(IxDyn(&[3]), f16::from_f32(1.0));
+    let out = run(2, |ctx| {
+        let mesh = ctx.init_device_mesh(&[2], &["dp"])?;
+        let mut m = One { w: distribute_tensor(&w0, &mesh, &[Replicate], None)?.requires_grad_(true) };
+        // The gradient of sum(w * x) is x: at scale 1024 rank 1's (100 × 1024) overflows f16
+        // and rank 0's (0.5 × 1024) does not; at 512 neither does.
+        let x = ArrayD::from_elem(IxDyn(&[3]), f16::from_f32(if ctx.rank() == 1 { 100.0 } else { 0.5 }));
+        let x = from_local(x, &mesh, &[Replicate], FromLocal::default())?;
+        let mut opt = Sgd::new(f16::from_f32(0.125)).master_weights(true);
+        let mut scaler = GradScaler::new().init_scale(1024.0).growth_interval(2);
+        let mut log = vec![];
+        for _ in 0..4 {
+            m.w.zero_grad();
+            scaler.scale(&m.w.mul(&x)?.sum()?)?.backward()?;
+            let stepped = scaler.step(&mut opt, &mut m)?;
+            scaler.update();
+            log.push((stepped, scaler.get_scale(), m.w.to_host()?[[0]].to_f32()));
+        }
+        Ok(log)
+    })
+    .unwrap();
+    // Skipped (everywhere), stepped, stepped and grown after 2 good steps, skipped again.
+    assert_eq!(out[0], [(false, 512.0, 1.0), (true, 512.0, 0.9375), (true, 1024.0, 0.875), (false, 512.0, 0.875)]);
+    assert_eq!(out[1], [(false, 512.0, 1.0), (true, 512.0, -11.5), (true, 1024.0, -24.0), (false, 512.0, -24.0)]);
 }

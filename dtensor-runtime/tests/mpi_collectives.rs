@@ -4,13 +4,14 @@
 
 mod mpi_harness;
 
-use dtensor_runtime::{launch, Along, DType, Error, Launch, RankCtx, ReduceOp};
+use dtensor_runtime::{bf16, f16, launch, Along, DType, Error, Launch, RankCtx, ReduceOp};
 use mpi_harness::{fail, Outcome, TestFn};
 use std::time::{Duration, Instant};
 
 const OPS: [ReduceOp; 5] = [ReduceOp::Sum, ReduceOp::Avg, ReduceOp::Min, ReduceOp::Max, ReduceOp::Product];
 
-/// Value rank `r` contributes at element `i` (small integers: exact sums/products in f32).
+/// Value rank `r` contributes at element `i` (small multiples of 1/2: exact sums/products in
+/// every dtype, bf16 and f16 included, which MPI reduces by gathering and folding locally).
 fn val(r: usize, i: usize) -> f64 {
     ((r * 7 + i * 3) % 5) as f64 - 2.0 + (r % 2) as f64 * 0.5
 }
@@ -30,6 +31,8 @@ fn to_bytes(dtype: DType, xs: &[f64]) -> Vec<u8> {
     match dtype {
         DType::F32 => xs.iter().flat_map(|&x| (x as f32).to_ne_bytes()).collect(),
         DType::F64 => xs.iter().flat_map(|&x| x.to_ne_bytes()).collect(),
+        DType::BF16 => xs.iter().flat_map(|&x| bf16::from_f64(x).to_ne_bytes()).collect(),
+        DType::F16 => xs.iter().flat_map(|&x| f16::from_f64(x).to_ne_bytes()).collect(),
     }
 }
 
@@ -37,6 +40,8 @@ fn from_bytes(dtype: DType, b: &[u8]) -> Vec<f64> {
     match dtype {
         DType::F32 => b.chunks(4).map(|c| f32::from_ne_bytes(c.try_into().unwrap()) as f64).collect(),
         DType::F64 => b.chunks(8).map(|c| f64::from_ne_bytes(c.try_into().unwrap())).collect(),
+        DType::BF16 => b.chunks(2).map(|c| bf16::from_ne_bytes(c.try_into().unwrap()).to_f64()).collect(),
+        DType::F16 => b.chunks(2).map(|c| f16::from_ne_bytes(c.try_into().unwrap()).to_f64()).collect(),
     }
 }
 
@@ -64,7 +69,7 @@ fn groups(ctx: &RankCtx) -> Vec<Vec<usize>> {
 fn all_reduce_every_op(ctx: &RankCtx) -> Result<Outcome, String> {
     let c = ctx.comm();
     for g in groups(ctx) {
-        for dtype in [DType::F32, DType::F64] {
+        for dtype in DType::ALL {
             for op in OPS {
                 let len = 7;
                 let mine: Vec<f64> = (0..len).map(|i| val(ctx.rank(), i)).collect();
@@ -84,7 +89,7 @@ fn reduce_scatter_every_op(ctx: &RankCtx) -> Result<Outcome, String> {
         let n = g.len();
         let me = g.iter().position(|&r| r == ctx.rank()).unwrap();
         let block = 3;
-        for dtype in [DType::F32, DType::F64] {
+        for dtype in DType::ALL {
             for op in OPS {
                 let mine: Vec<f64> = (0..block * n).map(|i| val(ctx.rank(), i)).collect();
                 let send = to_bytes(dtype, &mine);
@@ -256,7 +261,7 @@ fn max_min_propagate_nan(ctx: &RankCtx) -> Result<Outcome, String> {
     let world: Vec<usize> = (0..n).collect();
     let last = n - 1;
     for op in [ReduceOp::Max, ReduceOp::Min] {
-        for dtype in [DType::F32, DType::F64] {
+        for dtype in DType::ALL {
             // Element 0 is NaN on the last rank only; element 1 is finite everywhere.
             let mine = [if ctx.rank() == last { f64::NAN } else { 1.0 }, ctx.rank() as f64];
             let mut buf = to_bytes(dtype, &mine);

@@ -8,6 +8,7 @@
 
 use dtensor_runtime::layout::checked_local_shape_and_offset;
 use dtensor_runtime::ndarray::{ArrayD, Axis, Ix2, IxDyn, Slice};
+use dtensor_runtime::ops::{implicit_redistribution_count, implicit_redistributions};
 use dtensor_runtime::typed::dims::{dp, tp};
 use dtensor_runtime::typed::{Avg, Dim, Dt, MeshDims, Partial, Replicate, Shard, Sum, TypedLayout};
 use dtensor_runtime::{from_local, run, DTensor, DeviceMesh, Error, FromLocal, Placement, ReduceOp, Result};
@@ -15,6 +16,7 @@ use dtensor_runtime::{from_local, run, DTensor, DeviceMesh, Error, FromLocal, Pl
 type S0 = Shard<0>;
 type S1 = Shard<1>;
 type S2 = Shard<2>;
+type S3 = Shard<3>;
 type R = Replicate;
 type Ps = Partial<Sum>;
 type Pa = Partial<Avg>;
@@ -337,10 +339,208 @@ fn conversion_from_dynamic_checks_names_rank_and_placements() {
             other => panic!("expected TypedMismatch, got {other:?}"),
         };
         // Each names what differs and the caller's line (`#[track_caller]`).
-        for (e, want) in [(layout, "placements"), (rank, "tensor rank"), (names, "mesh dims")] {
+        for (e, want) in [(layout, "layout"), (rank, "tensor rank"), (names, "mesh dims")] {
             let w = what(e);
             assert!(w.starts_with(&format!("{want} (at ")) && w.contains("typed_rules.rs:"), "{w}");
         }
         assert!(matches!(partial, Some(Error::PartialNotAllowed { .. })), "{partial:?}");
     }
+}
+
+/// One case of a typed op with another name than its dynamic op: typed `a.$typed(&b)` vs
+/// dynamic `a.$dynamic(b)`, and no communication by the dynamic op the typed one wraps (the
+/// only implicit redistribution allowed is the local `Replicate` → `Partial` of a linear op).
+macro_rules! pair_case {
+    ([$m:ty, $ra:literal, $rb:literal, $typed:ident, $dynamic:ident, $ga:expr, $gb:expr, $expect:expr, $mesh:expr, $fails:expr]; $la:ty, $lb:ty) => {{
+        let a = input::<$m, $la, $ra>($ga, $mesh)?;
+        let b = input::<$m, $lb, $rb>($gb, $mesh)?;
+        let case = format!("{} {} × {} {:?}", stringify!($typed), stringify!($la), stringify!($lb), $gb.shape());
+        let _ = implicit_redistributions();
+        let t = a.$typed(&b);
+        for r in implicit_redistributions() {
+            if r.bytes != 0 || r.from.iter().zip(&r.to).any(|(f, t)| f != t && !(f.is_replicate() && t.is_partial())) {
+                $fails.push(format!("{case}: the typed op redistributed implicitly: {r:?}"));
+            }
+        }
+        check(&case, t, a.as_dtensor().$dynamic(b.as_dtensor()), $expect, $fails)?;
+    }};
+}
+
+/// `a op b` with numpy broadcasting (b broadcast to a's shape).
+fn broadcast_ref(a: &ArrayD<f64>, b: &ArrayD<f64>, f: fn(f64, f64) -> f64) -> ArrayD<f64> {
+    let b = b.broadcast(a.raw_dim()).expect("broadcastable");
+    let mut out = a.clone();
+    out.zip_mut_with(&b, |x, &y| *x = f(*x, y));
+    out
+}
+
+#[test]
+fn broadcast_rules_match_dynamic() {
+    // A batch-sharded activation with a `[1, n]` and an `[n]` bias, a `[m, 1]` column scale,
+    // and a `[1, n]` activation (an empty shard on the second rank of a sharded dim 0).
+    let x = global(&[5, 3], 20, false);
+    let (row, vec1, col, p) =
+        (global(&[1, 3], 21, false), global(&[3], 22, false), global(&[5, 1], 23, false), global(&[1, 3], 24, true));
+    let one = global(&[1, 3], 25, false);
+    let (add, addv, mulc, div, sub1) = (
+        broadcast_ref(&x, &row, |a, b| a + b),
+        broadcast_ref(&x, &vec1, |a, b| a + b),
+        broadcast_ref(&x, &col, |a, b| a * b),
+        broadcast_ref(&x, &p, |a, b| a / b),
+        broadcast_ref(&one, &vec1, |a, b| a - b),
+    );
+    on_meshes(
+        |mesh, fails| {
+            each1!(pair_case [(tp,), 2, 2, add_broadcast, add, &x, &row, &add, mesh, fails];
+                (R, R) (S0, R) (Ps, R) (Ps, Ps) (R, Ps) (Pa, R) (Pa, Pa));
+            each1!(pair_case [(tp,), 2, 1, add_broadcast, add, &x, &vec1, &addv, mesh, fails];
+                (R, R) (S0, R) (Ps, R) (R, Pa));
+            each1!(pair_case [(tp,), 2, 2, mul_broadcast, mul, &x, &col, &mulc, mesh, fails];
+                (R, R) (S1, R) (Ps, R) (R, Ps) (Pa, R));
+            each1!(pair_case [(tp,), 2, 2, div_broadcast, div, &x, &p, &div, mesh, fails];
+                (R, R) (S0, R) (Ps, R));
+            each1!(pair_case [(tp,), 2, 1, sub_broadcast, sub, &one, &vec1, &sub1, mesh, fails];
+                (R, R) (S0, R) (Ps, Ps) (R, Ps));
+            Ok(())
+        },
+        |mesh, fails| {
+            product2!(pair_case [(dp, tp), 2, 2, add_broadcast, add, &x, &row, &add, mesh, fails];
+                (R, R) (S0, R) (Ps, R) (R, Ps));
+            product2!(pair_case [(dp, tp), 2, 1, mul_broadcast, mul, &x, &vec1, &broadcast_ref(&x, &vec1, |a, b| a * b), mesh, fails];
+                (R, R) (S0, R) (Pa, R));
+            Ok(())
+        },
+    );
+}
+
+#[test]
+fn broadcast_sizes_the_types_cannot_see_are_errors_at_the_callers_line() {
+    let out = run(2, |ctx| {
+        let mesh = ctx.init_device_mesh(&[2], &["tp"])?;
+        let x: Dt<f64, (tp,), (S0,), 2> = Dt::distribute(&global(&[4, 3], 26, false), &mesh)?;
+        // A full-size replicated operand where `x` is sharded: the runtime would slice it.
+        let full: Dt<f64, (tp,), (R,), 2> = Dt::distribute(&global(&[4, 3], 27, false), &mesh)?;
+        // `x` itself would be broadcast: it is not the full-size operand.
+        let wide: Dt<f64, (tp,), (R,), 2> = Dt::distribute(&global(&[1, 3], 28, false), &mesh)?;
+        let big: Dt<f64, (tp,), (R,), 2> = Dt::distribute(&global(&[4, 3], 29, false), &mesh)?;
+        let before = implicit_redistribution_count();
+        let line = line!() + 1;
+        let e1 = x.add_broadcast(&full).err();
+        let e2 = wide.mul_broadcast(&big).err();
+        Ok((e1, e2, line, implicit_redistribution_count() - before))
+    })
+    .unwrap();
+    for (e1, e2, line, redistributions) in out {
+        assert_eq!(redistributions, 0);
+        for (e, l, want) in [(e1, line, "its dim 0 is not broadcast"), (e2, line + 1, "the broadcast shape")] {
+            match e {
+                Some(Error::TypedMismatch { what, expected, .. }) => {
+                    assert!(what.contains(&format!("typed_rules.rs:{l}")), "{what}");
+                    assert!(what.contains(want) || expected.contains(want), "{what} / {expected}");
+                }
+                other => panic!("expected TypedMismatch, got {other:?}"),
+            }
+        }
+    }
+}
+
+/// `[.., m, k] @ [.., k, n]` with the same batch dims.
+fn batched_ref(a: &ArrayD<f64>, b: &ArrayD<f64>) -> ArrayD<f64> {
+    let (nd, m, n) = (a.ndim(), a.shape()[a.ndim() - 2], b.shape()[b.ndim() - 1]);
+    let mut shape = a.shape().to_vec();
+    shape[nd - 1] = n;
+    let batch: usize = a.shape()[..nd - 2].iter().product();
+    let k = a.shape()[nd - 1];
+    let a3 = a.as_standard_layout().into_owned().into_shape_with_order((batch, m, k)).unwrap();
+    let b3 = b.as_standard_layout().into_owned().into_shape_with_order((batch, k, n)).unwrap();
+    let mut out = Vec::with_capacity(batch * m * n);
+    for i in 0..batch {
+        out.extend(a3.index_axis(Axis(0), i).dot(&b3.index_axis(Axis(0), i)).iter().copied());
+    }
+    ArrayD::from_shape_vec(IxDyn(&shape), out).unwrap()
+}
+
+#[test]
+fn batched_matmul_rules_match_dynamic() {
+    // [3, 5, 7] @ [3, 7, 4] and [2, 3, 5, 4] @ [2, 3, 4, 3]: uneven batch, m, k and n; a
+    // [1, 2, 3] @ [1, 3, 2] batch of one leaves the second rank's batch shard empty.
+    let (a3, b3) = (global(&[3, 5, 7], 30, false), global(&[3, 7, 4], 31, false));
+    let (a4, b4) = (global(&[2, 3, 5, 4], 32, false), global(&[2, 3, 4, 3], 33, false));
+    let (a1, b1) = (global(&[1, 2, 3], 34, false), global(&[1, 3, 2], 35, false));
+    let (e3, e4, e1) = (batched_ref(&a3, &b3), batched_ref(&a4, &b4), batched_ref(&a1, &b1));
+    on_meshes(
+        |mesh, fails| {
+            each1!(pair_case [(tp,), 3, 3, matmul_batched, matmul, &a3, &b3, &e3, mesh, fails];
+                (R, R) (S0, S0) (S1, R) (R, S2) (S2, S1) (Ps, R) (R, Ps) (Pa, R));
+            each1!(pair_case [(tp,), 4, 4, matmul_batched, matmul, &a4, &b4, &e4, mesh, fails];
+                (R, R) (S0, S0) (S1, S1) (S2, R) (R, S3) (S3, S2) (Ps, R));
+            each1!(pair_case [(tp,), 3, 3, matmul_batched, matmul, &a1, &b1, &e1, mesh, fails];
+                (S0, S0) (S1, R) (S2, S1));
+            Ok(())
+        },
+        |mesh, fails| {
+            product2!(pair_case [(dp, tp), 4, 4, matmul_batched, matmul, &a4, &b4, &e4, mesh, fails];
+                (R, R) (S0, S0) (S1, S1) (S2, R) (R, S3) (S3, S2));
+            Ok(())
+        },
+    );
+}
+
+/// Layer norm (or RMS norm when `rms`) of `x` over its trailing `k` dims, times `w`, plus `b`.
+fn norm_ref(x: &ArrayD<f64>, k: usize, w: &ArrayD<f64>, b: Option<&ArrayD<f64>>, rms: bool) -> ArrayD<f64> {
+    let shape = x.shape().to_vec();
+    let inner: usize = shape[shape.len() - k..].iter().product();
+    let rows = x.len() / inner;
+    let flat = x.as_standard_layout().into_owned().into_shape_with_order((rows, inner)).unwrap();
+    let (wf, bf) = (w.iter().copied().collect::<Vec<_>>(), b.map(|b| b.iter().copied().collect::<Vec<_>>()));
+    let mut out = Vec::with_capacity(x.len());
+    for row in flat.rows() {
+        let mean = if rms { 0.0 } else { row.sum() / inner as f64 };
+        let var = row.iter().map(|v| (v - mean) * (v - mean)).sum::<f64>() / inner as f64;
+        let inv = 1.0 / (var + 1e-5).sqrt();
+        for (j, v) in row.iter().enumerate() {
+            out.push((v - mean) * inv * wf[j] + bf.as_ref().map_or(0.0, |b| b[j]));
+        }
+    }
+    ArrayD::from_shape_vec(IxDyn(&shape), out).unwrap()
+}
+
+#[test]
+fn norm_rules_match_dynamic() {
+    // [5, 3] over [3]; [3, 5, 2] over [2] and over [5, 2]; [1, 3] leaves an empty batch shard.
+    let (x2, x3, x1) = (global(&[5, 3], 40, false), global(&[3, 5, 2], 41, false), global(&[1, 3], 42, false));
+    let (w3, b3) = (global(&[3], 43, true), global(&[3], 44, false));
+    let (w2, w52, b52) = (global(&[2], 45, true), global(&[5, 2], 46, true), global(&[5, 2], 47, false));
+    let ln2 = norm_ref(&x2, 1, &w3, Some(&b3), false);
+    let rms2 = norm_ref(&x2, 1, &w3, None, true);
+    let ln3 = norm_ref(&x3, 1, &w2, None, false);
+    let ln3k2 = norm_ref(&x3, 2, &w52, Some(&b52), false);
+    let rms3k2 = norm_ref(&x3, 2, &w52, None, true);
+    let ln1 = norm_ref(&x1, 1, &w3, Some(&b3), false);
+    macro_rules! cases {
+        ($cb:ident, $m:ty, $mesh:expr, $fails:expr; $($l:tt)*) => {{
+            let w3: Dt<f64, $m, _, 1> = Dt::distribute(&w3, $mesh)?;
+            let b3: Dt<f64, $m, _, 1> = Dt::distribute(&b3, $mesh)?;
+            let w2: Dt<f64, $m, _, 1> = Dt::distribute(&w2, $mesh)?;
+            let w52: Dt<f64, $m, _, 2> = Dt::distribute(&w52, $mesh)?;
+            let b52: Dt<f64, $m, _, 2> = Dt::distribute(&b52, $mesh)?;
+            let (dw3, db3, dw2, dw52, db52) = (w3.as_dtensor(), b3.as_dtensor(), w2.as_dtensor(), w52.as_dtensor(), b52.as_dtensor());
+            $cb!(unary_case [$m, 2, "layer_norm [5, 3]", |t: &Dt<_, _, _, 2>| t.layer_norm([3], Some(&w3), Some(&b3), 1e-5), |d: &DTensor<f64>| d.layer_norm(&[3], Some(dw3), Some(db3), 1e-5), &x2, &ln2, $mesh, $fails]; $($l)*);
+            $cb!(unary_case [$m, 2, "rms_norm [5, 3]", |t: &Dt<_, _, _, 2>| t.rms_norm([3], Some(&w3), 1e-5), |d: &DTensor<f64>| d.rms_norm(&[3], Some(dw3), 1e-5), &x2, &rms2, $mesh, $fails]; $($l)*);
+            $cb!(unary_case [$m, 2, "layer_norm [1, 3]", |t: &Dt<_, _, _, 2>| t.layer_norm([3], Some(&w3), Some(&b3), 1e-5), |d: &DTensor<f64>| d.layer_norm(&[3], Some(dw3), Some(db3), 1e-5), &x1, &ln1, $mesh, $fails]; $($l)*);
+            $cb!(unary_case [$m, 3, "layer_norm [3, 5, 2] over [2]", |t: &Dt<_, _, _, 3>| t.layer_norm([2], Some(&w2), None, 1e-5), |d: &DTensor<f64>| d.layer_norm(&[2], Some(dw2), None, 1e-5), &x3, &ln3, $mesh, $fails]; $($l)* (S1, R));
+            $cb!(unary_case [$m, 3, "layer_norm [3, 5, 2] over [5, 2]", |t: &Dt<_, _, _, 3>| t.layer_norm([5, 2], Some(&w52), Some(&b52), 1e-5), |d: &DTensor<f64>| d.layer_norm(&[5, 2], Some(dw52), Some(db52), 1e-5), &x3, &ln3k2, $mesh, $fails]; $($l)*);
+            $cb!(unary_case [$m, 3, "rms_norm [3, 5, 2] over [5, 2]", |t: &Dt<_, _, _, 3>| t.rms_norm([5, 2], Some(&w52), 1e-5), |d: &DTensor<f64>| d.rms_norm(&[5, 2], Some(dw52), 1e-5), &x3, &rms3k2, $mesh, $fails]; $($l)*);
+        }};
+    }
+    on_meshes(
+        |mesh, fails| {
+            cases!(each1, (tp,), mesh, fails; (R, R) (S0, R));
+            Ok(())
+        },
+        |mesh, fails| {
+            cases!(product2, (dp, tp), mesh, fails; (R, R) (S0, R));
+            Ok(())
+        },
+    );
 }

@@ -3,7 +3,7 @@
 use super::{no_grad_guard, redistribute_grad, Node, NodeKind};
 use crate::comm::debug::op_scope;
 use crate::dtensor::DTensor;
-use crate::element::Element;
+use crate::element::{DType, Element};
 use crate::error::{Error, Result};
 use crate::placement::without_partials;
 use std::cell::RefCell;
@@ -54,7 +54,7 @@ fn topo_order<T: Element>(root: &Arc<Node<T>>) -> Vec<Arc<Node<T>>> {
     post
 }
 
-pub(super) fn run_backward<T: Element>(root: &DTensor<T>, grad: DTensor<T>) -> Result<()> {
+pub(super) fn run_backward<T: Element>(root: &DTensor<T>, grad: DTensor<T>, leaf_dtype: Option<DType>) -> Result<()> {
     let Some(root_node) = root.autograd.node.clone() else {
         return Err(Error::Autograd(
             "backward on a tensor that does not require grad (no input had requires_grad, or it was computed under no_grad)"
@@ -74,7 +74,7 @@ pub(super) fn run_backward<T: Element>(root: &DTensor<T>, grad: DTensor<T>) -> R
                         g.shape
                     )));
                 }
-                let g = redistribute_grad(&g, &without_partials(placements), None, "grad_accumulate")?;
+                let g = redistribute_grad(&g, &without_partials(placements), leaf_dtype, "grad_accumulate")?;
                 let mut cell = grad.lock().unwrap_or_else(|e| e.into_inner());
                 *cell = Some(match cell.take() {
                     None => g,

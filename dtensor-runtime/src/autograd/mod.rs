@@ -261,6 +261,18 @@ impl<T: Element> DTensor<T> {
     /// Backpropagates from a scalar (one-element) tensor; gradients accumulate into the
     /// leaves' `.grad()`.
     pub fn backward(&self) -> Result<()> {
+        self.backward_impl(None)
+    }
+
+    /// [`backward`](Self::backward) whose leaf-gradient reductions (a parameter gradient that
+    /// arrives Partial, e.g. the data-parallel sum, reduced to the parameter's layout) run in
+    /// `dtype`: `DType::F32` for a bf16/f16 model sums the gradients in f32 and rounds once, as
+    /// FSDP's `reduce_dtype`.
+    pub fn backward_reducing_in(&self, dtype: DType) -> Result<()> {
+        self.backward_impl(Some(dtype))
+    }
+
+    fn backward_impl(&self, leaf_dtype: Option<DType>) -> Result<()> {
         if self.numel() != 1 {
             return Err(Error::Autograd(format!(
                 "backward() needs a scalar (one element), got shape {:?}; use backward_with(grad)",
@@ -272,7 +284,7 @@ impl<T: Element> DTensor<T> {
             crate::layout::local_shape_and_offset(&self.shape, self.mesh.shape(), self.mesh.coordinate(), &target);
         let local = self.local.new_full(&shape, T::one())?;
         let one = DTensor::new_unchecked(local, self.mesh.clone(), target, self.shape.clone(), None);
-        self.backward_with(&one)
+        engine::run_backward(self, one, leaf_dtype)
     }
 
     /// Backpropagates with an explicit gradient of this tensor (same shape and mesh).
@@ -285,7 +297,7 @@ impl<T: Element> DTensor<T> {
             });
         }
         self.mesh.check_compatible(&grad.mesh, "backward_with")?;
-        engine::run_backward(self, grad.detach())
+        engine::run_backward(self, grad.detach(), None)
     }
 
     /// `redistribute` whose backward runs the gradient's collectives in `backward_dtype`

@@ -99,8 +99,12 @@ impl Kernels {
 
     /// The kernel `name` for element type suffix `sfx` (`f32` / `f64`).
     pub(crate) fn function(&self, name: &str, sfx: &str) -> Result<CudaFunction> {
-        if sfx == "bf16" || sfx == "f16" {
-            return Err(super::no_kernels(name, sfx));
+        // The 16-bit floats have no kernels: as the element type (`sfx`) or the source of a
+        // cast (`cast_<from>`).
+        for half in ["bf16", "f16"] {
+            if sfx == half || name.strip_suffix(half).is_some_and(|n| n.ends_with('_')) {
+                return Err(super::no_kernels(name, half));
+            }
         }
         let full = format!("{name}_{sfx}");
         let mut f = self.functions.lock().unwrap_or_else(|e| e.into_inner());

@@ -33,7 +33,12 @@ impl<T: Element> DTensor<T> {
             return Ok(self.clone());
         }
         let keep = reduce_partials(&self.placements, partials_kept(UnaryKind::Dropout));
-        let x = if keep == self.placements { self.clone() } else { redistribute_op(self, &keep, "dropout", None)? };
+        let x = if keep == self.placements {
+            self.clone()
+        } else {
+            super::implicit::check("dropout", 0, &self.placements, &keep)?;
+            redistribute_op(self, &keep, "dropout", None)?
+        };
         let (seed, offset) = rng::reserve(x.numel());
         let fill = RandomFill { seed, offset, dist: Distribution::Uniform };
         let (shape, at) = local_shape_and_offset(&x.shape, x.mesh.shape(), x.mesh.coordinate(), &x.placements);

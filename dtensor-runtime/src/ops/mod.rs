@@ -23,7 +23,8 @@
 //!
 //! When the inputs match no rule, the op redistributes them to the strategy that moves the
 //! fewest bytes (see [`strategy`]) and records it ([`implicit_redistributions`]); when no
-//! strategy is reachable it returns [`Error::NoShardingRule`].
+//! strategy is reachable it returns [`Error::NoShardingRule`]. Inside a `#[distribute]` function
+//! such a redistribution is an [`Error::ImplicitCollective`] instead (see [`implicit`]).
 //! Collectives an op issues are attributed to it in [`CommDebugMode`](crate::CommDebugMode).
 //!
 //! The signatures of `add sub mul div relu gelu matmul sum_dim transpose` are the contract the
@@ -33,6 +34,7 @@ pub mod attention;
 pub mod cat;
 pub mod dropout;
 pub mod embedding;
+pub mod implicit;
 pub mod index;
 pub mod loss;
 pub mod mask;

@@ -18,6 +18,14 @@ use crate::placement::Placement;
 
 const R: Placement = Placement::Replicate;
 
+/// Whether `layer_norm` / `rms_norm` of a rank-`ndim` input normalised over its trailing
+/// `normalized` dims keeps a `Shard(dim)` of it as is (every statistic then stays local): only
+/// a dim it does not normalise. The one rule of both layers: the runtime's strategies and the
+/// typed layer's `NormRule` are generated from it.
+pub const fn norm_keeps_shard(dim: usize, ndim: usize, normalized: usize) -> bool {
+    dim + normalized < ndim
+}
+
 fn norm<T: Element>(
     op: &'static str,
     x: &DTensor<T>,
@@ -60,7 +68,9 @@ fn norm<T: Element>(
     };
     let mut rs = vec![DimRule::new(&vec![R; n], R)];
     rs.extend(
-        (0..nd - k).map(|e| DimRule::new(&with_rest(Placement::Shard(e as isize)), Placement::Shard(e as isize))),
+        (0..nd)
+            .filter(|&e| norm_keeps_shard(e, nd, k))
+            .map(|e| DimRule::new(&with_rest(Placement::Shard(e as isize)), Placement::Shard(e as isize))),
     );
     let c = select(op, &inputs, &rs, Select::default())?;
     let xi = &*c.inputs[0];

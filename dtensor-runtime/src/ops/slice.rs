@@ -40,6 +40,7 @@ pub(crate) fn unshard_dim<T: Element>(x: &DTensor<T>, dim: usize, op: &'static s
     }
     let to: Vec<Placement> =
         x.placements.iter().map(|p| if p.is_shard_on(dim) { Placement::Replicate } else { *p }).collect();
+    super::implicit::check(op, 0, &x.placements, &to)?;
     redistribute_op(x, &to, op, None)
 }
 

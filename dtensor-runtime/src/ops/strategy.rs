@@ -272,6 +272,7 @@ pub(crate) fn select<'a, T: Element>(
         if x.placements == want {
             moved.push(Cow::Borrowed(*x));
         } else {
+            super::implicit::check(op, j, &x.placements, &want)?;
             let bytes = plan_redistribute_at::<T>(&x.shape, &mesh, &zero, &x.placements, &want)?.wire_bytes();
             log(ImplicitRedistribute { op, input: j, from: x.placements.clone(), to: want.clone(), bytes });
             moved.push(Cow::Owned(redistribute_op(x, &want, op, None)?));

@@ -18,13 +18,16 @@
 //! The dynamic [`DTensor`](crate::DTensor) stays the ground truth: every typed op calls the
 //! dynamic op and checks that its placements are the ones the type promised.
 
+pub mod broadcast;
 pub mod dims;
 pub mod layout;
 mod lift;
 pub mod markers;
 pub mod matmul;
+pub mod norm;
 pub mod params;
 pub mod pointwise;
+#[doc(hidden)] // only `#[distribute]`'s generated code uses it
 pub mod probe;
 pub mod redistribute;
 pub mod reduce;
@@ -36,7 +39,7 @@ pub mod unary;
 pub use dims::{MeshDim, MeshDims};
 pub use layout::TypedLayout;
 pub use markers::{Avg, Max, Min, Partial, PlacementMarker, Product, ReduceMarker, Replicate, Shard, Sum};
-pub use matmul::{MatmulLayout, MatmulRule, Rank};
+pub use matmul::{Batched, MatmulLayout, MatmulRule, Rank};
 pub use params::Parameters;
 pub use pointwise::{AddLayout, AddRule, DivLayout, DivRule, MulLayout, MulRule, SubLayout, SubRule};
 pub use reduce::Dim;

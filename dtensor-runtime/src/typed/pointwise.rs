@@ -13,6 +13,7 @@ use crate::error::Result;
 macro_rules! pointwise_rule {
     ($(#[$doc:meta])* $Rule:ident, $TypedLayout:ident, $msg:literal, $label:literal) => {
         $(#[$doc])*
+        #[doc(hidden)] // its impls would fill every marker's page; the layout trait is the bound users meet
         #[diagnostic::on_unimplemented(
             message = $msg,
             label = $label,

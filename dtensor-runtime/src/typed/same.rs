@@ -5,8 +5,8 @@ use super::{Dt, MeshDims, TypedLayout};
 use crate::element::Element;
 
 /// `A: SameLayout<B>` holds exactly when `A == B`; its functions are identities that let
-/// generic code (e.g. what `#[distribute]` generates for a function argument) turn a tensor
-/// of layout `A` into one of layout `B` for free.
+/// generic code (e.g. the typed reductions' keepdim form) turn a tensor of layout `A` into one
+/// of layout `B` for free.
 #[diagnostic::on_unimplemented(
     message = "expected layout `{Expected}`, found `{Self}`: call `.redistribute()`",
     label = "this tensor has layout `{Self}`, not `{Expected}`",

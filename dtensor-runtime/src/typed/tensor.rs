@@ -53,14 +53,30 @@ impl<T: Element, M: MeshDims, L: TypedLayout<M>, const R: usize> Dt<T, M, L, R> 
     /// error names the caller's line.
     #[track_caller]
     pub fn from_dtensor(x: DTensor<T>) -> Result<Self> {
+        Self::check(&x, std::panic::Location::caller())?;
+        Ok(Dt { inner: x, _layout: PhantomData })
+    }
+
+    /// [`Dt::from_dtensor`] on a reference, without a copy: a typed view of `x` after the same
+    /// checks (what `#[distribute]` uses for the `&DTensor` arguments of a trait method, whose
+    /// signature the trait fixes).
+    #[track_caller]
+    pub fn from_dtensor_ref(x: &DTensor<T>) -> Result<&Self> {
+        Self::check(x, std::panic::Location::caller())?;
+        // SAFETY: `Dt` is `repr(transparent)` over `DTensor<T>` (the other field is a
+        // zero-sized `PhantomData`), so the two references have the same layout.
+        Ok(unsafe { &*(x as *const DTensor<T> as *const Self) })
+    }
+
+    /// The mesh dim names, rank and placements of `x` against the type; an error names `at`.
+    fn check(x: &DTensor<T>, at: &std::panic::Location<'_>) -> Result<()> {
         let () = Self::VALID;
-        let at = std::panic::Location::caller();
         let names = M::names();
         if x.device_mesh().dim_names() != names.as_slice() {
             return Err(Error::TypedMismatch {
                 what: format!("mesh dims (at {at})"),
-                expected: format!("{names:?}"),
-                actual: format!("{:?}", x.device_mesh().dim_names()),
+                expected: format!("mesh ({})", names.join(", ")),
+                actual: format!("mesh ({})", x.device_mesh().dim_names().join(", ")),
             });
         }
         if x.ndim() != R {
@@ -73,12 +89,12 @@ impl<T: Element, M: MeshDims, L: TypedLayout<M>, const R: usize> Dt<T, M, L, R> 
         let want = L::placements();
         if x.placements() != want.as_slice() {
             return Err(Error::TypedMismatch {
-                what: format!("placements (at {at})"),
-                expected: fmt_placements(&want),
-                actual: fmt_placements(x.placements()),
+                what: format!("layout (at {at})"),
+                expected: format!("layout {} on mesh ({})", fmt_placements(&want), names.join(", ")),
+                actual: format!("{}: call `.redistribute()`", fmt_placements(x.placements())),
             });
         }
-        Ok(Dt { inner: x, _layout: PhantomData })
+        Ok(())
     }
 
     /// Distributes a global tensor with this type's layout (`src_data_rank = 0`).

@@ -11,7 +11,9 @@ use crate::error::Result;
 /// Context of the transpose rule: the two swapped dims.
 pub enum Swap<const D0: usize, const D1: usize> {}
 
-/// The transpose rule on one mesh dim.
+/// The transpose rule on one mesh dim (hidden from the docs: its impls would fill every
+/// marker's page).
+#[doc(hidden)]
 #[diagnostic::on_unimplemented(
     message = "transpose of `{Self}` on mesh dim `{Name}` has no typed rule: typed transpose covers tensor dims 0..=5",
     label = "no typed transpose rule for `{Self}`",

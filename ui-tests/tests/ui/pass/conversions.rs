@@ -21,8 +21,8 @@ fn main() {
         match wrong {
             Some(Error::TypedMismatch { what, expected, actual }) => {
                 // The error names the caller's line (`from_dtensor` is `#[track_caller]`).
-                assert!(what.starts_with("placements (at ") && what.ends_with("conversions.rs:15:21)"), "{what}");
-                assert_eq!((expected.as_str(), actual.as_str()), ("(R)", "(S(2))"));
+                assert!(what.starts_with("layout (at ") && what.ends_with("conversions.rs:15:21)"), "{what}");
+                assert_eq!((expected.as_str(), actual.as_str()), ("layout (R) on mesh (tp)", "(S(2)): call `.redistribute()`"));
             }
             other => panic!("expected a TypedMismatch, got {other:?}"),
         }

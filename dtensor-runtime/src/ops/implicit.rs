@@ -1,0 +1,113 @@
+//! Scopes in which an op may not redistribute its inputs on its own: the body of a
+//! `#[distribute]` function promises that no collective runs that its code does not show.
+//!
+//! [`forbid_implicit`] pushes such a scope on this thread (one rank of the thread backend, or
+//! the process of one MPI rank) and [`allow_implicit`] an opted-out one inside it; the
+//! innermost scope decides. Every place where an op would redistribute an input that it was
+//! not asked to (the strategy search, and the ops that reduce a `Partial` or unshard a dim
+//! before their kernel) calls [`check`] first, which then returns
+//! [`Error::ImplicitCollective`] instead of communicating. An explicit `.redistribute()` never
+//! passes through here. Every rank takes the same decision (the strategy search is
+//! rank-independent), so no rank is left waiting in a collective.
+
+use crate::error::{Error, Result};
+use crate::placement::{fmt_placements, Placement};
+use std::cell::RefCell;
+
+/// Where a scope was opened: the `#[distribute]` function and its source location.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ScopeSite {
+    /// The function's name.
+    pub function: &'static str,
+    /// Its source file.
+    pub file: &'static str,
+    /// Its line.
+    pub line: u32,
+}
+
+thread_local! {
+    /// Innermost last: `Some(site)` forbids implicit redistributions, `None` allows them.
+    static SCOPES: RefCell<Vec<Option<ScopeSite>>> = const { RefCell::new(Vec::new()) };
+}
+
+/// Closes its scope when dropped (also on an early return or `?`).
+#[must_use = "the scope ends when this guard is dropped"]
+#[derive(Debug)]
+pub struct ImplicitScope {
+    // Not `Send`: the scope belongs to the thread that opened it.
+    _not_send: std::marker::PhantomData<*const ()>,
+}
+
+impl Drop for ImplicitScope {
+    fn drop(&mut self) {
+        SCOPES.with(|s| s.borrow_mut().pop());
+    }
+}
+
+fn push(scope: Option<ScopeSite>) -> ImplicitScope {
+    SCOPES.with(|s| s.borrow_mut().push(scope));
+    ImplicitScope { _not_send: std::marker::PhantomData }
+}
+
+/// Until the guard drops, an op on this thread that would redistribute an input on its own
+/// returns [`Error::ImplicitCollective`] naming `site` (what `#[distribute]` puts around a
+/// function body unless it says `implicit = "allow"`).
+///
+/// ```
+/// use dtensor_runtime::ops::implicit::{forbid_implicit, ScopeSite};
+/// let site = ScopeSite { function: "block_forward", file: file!(), line: line!() };
+/// let _scope = forbid_implicit(site);
+/// assert_eq!(dtensor_runtime::ops::implicit::forbidding(), Some(site));
+/// ```
+pub fn forbid_implicit(site: ScopeSite) -> ImplicitScope {
+    push(Some(site))
+}
+
+/// Until the guard drops, ops may redistribute their inputs again (`implicit = "allow"`
+/// inside a forbidding scope).
+pub fn allow_implicit() -> ImplicitScope {
+    push(None)
+}
+
+/// The scope that currently forbids implicit redistributions on this thread, if any.
+pub fn forbidding() -> Option<ScopeSite> {
+    SCOPES.with(|s| s.borrow().last().copied().flatten())
+}
+
+/// Called where `op` is about to redistribute its input `input` from `from` to `to` without
+/// being asked: an error inside a forbidding scope.
+pub(crate) fn check(op: &str, input: usize, from: &[Placement], to: &[Placement]) -> Result<()> {
+    match forbidding() {
+        None => Ok(()),
+        Some(site) => Err(Error::ImplicitCollective {
+            op: op.to_string(),
+            redistribution: format!("input {input} from {} to {}", fmt_placements(from), fmt_placements(to)),
+            function: format!("`{}` ({}:{})", site.function, site.file, site.line),
+        }),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::placement::ReduceOp;
+
+    #[test]
+    fn innermost_scope_decides_and_guards_pop() {
+        let site = ScopeSite { function: "f", file: "x.rs", line: 3 };
+        let p = [Placement::Partial(ReduceOp::Sum)];
+        let r = [Placement::Replicate];
+        assert!(check("exp", 0, &p, &r).is_ok());
+        {
+            let _deny = forbid_implicit(site);
+            let e = check("exp", 0, &p, &r).unwrap_err().to_string();
+            assert!(e.contains("`exp`") && e.contains("`f`") && e.contains("x.rs:3"), "{e}");
+            {
+                let _allow = allow_implicit();
+                assert!(check("exp", 0, &p, &r).is_ok());
+            }
+            assert!(check("exp", 0, &p, &r).is_err());
+        }
+        assert!(check("exp", 0, &p, &r).is_ok());
+    }
+}
