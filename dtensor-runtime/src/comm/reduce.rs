@@ -88,6 +88,8 @@ pub fn combine(dtype: DType, op: ReduceOp, out: &mut [u8], a: &[u8], b: &[u8]) -
     match dtype {
         DType::F32 => combine_typed::<f32>(op, out, a, b),
         DType::F64 => combine_typed::<f64>(op, out, a, b),
+        DType::BF16 => combine_typed::<half::bf16>(op, out, a, b),
+        DType::F16 => combine_typed::<half::f16>(op, out, a, b),
     }
     Ok(())
 }
