@@ -1,6 +1,7 @@
 //! `DTensor<T>`: a logical (global) tensor laid out over a [`DeviceMesh`].
 
 use crate::autograd::AutogradMeta;
+use crate::comm::storage as comm_storage;
 use crate::element::Element;
 use crate::error::{Error, Result};
 use crate::layout::pack;
@@ -265,7 +266,7 @@ pub fn from_local<T: Element>(
         check_consistency(local.shape(), mesh, &placements, &shape)?;
         for (i, p) in placements.iter().enumerate() {
             if p.is_replicate() && mesh.size(i) > 1 {
-                local = mesh.broadcast_storage(Along::Dim(i), local, 0)?;
+                local = comm_storage::broadcast(mesh, Along::Dim(i), local, 0)?;
             }
         }
     }

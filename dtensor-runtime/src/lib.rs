@@ -37,7 +37,6 @@ pub mod visualize;
 pub use ndarray;
 
 pub use autograd::{from_local_grad, local_mesh, no_grad};
-pub use comm::collectives::Along;
 pub use comm::debug::{op_scope, CollectiveKind, CollectiveRecord, CommDebugGuard, CommDebugMode, CommStats};
 pub use comm::threads::{ThreadComm, ThreadWorld};
 pub use comm::Communicator;
@@ -48,6 +47,7 @@ pub use factory::{causal_mask, empty, full, linspace, logspace, ones, rand, rand
 #[allow(deprecated)]
 pub use launch::Backend;
 pub use launch::{current_mesh, launch, run, set_current_mesh, Launch, LocalWorld, RankCtx};
+pub use mesh::Along;
 pub use mesh::DeviceMesh;
 pub use module::{distribute_module, parallelize_module, Forward, Module};
 pub use ops::{

@@ -8,6 +8,7 @@
 //! found whenever they are legal, since they move far fewer bytes than all-gather + chunk.
 
 use crate::comm::debug::{op_scope, CollectiveKind};
+use crate::comm::storage as comm_storage;
 use crate::dtensor::DTensor;
 use crate::element::Element;
 use crate::error::{Error, Result};
@@ -447,20 +448,20 @@ fn execute_step<T: Element>(
             let d = d as usize;
             let block = with_dim(&mine, d, padded_chunk(shape[d], n));
             let send = pack_or_borrow(&local, &pack::split(&mine, d, 1, &block))?;
-            let recv = mesh.all_gather_storage(along, &send)?;
+            let recv = comm_storage::all_gather(mesh, along, &send)?;
             recv.into_packed(&pack::join(&block, n, d, &with_dim(&mine, d, shape[d])))?
         }
         (Placement::Partial(op), Placement::Replicate) => match local {
             // In place on a buffer this plan owns; else straight into a fresh one (no copy first).
-            Cow::Owned(buf) => mesh.all_reduce_storage(along, buf, op)?,
-            Cow::Borrowed(src) => mesh.all_reduce_into_storage(along, src, op)?,
+            Cow::Owned(buf) => comm_storage::all_reduce(mesh, along, buf, op)?,
+            Cow::Borrowed(src) => comm_storage::all_reduce_into(mesh, along, src, op)?,
         },
         (Placement::Partial(op), Placement::Shard(d)) => {
             // Member j's rows of `d` go to block j (padded); our reduced block loses its padding.
             let d = d as usize;
             let block = with_dim(&mine, d, padded_chunk(shape[d], n));
             let send = pack_or_borrow(&local, &pack::split(&mine, d, n, &block))?;
-            let recv = mesh.reduce_scatter_storage(along, &send, op)?;
+            let recv = comm_storage::reduce_scatter(mesh, along, &send, op)?;
             let sz = chunk_size_and_offset(shape[d], n, k).0;
             recv.into_packed(&pack::join(&block, 1, d, &with_dim(&mine, d, sz)))?
         }
@@ -479,10 +480,10 @@ fn execute_step<T: Element>(
                 // every row over the dims before `e`, sent as it lies, without packing.
                 let rows = mine[..e].iter().product();
                 let run = block[e..].iter().product();
-                mesh.all_to_all_strided_storage(along, &local, rows, run)?
+                comm_storage::all_to_all_strided(mesh, along, &local, rows, run)?
             } else {
                 let send = pack_or_borrow(&local, &pack::split(&mine, e, n, &block))?;
-                mesh.all_to_all_storage(along, &send)?
+                comm_storage::all_to_all(mesh, along, &send)?
             };
             let my_e = chunk_size_and_offset(shape[e], n, k).0;
             recv.into_packed(&pack::join(&block, n, d, &with_dim(&with_dim(&mine, d, shape[d]), e, my_e)))?

@@ -5,14 +5,14 @@
 //! - `mpi` (feature `mpi`): processes and nodes through MPI;
 //! - `nccl` (feature `cuda`): GPUs through NCCL.
 //!
-//! Redistribution and ops never call a backend directly: they go through [`collectives`],
+//! Redistribution and ops never call a backend directly: they go through the typed collectives of
+//! [`DeviceMesh`](crate::DeviceMesh) (`mesh.rs`),
 //! which works on typed slices, pads uneven shards and records every call for
 //! [`CommDebugMode`](crate::CommDebugMode).
 
 pub mod bootstrap;
 #[cfg(any(feature = "mpi", feature = "cuda"))]
 mod check;
-pub mod collectives;
 pub mod debug;
 pub mod fingerprint;
 mod group;
@@ -22,7 +22,7 @@ pub mod mpi;
 pub mod nccl;
 pub mod reduce;
 pub(crate) mod self_comm;
-mod storage;
+pub(crate) mod storage;
 pub mod threads;
 pub mod timeout;
 

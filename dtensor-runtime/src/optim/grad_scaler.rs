@@ -1,10 +1,10 @@
 //! Dynamic loss scaling for f16 training, with PyTorch `torch.amp.GradScaler`'s semantics.
 
 use super::Optimizer;
-use crate::comm::collectives::Along;
 use crate::dtensor::DTensor;
 use crate::element::Element;
 use crate::error::{Error, Result};
+use crate::mesh::Along;
 use crate::module::Module;
 use crate::placement::ReduceOp;
 
