@@ -85,7 +85,7 @@ impl DeviceElement for bf16 {}
 impl DeviceElement for f16 {}
 
 /// A floating point element usable in a [`DTensor`](crate::DTensor): `f32`, `f64`, and the
-/// 16-bit [`bf16`] and [`f16`] of the `half` crate.
+/// 16-bit [`half::bf16`] and [`half::f16`].
 ///
 /// The 16-bit types store and move as 16 bits, but every kernel whose result depends on
 /// rounding (matmul, reductions, softmax, collectives' reductions) widens them to f32,

@@ -5,7 +5,7 @@
 //! the process of one MPI rank) and [`allow_implicit`] an opted-out one inside it; the
 //! innermost scope decides. Every place where an op would redistribute an input that it was
 //! not asked to (the strategy search, and the ops that reduce a `Partial` or unshard a dim
-//! before their kernel) calls [`check`] first, which then returns
+//! before their kernel) calls `check` first, which then returns
 //! [`Error::ImplicitCollective`] instead of communicating. An explicit `.redistribute()` never
 //! passes through here. Every rank takes the same decision (the strategy search is
 //! rank-independent), so no rank is left waiting in a collective.
