@@ -9,7 +9,7 @@ use super::op::{
     gelu, gelu_erf, gelu_erf_grad, gelu_grad, AdamWStep, BinaryOp, Distribution, RandomFill, Reduction, SgdStep,
     SoftmaxKind,
 };
-use crate::element::Element;
+use crate::element::{Element, Scalar};
 use crate::error::{Error, Result};
 use crate::layout::contiguous_strides;
 use crate::layout::pack::{CopyBlock, PackPlan};
@@ -18,7 +18,7 @@ use ndarray::{ArrayD, ArrayViewD, Axis, Dimension, IxDyn, Zip};
 use std::borrow::Cow;
 
 /// Row-major data of `a`, borrowed when `a` already is row-major.
-pub(super) fn row_major<T: Element>(a: &ArrayD<T>) -> Cow<'_, [T]> {
+pub(super) fn row_major<T: Scalar>(a: &ArrayD<T>) -> Cow<'_, [T]> {
     match a.as_slice() {
         Some(s) => Cow::Borrowed(s),
         None => Cow::Owned(a.iter().copied().collect()),
@@ -26,7 +26,7 @@ pub(super) fn row_major<T: Element>(a: &ArrayD<T>) -> Cow<'_, [T]> {
 }
 
 /// `a` as a row-major array, moved when it already is one.
-pub(super) fn into_standard<T: Element>(a: ArrayD<T>) -> ArrayD<T> {
+pub(super) fn into_standard<T: Scalar>(a: ArrayD<T>) -> ArrayD<T> {
     if a.is_standard_layout() {
         a
     } else {
@@ -34,7 +34,7 @@ pub(super) fn into_standard<T: Element>(a: ArrayD<T>) -> ArrayD<T> {
     }
 }
 
-pub(super) fn from_vec<T: Element>(shape: &[usize], v: Vec<T>) -> Result<ArrayD<T>> {
+pub(super) fn from_vec<T: Scalar>(shape: &[usize], v: Vec<T>) -> Result<ArrayD<T>> {
     let len = v.len();
     ArrayD::from_shape_vec(IxDyn(shape), v).map_err(|_| Error::ShapeMismatch {
         context: format!("host buffer of {len} elements"),
@@ -230,7 +230,7 @@ pub(super) fn arg_reduce<T: Element>(a: &ArrayD<T>, dim: usize, max: bool, keepd
 }
 
 /// Concatenation along `dim` (shapes checked by the caller).
-pub(super) fn cat<T: Element>(parts: &[&ArrayD<T>], dim: usize) -> Result<ArrayD<T>> {
+pub(super) fn cat<T: Scalar>(parts: &[&ArrayD<T>], dim: usize) -> Result<ArrayD<T>> {
     let views: Vec<ArrayViewD<'_, T>> = parts.iter().map(|a| a.view()).collect();
     ndarray::concatenate(Axis(dim), &views)
         .map(into_standard)
@@ -445,7 +445,7 @@ fn gemm_into<T: Element>(
 }
 
 /// Executes a pack plan (checked by the caller) from row-major `src` into a fresh array.
-pub(super) fn pack<T: Element>(src: &[T], plan: &PackPlan) -> Result<ArrayD<T>> {
+pub(super) fn pack<T: Scalar>(src: &[T], plan: &PackPlan) -> Result<ArrayD<T>> {
     // Zeroed allocations are free for floats (calloc); only the padding stays zero.
     let mut dst = vec![T::zero(); plan.dst_len()];
     for b in &plan.blocks {
@@ -560,7 +560,12 @@ pub(super) fn one_hot<T: Element>(ids: &ArrayD<T>, classes: usize) -> Result<Arr
     from_vec(&shape, out)
 }
 
-pub(super) fn cast<T: Element, U: Element>(a: &ArrayD<T>) -> ArrayD<U> {
+/// Element-type conversion through f64 (Rust's `as`: integers from floats truncate toward
+/// zero and saturate); a conversion to the same type is a bit copy, exact for every integer.
+pub(super) fn cast<T: Scalar, U: Scalar>(a: &ArrayD<T>) -> ArrayD<U> {
+    if T::DTYPE == U::DTYPE {
+        return a.mapv(|x| bytemuck::cast(x));
+    }
     a.mapv(|x| U::of_f64(x.as_f64()))
 }
 
