@@ -17,7 +17,7 @@ use crate::autograd::{input_needs_grad, no_grad, record, recording};
 use crate::dtensor::DTensor;
 use crate::element::Element;
 use crate::error::{Error, Result};
-use crate::placement::{Placement, ReduceOp};
+use crate::placement::{contains_op, Placement, ReduceOp};
 use crate::storage::broadcast_shape;
 use crate::storage::op::BinaryOp;
 
@@ -52,6 +52,15 @@ fn where_impl<T: Element>(cond: &DTensor<T>, a: &DTensor<T>, b: &DTensor<T>) -> 
     }))
 }
 
+/// The Partial reductions `tril`/`triu` keep: the sums and averages (the op is linear).
+pub const TRI_PARTIALS: [ReduceOp; 2] = [ReduceOp::Sum, ReduceOp::Avg];
+
+/// Whether `tril`/`triu` keep a `Partial(op)` input as is: the one rule of both layers (the
+/// runtime's strategies and the typed layer's `TriRule` are generated from it).
+pub const fn tri_keeps_partial(op: ReduceOp) -> bool {
+    contains_op(&TRI_PARTIALS, op)
+}
+
 fn tri<T: Element>(x: &DTensor<T>, lower: bool, diagonal: i64) -> Result<DTensor<T>> {
     let op = if lower { "tril" } else { "triu" };
     if x.ndim() < 2 {
@@ -60,7 +69,7 @@ fn tri<T: Element>(x: &DTensor<T>, lower: bool, diagonal: i64) -> Result<DTensor
     let mut rs = vec![DimRule::new(&[Placement::Replicate], Placement::Replicate)];
     rs.extend((0..x.ndim()).map(|d| DimRule::new(&[Placement::Shard(d as isize)], Placement::Shard(d as isize))));
     rs.extend(
-        partial_ops(&[x], &[ReduceOp::Sum, ReduceOp::Avg])
+        partial_ops(&[x], &TRI_PARTIALS)
             .into_iter()
             .map(|o| DimRule::new(&[Placement::Partial(o)], Placement::Partial(o))),
     );
