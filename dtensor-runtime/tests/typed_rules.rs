@@ -544,3 +544,182 @@ fn norm_rules_match_dynamic() {
         },
     );
 }
+
+/// `g` reshaped (row-major) to `shape`.
+fn reshaped(g: &ArrayD<f64>, shape: &[usize]) -> ArrayD<f64> {
+    g.as_standard_layout().into_owned().into_shape_with_order(IxDyn(shape)).unwrap()
+}
+
+/// `g` with its axes in `order` (output dim `k` is input dim `order[k]`).
+fn permuted(g: &ArrayD<f64>, order: &[usize]) -> ArrayD<f64> {
+    g.view().permuted_axes(order.to_vec()).as_standard_layout().into_owned()
+}
+
+#[test]
+fn permute_rules_match_dynamic() {
+    // [3, 5, 2]: dim 0 over a 2×2 `(S0, S0)` leaves rank (1, 1) an empty shard.
+    let (x3, x4) = (global(&[3, 5, 2], 60, false), global(&[2, 3, 5, 2], 61, false));
+    let (p201, p120, p0213) = (permuted(&x3, &[2, 0, 1]), permuted(&x3, &[1, 2, 0]), permuted(&x4, &[0, 2, 1, 3]));
+    macro_rules! cases {
+        ($cb:ident, $m:ty, $mesh:expr, $fails:expr; $($l:tt)*) => {{
+            $cb!(unary_case [$m, 3, "permute(2, 0, 1)", |t: &Dt<_, _, _, 3>| t.permute((Dim::<2>, Dim::<0>, Dim::<1>)), |d: &DTensor<f64>| d.permute(&[2, 0, 1]), &x3, &p201, $mesh, $fails]; $($l)*);
+            $cb!(unary_case [$m, 3, "permute(1, 2, 0)", |t: &Dt<_, _, _, 3>| t.permute((Dim::<1>, Dim::<2>, Dim::<0>)), |d: &DTensor<f64>| d.permute(&[1, 2, 0]), &x3, &p120, $mesh, $fails]; $($l)*);
+            $cb!(unary_case [$m, 4, "permute(0, 2, 1, 3)", |t: &Dt<_, _, _, 4>| t.permute((Dim::<0>, Dim::<2>, Dim::<1>, Dim::<3>)), |d: &DTensor<f64>| d.permute(&[0, 2, 1, 3]), &x4, &p0213, $mesh, $fails]; $($l)* (S3, R));
+        }};
+    }
+    on_meshes(
+        |mesh, fails| {
+            cases!(each1, (tp,), mesh, fails; (R, R) (S0, R) (S1, R) (S2, R) (Ps, R) (Pa, R));
+            Ok(())
+        },
+        |mesh, fails| {
+            cases!(product2, (dp, tp), mesh, fails; (R, R) (S0, R) (S2, R) (Ps, R));
+            Ok(())
+        },
+    );
+}
+
+#[test]
+fn unsqueeze_squeeze_rules_match_dynamic() {
+    // Dim 0 of size 3: uneven over 2 ranks, and an empty shard under a 2×2 `(S0, S0)`.
+    let (x, y) = (global(&[3, 5], 62, false), global(&[3, 1, 5], 63, false));
+    let (u0, u1, u2) = (reshaped(&x, &[1, 3, 5]), reshaped(&x, &[3, 1, 5]), reshaped(&x, &[3, 5, 1]));
+    let sq = reshaped(&y, &[3, 5]);
+    macro_rules! cases {
+        ($cb:ident, $m:ty, $mesh:expr, $fails:expr; $($l:tt)*) => {{
+            $cb!(unary_case [$m, 2, "unsqueeze(0)", |t: &Dt<_, _, _, 2>| t.unsqueeze(Dim::<0>), |d: &DTensor<f64>| d.unsqueeze(0), &x, &u0, $mesh, $fails]; $($l)* (S1, R));
+            $cb!(unary_case [$m, 2, "unsqueeze(1)", |t: &Dt<_, _, _, 2>| t.unsqueeze(Dim::<1>), |d: &DTensor<f64>| d.unsqueeze(1), &x, &u1, $mesh, $fails]; $($l)* (S1, R));
+            $cb!(unary_case [$m, 2, "unsqueeze(2)", |t: &Dt<_, _, _, 2>| t.unsqueeze(Dim::<2>), |d: &DTensor<f64>| d.unsqueeze(2), &x, &u2, $mesh, $fails]; $($l)* (S1, R));
+            $cb!(unary_case [$m, 3, "squeeze(1)", |t: &Dt<_, _, _, 3>| t.squeeze(Dim::<1>), |d: &DTensor<f64>| d.squeeze(Some(1)), &y, &sq, $mesh, $fails]; $($l)* (S2, R));
+        }};
+    }
+    on_meshes(
+        |mesh, fails| {
+            cases!(each1, (tp,), mesh, fails; (R, R) (S0, R) (Ps, R) (Pa, R));
+            Ok(())
+        },
+        |mesh, fails| {
+            cases!(product2, (dp, tp), mesh, fails; (R, R) (S0, R) (Ps, R));
+            Ok(())
+        },
+    );
+}
+
+#[test]
+fn flatten_unflatten_rules_match_dynamic() {
+    // [3, 4, 4, 2]: a shard of dim 0 (uneven; empty under `(S0, S0)`) is outside every
+    // flattened group; dims 1 and 2 are the outermost of theirs and divide by 4.
+    let x = global(&[3, 4, 4, 2], 64, false);
+    let (f12, f23, f13) = (reshaped(&x, &[3, 16, 2]), reshaped(&x, &[3, 4, 8]), reshaped(&x, &[3, 32]));
+    // [3, 8, 5]: dim 1 split into [4, 2]; the outer size divides by 4.
+    let y = global(&[3, 8, 5], 65, false);
+    let (u1, u2) = (reshaped(&y, &[3, 4, 2, 5]), reshaped(&y, &[3, 8, 5, 1]));
+    macro_rules! cases {
+        ($cb:ident, $m:ty, $mesh:expr, $fails:expr; $($l:tt)*) => {{
+            $cb!(unary_case [$m, 4, "flatten(1, 2)", |t: &Dt<_, _, _, 4>| t.flatten(Dim::<1>, Dim::<2>), |d: &DTensor<f64>| d.flatten(1, 2), &x, &f12, $mesh, $fails]; $($l)* (S1, R) (S3, R));
+            $cb!(unary_case [$m, 4, "flatten(2, 3)", |t: &Dt<_, _, _, 4>| t.flatten(Dim::<2>, Dim::<3>), |d: &DTensor<f64>| d.flatten(2, 3), &x, &f23, $mesh, $fails]; $($l)* (S1, R) (S2, R));
+            $cb!(unary_case [$m, 4, "flatten(1, 3)", |t: &Dt<_, _, _, 4>| t.flatten(Dim::<1>, Dim::<3>), |d: &DTensor<f64>| d.flatten(1, 3), &x, &f13, $mesh, $fails]; $($l)* (S1, R));
+            $cb!(unary_case [$m, 3, "unflatten(1, [4, 2])", |t: &Dt<_, _, _, 3>| t.unflatten(Dim::<1>, [4, 2]), |d: &DTensor<f64>| d.unflatten(1, &[4, 2]), &y, &u1, $mesh, $fails]; $($l)* (S1, R) (S2, R));
+            $cb!(unary_case [$m, 3, "unflatten(2, [5, 1])", |t: &Dt<_, _, _, 3>| t.unflatten(Dim::<2>, [5, 1]), |d: &DTensor<f64>| d.unflatten(2, &[5, 1]), &y, &u2, $mesh, $fails]; $($l)* (S1, R));
+        }};
+    }
+    on_meshes(
+        |mesh, fails| {
+            cases!(each1, (tp,), mesh, fails; (R, R) (S0, R) (Ps, R) (Pa, R));
+            Ok(())
+        },
+        |mesh, fails| {
+            cases!(product2, (dp, tp), mesh, fails; (R, R) (S0, R) (Ps, R));
+            Ok(())
+        },
+    );
+}
+
+/// `g[.., start..start + len, ..]` along `dim`.
+fn narrowed(g: &ArrayD<f64>, dim: usize, start: usize, len: usize) -> ArrayD<f64> {
+    g.slice_axis(Axis(dim), Slice::from(start..start + len)).to_owned()
+}
+
+#[test]
+fn narrow_split_chunk_cat_rules_match_dynamic() {
+    // [3, 7]: dim 0 uneven over 2 ranks and with an empty shard under a 2×2 `(S0, S0)`.
+    let (x, a, b) = (global(&[3, 7], 66, false), global(&[3, 2], 67, false), global(&[3, 4], 68, false));
+    let (n1, n0) = (narrowed(&x, 1, 2, 4), narrowed(&x, 0, 1, 2));
+    let cat1 = dtensor_runtime::ndarray::concatenate(Axis(1), &[a.view(), b.view(), a.view()]).unwrap();
+    // split(3) and chunk(3) of 7: [3, 3, 1]; chunk(4) of 7: [2, 2, 2, 1].
+    let (by3, by2) = ([(0, 3), (3, 3), (6, 1)], [(0, 2), (2, 2), (4, 2), (6, 1)]);
+    macro_rules! pieces_case {
+        ([$m:ty, $name:literal, $typed:expr, $dynamic:expr, $parts:expr, $mesh:expr, $fails:expr]; $la:ty, $_lb:ty) => {{
+            let t = input::<$m, $la, 2>(&x, $mesh)?;
+            let (tp_, dp_) = (($typed)(&t)?, ($dynamic)(t.as_dtensor())?);
+            let (tp_, dp_): (Vec<Dt<f64, $m, $la, 2>>, Vec<DTensor<f64>>) = (tp_, dp_);
+            if tp_.len() != $parts.len() || dp_.len() != $parts.len() {
+                $fails.push(format!("{} {}: {} / {} pieces", $name, stringify!($la), tp_.len(), dp_.len()));
+            }
+            for (i, ((tpi, dpi), &(s, n))) in tp_.into_iter().zip(dp_).zip($parts.iter()).enumerate() {
+                let case = format!("{} {} piece {i}", $name, stringify!($la));
+                check(&case, Ok(tpi), Ok(dpi), &narrowed(&x, 1, s, n), $fails)?;
+            }
+        }};
+    }
+    macro_rules! cat_case {
+        ([$m:ty, $mesh:expr, $fails:expr]; $la:ty, $_lb:ty) => {{
+            let (ta, tb) = (input::<$m, $la, 2>(&a, $mesh)?, input::<$m, $la, 2>(&b, $mesh)?);
+            let case = format!("cat(1) {}", stringify!($la));
+            let dynamic = dtensor_runtime::ops::cat(&[ta.as_dtensor(), tb.as_dtensor(), ta.as_dtensor()], 1);
+            check(&case, Dt::cat(&[&ta, &tb, &ta], Dim::<1>), dynamic, &cat1, $fails)?;
+        }};
+    }
+    macro_rules! cases {
+        ($cb:ident, $m:ty, $mesh:expr, $fails:expr; $($l:tt)*) => {{
+            $cb!(unary_case [$m, 2, "narrow(1, 2, 4)", |t: &Dt<_, _, _, 2>| t.narrow(Dim::<1>, 2, 4), |d: &DTensor<f64>| d.narrow(1, 2, 4), &x, &n1, $mesh, $fails]; $($l)*);
+            $cb!(unary_case [$m, 2, "narrow(0, 1, 2)", |t: &Dt<_, _, _, 2>| t.narrow(Dim::<0>, 1, 2), |d: &DTensor<f64>| d.narrow(0, 1, 2), &x, &n0, $mesh, $fails]; (R, R) (S1, R) (Ps, R));
+            $cb!(pieces_case [$m, "split(3, 1)", |t: &Dt<f64, $m, _, 2>| t.split(3, Dim::<1>), |d: &DTensor<f64>| d.split(3, 1), by3, $mesh, $fails]; $($l)*);
+            $cb!(pieces_case [$m, "chunk(3, 1)", |t: &Dt<f64, $m, _, 2>| t.chunk(3, Dim::<1>), |d: &DTensor<f64>| d.chunk(3, 1), by3, $mesh, $fails]; $($l)*);
+            $cb!(pieces_case [$m, "chunk(4, 1)", |t: &Dt<f64, $m, _, 2>| t.chunk(4, Dim::<1>), |d: &DTensor<f64>| d.chunk(4, 1), by2, $mesh, $fails]; $($l)*);
+            $cb!(cat_case [$m, $mesh, $fails]; $($l)*);
+        }};
+    }
+    on_meshes(
+        |mesh, fails| {
+            cases!(each1, (tp,), mesh, fails; (R, R) (S0, R) (Ps, R) (Pa, R));
+            Ok(())
+        },
+        |mesh, fails| {
+            cases!(product2, (dp, tp), mesh, fails; (R, R) (S0, R) (Ps, R));
+            Ok(())
+        },
+    );
+}
+
+#[test]
+fn view_sizes_the_types_cannot_see_are_errors_at_the_callers_line() {
+    let out = run(2, |ctx| {
+        let mesh = ctx.init_device_mesh(&[2], &["tp"])?;
+        // [2, 6] sharded on dim 1: splitting it into [3, 2] puts 3 rows on 2 ranks.
+        let x: Dt<f64, (tp,), (S1,), 2> = Dt::distribute(&global(&[2, 6], 69, false), &mesh)?;
+        // [3, 4] sharded on dim 0: merging it with dim 1 is not a chunk of the merge.
+        let y: Dt<f64, (tp,), (S0,), 2> = Dt::distribute(&global(&[3, 4], 70, false), &mesh)?;
+        let before = implicit_redistribution_count();
+        let line = line!() + 1;
+        let e1 = x.unflatten(Dim::<1>, [3, 2]).err();
+        let e2 = y.flatten(Dim::<0>, Dim::<1>).err();
+        let e3 = y.squeeze(Dim::<1>).err();
+        let ok = x.unflatten(Dim::<1>, [2, 3])?.full_tensor()? == reshaped(&global(&[2, 6], 69, false), &[2, 2, 3]);
+        Ok((e1, e2, e3, ok, line, implicit_redistribution_count() - before))
+    })
+    .unwrap();
+    for (e1, e2, e3, ok, line, redistributions) in out {
+        assert!(ok, "the even split works");
+        assert_eq!(redistributions, 0);
+        for (e, l, want) in [(e1, line, "unflatten"), (e2, line + 1, "flatten"), (e3, line + 2, "size 1")] {
+            match e {
+                Some(Error::TypedMismatch { what, expected, .. }) => {
+                    assert!(what.contains(&format!("typed_rules.rs:{l}")), "{what}");
+                    assert!(what.contains(want) || expected.contains(want), "{what} / {expected}");
+                }
+                other => panic!("expected TypedMismatch, got {other:?}"),
+            }
+        }
+    }
+}

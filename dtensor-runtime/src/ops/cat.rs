@@ -6,7 +6,7 @@
 //! R and Partial (all inputs the same reduce op; cat is linear) are kept. The gradient of each
 //! input is its slice of the output's gradient. `stack` is `unsqueeze` then `cat`.
 
-use super::slice::ALL_OPS;
+use super::slice::{slice_keeps_shard, ALL_OPS};
 use super::strategy::{partial_ops, select, DimRule, Select};
 use super::{new_output, norm_dim};
 use crate::autograd::record;
@@ -34,7 +34,7 @@ pub fn cat<T: Element>(tensors: &[&DTensor<T>], dim: isize) -> Result<DTensor<T>
     }
     let n = tensors.len();
     let mut rs = vec![DimRule::new(&vec![Placement::Replicate; n], Placement::Replicate)];
-    for e in (0..first.ndim()).filter(|&e| e != d) {
+    for e in (0..first.ndim()).filter(|&e| slice_keeps_shard(e, d)) {
         rs.push(DimRule::new(&vec![Placement::Shard(e as isize); n], Placement::Shard(e as isize)));
     }
     for o in partial_ops(tensors, &ALL_OPS) {

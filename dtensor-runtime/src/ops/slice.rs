@@ -19,12 +19,19 @@ use crate::placement::{Placement, ReduceOp};
 pub(crate) const ALL_OPS: [ReduceOp; 5] =
     [ReduceOp::Sum, ReduceOp::Avg, ReduceOp::Min, ReduceOp::Max, ReduceOp::Product];
 
+/// Whether slicing or concatenating along tensor dim `dim` keeps a `Shard(shard_dim)` without
+/// communication: only a shard of another dim (a shard of `dim` is gathered first). Also the
+/// typed layer's rule for narrow, split, chunk and cat.
+pub const fn slice_keeps_shard(shard_dim: usize, dim: usize) -> bool {
+    shard_dim != dim
+}
+
 /// Rules of an op that keeps every placement except shards of `dim` (unless `dim_ok`).
 pub(crate) fn keep_except_dim<T: Element>(x: &DTensor<T>, dim: usize, dim_ok: bool, pops: &[ReduceOp]) -> Vec<DimRule> {
     let mut rs = vec![DimRule::new(&[Placement::Replicate], Placement::Replicate)];
     rs.extend(
         (0..x.ndim())
-            .filter(|&e| e != dim || dim_ok)
+            .filter(|&e| slice_keeps_shard(e, dim) || dim_ok)
             .map(|e| DimRule::new(&[Placement::Shard(e as isize)], Placement::Shard(e as isize))),
     );
     rs.extend(

@@ -77,6 +77,76 @@ fn leading(dims: &[usize], shape: &[usize]) -> Option<usize> {
     dims.iter().copied().find(|&d| shape[d] != 1).or(dims.first().copied())
 }
 
+/// The output dim of input dim `d` when output dim `k` is input dim `order[k]` (permute):
+/// where a `Shard(d)` goes. Also the typed layer's permute rule.
+pub const fn permuted_dim(d: usize, order: &[usize]) -> usize {
+    let mut k = 0;
+    while k < order.len() {
+        if order[k] == d {
+            return k;
+        }
+        k += 1;
+    }
+    d
+}
+
+/// The reshape rule `input` → `out` (same number of elements): per group of merged / split
+/// dims, (leading input dim, leading output dim, whether a shard of it must divide evenly).
+/// An empty tensor has no groups (any shard is redistributed, which moves nothing).
+fn view_rule(input: &[usize], out: &[usize]) -> Vec<(usize, usize, bool)> {
+    if input.iter().product::<usize>() == 0 {
+        return vec![];
+    }
+    let mut rule = vec![];
+    for (gi, gj) in view_groups(input, out) {
+        let (Some(li), Some(lj)) = (leading(&gi, input), leading(&gj, out)) else { continue };
+        let real_i = gi.iter().filter(|&&d| input[d] != 1).count();
+        let real_j = gj.iter().filter(|&&d| out[d] != 1).count();
+        rule.push((li, lj, !(real_i <= 1 && real_j <= 1)));
+    }
+    rule
+}
+
+/// Whether the input placements `ps` pass the divisibility checks of `rule`: a shard of a
+/// really merged or split group's leading dim needs its size and the output's leading size to
+/// divide by the number of shards (torch.chunk of the merge then equals the merge of chunks).
+fn view_divides(
+    rule: &[(usize, usize, bool)],
+    input: &[usize],
+    out: &[usize],
+    mesh_shape: &[usize],
+    ps: &[Placement],
+) -> bool {
+    rule.iter().all(|&(li, lj, divisible)| {
+        if !divisible {
+            return true;
+        }
+        let shards: usize = ps.iter().zip(mesh_shape).filter(|(p, _)| p.is_shard_on(li)).map(|(_, &n)| n).product();
+        input[li].is_multiple_of(shards) && out[lj].is_multiple_of(shards)
+    })
+}
+
+/// The placements a reshape `input` → `out` of a tensor with placements `ps` on a mesh of
+/// `mesh_shape` keeps without any communication, or `None` when it would redistribute first.
+/// The typed layer asks this before a typed view op runs.
+pub fn reshape_keeps(input: &[usize], out: &[usize], mesh_shape: &[usize], ps: &[Placement]) -> Option<Vec<Placement>> {
+    if input.iter().product::<usize>() != out.iter().product::<usize>() {
+        return None;
+    }
+    let rule = view_rule(input, out);
+    if !view_divides(&rule, input, out, mesh_shape, ps) {
+        return None;
+    }
+    ps.iter()
+        .map(|p| match *p {
+            Placement::Shard(d) => {
+                rule.iter().find(|&&(li, _, _)| li as isize == d).map(|&(_, lj, _)| Placement::Shard(lj as isize))
+            }
+            p => Some(p),
+        })
+        .collect()
+}
+
 impl<T: Element> DTensor<T> {
     /// Swaps two dims. Shard dims are swapped with them; never communicates.
     pub fn transpose(&self, dim0: isize, dim1: isize) -> Result<DTensor<T>> {
@@ -113,7 +183,7 @@ impl<T: Element> DTensor<T> {
                 reason: format!("{dims:?} is not a permutation of the {nd} dims"),
             });
         }
-        let pairs: Vec<(usize, usize)> = axes.iter().enumerate().map(|(k, &a)| (a, k)).collect();
+        let pairs: Vec<(usize, usize)> = (0..nd).map(|a| (a, permuted_dim(a, &axes))).collect();
         let c = select("permute", &[self], &remap_rules(self, &pairs), Select::default())?;
         let xi = &*c.inputs[0];
         let shape: Vec<usize> = axes.iter().map(|&a| xi.shape[a]).collect();
@@ -217,28 +287,9 @@ impl<T: Element> DTensor<T> {
             });
         }
         let mesh_shape = self.mesh.shape().to_vec();
-        let mut pairs = vec![];
-        // (input dim, output dim, needs divisibility)
-        let mut checks: Vec<(usize, usize, bool)> = vec![];
-        if self.numel() > 0 {
-            for (gi, gj) in view_groups(&input, out) {
-                let (Some(li), Some(lj)) = (leading(&gi, &input), leading(&gj, out)) else { continue };
-                let real_i = gi.iter().filter(|&&d| input[d] != 1).count();
-                let real_j = gj.iter().filter(|&&d| out[d] != 1).count();
-                pairs.push((li, lj));
-                checks.push((li, lj, !(real_i <= 1 && real_j <= 1)));
-            }
-        }
-        let valid = |ins: &[Vec<Placement>], _: &[Placement]| {
-            checks.iter().all(|&(li, lj, divisible)| {
-                if !divisible {
-                    return true;
-                }
-                let shards: usize =
-                    ins[0].iter().zip(&mesh_shape).filter(|(p, _)| p.is_shard_on(li)).map(|(_, &n)| n).product();
-                input[li].is_multiple_of(shards) && out[lj].is_multiple_of(shards)
-            })
-        };
+        let rule = view_rule(&input, out);
+        let pairs: Vec<(usize, usize)> = rule.iter().map(|&(li, lj, _)| (li, lj)).collect();
+        let valid = |ins: &[Vec<Placement>], _: &[Placement]| view_divides(&rule, &input, out, &mesh_shape, &ins[0]);
         let rules = remap_rules(self, &pairs);
         let c = select("reshape", &[self], &rules, Select { valid: Some(&valid), prefer_output: None })?;
         let xi = &*c.inputs[0];

@@ -32,6 +32,7 @@ pub mod cuda;
 #[cfg(not(feature = "cuda"))]
 mod no_cuda;
 pub mod op;
+mod vmath;
 
 #[cfg(feature = "cuda")]
 pub use cuda::CudaStorage;

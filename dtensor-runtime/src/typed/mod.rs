@@ -19,6 +19,7 @@
 //! dynamic op and checks that its placements are the ones the type promised.
 
 pub mod broadcast;
+pub mod cat;
 pub mod dims;
 pub mod layout;
 mod lift;
@@ -26,21 +27,26 @@ pub mod markers;
 pub mod matmul;
 pub mod norm;
 pub mod params;
+pub mod permute;
 pub mod pointwise;
 #[doc(hidden)] // only `#[distribute]`'s generated code uses it
 pub mod probe;
+pub mod rank;
 pub mod redistribute;
 pub mod reduce;
 pub mod same;
+pub mod slice;
 pub mod tensor;
 pub mod transpose;
 pub mod unary;
+pub mod view;
 
 pub use dims::{MeshDim, MeshDims};
 pub use layout::TypedLayout;
 pub use markers::{Avg, Max, Min, Partial, PlacementMarker, Product, ReduceMarker, Replicate, Shard, Sum};
 pub use matmul::{Batched, MatmulLayout, MatmulRule, Rank};
 pub use params::Parameters;
+pub use permute::Permutation;
 pub use pointwise::{AddLayout, AddRule, DivLayout, DivRule, MulLayout, MulRule, SubLayout, SubRule};
 pub use reduce::Dim;
 pub use same::SameLayout;
