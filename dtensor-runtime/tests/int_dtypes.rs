@@ -410,3 +410,48 @@ fn bad_integer_ids_are_typed_errors() {
         assert!(matches!(e, Error::InvalidArgument { .. }), "{e:?}");
     }
 }
+
+#[test]
+fn byte_masks_in_where_and_masked_fill_equal_the_float_mask_path() {
+    use dtensor_runtime::storage::op::BinaryOp;
+    let a = ArrayD::from_shape_fn(IxDyn(&[5, 3]), |ix| (ix[0] * 3 + ix[1]) as f32 * 0.5 - 3.0);
+    let b = ArrayD::from_shape_fn(IxDyn(&[5, 3]), |ix| (ix[1] * 5 + ix[0]) as f32 * 0.3 - 2.0);
+    let mut all = Vec::new();
+    for (mesh, p) in layouts() {
+        let world: usize = mesh.iter().product();
+        all.extend(
+            run(world, |ctx| {
+                let n = names(mesh.len());
+                let refs: Vec<&str> = n.iter().map(String::as_str).collect();
+                let m = ctx.init_device_mesh(&mesh, &refs)?;
+                let x = distribute_tensor(&a, &m, &p, None)?.requires_grad_(true);
+                let y = distribute_tensor(&b, &m, &p, None)?;
+                let fmask = x.lt_mask(&y)?;
+                let bmask = x.compare_mask(BinaryOp::Lt, &y)?;
+                assert_eq!(bmask.full_tensor()?, fmask.full_tensor()?.mapv(|v| v as u8));
+                let wf = x.where_(&fmask, &y)?;
+                let wb = x.where_(&bmask, &y)?;
+                wb.sum()?.backward()?;
+                let gb = x.grad().unwrap().full_tensor()?;
+                x.zero_grad();
+                wf.sum()?.backward()?;
+                let gf = x.grad().unwrap().full_tensor()?;
+                let mf = x.masked_fill(&fmask, f32::NEG_INFINITY)?.full_tensor()?;
+                let mb = x.masked_fill(&bmask, f32::NEG_INFINITY)?.full_tensor()?;
+                assert!(x.compare_mask(BinaryOp::Add, &y).is_err());
+                Ok((wf.full_tensor()?, wb.full_tensor()?, gf, gb, mf, mb, bmask.full_tensor()?))
+            })
+            .unwrap(),
+        );
+    }
+    let one = all[0].clone();
+    for (wf, wb, gf, gb, mf, mb, mask) in all {
+        assert_eq!(wf, wb);
+        assert_eq!(gf, gb);
+        assert_eq!(mf, mb);
+        // Every layout equals one rank.
+        assert_eq!((&wb, &gb, &mb, &mask), (&one.1, &one.3, &one.5, &one.6));
+    }
+    let m = &one.6;
+    assert!(m.iter().any(|&v| v == 1) && m.iter().any(|&v| v == 0), "the mask mixes both values: {m}");
+}

@@ -14,7 +14,6 @@ use crate::element::{Element, IndexElement};
 use crate::error::{Error, Result};
 use crate::layout::local_shape_and_offset;
 use crate::placement::{Placement, ReduceOp};
-use std::any::Any;
 use std::borrow::Cow;
 
 const R: Placement = Placement::Replicate;
@@ -53,17 +52,14 @@ fn embedding_backward<T: Element>(
 /// one, else a cast whose every value must convert back unchanged (an id `T` cannot hold
 /// exactly is an [`Error::InvalidArgument`] naming `op`; range checks are the kernels').
 pub(crate) fn ids_as<'a, T: Element, I: IndexElement>(op: &str, ids: &'a DTensor<I>) -> Result<Cow<'a, DTensor<T>>> {
-    if let Some(same) = (ids as &dyn Any).downcast_ref::<DTensor<T>>() {
-        return Ok(Cow::Borrowed(same));
-    }
-    let t = ids.cast::<T>()?;
-    if t.local.cast::<I>()? != ids.local {
+    let t = super::in_type::<T, I>(ids)?;
+    if I::DTYPE != T::DTYPE && t.local.cast::<I>()? != ids.local {
         return Err(Error::InvalidArgument {
             context: op.into(),
             reason: format!("an id of dtype {} is not exactly representable in {}", I::DTYPE, T::DTYPE),
         });
     }
-    Ok(Cow::Owned(t))
+    Ok(t)
 }
 
 impl<T: Element> DTensor<T> {
