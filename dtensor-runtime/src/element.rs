@@ -162,7 +162,7 @@ pub trait Scalar:
 /// feature they can be moved to a device and communicated, but device kernels return
 /// "dtype bf16 has no CUDA kernels yet" ([`Error::Unsupported`](crate::Error::Unsupported)).
 pub trait Element:
-    Scalar
+    IndexElement
     + ndarray::LinalgScalar
     + num_traits::Float
     + num_traits::FromPrimitive
@@ -181,6 +181,17 @@ pub trait Element:
     + 'static
 {
 }
+
+/// Element types that can carry indices ([`DTensor::embedding`](crate::DTensor::embedding) ids,
+/// [`DTensor::cross_entropy`](crate::DTensor::cross_entropy) targets): the signed integers, and
+/// the floats for whole-number ids (exact up to 2²⁴ in f32, 2⁸ in bf16).
+pub trait IndexElement: Scalar {}
+impl IndexElement for i64 {}
+impl IndexElement for i32 {}
+impl IndexElement for f32 {}
+impl IndexElement for f64 {}
+impl IndexElement for bf16 {}
+impl IndexElement for f16 {}
 
 /// Floats record redistributions on the autograd tape.
 macro_rules! float_redistribute {

@@ -303,3 +303,155 @@ fn casts_between_integers_and_floats() {
         assert_eq!(sat.as_slice().unwrap(), &[2, 0, 255, 0]);
     }
 }
+
+/// (mesh, table placements, ids placements) for the embedding comparisons.
+fn embedding_layouts() -> Vec<(Vec<usize>, Vec<Placement>, Vec<Placement>)> {
+    vec![
+        (vec![1], vec![Replicate], vec![Replicate]),
+        (vec![2], vec![Shard(0)], vec![Replicate]),
+        (vec![2], vec![Replicate], vec![Shard(0)]),
+        (vec![2], vec![Shard(1)], vec![Replicate]),
+        (vec![2, 2], vec![Shard(0), Replicate], vec![Replicate, Shard(1)]),
+        (vec![2, 2], vec![Shard(0), Shard(1)], vec![Replicate, Replicate]),
+    ]
+}
+
+/// `f(table, ids as i64, ids as f32)` on every layout; returns per rank what `f` returns.
+fn on_layouts<R: Send>(
+    f: impl Fn(&DTensor<f32>, &DTensor<i64>, &DTensor<f32>) -> dtensor_runtime::Result<R> + Sync,
+) -> Vec<R> {
+    let table = ArrayD::from_shape_fn(IxDyn(&[7, 4]), |ix| (ix[0] * 4 + ix[1]) as f32 * 0.25 - 3.0);
+    let ids: Vec<i64> = vec![0, 6, 3, 2, 2, 5];
+    let ids_i = ArrayD::from_shape_vec(IxDyn(&[2, 3]), ids.clone()).unwrap();
+    let ids_f = ids_i.mapv(|v| v as f32);
+    let mut out = Vec::new();
+    for (mesh, wp, ip) in embedding_layouts() {
+        let world: usize = mesh.iter().product();
+        out.extend(
+            run(world, |ctx| {
+                let n = names(mesh.len());
+                let refs: Vec<&str> = n.iter().map(String::as_str).collect();
+                let m = ctx.init_device_mesh(&mesh, &refs)?;
+                let w = distribute_tensor(&table, &m, &wp, None)?.requires_grad_(true);
+                let i = distribute_tensor(&ids_i, &m, &ip, None)?;
+                let fl = distribute_tensor(&ids_f, &m, &ip, None)?;
+                f(&w, &i, &fl)
+            })
+            .unwrap(),
+        );
+    }
+    out
+}
+
+#[test]
+fn embedding_with_i64_ids_equals_the_float_id_path() {
+    let outs = on_layouts(|w, ids, fids| {
+        let a = w.embedding(ids)?;
+        a.sum()?.backward()?;
+        let ga = w.grad().unwrap().full_tensor()?;
+        w.zero_grad();
+        let b = w.embedding(fids)?;
+        b.sum()?.backward()?;
+        let gb = w.grad().unwrap().full_tensor()?;
+        Ok((a.full_tensor()?, b.full_tensor()?, ga, gb))
+    });
+    for (a, b, ga, gb) in outs {
+        assert_eq!(a, b);
+        assert_eq!(ga, gb);
+        // Row 2 is looked up twice, rows 1 and 4 never.
+        assert_eq!(ga[[2, 0]], 2.0);
+        assert_eq!(ga[[1, 0]], 0.0);
+    }
+}
+
+#[test]
+fn cross_entropy_with_i64_targets_equals_the_float_target_path() {
+    // Logits [2, 3, 7] against the ids as class targets [2, 3].
+    let outs = on_layouts(|w, ids, fids| {
+        let logits = w.embedding(fids)?.matmul(&w.transpose(0, 1)?)?;
+        let a = logits.cross_entropy(ids)?;
+        a.backward()?;
+        let ga = w.grad().unwrap().full_tensor()?;
+        w.zero_grad();
+        let b = logits.cross_entropy(fids)?;
+        b.backward()?;
+        let gb = w.grad().unwrap().full_tensor()?;
+        Ok((a.full_tensor()?, b.full_tensor()?, ga, gb))
+    });
+    let one = &outs[0];
+    for (a, b, ga, gb) in &outs {
+        assert_eq!(a, b);
+        assert_eq!(ga, gb);
+        // Every layout agrees with one rank (up to summation order).
+        assert!((a.sum() - one.0.sum()).abs() < 1e-4, "{a} vs {}", one.0);
+    }
+}
+
+#[test]
+fn bad_integer_ids_are_typed_errors() {
+    let errs = run(1, |ctx| {
+        let m = ctx.init_device_mesh(&[1], &["x"])?;
+        let w = distribute_tensor(ArrayD::<f32>::ones(IxDyn(&[5, 2])), &m, &[Replicate], None)?;
+        let mut errs = Vec::new();
+        for bad in [-1i64, 5, 1 << 40] {
+            let ids = distribute_tensor(ArrayD::from_elem(IxDyn(&[2]), bad), &m, &[Replicate], None)?;
+            errs.push(w.embedding(&ids).map(|_| ()).unwrap_err());
+            let logits = distribute_tensor(ArrayD::<f32>::ones(IxDyn(&[2, 5])), &m, &[Replicate], None)?;
+            errs.push(logits.cross_entropy(&ids).map(|_| ()).unwrap_err());
+        }
+        // An i32 id beyond bf16's whole numbers cannot be carried in a bf16 table's type.
+        let wb = w.cast::<dtensor_runtime::bf16>()?;
+        let ids = distribute_tensor(ArrayD::from_elem(IxDyn(&[1]), 257i32), &m, &[Replicate], None)?;
+        errs.push(wb.embedding(&ids).map(|_| ()).unwrap_err());
+        Ok(errs)
+    })
+    .unwrap();
+    for e in &errs[0] {
+        assert!(matches!(e, Error::InvalidArgument { .. }), "{e:?}");
+    }
+}
+
+#[test]
+fn byte_masks_in_where_and_masked_fill_equal_the_float_mask_path() {
+    use dtensor_runtime::storage::op::BinaryOp;
+    let a = ArrayD::from_shape_fn(IxDyn(&[5, 3]), |ix| (ix[0] * 3 + ix[1]) as f32 * 0.5 - 3.0);
+    let b = ArrayD::from_shape_fn(IxDyn(&[5, 3]), |ix| (ix[1] * 5 + ix[0]) as f32 * 0.3 - 2.0);
+    let mut all = Vec::new();
+    for (mesh, p) in layouts() {
+        let world: usize = mesh.iter().product();
+        all.extend(
+            run(world, |ctx| {
+                let n = names(mesh.len());
+                let refs: Vec<&str> = n.iter().map(String::as_str).collect();
+                let m = ctx.init_device_mesh(&mesh, &refs)?;
+                let x = distribute_tensor(&a, &m, &p, None)?.requires_grad_(true);
+                let y = distribute_tensor(&b, &m, &p, None)?;
+                let fmask = x.lt_mask(&y)?;
+                let bmask = x.compare_mask(BinaryOp::Lt, &y)?;
+                assert_eq!(bmask.full_tensor()?, fmask.full_tensor()?.mapv(|v| v as u8));
+                let wf = x.where_(&fmask, &y)?;
+                let wb = x.where_(&bmask, &y)?;
+                wb.sum()?.backward()?;
+                let gb = x.grad().unwrap().full_tensor()?;
+                x.zero_grad();
+                wf.sum()?.backward()?;
+                let gf = x.grad().unwrap().full_tensor()?;
+                let mf = x.masked_fill(&fmask, f32::NEG_INFINITY)?.full_tensor()?;
+                let mb = x.masked_fill(&bmask, f32::NEG_INFINITY)?.full_tensor()?;
+                assert!(x.compare_mask(BinaryOp::Add, &y).is_err());
+                Ok((wf.full_tensor()?, wb.full_tensor()?, gf, gb, mf, mb, bmask.full_tensor()?))
+            })
+            .unwrap(),
+        );
+    }
+    let one = all[0].clone();
+    for (wf, wb, gf, gb, mf, mb, mask) in all {
+        assert_eq!(wf, wb);
+        assert_eq!(gf, gb);
+        assert_eq!(mf, mb);
+        // Every layout equals one rank.
+        assert_eq!((&wb, &gb, &mb, &mask), (&one.1, &one.3, &one.5, &one.6));
+    }
+    let m = &one.6;
+    assert!(m.iter().any(|&v| v == 1) && m.iter().any(|&v| v == 0), "the mask mixes both values: {m}");
+}

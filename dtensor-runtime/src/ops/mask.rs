@@ -1,7 +1,8 @@
 //! Masking and selection: comparisons returning masks, `where`, `masked_fill`, `tril`/`triu`.
 //!
-//! Masks are tensors of the same element type holding 1 (true) and 0 (false); any non-zero
-//! value counts as true where a mask is read. (Integer and bool element types come later.)
+//! Masks hold 1 (true) and 0 (false): tensors of the same element type (`lt_mask`, ...) or
+//! byte masks (`DTensor<u8>`, from [`DTensor::compare_mask`]); any non-zero value counts as
+//! true where a mask is read, and `where_`/`masked_fill` read a mask of any element type.
 //!
 //! Rules per mesh dim: comparisons and `where` follow the element-wise rule of
 //! [`pointwise`](super::pointwise) with no Partial strategy (a Partial input is reduced first,
@@ -15,7 +16,7 @@ use super::strategy::{partial_ops, select, DimRule, Select};
 use super::{new_output, sum_to};
 use crate::autograd::{input_needs_grad, no_grad, record, recording};
 use crate::dtensor::DTensor;
-use crate::element::Element;
+use crate::element::{Element, Scalar};
 use crate::error::{Error, Result};
 use crate::placement::{contains_op, Placement, ReduceOp};
 use crate::storage::broadcast_shape;
@@ -108,15 +109,32 @@ impl<T: Element> DTensor<T> {
         compare(BinaryOp::Ge, self, other)
     }
 
+    /// The comparison `op` (`Eq`, `Ne`, `Lt`, `Le`, `Gt`, `Ge`) of `self` and `other`
+    /// (broadcasting) as a byte mask: 1 where it holds, else 0; no gradient. Any other op is
+    /// an [`Error::InvalidArgument`].
+    pub fn compare_mask(&self, op: BinaryOp, other: &DTensor<T>) -> Result<DTensor<u8>> {
+        use BinaryOp::{Eq, Ge, Gt, Le, Lt, Ne};
+        if !matches!(op, Eq | Ne | Lt | Le | Gt | Ge) {
+            return Err(Error::InvalidArgument {
+                context: "compare_mask".into(),
+                reason: format!("{op:?} is not a comparison"),
+            });
+        }
+        compare(op, self, other)?.cast::<u8>()
+    }
+
     /// PyTorch `self.where(condition, other)`: `self` where `condition` is non-zero, else
-    /// `other` (broadcasting all three). Gradients flow to `self` and `other`, not the mask.
-    pub fn where_(&self, condition: &DTensor<T>, other: &DTensor<T>) -> Result<DTensor<T>> {
-        where_impl(condition, self, other)
+    /// `other` (broadcasting all three). The mask may be of any element type (a `u8` byte
+    /// mask, or `T`). Gradients flow to `self` and `other`, not the mask.
+    pub fn where_<M: Scalar>(&self, condition: &DTensor<M>, other: &DTensor<T>) -> Result<DTensor<T>> {
+        where_impl(&*super::in_type::<T, M>(condition)?, self, other)
     }
 
     /// `value` where `mask` is non-zero, else `self` (PyTorch `masked_fill`; `mask`
     /// broadcasts to `self`). `value` may be infinite (e.g. `-inf` before a softmax).
-    pub fn masked_fill(&self, mask: &DTensor<T>, value: T) -> Result<DTensor<T>> {
+    /// The mask may be of any element type (a `u8` byte mask, or `T`).
+    pub fn masked_fill<M: Scalar>(&self, mask: &DTensor<M>, value: T) -> Result<DTensor<T>> {
+        let mask = &*super::in_type::<T, M>(mask)?;
         let out = broadcast_shape("masked_fill", &mask.shape, &self.shape)?;
         if out != self.shape {
             return Err(Error::ShapeMismatch {
