@@ -9,7 +9,7 @@
 #[macro_use]
 mod typed_util;
 
-use dtensor_runtime::ndarray::{ArrayD, Axis, Ix2, IxDyn};
+use dtensor_runtime::ndarray::{ArrayD, Axis, Ix2, IxDyn, Slice};
 use dtensor_runtime::ops::{implicit_redistribution_count, implicit_redistributions};
 use dtensor_runtime::typed::dims::{dp, tp};
 use dtensor_runtime::typed::{Dim, Dt, TypedLayout};
