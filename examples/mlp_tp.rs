@@ -24,12 +24,15 @@
 
 #[path = "mlp_tp/model.rs"]
 mod model;
+#[path = "common/report.rs"]
+mod report;
 
 use clap::Parser;
 use dtensor::prelude::*;
 use dtensor::{visualize_sharding, CollectiveKind, CommDebugMode, Launch, RankCtx};
 use indicatif::{ProgressBar, ProgressStyle};
 use model::{Mlp, MlpConfig, Trainer};
+use report::{comm_line, parse_backend, parse_mesh};
 use std::collections::BTreeMap;
 use std::process::ExitCode;
 use std::time::Instant;
@@ -71,19 +74,6 @@ struct Args {
     /// Show a progress bar instead of one line per step.
     #[arg(long)]
     progress: bool,
-}
-
-fn parse_backend(s: &str) -> std::result::Result<Launch, String> {
-    s.parse::<Launch>().map_err(|e| e.to_string())
-}
-
-fn parse_mesh(s: &str) -> std::result::Result<(usize, usize), String> {
-    let (dp, tp) = s.split_once(['x', 'X', '×']).ok_or_else(|| format!("`{s}` is not DPxTP (e.g. 2x2)"))?;
-    let num = |v: &str| v.trim().parse::<usize>().ok().filter(|&n| n > 0);
-    match (num(dp), num(tp)) {
-        (Some(dp), Some(tp)) => Ok((dp, tp)),
-        _ => Err(format!("`{s}`: dp and tp must be positive integers")),
-    }
 }
 
 /// What one rank's training run returns.
@@ -174,29 +164,6 @@ struct Log {
 }
 
 const QUIET: Log = Log { label: "", layouts: false, steps: false, bar: false };
-
-/// `all_reduce@tp 4× 64.0 KiB, all_reduce@dp 4× 1.0 MiB` for one step on this rank.
-fn comm_line(comm: &CommDebugMode) -> String {
-    let parts: Vec<String> = comm
-        .by_kind()
-        .into_iter()
-        .filter(|((kind, _), _)| *kind != CollectiveKind::Barrier)
-        .map(|((kind, dim), (count, bytes))| format!("{kind}@{dim} {count}× {}", human_bytes(bytes)))
-        .collect();
-    if parts.is_empty() {
-        "none".into()
-    } else {
-        parts.join(", ")
-    }
-}
-
-fn human_bytes(b: usize) -> String {
-    match b {
-        b if b >= 1 << 20 => format!("{:.1} MiB", b as f64 / (1 << 20) as f64),
-        b if b >= 1 << 10 => format!("{:.1} KiB", b as f64 / (1 << 10) as f64),
-        b => format!("{b} B"),
-    }
-}
 
 /// Which rank holds which block of every parameter (computed from the layout, no comm).
 fn print_layouts(model: &Mlp<f32>, mesh: &DeviceMesh) -> Result<()> {

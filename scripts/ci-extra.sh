@@ -20,6 +20,10 @@ bash scripts/mpi-tests.sh
 echo "== example: mlp_tp (small)"
 cargo run --example mlp_tp -- --steps 5
 
+echo "== example: transformer_tp (GPT-style decoder with the DSL, 2x2 vs 1 rank, collective counts)"
+cargo run --example transformer_tp
+cargo run --example transformer_tp -- --mesh 1x4 --layers 3
+
 echo "== example: hf_load (Llama-shaped HF checkpoint on 2x2 vs 1 rank)"
 cargo run --example hf_load
 cargo run --example hf_load -- --fsdp

@@ -3,6 +3,7 @@
 use crate::dtensor::DTensor;
 use crate::element::{Element, IndexElement};
 use crate::error::{Error, Result};
+use crate::placement::Placement;
 
 impl<T: Element> DTensor<T> {
     /// Mean cross-entropy of logits `[.., C]` against class ids `[..]` (whole numbers in
@@ -22,6 +23,14 @@ impl<T: Element> DTensor<T> {
         let classes = self.shape[nd - 1];
         let count = target.numel().max(1);
         let onehot = target.one_hot(classes)?;
+        // Loss parallelism: where the logits are sharded on the class dim, cut the one-hot
+        // to the same shards (a local slice of a replicated tensor, no collective), so that
+        // the `mul` below needs no redistribution of its own.
+        let class_dim = Placement::Shard((nd - 1) as isize);
+        let want: Vec<Placement> = (self.placements().iter().zip(onehot.placements()))
+            .map(|(&x, &t)| if x == class_dim && t == Placement::Replicate { class_dim } else { t })
+            .collect();
+        let onehot = if want.as_slice() == onehot.placements() { onehot } else { onehot.redistribute(&want)? };
         self.log_softmax(-1)?.mul(&onehot)?.sum()?.mul_scalar(-T::one() / T::of_f64(count as f64))
     }
 

@@ -216,6 +216,15 @@ impl<T: Element, M: MeshDims, L: TypedLayout<M>, const R: usize> Dt<T, M, L, R> 
     }
 }
 
+impl<T: Element, M: MeshDims, L: TypedLayout<M>> Dt<T, M, L, 0> {
+    /// Backpropagates from this scalar (a loss, whatever its layout: a `Partial` loss is
+    /// summed by the autograd engine); gradients accumulate into the leaves' `.grad()`. Only
+    /// rank 0 has it: the type says the tensor has one element. See [`DTensor::backward`].
+    pub fn backward(&self) -> Result<()> {
+        self.inner.backward()
+    }
+}
+
 impl<T: Element, M: MeshDims, L: TypedLayout<M>, const R: usize> Clone for Dt<T, M, L, R> {
     fn clone(&self) -> Self {
         Dt { inner: self.inner.clone(), _layout: PhantomData }
