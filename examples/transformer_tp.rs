@@ -13,10 +13,11 @@
 //! of a fixed rule (`t[i+1] = (5·t[i] + 3) mod vocab`) from random starts, so the loss goes
 //! down. Everything is f64, so the mesh and the 1-rank run agree to rounding.
 //!
-//! Escapes to the dynamic layer: none in the model. At the edges only: `Dt::distribute` of
-//! the host token ids (the input), `full_tensor` of the loss (the printout) and of the
-//! weights (the comparison). `grep -cE 'as_dtensor|Dt::try_from|from_dtensor|implicit'
-//! examples/transformer_tp.rs examples/transformer_tp/model.rs` counts the escapes: 0.
+//! Escapes to the dynamic layer: none in the model or the training step. At the edges only:
+//! `Dt::distribute` of the host token ids (the input), `full_tensor` of the loss (the
+//! printout) and of the parameters (the comparison with 1 rank). To count the escapes (0):
+//! `cat examples/transformer_tp.rs examples/transformer_tp/model.rs | grep -vE '^\s*//' |
+//! grep -cE 'as_dtensor|try_from|from_dtensor|into_dtensor|implicit'`.
 //!
 //! Exit status: 0 on PASS, 1 on FAIL, 2 on a bad argument or runtime error.
 

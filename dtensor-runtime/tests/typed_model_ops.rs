@@ -210,3 +210,46 @@ fn model_op_shapes_the_types_cannot_see_are_errors() {
         assert!(typed && e.contains(&format!("typed_model_ops.rs:{line}")), "{e}");
     }
 }
+
+/// Loss parallelism inside a scope that forbids implicit redistributions (the body of a
+/// `#[distribute]` function): the typed `cross_entropy` of logits sharded on the batch (dp)
+/// and on the classes (tp) runs, and the typed `backward` of its rank-0 loss gives the
+/// 1-rank loss and gradient `(softmax(x) - onehot(t)) / rows`. Uneven: 5 rows and 5 classes
+/// over 2 ranks each.
+#[test]
+fn loss_parallel_cross_entropy_runs_and_backpropagates_without_implicit_redistribution() {
+    use dtensor_runtime::ops::implicit::{forbid_implicit, ScopeSite};
+    let x = global(&[5, 5], 3, false);
+    let t = global(&[5], 4, true).mapv(|v| (v * 1.9).floor());
+    let want_loss = cross_entropy_ref(&x, &t);
+    let mut want_grad = x.clone();
+    for (mut row, &ti) in want_grad.axis_iter_mut(Axis(0)).zip(t.iter()) {
+        let m = row.fold(f64::NEG_INFINITY, |a, &b| a.max(b));
+        row.mapv_inplace(|v| (v - m).exp());
+        let s = row.sum();
+        row.mapv_inplace(|v| v / s);
+        row[ti as usize] -= 1.0;
+        row.mapv_inplace(|v| v / 5.0);
+    }
+    let out = run(4, |ctx| {
+        let mesh = ctx.init_device_mesh(&[2, 2], &["dp", "tp"])?;
+        let xt = input::<(dp, tp), (S0, S1), 2>(&x, &mesh)?.requires_grad_(true);
+        let tt = input::<(dp, tp), (S0, R), 1>(&t, &mesh)?;
+        let loss = {
+            let _scope = forbid_implicit(ScopeSite { function: "loss", file: file!(), line: line!() });
+            let loss: dtensor_runtime::Dt<f64, (dp, tp), (Ps, Ps), 0> = xt.cross_entropy(&tt)?;
+            loss.backward()?;
+            loss
+        };
+        let grad = xt.as_dtensor().grad().ok_or_else(|| Error::Autograd("no gradient reached the logits".into()))?;
+        Ok((loss.full_tensor()?, grad.full_tensor()?))
+    })
+    .unwrap();
+    for (loss, grad) in out {
+        assert!((loss.sum() - want_loss.sum()).abs() < 1e-12, "{loss} vs {want_loss}");
+        assert_eq!(grad.shape(), want_grad.shape());
+        for (g, w) in grad.iter().zip(&want_grad) {
+            assert!((g - w).abs() < 1e-12, "{g} vs {w}");
+        }
+    }
+}
