@@ -261,12 +261,18 @@ fn real_main(args: &Args) -> Result<bool> {
         lr: args.lr,
         seed: args.seed,
     };
-    println!(
+    let header = format!(
         "transformer_tp: mesh dp={dpn} × tp={tpn} ({} backend), {} block(s), vocab {}, width {}, {} heads, seq {}, batch {}, {} steps, lr {}, seed {}",
         args.backend, args.layers, args.vocab, args.width, args.heads, args.seq, args.batch, args.steps, args.lr, args.seed
     );
-    let outs =
-        dtensor::launch(args.backend, dpn * tpn, |ctx| Ok((ctx.rank(), train(&ctx, &cfg, args.steps, (dpn, tpn))?)))?;
+    // Threads: every rank's result comes back. MPI: each process gets its own rank's; the
+    // process of rank 0 prints, checks and reports, the others only train.
+    let outs = dtensor::launch(args.backend, dpn * tpn, |ctx| {
+        if ctx.rank() == 0 {
+            println!("{header}");
+        }
+        Ok((ctx.rank(), train(&ctx, &cfg, args.steps, (dpn, tpn))?))
+    })?;
     let Some((_, run)) = outs.into_iter().find(|(rank, _)| *rank == 0) else { return Ok(true) };
     let reference = dtensor::run(1, |ctx| train(&ctx, &cfg, args.steps, (1, 1)))?;
     let Some(reference) = reference.into_iter().next() else { return Ok(false) };

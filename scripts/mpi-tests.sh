@@ -5,6 +5,7 @@
 #   mpi_redistribute  distribute/redistribute (uneven, 1-d and 2x2 mesh) + deterministic property test
 #   mpi_failure       a failing / panicking / stuck rank ends the job (MPI_Abort), never a hang
 #   mlp_tp example    `--backend mpi` must print PASS
+#   transformer_tp    `--backend mpi` must print PASS
 # Needs: apt-get install -y libopenmpi-dev openmpi-bin libclang-dev
 # Env: NP, DTENSOR_MPI_PROPTEST_CASES (default 200), CARGO_FLAGS (extra cargo flags).
 set -euo pipefail
@@ -71,6 +72,16 @@ if timeout 600 "${MPIRUN[@]}" target/debug/examples/mlp_tp --backend mpi 2>&1 | 
   echo "test mlp_tp[--backend mpi] ... ok"
 else
   echo "test mlp_tp[--backend mpi] ... FAILED"; status=1
+fi
+rm -f "$log"
+
+echo "== ${MPIRUN[*]} transformer_tp --backend mpi"
+cargo build --example transformer_tp --features mpi ${CARGO_FLAGS:-}
+log=$(mktemp)
+if timeout 600 "${MPIRUN[@]}" target/debug/examples/transformer_tp --backend mpi 2>&1 | tee "$log" && grep -q PASS "$log"; then
+  echo "test transformer_tp[--backend mpi] ... ok"
+else
+  echo "test transformer_tp[--backend mpi] ... FAILED"; status=1
 fi
 rm -f "$log"
 
