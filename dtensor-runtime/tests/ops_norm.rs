@@ -88,3 +88,45 @@ fn modules_match_the_formula() {
         }
     }
 }
+
+/// Megatron's column-parallel input: `layer_norm` of a replicated input feeding a
+/// column-parallel matmul. The input gradient arrives Partial over tp; the norm reduces it
+/// once (one all-reduce in the whole backward), so its weight and bias gradients come out
+/// replicated, not Partial. Gradients equal the 1-rank ones.
+#[test]
+fn layer_norm_reduces_a_partial_gradient_once() {
+    use dtensor_runtime::ndarray::{ArrayD, Dimension, IxDyn};
+    use dtensor_runtime::{distribute_tensor, run, CollectiveKind, CommDebugMode};
+    let g = |shape: &[usize], k: usize| {
+        ArrayD::from_shape_fn(IxDyn(shape), |ix| ((ix.slice().iter().sum::<usize>() * 7 + k) % 11) as f64 / 5.0 - 1.0)
+    };
+    let (x, w, b, m) = (g(&[3, 6], 1), g(&[6], 2), g(&[6], 3), g(&[6, 5], 4));
+    let train = |n: usize| {
+        let (x, w, b, m) = (x.clone(), w.clone(), b.clone(), m.clone());
+        run(n, move |ctx| {
+            let mesh = ctx.init_device_mesh(&[n], &["tp"])?;
+            let leaf = |a: &ArrayD<f64>, p: Placement| -> dtensor_runtime::Result<_> {
+                Ok(distribute_tensor(a.clone(), &mesh, &[p], Some(0))?.requires_grad_(true))
+            };
+            let (x, w, b, m) = (leaf(&x, R)?, leaf(&w, R)?, leaf(&b, R)?, leaf(&m, S(1))?);
+            let loss = x.layer_norm(&[6], Some(&w), Some(&b), 1e-5)?.matmul(&m)?.sum()?;
+            let comm = CommDebugMode::new();
+            comm.scope(|| loss.backward())?;
+            let grads = [&x, &w, &b, &m]
+                .iter()
+                .map(|t| t.grad().expect("every leaf gets a gradient").full_tensor())
+                .collect::<dtensor_runtime::Result<Vec<_>>>()?;
+            Ok((comm.count_on(CollectiveKind::AllReduce, "tp"), comm.total(), grads))
+        })
+        .unwrap()
+    };
+    let want = train(1).remove(0).2;
+    for (all_reduces, total, grads) in train(2) {
+        assert_eq!((all_reduces, total), (1, 1), "one all-reduce over tp in the backward");
+        for (got, want) in grads.iter().zip(&want) {
+            for (a, b) in got.iter().zip(want) {
+                assert!((a - b).abs() < 1e-12, "{a} vs {b}");
+            }
+        }
+    }
+}

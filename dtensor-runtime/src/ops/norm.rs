@@ -6,9 +6,9 @@
 //! one is gathered first), as are the weight and bias; a Partial input is reduced first (the
 //! op is not linear). On a legal layout every statistic is local: the op then computes
 //! `(x - mean)·rsqrt(var + eps)·w + b` (or `x·rsqrt(mean(x²) + eps)·w`) from the dynamic ops,
-//! without communication, and autograd differentiates that composition. The weight and bias
-//! gradients are sums over the (possibly sharded) batch dims: Partial(sum) until they reach
-//! the parameters.
+//! without communication, and autograd differentiates that composition, after reducing a
+//! Partial incoming gradient to the output's layout. The weight and bias gradients are sums
+//! over the (possibly sharded) batch dims: Partial(sum) until they reach the parameters.
 
 use super::strategy::{select, DimRule, Select};
 use crate::dtensor::DTensor;
@@ -93,7 +93,15 @@ fn norm<T: Element>(
     if let Some(b) = bias.and_then(|_| rest.next()) {
         y = y.add(b)?;
     }
-    Ok(y)
+    // The gradient follows the output's layout (PyTorch's norm backward strategy): a Partial
+    // gradient (the input gradient of a column-parallel layer) is reduced here, once, rather
+    // than carried through the composition above, which would leave the weight and bias
+    // gradients Partial too, one more reduction each.
+    if !y.requires_grad() {
+        return Ok(y);
+    }
+    let placements = y.placements().to_vec();
+    crate::autograd::redistribute_op(&y, &placements, op, None)
 }
 
 impl<T: Element> DTensor<T> {
