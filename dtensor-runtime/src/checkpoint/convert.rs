@@ -59,7 +59,14 @@ mod tests {
         assert_eq!(out64, v);
         decode_into(Dtype::F64, &d, &mut out);
         assert_eq!(out[3], 1e-3f32, "f64 -> f32 rounds to nearest");
-        assert_eq!(loadable_size(Dtype::I64), None);
+        assert_eq!(loadable_size(Dtype::I16), None);
+        assert_eq!(loadable_size(Dtype::I64), Some(8));
+        let i: Vec<u8> = [-3i64, 7].iter().flat_map(|x| x.to_le_bytes()).collect();
+        let mut ints = [0i32; 2];
+        decode_into(Dtype::I64, &i, &mut ints);
+        assert_eq!(ints, [-3, 7]);
+        decode_into(Dtype::U8, &[200, 1], &mut out[..2]);
+        assert_eq!(out[..2], [200.0, 1.0]);
         assert_eq!(loadable_size(Dtype::BF16), Some(2));
     }
 }
