@@ -2,7 +2,7 @@
 
 use crate::autograd::AutogradMeta;
 use crate::comm::storage as comm_storage;
-use crate::element::Element;
+use crate::element::Scalar;
 use crate::error::{Error, Result};
 use crate::layout::pack;
 use crate::layout::{checked_global_shape_from_local, contiguous_strides, local_shape_and_offset};
@@ -19,7 +19,7 @@ use std::fmt;
 /// The shard lives on the mesh's device ([`DeviceMesh::device`]): host memory, or a CUDA
 /// device when the communicator provides one.
 #[derive(Clone)]
-pub struct DTensor<T: Element> {
+pub struct DTensor<T: Scalar> {
     pub(crate) local: Storage<T>,
     pub(crate) mesh: DeviceMesh,
     pub(crate) placements: Vec<Placement>,
@@ -59,24 +59,24 @@ impl FromLocal {
 
 /// Anything [`distribute_tensor`] accepts: a full ndarray or [`Storage`] (a device one is read
 /// through a host copy), or a DTensor (returned as is when the layout matches).
-pub trait DistributeSource<T: Element> {
+pub trait DistributeSource<T: Scalar> {
     #[doc(hidden)]
     fn distribute_source(self, mesh: &DeviceMesh, placements: &[Placement], src: Option<usize>) -> Result<DTensor<T>>;
 }
 
-impl<T: Element> DistributeSource<T> for &ArrayD<T> {
+impl<T: Scalar> DistributeSource<T> for &ArrayD<T> {
     fn distribute_source(self, mesh: &DeviceMesh, placements: &[Placement], src: Option<usize>) -> Result<DTensor<T>> {
         distribute_array(self, mesh, placements, src)
     }
 }
 
-impl<T: Element> DistributeSource<T> for ArrayD<T> {
+impl<T: Scalar> DistributeSource<T> for ArrayD<T> {
     fn distribute_source(self, mesh: &DeviceMesh, placements: &[Placement], src: Option<usize>) -> Result<DTensor<T>> {
         distribute_array(&self, mesh, placements, src)
     }
 }
 
-impl<T: Element> DistributeSource<T> for &Storage<T> {
+impl<T: Scalar> DistributeSource<T> for &Storage<T> {
     fn distribute_source(self, mesh: &DeviceMesh, placements: &[Placement], src: Option<usize>) -> Result<DTensor<T>> {
         match self.as_cpu() {
             Some(a) => distribute_array(a, mesh, placements, src),
@@ -85,13 +85,13 @@ impl<T: Element> DistributeSource<T> for &Storage<T> {
     }
 }
 
-impl<T: Element> DistributeSource<T> for Storage<T> {
+impl<T: Scalar> DistributeSource<T> for Storage<T> {
     fn distribute_source(self, mesh: &DeviceMesh, placements: &[Placement], src: Option<usize>) -> Result<DTensor<T>> {
         (&self).distribute_source(mesh, placements, src)
     }
 }
 
-impl<T: Element> DistributeSource<T> for &DTensor<T> {
+impl<T: Scalar> DistributeSource<T> for &DTensor<T> {
     fn distribute_source(self, mesh: &DeviceMesh, placements: &[Placement], _src: Option<usize>) -> Result<DTensor<T>> {
         let wanted = normalize_placements(placements, self.ndim(), mesh.ndim())?;
         if self.mesh.same_as(mesh) && self.mesh.device() == mesh.device() && wanted == self.placements {
@@ -121,7 +121,7 @@ impl<T: Element> DistributeSource<T> for &DTensor<T> {
 /// }).unwrap();
 /// assert_eq!(shapes, vec![vec![3, 3], vec![3, 2], vec![3, 3], vec![3, 2]]);
 /// ```
-pub fn distribute_tensor<T: Element, S: DistributeSource<T>>(
+pub fn distribute_tensor<T: Scalar, S: DistributeSource<T>>(
     tensor: S,
     mesh: &DeviceMesh,
     placements: &[Placement],
@@ -130,7 +130,7 @@ pub fn distribute_tensor<T: Element, S: DistributeSource<T>>(
     tensor.distribute_source(mesh, placements, src_data_rank)
 }
 
-fn distribute_array<T: Element>(
+fn distribute_array<T: Scalar>(
     tensor: &ArrayD<T>,
     mesh: &DeviceMesh,
     placements: &[Placement],
@@ -215,7 +215,7 @@ fn distribute_array<T: Element>(
 ///
 /// The local data may be a host array or a [`Storage`] on the mesh's device; a host array is
 /// placed on the mesh's device, storage on another device is an [`Error::DeviceMismatch`].
-pub fn from_local<T: Element>(
+pub fn from_local<T: Scalar>(
     local: impl Into<Storage<T>>,
     mesh: &DeviceMesh,
     placements: &[Placement],
@@ -278,7 +278,7 @@ pub fn from_local<T: Element>(
 
 /// `local` on the mesh's device: host data is copied there, data already there is kept,
 /// data on another device is an [`Error::DeviceMismatch`].
-fn on_mesh_device<T: Element>(local: Storage<T>, mesh: &DeviceMesh, context: &str) -> Result<Storage<T>> {
+fn on_mesh_device<T: Scalar>(local: Storage<T>, mesh: &DeviceMesh, context: &str) -> Result<Storage<T>> {
     match (local.device(), mesh.device()) {
         (a, b) if a == b => Ok(local),
         (Device::Cpu, _) => Storage::from_host(local.into_host()?, mesh.target()),
@@ -392,9 +392,9 @@ fn check_consistency(
     Ok(())
 }
 
-impl<T: Element> DTensor<T> {
+impl<T: Scalar> DTensor<T> {
     /// Element-type conversion of the data (no autograd history).
-    pub fn cast<U: Element>(&self) -> Result<DTensor<U>> {
+    pub fn cast<U: Scalar>(&self) -> Result<DTensor<U>> {
         let local = self.local.cast::<U>()?;
         let mut d = DTensor::new_unchecked(local, self.mesh.clone(), self.placements.clone(), self.shape.clone(), None);
         d.stride = self.stride.clone();
@@ -484,7 +484,7 @@ impl<T: Element> DTensor<T> {
     }
 }
 
-impl<T: Element> fmt::Debug for DTensor<T> {
+impl<T: Scalar> fmt::Debug for DTensor<T> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         write!(
             f,

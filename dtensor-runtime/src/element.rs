@@ -14,19 +14,31 @@ pub enum DType {
     BF16,
     /// 16-bit IEEE float ([`half::f16`]).
     F16,
+    /// 64-bit signed integer (`i64`): token ids, class targets.
+    I64,
+    /// 32-bit signed integer (`i32`).
+    I32,
+    /// 8-bit unsigned integer (`u8`): byte masks.
+    U8,
 }
 
 impl DType {
     /// Every dtype the runtime has.
-    pub const ALL: [DType; 4] = [DType::F32, DType::F64, DType::BF16, DType::F16];
+    pub const ALL: [DType; 7] = [DType::F32, DType::F64, DType::BF16, DType::F16, DType::I64, DType::I32, DType::U8];
 
-    /// The dtype's name in a safetensors header (`F32`, `F64`, `BF16`, `F16`).
+    /// The floating point dtypes (what [`Element`] is implemented for).
+    pub const FLOATS: [DType; 4] = [DType::F32, DType::F64, DType::BF16, DType::F16];
+
+    /// The dtype's name in a safetensors header (`F32`, `F64`, `BF16`, `F16`, `I64`, `I32`, `U8`).
     pub fn safetensors_name(self) -> &'static str {
         match self {
             DType::F32 => "F32",
             DType::F64 => "F64",
             DType::BF16 => "BF16",
             DType::F16 => "F16",
+            DType::I64 => "I64",
+            DType::I32 => "I32",
+            DType::U8 => "U8",
         }
     }
 
@@ -42,21 +54,30 @@ impl DType {
             DType::F64 => "f64",
             DType::BF16 => "bf16",
             DType::F16 => "f16",
+            DType::I64 => "i64",
+            DType::I32 => "i32",
+            DType::U8 => "u8",
         }
     }
 
     /// Size of one element in bytes.
     pub fn size_of(self) -> usize {
         match self {
-            DType::F32 => 4,
-            DType::F64 => 8,
+            DType::F32 | DType::I32 => 4,
+            DType::F64 | DType::I64 => 8,
             DType::BF16 | DType::F16 => 2,
+            DType::U8 => 1,
         }
     }
 
     /// Whether this is a 16-bit float, whose arithmetic the kernels carry out in f32.
     pub fn is_half(self) -> bool {
         matches!(self, DType::BF16 | DType::F16)
+    }
+
+    /// Whether this is a floating point dtype (one [`Element`] is implemented for).
+    pub fn is_float(self) -> bool {
+        !matches!(self, DType::I64 | DType::I32 | DType::U8)
     }
 }
 
@@ -66,12 +87,12 @@ impl fmt::Display for DType {
     }
 }
 
-/// What the `cuda` feature needs of an element type on top of [`Element`]'s host bounds
+/// What the `cuda` feature needs of an element type on top of [`Scalar`]'s host bounds
 /// (cudarc's device traits and a cuBLAS gemm); nothing without the feature.
 #[cfg(feature = "cuda")]
 pub use crate::storage::cuda::CudaElement as DeviceElement;
 
-/// What the `cuda` feature needs of an element type on top of [`Element`]'s host bounds
+/// What the `cuda` feature needs of an element type on top of [`Scalar`]'s host bounds
 /// (cudarc's device traits and a cuBLAS gemm); nothing without the feature.
 #[cfg(not(feature = "cuda"))]
 pub trait DeviceElement {}
@@ -83,6 +104,54 @@ impl DeviceElement for f64 {}
 impl DeviceElement for bf16 {}
 #[cfg(not(feature = "cuda"))]
 impl DeviceElement for f16 {}
+#[cfg(not(feature = "cuda"))]
+impl DeviceElement for i64 {}
+#[cfg(not(feature = "cuda"))]
+impl DeviceElement for i32 {}
+#[cfg(not(feature = "cuda"))]
+impl DeviceElement for u8 {}
+
+/// Every element type a [`DTensor`](crate::DTensor) can hold: the floats ([`Element`]) and
+/// the integers `i64`, `i32`, `u8`.
+///
+/// What every tensor supports needs only this: storage, factories with a value, moves,
+/// redistribution, collectives, checkpoints, casts. Arithmetic needs [`Element`], so a float
+/// op on an integer tensor is a compile error. Integer reductions in collectives are exact
+/// (integer arithmetic, wrapping on overflow as PyTorch and NCCL do); `Avg` of integers is
+/// an [`Error::Unsupported`](crate::Error::Unsupported), as PyTorch refuses it.
+pub trait Scalar:
+    bytemuck::Pod
+    + num_traits::Zero
+    + num_traits::One
+    + PartialEq
+    + PartialOrd
+    + Default
+    + Send
+    + Sync
+    + fmt::Debug
+    + fmt::Display
+    + DeviceElement
+    + 'static
+{
+    /// The runtime tag of this type.
+    const DTYPE: DType;
+    /// Conversion from f64 (rounded for the 16-bit floats; truncated toward zero and
+    /// saturated for integers, as Rust's `as`).
+    fn of_f64(v: f64) -> Self;
+    /// Conversion to f64 (exact except for integers beyond 2⁵³).
+    fn as_f64(self) -> f64;
+    /// Redistribution recorded on the autograd tape for floats; integers carry no gradient.
+    #[doc(hidden)]
+    fn redistribute_recorded(
+        x: &crate::DTensor<Self>,
+        to: &[crate::Placement],
+        label: &'static str,
+    ) -> crate::Result<crate::DTensor<Self>>;
+    /// `x.requires_grad_(requires_grad)` for floats; for integers `false` is a no-op and `true`
+    /// an [`Error::Unsupported`](crate::Error::Unsupported) (only floats have gradients).
+    #[doc(hidden)]
+    fn with_requires_grad(x: crate::DTensor<Self>, requires_grad: bool) -> crate::Result<crate::DTensor<Self>>;
+}
 
 /// A floating point element usable in a [`DTensor`](crate::DTensor): `f32`, `f64`, and the
 /// 16-bit [`half::bf16`] and [`half::f16`].
@@ -93,7 +162,8 @@ impl DeviceElement for f16 {}
 /// feature they can be moved to a device and communicated, but device kernels return
 /// "dtype bf16 has no CUDA kernels yet" ([`Error::Unsupported`](crate::Error::Unsupported)).
 pub trait Element:
-    ndarray::LinalgScalar
+    IndexElement
+    + ndarray::LinalgScalar
     + num_traits::Float
     + num_traits::FromPrimitive
     + bytemuck::Pod
@@ -110,18 +180,41 @@ pub trait Element:
     + DeviceElement
     + 'static
 {
-    /// The runtime tag of this type.
-    const DTYPE: DType;
-    /// Lossy conversion from f64.
-    fn of_f64(v: f64) -> Self;
-    /// Conversion to f64.
-    fn as_f64(self) -> f64;
+}
+
+/// Element types that can carry indices ([`DTensor::embedding`](crate::DTensor::embedding) ids,
+/// [`DTensor::cross_entropy`](crate::DTensor::cross_entropy) targets): the signed integers, and
+/// the floats for whole-number ids (exact up to 2²⁴ in f32, 2⁸ in bf16).
+pub trait IndexElement: Scalar {}
+impl IndexElement for i64 {}
+impl IndexElement for i32 {}
+impl IndexElement for f32 {}
+impl IndexElement for f64 {}
+impl IndexElement for bf16 {}
+impl IndexElement for f16 {}
+
+/// Floats record redistributions on the autograd tape.
+macro_rules! float_redistribute {
+    () => {
+        fn redistribute_recorded(
+            x: &crate::DTensor<Self>,
+            to: &[crate::Placement],
+            label: &'static str,
+        ) -> crate::Result<crate::DTensor<Self>> {
+            crate::autograd::redistribute_op(x, to, label, None)
+        }
+        fn with_requires_grad(x: crate::DTensor<Self>, requires_grad: bool) -> crate::Result<crate::DTensor<Self>> {
+            Ok(x.requires_grad_(requires_grad))
+        }
+    };
 }
 
 macro_rules! half_element {
     ($t:ty, $d:expr) => {
-        impl Element for $t {
+        impl Element for $t {}
+        impl Scalar for $t {
             const DTYPE: DType = $d;
+            float_redistribute!();
             /// Through f32, as PyTorch converts a double to a 16-bit float.
             fn of_f64(v: f64) -> Self {
                 <$t>::from_f32(v as f32)
@@ -135,8 +228,10 @@ macro_rules! half_element {
 half_element!(bf16, DType::BF16);
 half_element!(f16, DType::F16);
 
-impl Element for f32 {
+impl Element for f32 {}
+impl Scalar for f32 {
     const DTYPE: DType = DType::F32;
+    float_redistribute!();
     fn of_f64(v: f64) -> Self {
         v as f32
     }
@@ -145,8 +240,10 @@ impl Element for f32 {
     }
 }
 
-impl Element for f64 {
+impl Element for f64 {}
+impl Scalar for f64 {
     const DTYPE: DType = DType::F64;
+    float_redistribute!();
     fn of_f64(v: f64) -> Self {
         v
     }
@@ -154,3 +251,36 @@ impl Element for f64 {
         self
     }
 }
+
+macro_rules! int_scalar {
+    ($t:ty, $d:expr) => {
+        impl Scalar for $t {
+            const DTYPE: DType = $d;
+            fn of_f64(v: f64) -> Self {
+                v as $t
+            }
+            fn as_f64(self) -> f64 {
+                self as f64
+            }
+            fn redistribute_recorded(
+                x: &crate::DTensor<Self>,
+                to: &[crate::Placement],
+                label: &'static str,
+            ) -> crate::Result<crate::DTensor<Self>> {
+                x.redistribute_scoped(to, label)
+            }
+            fn with_requires_grad(x: crate::DTensor<Self>, requires_grad: bool) -> crate::Result<crate::DTensor<Self>> {
+                if requires_grad {
+                    return Err(crate::Error::Unsupported {
+                        op: "requires_grad".into(),
+                        reason: format!("dtype {} has no gradients (only floating point tensors do)", $d),
+                    });
+                }
+                Ok(x)
+            }
+        }
+    };
+}
+int_scalar!(i64, DType::I64);
+int_scalar!(i32, DType::I32);
+int_scalar!(u8, DType::U8);

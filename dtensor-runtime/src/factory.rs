@@ -2,7 +2,7 @@
 //! shard of a tensor of the given *global* size.
 
 use crate::dtensor::DTensor;
-use crate::element::Element;
+use crate::element::{Element, Scalar};
 use crate::error::{Error, Result};
 use crate::launch::current_mesh;
 use crate::layout::{contiguous_strides, local_shape_and_offset};
@@ -10,7 +10,7 @@ use crate::mesh::DeviceMesh;
 use crate::placement::{normalize_placements, Placement};
 use crate::rng;
 use crate::storage::op::{Distribution, RandomFill};
-use crate::storage::Storage;
+use crate::storage::{Storage, Target};
 use ndarray::{ArrayD, IxDyn};
 
 /// Options of every factory (PyTorch's keyword arguments; the dtype is the element type).
@@ -56,18 +56,21 @@ impl TensorOptions {
     }
 }
 
+/// Builds the shard of `shape` at `offset` on a target (a device random fill).
+type ShardFn<'a, T> = &'a dyn Fn(&Target, &[usize], &[usize]) -> Result<Storage<T>>;
+
 /// What a factory fills the local shard with.
-enum Fill<'a, T> {
+enum Fill<'a, T: Scalar> {
     /// One value everywhere (a device fill).
     Value(T),
-    /// Counter-based random numbers (a device Philox fill).
-    Random(RandomFill),
+    /// Counter-based random numbers (a device Philox fill): the shard of `shape` at `offset`.
+    Random(ShardFn<'a, T>),
     /// `f(global flat index)`, evaluated on the host, then placed on the mesh's device.
     Host(&'a dyn Fn(usize) -> T),
 }
 
 /// Builds this rank's shard of a tensor of global shape `size` on the mesh's device.
-fn build<T: Element>(op: &str, size: &[usize], opts: &TensorOptions, fill: Fill<'_, T>) -> Result<DTensor<T>> {
+fn build<T: Scalar>(op: &str, size: &[usize], opts: &TensorOptions, fill: Fill<'_, T>) -> Result<DTensor<T>> {
     let mesh = match &opts.device_mesh {
         Some(m) => m.clone(),
         None => current_mesh().ok_or_else(|| Error::InvalidArgument {
@@ -85,7 +88,7 @@ fn build<T: Element>(op: &str, size: &[usize], opts: &TensorOptions, fill: Fill<
     let (shape, offset) = local_shape_and_offset(size, mesh.shape(), mesh.coordinate(), &placements);
     let local = match fill {
         Fill::Value(v) => Storage::full(mesh.target(), &shape, v)?,
-        Fill::Random(r) => Storage::random(mesh.target(), &r, size, &offset, &shape)?,
+        Fill::Random(f) => f(mesh.target(), &shape, &offset)?,
         Fill::Host(f) => {
             let strides = contiguous_strides(size);
             let host = ArrayD::from_shape_fn(IxDyn(&shape), |ix| {
@@ -95,26 +98,26 @@ fn build<T: Element>(op: &str, size: &[usize], opts: &TensorOptions, fill: Fill<
         }
     };
     let dt = DTensor::new_unchecked(local, mesh, placements, size.to_vec(), None);
-    Ok(dt.requires_grad_(opts.requires_grad))
+    T::with_requires_grad(dt, opts.requires_grad)
 }
 
 /// Uninitialised in PyTorch; zeros here (Rust never exposes uninitialised memory).
-pub fn empty<T: Element>(size: &[usize], opts: &TensorOptions) -> Result<DTensor<T>> {
+pub fn empty<T: Scalar>(size: &[usize], opts: &TensorOptions) -> Result<DTensor<T>> {
     build("empty", size, opts, Fill::Value(T::zero()))
 }
 
 /// All zeros.
-pub fn zeros<T: Element>(size: &[usize], opts: &TensorOptions) -> Result<DTensor<T>> {
+pub fn zeros<T: Scalar>(size: &[usize], opts: &TensorOptions) -> Result<DTensor<T>> {
     build("zeros", size, opts, Fill::Value(T::zero()))
 }
 
 /// All ones.
-pub fn ones<T: Element>(size: &[usize], opts: &TensorOptions) -> Result<DTensor<T>> {
+pub fn ones<T: Scalar>(size: &[usize], opts: &TensorOptions) -> Result<DTensor<T>> {
     build("ones", size, opts, Fill::Value(T::one()))
 }
 
 /// Every element `fill_value`.
-pub fn full<T: Element>(size: &[usize], fill_value: T, opts: &TensorOptions) -> Result<DTensor<T>> {
+pub fn full<T: Scalar>(size: &[usize], fill_value: T, opts: &TensorOptions) -> Result<DTensor<T>> {
     build("full", size, opts, Fill::Value(fill_value))
 }
 
@@ -134,13 +137,15 @@ pub fn full<T: Element>(size: &[usize], fill_value: T, opts: &TensorOptions) -> 
 /// ```
 pub fn rand<T: Element>(size: &[usize], opts: &TensorOptions) -> Result<DTensor<T>> {
     let (seed, offset) = rng::reserve(size.iter().product());
-    build("rand", size, opts, Fill::Random(RandomFill { seed, offset, dist: Distribution::Uniform }))
+    let fill = RandomFill { seed, offset, dist: Distribution::Uniform };
+    build("rand", size, opts, Fill::Random(&|t, shape, at| Storage::random(t, &fill, size, at, shape)))
 }
 
 /// Standard normal; placement-invariant (see [`crate::rng`]).
 pub fn randn<T: Element>(size: &[usize], opts: &TensorOptions) -> Result<DTensor<T>> {
     let (seed, offset) = rng::reserve(size.iter().product());
-    build("randn", size, opts, Fill::Random(RandomFill { seed, offset, dist: Distribution::Normal }))
+    let fill = RandomFill { seed, offset, dist: Distribution::Normal };
+    build("randn", size, opts, Fill::Random(&|t, shape, at| Storage::random(t, &fill, size, at, shape)))
 }
 
 /// A causal attention mask `[q_len, k_len]`: 1 where key `j ≤` query `i` (PyTorch's
@@ -168,7 +173,7 @@ pub fn causal_mask<T: Element>(q_len: usize, k_len: usize, opts: &TensorOptions)
 
 /// A tensor whose element at global flat index `i` is `f(i)`; only this rank's shard is
 /// computed.
-pub(crate) fn from_fn<T: Element>(
+pub(crate) fn from_fn<T: Scalar>(
     op: &str,
     size: &[usize],
     opts: &TensorOptions,

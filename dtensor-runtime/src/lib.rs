@@ -41,7 +41,7 @@ pub use comm::debug::{op_scope, CollectiveKind, CollectiveRecord, CommDebugGuard
 pub use comm::threads::{ThreadComm, ThreadWorld};
 pub use comm::Communicator;
 pub use dtensor::{distribute_tensor, from_local, DTensor, DistributeSource, FromLocal};
-pub use element::{bf16, f16, DType, Element};
+pub use element::{bf16, f16, DType, Element, IndexElement, Scalar};
 pub use error::{Error, Result};
 pub use factory::{causal_mask, empty, full, linspace, logspace, ones, rand, randn, zeros, TensorOptions};
 #[allow(deprecated)]

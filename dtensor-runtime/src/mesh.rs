@@ -3,7 +3,7 @@
 use crate::comm::debug::{record, CollectiveKind};
 use crate::comm::fingerprint::{self, Fingerprint};
 use crate::comm::Communicator;
-use crate::element::{DType, Element};
+use crate::element::{DType, Scalar};
 use crate::error::{Error, Result};
 use crate::placement::ReduceOp;
 use crate::storage::{Device, Target};
@@ -341,7 +341,7 @@ impl DeviceMesh {
     }
 
     /// All-gather equal-sized blocks; returns `n * send.len()` elements in group order.
-    pub fn all_gather<T: Element>(&self, along: Along, send: &[T]) -> Result<Vec<T>> {
+    pub fn all_gather<T: Scalar>(&self, along: Along, send: &[T]) -> Result<Vec<T>> {
         let (g, _) = self.group_of(along)?;
         let mut out = vec![T::zero(); send.len() * g.len()];
         self.note(CollectiveKind::AllGather, along, std::mem::size_of_val(send));
@@ -351,8 +351,9 @@ impl DeviceMesh {
     }
 
     /// All-reduce in place.
-    pub fn all_reduce<T: Element>(&self, along: Along, buf: &mut [T], op: ReduceOp) -> Result<()> {
+    pub fn all_reduce<T: Scalar>(&self, along: Along, buf: &mut [T], op: ReduceOp) -> Result<()> {
         let (g, _) = self.group_of(along)?;
+        crate::comm::reduce::check_op(T::DTYPE, op)?;
         self.note(CollectiveKind::AllReduce, along, std::mem::size_of_val(buf));
         self.agree(g, CollectiveKind::AllReduce, Some(T::DTYPE), buf.len(), None, Some(op))?;
         self.comm().all_reduce(g, bytemuck::cast_slice_mut(buf), T::DTYPE, op)
@@ -360,8 +361,9 @@ impl DeviceMesh {
 
     /// All-reduce out of place: the reduction of every member's `send`, in a fresh buffer
     /// (`send` is left as it is, and not copied first).
-    pub fn all_reduce_into<T: Element>(&self, along: Along, send: &[T], op: ReduceOp) -> Result<Vec<T>> {
+    pub fn all_reduce_into<T: Scalar>(&self, along: Along, send: &[T], op: ReduceOp) -> Result<Vec<T>> {
         let (g, _) = self.group_of(along)?;
+        crate::comm::reduce::check_op(T::DTYPE, op)?;
         let mut out = crate::alloc::try_zeroed("all_reduce", send.len())?;
         self.note(CollectiveKind::AllReduce, along, std::mem::size_of_val(send));
         self.agree(g, CollectiveKind::AllReduce, Some(T::DTYPE), send.len(), None, Some(op))?;
@@ -371,8 +373,9 @@ impl DeviceMesh {
     }
 
     /// Reduce-scatter of `n` equal blocks; returns this member's reduced block.
-    pub fn reduce_scatter<T: Element>(&self, along: Along, send: &[T], op: ReduceOp) -> Result<Vec<T>> {
+    pub fn reduce_scatter<T: Scalar>(&self, along: Along, send: &[T], op: ReduceOp) -> Result<Vec<T>> {
         let (g, _) = self.group_of(along)?;
+        crate::comm::reduce::check_op(T::DTYPE, op)?;
         let mut out = vec![T::zero(); send.len() / g.len().max(1)];
         self.note(CollectiveKind::ReduceScatter, along, std::mem::size_of_val(send));
         self.agree(g, CollectiveKind::ReduceScatter, Some(T::DTYPE), send.len(), None, Some(op))?;
@@ -381,7 +384,7 @@ impl DeviceMesh {
     }
 
     /// All-to-all of `n` equal blocks.
-    pub fn all_to_all<T: Element>(&self, along: Along, send: &[T]) -> Result<Vec<T>> {
+    pub fn all_to_all<T: Scalar>(&self, along: Along, send: &[T]) -> Result<Vec<T>> {
         let (g, _) = self.group_of(along)?;
         let mut out = vec![T::zero(); send.len()];
         self.note(CollectiveKind::AllToAll, along, std::mem::size_of_val(send));
@@ -394,7 +397,7 @@ impl DeviceMesh {
     /// `run` elements: member `j` gets run `j` of every row; returns `n` contiguous blocks
     /// (`rows * run` elements each) in group order, as [`all_to_all`](Self::all_to_all) of
     /// the packed blocks would, without packing them first.
-    pub fn all_to_all_strided<T: Element>(&self, along: Along, send: &[T], rows: usize, run: usize) -> Result<Vec<T>> {
+    pub fn all_to_all_strided<T: Scalar>(&self, along: Along, send: &[T], rows: usize, run: usize) -> Result<Vec<T>> {
         let (g, _) = self.group_of(along)?;
         let mut out = crate::alloc::try_zeroed("all_to_all", send.len())?;
         self.note(CollectiveKind::AllToAll, along, std::mem::size_of_val(send));
@@ -406,7 +409,7 @@ impl DeviceMesh {
     }
 
     /// Broadcast from group member `root`.
-    pub fn broadcast<T: Element>(&self, along: Along, buf: &mut [T], root: usize) -> Result<()> {
+    pub fn broadcast<T: Scalar>(&self, along: Along, buf: &mut [T], root: usize) -> Result<()> {
         let (g, _) = self.group_of(along)?;
         self.note(CollectiveKind::Broadcast, along, std::mem::size_of_val(buf));
         self.agree(g, CollectiveKind::Broadcast, Some(T::DTYPE), buf.len(), Some(root), None)?;
@@ -433,7 +436,7 @@ impl DeviceMesh {
     }
 
     /// Scatter `n` equal blocks of `block` elements from group member `root`.
-    pub fn scatter<T: Element>(&self, along: Along, send: &[T], block: usize, root: usize) -> Result<Vec<T>> {
+    pub fn scatter<T: Scalar>(&self, along: Along, send: &[T], block: usize, root: usize) -> Result<Vec<T>> {
         let (g, _) = self.group_of(along)?;
         let mut out = vec![T::zero(); block];
         self.note(CollectiveKind::Scatter, along, std::mem::size_of_val(send));

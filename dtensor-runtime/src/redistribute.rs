@@ -10,7 +10,7 @@
 use crate::comm::debug::{op_scope, CollectiveKind};
 use crate::comm::storage as comm_storage;
 use crate::dtensor::DTensor;
-use crate::element::Element;
+use crate::element::Scalar;
 use crate::error::{Error, Result};
 use crate::layout::pack::{self, PackPlan};
 use crate::layout::{chunk_size_and_offset, level_shape, padded_chunk};
@@ -117,7 +117,7 @@ fn check_transition(mesh_dim: usize, from: Placement, to: Placement) -> Result<(
 ///     Ok(())
 /// }).unwrap();
 /// ```
-pub fn plan_redistribute<T: Element>(
+pub fn plan_redistribute<T: Scalar>(
     global_shape: &[usize],
     mesh: &DeviceMesh,
     from: &[Placement],
@@ -131,7 +131,7 @@ pub fn plan_redistribute<T: Element>(
 /// The steps depend only on the placements; shapes and bytes depend on the coordinate when
 /// sharding is uneven. Ops cost their candidate strategies at coordinate 0 (the largest
 /// shards) so that every rank picks the same strategy.
-pub fn plan_redistribute_at<T: Element>(
+pub fn plan_redistribute_at<T: Scalar>(
     global_shape: &[usize],
     mesh: &DeviceMesh,
     coord: &[usize],
@@ -367,7 +367,7 @@ fn collective_of(from: Placement, to: Placement) -> Option<CollectiveKind> {
     }
 }
 
-impl<T: Element> DTensor<T> {
+impl<T: Scalar> DTensor<T> {
     /// Plan of `self.redistribute(to)` on this rank.
     pub fn plan_redistribute(&self, to: &[Placement]) -> Result<RedistributePlan> {
         plan_redistribute::<T>(&self.shape, &self.mesh, &self.placements, to)
@@ -380,7 +380,7 @@ impl<T: Element> DTensor<T> {
     /// elsewhere, no communication); `Shard → Partial(avg|max|min|product)` and changing a
     /// Partial's reduce op are errors.
     pub fn redistribute(&self, to: &[Placement]) -> Result<DTensor<T>> {
-        crate::autograd::redistribute_op(self, to, "redistribute", None)
+        T::redistribute_recorded(self, to, "redistribute")
     }
 
     /// Redistribution without autograd bookkeeping whose collectives are attributed to `label`
@@ -399,7 +399,7 @@ impl<T: Element> DTensor<T> {
 /// Executes a redistribution plan (made for this rank: see [`plan_redistribute`]) on this
 /// rank's local shard: the collectives each step needs and their pack/unpack copies. A pure
 /// function of (shard, mesh, plan); the autograd wrapper is [`DTensor::redistribute`].
-pub fn redistribute_local<T: Element>(
+pub fn redistribute_local<T: Scalar>(
     local: &Storage<T>,
     mesh: &DeviceMesh,
     plan: &RedistributePlan,
@@ -421,7 +421,7 @@ fn with_dim(shape: &[usize], d: usize, size: usize) -> Vec<usize> {
 
 /// The storage a plan produces from `src`, borrowing `src` when the plan is the identity
 /// (collectives read it as a flat buffer either way).
-fn pack_or_borrow<'a, T: Element>(src: &'a Storage<T>, plan: &PackPlan) -> Result<Cow<'a, Storage<T>>> {
+fn pack_or_borrow<'a, T: Scalar>(src: &'a Storage<T>, plan: &PackPlan) -> Result<Cow<'a, Storage<T>>> {
     if plan.is_identity() {
         Ok(Cow::Borrowed(src))
     } else {
@@ -430,7 +430,7 @@ fn pack_or_borrow<'a, T: Element>(src: &'a Storage<T>, plan: &PackPlan) -> Resul
 }
 
 /// Runs one step on this rank's local shard.
-fn execute_step<T: Element>(
+fn execute_step<T: Scalar>(
     mesh: &DeviceMesh,
     local: Cow<'_, Storage<T>>,
     step: &RedistributeStep,
@@ -508,7 +508,7 @@ fn execute_step<T: Element>(
 
 /// Replicate → Partial: the logical value must stay the same after the reduction, so only
 /// the first member keeps the data (sum) or every member does (avg, min, max).
-fn replicate_to_partial<T: Element>(local: Cow<'_, Storage<T>>, op: ReduceOp, coord: usize) -> Result<Storage<T>> {
+fn replicate_to_partial<T: Scalar>(local: Cow<'_, Storage<T>>, op: ReduceOp, coord: usize) -> Result<Storage<T>> {
     match op {
         ReduceOp::Sum if coord != 0 => local.new_full(local.shape(), T::zero()),
         ReduceOp::Product if coord != 0 => local.new_full(local.shape(), T::one()),

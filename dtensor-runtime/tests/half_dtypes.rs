@@ -11,7 +11,7 @@ use dtensor_runtime::ndarray::{ArrayD, IxDyn};
 use dtensor_runtime::optim::{GradScaler, Sgd};
 use dtensor_runtime::{
     bf16, distribute_tensor, empty, f16, from_local, full, linspace, logspace, manual_seed, ones, rand, randn, run,
-    zeros, Along, DTensor, DType, Element, FromLocal, Placement, ReduceOp, Replicate, Shard, TensorOptions,
+    zeros, Along, DTensor, DType, Element, FromLocal, Placement, ReduceOp, Replicate, Scalar, Shard, TensorOptions,
 };
 
 /// Meshes to compare against one rank, with placements that shard unevenly.
@@ -435,7 +435,7 @@ fn dtype_names() {
     assert_eq!(DType::from_safetensors_name("BF16"), Some(DType::BF16));
     assert_eq!(DType::from_safetensors_name("F16"), Some(DType::F16));
     assert_eq!((DType::BF16.size_of(), DType::F16.size_of()), (2, 2));
-    assert_eq!(<bf16 as Element>::DTYPE, DType::BF16);
+    assert_eq!(<bf16 as Scalar>::DTYPE, DType::BF16);
 }
 
 /// One replicated parameter.

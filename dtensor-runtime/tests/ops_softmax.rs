@@ -69,3 +69,25 @@ fn softmax_on_sharded_dim_reduces_statistics_only() {
         assert_eq!(bytes, 2 * 4 * 8, "two [4, 1] f64 statistics");
     }
 }
+
+/// The two-pass softmax keeps the input's layout on every mesh dim: a Replicate mesh dim next
+/// to the sharded softmax dim stays Replicate (the typed layer's promise).
+#[test]
+fn softmax_on_sharded_dim_keeps_the_layout() {
+    use dtensor_runtime::{distribute_tensor, run};
+    let x = ops_util::values(&[5, 4], ops_util::Kind::Real, 2);
+    let out = run(4, |ctx| {
+        let mesh = ctx.init_device_mesh(&[2, 2], &["dp", "tp"])?;
+        let mut got = vec![];
+        for pl in [[R, S(1)], [S(1), R], [S(0), S(1)]] {
+            let xd = distribute_tensor(&x, &mesh, &pl, None)?;
+            got.push((pl.to_vec(), xd.softmax(1)?.placements().to_vec()));
+            got.push((pl.to_vec(), xd.log_softmax(1)?.placements().to_vec()));
+        }
+        Ok(got)
+    })
+    .unwrap();
+    for (want, got) in out.into_iter().flatten() {
+        assert_eq!(got, want);
+    }
+}

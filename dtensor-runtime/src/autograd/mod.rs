@@ -30,7 +30,7 @@ pub(crate) use engine::input_needs_grad;
 pub use local::{from_local_grad, is_local_mesh, local_mesh};
 
 use crate::dtensor::DTensor;
-use crate::element::{DType, Element};
+use crate::element::{DType, Element, Scalar};
 use crate::error::{Error, Result};
 use crate::placement::{normalize_placements, without_partials, Placement};
 use std::cell::Cell;
@@ -86,13 +86,13 @@ pub fn no_grad<R>(f: impl FnOnce() -> R) -> R {
 pub(crate) type BackwardFn<T> = Box<dyn Fn(&DTensor<T>) -> Result<Vec<Option<DTensor<T>>>> + Send + Sync>;
 
 /// A vertex of the autograd graph.
-pub(crate) struct Node<T: Element> {
+pub(crate) struct Node<T: Scalar> {
     /// Name of the backward (what collectives in it are attributed to).
     pub(crate) name: &'static str,
     pub(crate) kind: NodeKind<T>,
 }
 
-pub(crate) enum NodeKind<T: Element> {
+pub(crate) enum NodeKind<T: Scalar> {
     /// A tensor made with `requires_grad`: accumulates its gradient in the parameter's layout.
     Leaf { grad: Box<Mutex<Option<DTensor<T>>>>, placements: Vec<Placement>, shape: Vec<usize> },
     /// The output of an op.
@@ -101,17 +101,17 @@ pub(crate) enum NodeKind<T: Element> {
 
 /// Per-tensor autograd state: the node that produced the tensor (or its leaf cell).
 #[derive(Clone)]
-pub struct AutogradMeta<T: Element> {
+pub struct AutogradMeta<T: Scalar> {
     pub(crate) node: Option<Arc<Node<T>>>,
 }
 
-impl<T: Element> Default for AutogradMeta<T> {
+impl<T: Scalar> Default for AutogradMeta<T> {
     fn default() -> Self {
         AutogradMeta { node: None }
     }
 }
 
-impl<T: Element> fmt::Debug for AutogradMeta<T> {
+impl<T: Scalar> fmt::Debug for AutogradMeta<T> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match &self.node {
             None => f.write_str("no grad"),
@@ -145,7 +145,7 @@ pub(crate) fn record<T: Element>(
 
 /// Called by `from_local` with the user's `grad_placements`: checks them. (A plain array
 /// has no history; [`from_local_grad`] is the variant whose backward reaches a local tensor.)
-pub(crate) fn on_from_local<T: Element>(dt: &mut DTensor<T>, grad_placements: Option<Vec<Placement>>) -> Result<()> {
+pub(crate) fn on_from_local<T: Scalar>(dt: &mut DTensor<T>, grad_placements: Option<Vec<Placement>>) -> Result<()> {
     if let Some(g) = grad_placements {
         normalize_placements(&g, dt.ndim(), dt.mesh.ndim())?;
     }
@@ -187,17 +187,31 @@ pub(crate) fn redistribute_grad<T: Element>(
         Some(DType::F64) => via::<T, f64>(g, target, label),
         Some(DType::BF16) => via::<T, half::bf16>(g, target, label),
         Some(DType::F16) => via::<T, half::f16>(g, target, label),
+        Some(d) => Err(Error::Unsupported {
+            op: label.into(),
+            reason: format!("gradients cannot be reduced in the integer dtype {d}"),
+        }),
         None => g.redistribute_scoped(target, label),
     }
 }
 
-impl<T: Element> DTensor<T> {
+/// Autograd state every element type has (integers never require grad).
+impl<T: Scalar> DTensor<T> {
     /// Does this tensor take part in autograd (a leaf with `requires_grad`, or an op output
     /// that depends on one)?
     pub fn requires_grad(&self) -> bool {
         self.autograd.node.is_some()
     }
 
+    /// Same data, no autograd history.
+    pub fn detach(&self) -> Self {
+        let mut d = self.clone();
+        d.autograd = AutogradMeta::default();
+        d
+    }
+}
+
+impl<T: Element> DTensor<T> {
     /// Is this a tensor the user created (no grad_fn)? Tensors without grad are leaves too.
     pub fn is_leaf(&self) -> bool {
         match &self.autograd.node {
@@ -222,13 +236,6 @@ impl<T: Element> DTensor<T> {
             None
         };
         self
-    }
-
-    /// Same data, no autograd history.
-    pub fn detach(&self) -> Self {
-        let mut d = self.clone();
-        d.autograd = AutogradMeta::default();
-        d
     }
 
     /// The accumulated gradient of a leaf, laid out like the leaf (`None` before any backward

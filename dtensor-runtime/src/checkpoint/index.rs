@@ -77,6 +77,9 @@ pub(crate) fn safetensors_dtype(d: DType) -> safetensors::Dtype {
         DType::F64 => safetensors::Dtype::F64,
         DType::BF16 => safetensors::Dtype::BF16,
         DType::F16 => safetensors::Dtype::F16,
+        DType::I64 => safetensors::Dtype::I64,
+        DType::I32 => safetensors::Dtype::I32,
+        DType::U8 => safetensors::Dtype::U8,
     }
 }
 

@@ -327,6 +327,7 @@ impl Communicator for MpiComm {
 
     fn all_reduce(&self, group: &[usize], buf: &mut [u8], dtype: DType, op: ReduceOp) -> Result<()> {
         check::whole("all_reduce", buf.len(), dtype)?;
+        reduce::check_op(dtype, op)?;
         if dtype.is_half() {
             // MPI has no 16-bit float datatype: gather every member's buffer and fold it here,
             // in group order, so every member gets the same bits.
@@ -335,11 +336,14 @@ impl Communicator for MpiComm {
             return reduce::fold_blocks(dtype, op, &all, buf);
         }
         // MPI_MAX/MPI_MIN drop NaN operands: reduce a NaN mask alongside (as PyTorch, a NaN wins).
-        let mut mask = reduce::drops_nan(op).then(|| reduce::nan_mask(dtype, buf));
+        let mut mask = reduce::drops_nan(dtype, op).then(|| reduce::nan_mask(dtype, buf));
         self.with_group("all_reduce", group, &[buf.len()], |c, _| {
             let reduce = |b: &mut [u8], op| match dtype {
                 DType::F32 => all_reduce_typed::<f32>(c, b, op),
                 DType::F64 => all_reduce_typed::<f64>(c, b, op),
+                DType::I64 => all_reduce_typed::<i64>(c, b, op),
+                DType::I32 => all_reduce_typed::<i32>(c, b, op),
+                DType::U8 => all_reduce_typed::<u8>(c, b, op),
                 DType::BF16 | DType::F16 => unreachable!("16-bit floats are reduced above"),
             };
             reduce(buf, op);
@@ -357,6 +361,7 @@ impl Communicator for MpiComm {
     fn reduce_scatter(&self, group: &[usize], send: &[u8], recv: &mut [u8], dtype: DType, op: ReduceOp) -> Result<()> {
         check::blocks("reduce_scatter", "send", send.len(), group.len(), recv.len())?;
         check::whole("reduce_scatter", recv.len(), dtype)?;
+        reduce::check_op(dtype, op)?;
         if dtype.is_half() {
             // As in all_reduce, reduced locally: member i receives every member's block i.
             let mut mine = vec![0u8; send.len()];
@@ -364,12 +369,15 @@ impl Communicator for MpiComm {
             return reduce::fold_blocks(dtype, op, &mine, recv);
         }
         // As in all_reduce: MPI_MAX/MPI_MIN drop NaN operands, a reduced mask restores them.
-        let send_mask = reduce::drops_nan(op).then(|| reduce::nan_mask(dtype, send));
+        let send_mask = reduce::drops_nan(dtype, op).then(|| reduce::nan_mask(dtype, send));
         let mut recv_mask = send_mask.as_ref().map(|_| vec![0u8; recv.len()]);
         self.with_group("reduce_scatter", group, &[send.len()], |c, _| {
             let reduce = |s: &[u8], r: &mut [u8], op| match dtype {
                 DType::F32 => reduce_scatter_typed::<f32>(c, s, r, op),
                 DType::F64 => reduce_scatter_typed::<f64>(c, s, r, op),
+                DType::I64 => reduce_scatter_typed::<i64>(c, s, r, op),
+                DType::I32 => reduce_scatter_typed::<i32>(c, s, r, op),
+                DType::U8 => reduce_scatter_typed::<u8>(c, s, r, op),
                 DType::BF16 | DType::F16 => unreachable!("16-bit floats are reduced above"),
             };
             reduce(send, recv, op);

@@ -245,6 +245,9 @@ fn nccl_dtype(d: DType) -> sys::ncclDataType_t {
         DType::F64 => sys::ncclDataType_t::ncclFloat64,
         DType::BF16 => sys::ncclDataType_t::ncclBfloat16,
         DType::F16 => sys::ncclDataType_t::ncclFloat16,
+        DType::I64 => sys::ncclDataType_t::ncclInt64,
+        DType::I32 => sys::ncclDataType_t::ncclInt32,
+        DType::U8 => sys::ncclDataType_t::ncclUint8,
     }
 }
 
@@ -308,8 +311,9 @@ impl Communicator for NcclComm {
     }
 
     fn all_reduce(&self, group: &[usize], buf: &mut [u8], dtype: DType, op: ReduceOp) -> Result<()> {
+        reduce::check_op(dtype, op)?;
         // As PyTorch, a NaN operand wins max/min: reduce a NaN mask alongside.
-        let mask = reduce::drops_nan(op).then(|| reduce::nan_mask(dtype, buf));
+        let mask = reduce::drops_nan(dtype, op).then(|| reduce::nan_mask(dtype, buf));
         self.all_reduce_native(group, buf, dtype, op)?;
         if let Some(mut m) = mask {
             self.all_reduce_native(group, &mut m, dtype, ReduceOp::Max)?;
@@ -319,7 +323,8 @@ impl Communicator for NcclComm {
     }
 
     fn reduce_scatter(&self, group: &[usize], send: &[u8], recv: &mut [u8], dtype: DType, op: ReduceOp) -> Result<()> {
-        let mask = reduce::drops_nan(op).then(|| reduce::nan_mask(dtype, send));
+        reduce::check_op(dtype, op)?;
+        let mask = reduce::drops_nan(dtype, op).then(|| reduce::nan_mask(dtype, send));
         self.reduce_scatter_native(group, send, recv, dtype, op)?;
         if let Some(m) = mask {
             let mut r = vec![0u8; recv.len()];

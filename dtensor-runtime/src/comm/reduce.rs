@@ -4,6 +4,84 @@ use crate::element::DType;
 use crate::error::{Error, Result};
 use crate::placement::ReduceOp;
 
+/// Calls the generic `$f::<T>(args)` with `T` the Rust type of `$dtype`: the one place a new
+/// dtype is added to the byte-level reductions.
+macro_rules! with_dtype {
+    ($dtype:expr, $f:ident($($arg:expr),*)) => {
+        match $dtype {
+            DType::F32 => $f::<f32>($($arg),*),
+            DType::F64 => $f::<f64>($($arg),*),
+            // `half`'s arithmetic widens each pair to f32 and rounds the result once.
+            DType::BF16 => $f::<half::bf16>($($arg),*),
+            DType::F16 => $f::<half::f16>($($arg),*),
+            DType::I64 => $f::<i64>($($arg),*),
+            DType::I32 => $f::<i32>($($arg),*),
+            DType::U8 => $f::<u8>($($arg),*),
+        }
+    };
+}
+
+/// The arithmetic a reduction needs of an element type.
+trait Fold: bytemuck::Pod {
+    fn sum(a: Self, b: Self) -> Self;
+    fn prod(a: Self, b: Self) -> Self;
+    /// NaN-propagating, as PyTorch's max/min (`Float::max` would drop a NaN operand).
+    fn max(a: Self, b: Self) -> Self;
+    fn min(a: Self, b: Self) -> Self;
+    /// 1 where NaN, else 0 (see [`nan_mask`]).
+    fn nan_flag(self) -> Self;
+    fn nan() -> Self;
+    /// `self / n` (`Avg`); integers never get here (refused by [`check_op`]), so they keep
+    /// the sum.
+    fn div_n(self, n: usize) -> Self;
+}
+
+macro_rules! float_fold {
+    ($($t:ty),*) => {$(
+        impl Fold for $t {
+            fn sum(a: Self, b: Self) -> Self { a + b }
+            fn prod(a: Self, b: Self) -> Self { a * b }
+            fn max(a: Self, b: Self) -> Self { if a > b || a.is_nan() { a } else { b } }
+            fn min(a: Self, b: Self) -> Self { if a < b || a.is_nan() { a } else { b } }
+            fn nan_flag(self) -> Self {
+                if num_traits::Float::is_nan(self) { num_traits::One::one() } else { num_traits::Zero::zero() }
+            }
+            fn nan() -> Self { num_traits::Float::nan() }
+            fn div_n(self, n: usize) -> Self {
+                self / <$t as num_traits::FromPrimitive>::from_usize(n).unwrap_or_else(num_traits::One::one)
+            }
+        }
+    )*};
+}
+float_fold!(f32, f64, half::bf16, half::f16);
+
+/// Exact integer arithmetic, wrapping on overflow as PyTorch's and NCCL's integer sums do.
+macro_rules! int_fold {
+    ($($t:ty),*) => {$(
+        impl Fold for $t {
+            fn sum(a: Self, b: Self) -> Self { a.wrapping_add(b) }
+            fn prod(a: Self, b: Self) -> Self { a.wrapping_mul(b) }
+            fn max(a: Self, b: Self) -> Self { Ord::max(a, b) }
+            fn min(a: Self, b: Self) -> Self { Ord::min(a, b) }
+            fn nan_flag(self) -> Self { 0 }
+            fn nan() -> Self { 0 }
+            fn div_n(self, _: usize) -> Self { self }
+        }
+    )*};
+}
+int_fold!(i64, i32, u8);
+
+/// Whether `op` is defined on `dtype`: `Avg` of integers is not (PyTorch refuses it too).
+pub(crate) fn check_op(dtype: DType, op: ReduceOp) -> Result<()> {
+    if op == ReduceOp::Avg && !dtype.is_float() {
+        return Err(Error::Unsupported {
+            op: format!("reduce({op})"),
+            reason: format!("the average of integers (dtype {dtype}) is not an integer; cast to a float first"),
+        });
+    }
+    Ok(())
+}
+
 fn typed<T: bytemuck::Pod>(b: &[u8]) -> std::borrow::Cow<'_, [T]> {
     match bytemuck::try_cast_slice(b) {
         Ok(s) => std::borrow::Cow::Borrowed(s),
@@ -12,85 +90,73 @@ fn typed<T: bytemuck::Pod>(b: &[u8]) -> std::borrow::Cow<'_, [T]> {
     }
 }
 
-fn fold<T: bytemuck::Pod + num_traits::Float>(op: ReduceOp, acc: &mut [u8], x: &[u8]) {
+/// Runs `run` on `buf` viewed as `[T]` (through an aligned copy when misaligned).
+fn on_typed_mut<T: bytemuck::Pod>(buf: &mut [u8], run: impl FnOnce(&mut [T])) {
+    match bytemuck::try_cast_slice_mut::<u8, T>(buf) {
+        Ok(a) => run(a),
+        Err(_) => {
+            let mut a: Vec<T> = bytemuck::pod_collect_to_vec(buf);
+            run(&mut a);
+            buf.copy_from_slice(bytemuck::cast_slice(&a));
+        }
+    }
+}
+
+fn op_fn<T: Fold>(op: ReduceOp) -> fn(T, T) -> T {
+    match op {
+        ReduceOp::Sum | ReduceOp::Avg => T::sum,
+        ReduceOp::Min => T::min,
+        ReduceOp::Max => T::max,
+        ReduceOp::Product => T::prod,
+    }
+}
+
+fn fold<T: Fold>(op: ReduceOp, acc: &mut [u8], x: &[u8]) {
     let xs = typed::<T>(x);
     // One tight loop per op (the match stays out of the loop so it vectorises).
     fn apply<T: Copy>(a: &mut [T], b: &[T], f: impl Fn(T, T) -> T) {
         a.iter_mut().zip(b).for_each(|(a, b)| *a = f(*a, *b));
     }
-    let run = |a: &mut [T]| match op {
-        ReduceOp::Sum | ReduceOp::Avg => apply(a, &xs, |a, b| a + b),
-        // NaN-propagating, as PyTorch's max/min (`T::max` would drop a NaN operand).
-        ReduceOp::Min => apply(a, &xs, |a, b| if a < b || a.is_nan() { a } else { b }),
-        ReduceOp::Max => apply(a, &xs, |a, b| if a > b || a.is_nan() { a } else { b }),
-        ReduceOp::Product => apply(a, &xs, |a, b| a * b),
-    };
-    match bytemuck::try_cast_slice_mut::<u8, T>(acc) {
-        Ok(a) => run(a),
-        Err(_) => {
-            let mut a: Vec<T> = bytemuck::pod_collect_to_vec(acc);
-            run(&mut a);
-            acc.copy_from_slice(bytemuck::cast_slice(&a));
-        }
-    }
+    on_typed_mut::<T>(acc, |a| match op {
+        ReduceOp::Sum | ReduceOp::Avg => apply(a, &xs, T::sum),
+        ReduceOp::Min => apply(a, &xs, T::min),
+        ReduceOp::Max => apply(a, &xs, T::max),
+        ReduceOp::Product => apply(a, &xs, T::prod),
+    });
 }
 
 /// `acc = acc ⊕ x` element-wise. `Avg` accumulates a sum; call [`finish`] afterwards.
 pub fn accumulate(dtype: DType, op: ReduceOp, acc: &mut [u8], x: &[u8]) -> Result<()> {
+    check_op(dtype, op)?;
     if acc.len() != x.len() {
         return Err(Error::BufferMismatch {
             op: format!("reduce({op})"),
             reason: format!("peer buffer has {} bytes, local has {}", x.len(), acc.len()),
         });
     }
-    match dtype {
-        DType::F32 => fold::<f32>(op, acc, x),
-        DType::F64 => fold::<f64>(op, acc, x),
-        // `half`'s arithmetic widens each pair to f32 and rounds the result once.
-        DType::BF16 => fold::<half::bf16>(op, acc, x),
-        DType::F16 => fold::<half::f16>(op, acc, x),
-    }
+    with_dtype!(dtype, fold(op, acc, x));
     Ok(())
 }
 
-fn combine_typed<T: bytemuck::Pod + num_traits::Float>(op: ReduceOp, out: &mut [u8], a: &[u8], b: &[u8]) {
+fn combine_typed<T: Fold>(op: ReduceOp, out: &mut [u8], a: &[u8], b: &[u8]) {
     let (a, b) = (typed::<T>(a), typed::<T>(b));
+    let f = op_fn::<T>(op);
     // One tight loop per op, as in `fold`.
-    fn apply<T: Copy>(o: &mut [T], a: &[T], b: &[T], f: impl Fn(T, T) -> T) {
-        o.iter_mut().zip(a.iter().zip(b)).for_each(|(o, (a, b))| *o = f(*a, *b));
-    }
-    let run = |o: &mut [T]| match op {
-        ReduceOp::Sum | ReduceOp::Avg => apply(o, &a, &b, |a, b| a + b),
-        ReduceOp::Min => apply(o, &a, &b, |a, b| if a < b || a.is_nan() { a } else { b }),
-        ReduceOp::Max => apply(o, &a, &b, |a, b| if a > b || a.is_nan() { a } else { b }),
-        ReduceOp::Product => apply(o, &a, &b, |a, b| a * b),
-    };
-    match bytemuck::try_cast_slice_mut::<u8, T>(out) {
-        Ok(o) => run(o),
-        Err(_) => {
-            let mut o: Vec<T> = bytemuck::pod_collect_to_vec(out);
-            run(&mut o);
-            out.copy_from_slice(bytemuck::cast_slice(&o));
-        }
-    }
+    on_typed_mut::<T>(out, |o| o.iter_mut().zip(a.iter().zip(b.iter())).for_each(|(o, (a, b))| *o = f(*a, *b)));
 }
 
 /// `out = a ⊕ b` element-wise: the first fold of a reduction written straight into its
 /// output (one pass instead of a copy of `a` and an [`accumulate`]). `Avg` sums; call
 /// [`finish`] afterwards.
 pub fn combine(dtype: DType, op: ReduceOp, out: &mut [u8], a: &[u8], b: &[u8]) -> Result<()> {
+    check_op(dtype, op)?;
     if a.len() != out.len() || b.len() != out.len() {
         return Err(Error::BufferMismatch {
             op: format!("reduce({op})"),
             reason: format!("inputs have {} and {} bytes, the output {}", a.len(), b.len(), out.len()),
         });
     }
-    match dtype {
-        DType::F32 => combine_typed::<f32>(op, out, a, b),
-        DType::F64 => combine_typed::<f64>(op, out, a, b),
-        DType::BF16 => combine_typed::<half::bf16>(op, out, a, b),
-        DType::F16 => combine_typed::<half::f16>(op, out, a, b),
-    }
+    with_dtype!(dtype, combine_typed(op, out, a, b));
     Ok(())
 }
 
@@ -99,18 +165,10 @@ pub fn finish(dtype: DType, op: ReduceOp, acc: &mut [u8], n: usize) {
     if op != ReduceOp::Avg {
         return;
     }
-    fn div<T: bytemuck::Pod + num_traits::Float + num_traits::FromPrimitive>(acc: &mut [u8], n: usize) {
-        let d = T::from_usize(n).unwrap_or_else(T::one);
-        let mut v: Vec<T> = bytemuck::pod_collect_to_vec(acc);
-        v.iter_mut().for_each(|x| *x = *x / d);
-        acc.copy_from_slice(bytemuck::cast_slice(&v));
+    fn div<T: Fold>(acc: &mut [u8], n: usize) {
+        on_typed_mut::<T>(acc, |v| v.iter_mut().for_each(|x| *x = x.div_n(n)));
     }
-    match dtype {
-        DType::F32 => div::<f32>(acc, n),
-        DType::F64 => div::<f64>(acc, n),
-        DType::BF16 => div::<half::bf16>(acc, n),
-        DType::F16 => div::<half::f16>(acc, n),
-    }
+    with_dtype!(dtype, div(acc, n))
 }
 
 /// `out = b₀ ⊕ b₁ ⊕ …` over the `out.len()`-byte blocks of `blocks`, in order (so every rank
@@ -118,6 +176,7 @@ pub fn finish(dtype: DType, op: ReduceOp, acc: &mut [u8], n: usize) {
 /// that gathers the members' buffers and reduces locally (MPI for the 16-bit floats).
 #[cfg_attr(not(feature = "mpi"), allow(dead_code))]
 pub(crate) fn fold_blocks(dtype: DType, op: ReduceOp, blocks: &[u8], out: &mut [u8]) -> Result<()> {
+    check_op(dtype, op)?;
     let n = if out.is_empty() { 0 } else { blocks.len() / out.len() };
     for (k, b) in blocks.chunks_exact(out.len().max(1)).enumerate() {
         if k == 0 {
@@ -131,43 +190,35 @@ pub(crate) fn fold_blocks(dtype: DType, op: ReduceOp, blocks: &[u8], out: &mut [
 }
 
 /// Whether a backend whose native max/min drop NaN operands (MPI's `MPI_MAX`/`MPI_MIN`, NCCL's) must
-/// fix the result up with [`nan_mask`] and [`apply_nan_mask`].
+/// fix the result up with [`nan_mask`] and [`apply_nan_mask`] (integers have no NaN).
 #[cfg_attr(not(any(feature = "mpi", feature = "cuda")), allow(dead_code))]
-pub(crate) fn drops_nan(op: ReduceOp) -> bool {
-    matches!(op, ReduceOp::Max | ReduceOp::Min)
+pub(crate) fn drops_nan(dtype: DType, op: ReduceOp) -> bool {
+    dtype.is_float() && matches!(op, ReduceOp::Max | ReduceOp::Min)
 }
 
 /// One element of `dtype` per element of `buf`: 1 where it is NaN, else 0. Reduced with `Max`
 /// over a group it marks the elements whose true max/min is NaN.
 #[cfg_attr(not(any(feature = "mpi", feature = "cuda")), allow(dead_code))]
 pub(crate) fn nan_mask(dtype: DType, buf: &[u8]) -> Vec<u8> {
-    fn mask<T: bytemuck::Pod + num_traits::Float>(buf: &[u8]) -> Vec<u8> {
-        let m: Vec<T> = typed::<T>(buf).iter().map(|x| if x.is_nan() { T::one() } else { T::zero() }).collect();
+    fn mask<T: Fold>(buf: &[u8]) -> Vec<u8> {
+        let m: Vec<T> = typed::<T>(buf).iter().map(|x| x.nan_flag()).collect();
         bytemuck::cast_slice(&m).to_vec()
     }
-    match dtype {
-        DType::F32 => mask::<f32>(buf),
-        DType::F64 => mask::<f64>(buf),
-        DType::BF16 => mask::<half::bf16>(buf),
-        DType::F16 => mask::<half::f16>(buf),
-    }
+    with_dtype!(dtype, mask(buf))
 }
 
 /// Sets to NaN every element of `buf` whose element in `mask` (from [`nan_mask`]) is non-zero.
 #[cfg_attr(not(any(feature = "mpi", feature = "cuda")), allow(dead_code))]
 pub(crate) fn apply_nan_mask(dtype: DType, buf: &mut [u8], mask: &[u8]) {
-    fn apply<T: bytemuck::Pod + num_traits::Float>(buf: &mut [u8], mask: &[u8]) {
+    fn apply<T: Fold>(buf: &mut [u8], mask: &[u8]) {
         let m = typed::<T>(mask);
-        let mut v: Vec<T> = bytemuck::pod_collect_to_vec(buf);
-        v.iter_mut().zip(m.iter()).filter(|(_, m)| !m.is_zero()).for_each(|(x, _)| *x = T::nan());
-        buf.copy_from_slice(bytemuck::cast_slice(&v));
+        on_typed_mut::<T>(buf, |v| {
+            // Mask elements are exactly 0 or 1, so "non-zero" is "some byte set".
+            let set = |m: &T| bytemuck::bytes_of(m).iter().any(|&b| b != 0);
+            v.iter_mut().zip(m.iter()).filter(|(_, m)| set(m)).for_each(|(x, _)| *x = T::nan())
+        });
     }
-    match dtype {
-        DType::F32 => apply::<f32>(buf, mask),
-        DType::F64 => apply::<f64>(buf, mask),
-        DType::BF16 => apply::<half::bf16>(buf, mask),
-        DType::F16 => apply::<half::f16>(buf, mask),
-    }
+    with_dtype!(dtype, apply(buf, mask))
 }
 
 #[cfg(test)]
@@ -216,6 +267,7 @@ mod tests {
         apply_nan_mask(DType::F32, &mut out, &mask);
         let out: Vec<f32> = bytemuck::pod_collect_to_vec(&out);
         assert!(out[0] == 5.0 && out[1].is_nan() && out[2] == 7.0);
-        assert!(drops_nan(ReduceOp::Max) && drops_nan(ReduceOp::Min) && !drops_nan(ReduceOp::Sum));
+        assert!(drops_nan(DType::F32, ReduceOp::Max) && drops_nan(DType::F32, ReduceOp::Min));
+        assert!(!drops_nan(DType::F32, ReduceOp::Sum) && !drops_nan(DType::I64, ReduceOp::Max));
     }
 }

@@ -6,7 +6,7 @@
 //! same device. Results are flat (`[n]`) storages on the input's device; callers reshape or
 //! unpack them with a pack plan.
 
-use crate::element::Element;
+use crate::element::Scalar;
 use crate::error::Result;
 use crate::mesh::Along;
 use crate::mesh::DeviceMesh;
@@ -14,13 +14,13 @@ use crate::placement::ReduceOp;
 use crate::storage::Storage;
 
 /// [`all_gather`](DeviceMesh::all_gather) of a shard: every member's data, in group order.
-pub(crate) fn all_gather<T: Element>(mesh: &DeviceMesh, along: Along, send: &Storage<T>) -> Result<Storage<T>> {
+pub(crate) fn all_gather<T: Scalar>(mesh: &DeviceMesh, along: Along, send: &Storage<T>) -> Result<Storage<T>> {
     let out = mesh.all_gather(along, &send.host_data()?)?;
     send.with_host_data(&[out.len()], out)
 }
 
 /// [`all_reduce`](DeviceMesh::all_reduce) of a shard, in place on host storage.
-pub(crate) fn all_reduce<T: Element>(
+pub(crate) fn all_reduce<T: Scalar>(
     mesh: &DeviceMesh,
     along: Along,
     mut buf: Storage<T>,
@@ -37,7 +37,7 @@ pub(crate) fn all_reduce<T: Element>(
 
 /// [`all_reduce_into`](DeviceMesh::all_reduce_into) of a shard: the reduction in a fresh
 /// storage of the same shape (the input is read, not copied).
-pub(crate) fn all_reduce_into<T: Element>(
+pub(crate) fn all_reduce_into<T: Scalar>(
     mesh: &DeviceMesh,
     along: Along,
     send: &Storage<T>,
@@ -48,7 +48,7 @@ pub(crate) fn all_reduce_into<T: Element>(
 }
 
 /// [`reduce_scatter`](DeviceMesh::reduce_scatter) of `n` equal blocks: this member's block.
-pub(crate) fn reduce_scatter<T: Element>(
+pub(crate) fn reduce_scatter<T: Scalar>(
     mesh: &DeviceMesh,
     along: Along,
     send: &Storage<T>,
@@ -59,14 +59,14 @@ pub(crate) fn reduce_scatter<T: Element>(
 }
 
 /// [`all_to_all`](DeviceMesh::all_to_all) of `n` equal blocks.
-pub(crate) fn all_to_all<T: Element>(mesh: &DeviceMesh, along: Along, send: &Storage<T>) -> Result<Storage<T>> {
+pub(crate) fn all_to_all<T: Scalar>(mesh: &DeviceMesh, along: Along, send: &Storage<T>) -> Result<Storage<T>> {
     let out = mesh.all_to_all(along, &send.host_data()?)?;
     send.with_host_data(&[out.len()], out)
 }
 
 /// [`broadcast`](DeviceMesh::broadcast) of a shard from group member `root`, in place on
 /// host storage.
-pub(crate) fn broadcast<T: Element>(
+pub(crate) fn broadcast<T: Scalar>(
     mesh: &DeviceMesh,
     along: Along,
     mut buf: Storage<T>,
@@ -83,7 +83,7 @@ pub(crate) fn broadcast<T: Element>(
 
 /// [`all_to_all_strided`](DeviceMesh::all_to_all_strided) of a shard viewed as `rows`
 /// rows of `n` runs of `run` elements.
-pub(crate) fn all_to_all_strided<T: Element>(
+pub(crate) fn all_to_all_strided<T: Scalar>(
     mesh: &DeviceMesh,
     along: Along,
     send: &Storage<T>,

@@ -99,11 +99,11 @@ impl Kernels {
 
     /// The kernel `name` for element type suffix `sfx` (`f32` / `f64`).
     pub(crate) fn function(&self, name: &str, sfx: &str) -> Result<CudaFunction> {
-        // The 16-bit floats have no kernels: as the element type (`sfx`) or the source of a
-        // cast (`cast_<from>`).
-        for half in ["bf16", "f16"] {
-            if sfx == half || name.strip_suffix(half).is_some_and(|n| n.ends_with('_')) {
-                return Err(super::no_kernels(name, half));
+        // The 16-bit floats and the integers have no kernels: as the element type (`sfx`) or
+        // the source of a cast (`cast_<from>`).
+        for t in ["bf16", "f16", "i64", "i32", "u8"] {
+            if sfx == t || name.strip_suffix(t).is_some_and(|n| n.ends_with('_')) {
+                return Err(super::no_kernels(name, t));
             }
         }
         let full = format!("{name}_{sfx}");

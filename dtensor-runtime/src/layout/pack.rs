@@ -193,6 +193,21 @@ impl PackPlan {
         self.blocks.iter().map(CopyBlock::len).sum::<usize>() == self.dst_len()
     }
 
+    /// Do the blocks write every destination element exactly once, in order: each block's
+    /// destination a contiguous row-major run starting where the previous one ended, the last
+    /// ending at the end? (Then the destination needs no zero fill; overlapping blocks never
+    /// pass, whatever their total length.)
+    pub fn tiles_destination(&self) -> bool {
+        let mut end = 0;
+        for b in &self.blocks {
+            if b.dst_offset != end || b.dst_strides != strides_of(&b.extents) {
+                return false;
+            }
+            end += b.len();
+        }
+        end == self.dst_len()
+    }
+
     /// Checks that every block stays inside both buffers (executors call it before copying,
     /// so a wrong plan is an error, never an out-of-bounds access).
     pub fn check(&self) -> Result<()> {
@@ -348,6 +363,7 @@ mod tests {
             }
         }
         assert_eq!(plan.covers_destination(), written.iter().all(|&w| w));
+        assert!(!plan.tiles_destination() || plan.covers_destination());
         dst
     }
 
@@ -485,6 +501,20 @@ mod tests {
         let boxes = [(vec![0, 0], vec![2, 2]), (vec![2, 0], vec![1, 2])];
         let out = run(&gather_boxes(&[3, 2], &boxes, 4), &g);
         assert_eq!(out, [g[..4].to_vec(), g[4..].to_vec(), vec![0, 0]].concat());
+    }
+
+    #[test]
+    fn tiling_plans_are_exact_covers_in_order() {
+        assert!(slice(&[4, 5], &[1, 2], &[2, 3]).tiles_destination());
+        assert!(permute(&[4, 5], &[1, 0]).tiles_destination());
+        assert!(broadcast(&[3], &[2, 3]).unwrap().tiles_destination());
+        // Padding leaves zeros: not a tiling.
+        assert!(!pad(&[2, 3], &[4, 3], &[1, 0]).tiles_destination());
+        // Two overlapping rows: as many elements as the destination, yet one row unwritten.
+        let mut p = PackPlan::new(4, &[2, 2]);
+        p.push_box(&[2, 1], 0, &[0, 0], &[2, 2], 0, &[0, 0], &[1, 2]);
+        p.push_box(&[2, 1], 0, &[1, 0], &[2, 2], 0, &[0, 0], &[1, 2]);
+        assert!(p.covers_destination() && !p.tiles_destination());
     }
 
     #[test]

@@ -33,6 +33,18 @@ fn follow(shape: &[usize], nd: usize, d: usize, full: usize) -> Placement {
     }
 }
 
+/// Whether attention of rank-`ndim` q, k, v keeps a `Shard(dim)` of q without
+/// communication: with k and v sharded alike (`kv_sharded`) on a batch or head dim (any dim
+/// before the last two), or with k and v `Replicate` on q's sequence dim. The one rule of both
+/// layers: the runtime's strategies and the typed layer's `AttentionRule` are generated from it.
+pub const fn attention_keeps_shard(dim: usize, ndim: usize, kv_sharded: bool) -> bool {
+    if kv_sharded {
+        dim + 2 < ndim
+    } else {
+        dim + 2 == ndim
+    }
+}
+
 /// Attention of `q [.., Lq, E]` over `k [.., Lk, E]`, `v [.., Lk, Ev]` (same leading dims):
 /// `softmax(q kᵀ · scale + attn_mask) v`, with `is_causal` hiding keys after each query
 /// (top-left aligned, as PyTorch) and `scale` defaulting to `1/√E` (PyTorch
@@ -85,12 +97,16 @@ pub fn scaled_dot_product_attention<T: Element>(
         ins
     };
     let mut rs = vec![DimRule::new(&with_mask(vec![R, R, R], None), R)];
-    for b in 0..nd - 2 {
-        let s = Placement::Shard(b as isize);
-        rs.push(DimRule::new(&with_mask(vec![s, s, s], Some(b)), s));
+    for d in 0..nd {
+        let s = Placement::Shard(d as isize);
+        if attention_keeps_shard(d, nd, true) {
+            rs.push(DimRule::new(&with_mask(vec![s, s, s], Some(d)), s));
+        }
+        if attention_keeps_shard(d, nd, false) {
+            rs.push(DimRule::new(&with_mask(vec![s, R, R], Some(d)), s));
+        }
     }
     let seq = Placement::Shard((nd - 2) as isize);
-    rs.push(DimRule::new(&with_mask(vec![seq, R, R], Some(nd - 2)), seq));
     let mut inputs = vec![q, k, v];
     inputs.extend(attn_mask);
     let c = select("scaled_dot_product_attention", &inputs, &rs, Select::default())?;

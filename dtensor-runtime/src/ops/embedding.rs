@@ -1,6 +1,6 @@
-//! Embedding lookup and one-hot encoding. Indices are carried in a DTensor of the same
-//! element type (whole numbers; exact up to 2^24 in f32), so they shard and redistribute like
-//! any tensor.
+//! Embedding lookup and one-hot encoding. Indices are carried in an integer DTensor (`i64`,
+//! `i32`) or one of the table's float type (whole numbers; exact up to 2^24 in f32), so they
+//! shard and redistribute like any tensor.
 //!
 //! Rules per mesh dim (table `[V, D]`, ids `[..]` → out `[.., D]`): `(R,R)→R`,
 //! `(R,S(d))→S(d)`, `(S(1),R)→S(last)`, `(S(0),R)→Partial(sum)` (vocab-parallel: ids outside
@@ -10,10 +10,11 @@ use super::new_output;
 use super::strategy::{partial_ops, select, DimRule, Select};
 use crate::autograd::{record, recording};
 use crate::dtensor::DTensor;
-use crate::element::Element;
+use crate::element::{Element, IndexElement};
 use crate::error::{Error, Result};
 use crate::layout::local_shape_and_offset;
 use crate::placement::{Placement, ReduceOp};
+use std::borrow::Cow;
 
 const R: Placement = Placement::Replicate;
 const LINEAR: [ReduceOp; 2] = [ReduceOp::Sum, ReduceOp::Avg];
@@ -47,11 +48,27 @@ fn embedding_backward<T: Element>(
     Ok(new_output(out, &gi.mesh, c.output, shape))
 }
 
+/// `ids` as a tensor of the table's element type `T`: the tensor itself when it already is
+/// one, else a cast whose every value must convert back unchanged (an id `T` cannot hold
+/// exactly is an [`Error::InvalidArgument`] naming `op`; range checks are the kernels').
+pub(crate) fn ids_as<'a, T: Element, I: IndexElement>(op: &str, ids: &'a DTensor<I>) -> Result<Cow<'a, DTensor<T>>> {
+    let t = super::in_type::<T, I>(ids)?;
+    if I::DTYPE != T::DTYPE && t.local.cast::<I>()? != ids.local {
+        return Err(Error::InvalidArgument {
+            context: op.into(),
+            reason: format!("an id of dtype {} is not exactly representable in {}", I::DTYPE, T::DTYPE),
+        });
+    }
+    Ok(t)
+}
+
 impl<T: Element> DTensor<T> {
     /// Looks up rows of this table (`[V, D]`) at `ids` (whole numbers in `[0, V)`), giving
     /// `ids.shape + [D]`. With a vocab-sharded table (`Shard(0)`) every rank looks up only
-    /// its rows and the result is Partial(sum).
-    pub fn embedding(&self, ids: &DTensor<T>) -> Result<DTensor<T>> {
+    /// its rows and the result is Partial(sum). `ids` may be `i64`/`i32` or `T` itself;
+    /// a negative or out-of-range id is an [`Error::InvalidArgument`].
+    pub fn embedding<I: IndexElement>(&self, ids: &DTensor<I>) -> Result<DTensor<T>> {
+        let ids = &*ids_as::<T, I>("embedding", ids)?;
         if self.ndim() != 2 {
             return Err(Error::ShapeMismatch {
                 context: "embedding: table must be [vocab, dim]".into(),

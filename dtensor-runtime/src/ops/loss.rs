@@ -1,14 +1,16 @@
 //! Losses, composed of the ops above (so their sharding and gradients come for free).
 
 use crate::dtensor::DTensor;
-use crate::element::Element;
+use crate::element::{Element, IndexElement};
 use crate::error::{Error, Result};
 
 impl<T: Element> DTensor<T> {
     /// Mean cross-entropy of logits `[.., C]` against class ids `[..]` (whole numbers in
     /// `[0, C)`), as PyTorch `cross_entropy(reduction="mean")`. A 0-d result; Partial(sum)
     /// when the batch is sharded (read it with `full_tensor`).
-    pub fn cross_entropy(&self, target: &DTensor<T>) -> Result<DTensor<T>> {
+    /// `target` may be `i64`/`i32` or `T` itself.
+    pub fn cross_entropy<I: IndexElement>(&self, target: &DTensor<I>) -> Result<DTensor<T>> {
+        let target = &*super::embedding::ids_as::<T, I>("cross_entropy", target)?;
         let nd = self.ndim();
         if nd == 0 || target.shape() != &self.shape[..nd - 1] {
             return Err(Error::ShapeMismatch {

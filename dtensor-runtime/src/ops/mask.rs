@@ -1,7 +1,8 @@
 //! Masking and selection: comparisons returning masks, `where`, `masked_fill`, `tril`/`triu`.
 //!
-//! Masks are tensors of the same element type holding 1 (true) and 0 (false); any non-zero
-//! value counts as true where a mask is read. (Integer and bool element types come later.)
+//! Masks hold 1 (true) and 0 (false): tensors of the same element type (`lt_mask`, ...) or
+//! byte masks (`DTensor<u8>`, from [`DTensor::compare_mask`]); any non-zero value counts as
+//! true where a mask is read, and `where_`/`masked_fill` read a mask of any element type.
 //!
 //! Rules per mesh dim: comparisons and `where` follow the element-wise rule of
 //! [`pointwise`](super::pointwise) with no Partial strategy (a Partial input is reduced first,
@@ -15,9 +16,9 @@ use super::strategy::{partial_ops, select, DimRule, Select};
 use super::{new_output, sum_to};
 use crate::autograd::{input_needs_grad, no_grad, record, recording};
 use crate::dtensor::DTensor;
-use crate::element::Element;
+use crate::element::{Element, Scalar};
 use crate::error::{Error, Result};
-use crate::placement::{Placement, ReduceOp};
+use crate::placement::{contains_op, Placement, ReduceOp};
 use crate::storage::broadcast_shape;
 use crate::storage::op::BinaryOp;
 
@@ -52,6 +53,15 @@ fn where_impl<T: Element>(cond: &DTensor<T>, a: &DTensor<T>, b: &DTensor<T>) -> 
     }))
 }
 
+/// The Partial reductions `tril`/`triu` keep: the sums and averages (the op is linear).
+pub const TRI_PARTIALS: [ReduceOp; 2] = [ReduceOp::Sum, ReduceOp::Avg];
+
+/// Whether `tril`/`triu` keep a `Partial(op)` input as is: the one rule of both layers (the
+/// runtime's strategies and the typed layer's `TriRule` are generated from it).
+pub const fn tri_keeps_partial(op: ReduceOp) -> bool {
+    contains_op(&TRI_PARTIALS, op)
+}
+
 fn tri<T: Element>(x: &DTensor<T>, lower: bool, diagonal: i64) -> Result<DTensor<T>> {
     let op = if lower { "tril" } else { "triu" };
     if x.ndim() < 2 {
@@ -60,7 +70,7 @@ fn tri<T: Element>(x: &DTensor<T>, lower: bool, diagonal: i64) -> Result<DTensor
     let mut rs = vec![DimRule::new(&[Placement::Replicate], Placement::Replicate)];
     rs.extend((0..x.ndim()).map(|d| DimRule::new(&[Placement::Shard(d as isize)], Placement::Shard(d as isize))));
     rs.extend(
-        partial_ops(&[x], &[ReduceOp::Sum, ReduceOp::Avg])
+        partial_ops(&[x], &TRI_PARTIALS)
             .into_iter()
             .map(|o| DimRule::new(&[Placement::Partial(o)], Placement::Partial(o))),
     );
@@ -99,15 +109,32 @@ impl<T: Element> DTensor<T> {
         compare(BinaryOp::Ge, self, other)
     }
 
+    /// The comparison `op` (`Eq`, `Ne`, `Lt`, `Le`, `Gt`, `Ge`) of `self` and `other`
+    /// (broadcasting) as a byte mask: 1 where it holds, else 0; no gradient. Any other op is
+    /// an [`Error::InvalidArgument`].
+    pub fn compare_mask(&self, op: BinaryOp, other: &DTensor<T>) -> Result<DTensor<u8>> {
+        use BinaryOp::{Eq, Ge, Gt, Le, Lt, Ne};
+        if !matches!(op, Eq | Ne | Lt | Le | Gt | Ge) {
+            return Err(Error::InvalidArgument {
+                context: "compare_mask".into(),
+                reason: format!("{op:?} is not a comparison"),
+            });
+        }
+        compare(op, self, other)?.cast::<u8>()
+    }
+
     /// PyTorch `self.where(condition, other)`: `self` where `condition` is non-zero, else
-    /// `other` (broadcasting all three). Gradients flow to `self` and `other`, not the mask.
-    pub fn where_(&self, condition: &DTensor<T>, other: &DTensor<T>) -> Result<DTensor<T>> {
-        where_impl(condition, self, other)
+    /// `other` (broadcasting all three). The mask may be of any element type (a `u8` byte
+    /// mask, or `T`). Gradients flow to `self` and `other`, not the mask.
+    pub fn where_<M: Scalar>(&self, condition: &DTensor<M>, other: &DTensor<T>) -> Result<DTensor<T>> {
+        where_impl(&*super::in_type::<T, M>(condition)?, self, other)
     }
 
     /// `value` where `mask` is non-zero, else `self` (PyTorch `masked_fill`; `mask`
     /// broadcasts to `self`). `value` may be infinite (e.g. `-inf` before a softmax).
-    pub fn masked_fill(&self, mask: &DTensor<T>, value: T) -> Result<DTensor<T>> {
+    /// The mask may be of any element type (a `u8` byte mask, or `T`).
+    pub fn masked_fill<M: Scalar>(&self, mask: &DTensor<M>, value: T) -> Result<DTensor<T>> {
+        let mask = &*super::in_type::<T, M>(mask)?;
         let out = broadcast_shape("masked_fill", &mask.shape, &self.shape)?;
         if out != self.shape {
             return Err(Error::ShapeMismatch {

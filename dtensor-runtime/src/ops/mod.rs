@@ -55,7 +55,7 @@ pub use math::GeluApproximate;
 pub use strategy::{implicit_redistribution_count, implicit_redistributions, ImplicitRedistribute};
 
 use crate::dtensor::DTensor;
-use crate::element::Element;
+use crate::element::{Element, Scalar};
 use crate::error::{Error, Result};
 use crate::mesh::DeviceMesh;
 use crate::placement::Placement;
@@ -77,6 +77,15 @@ pub(crate) fn new_output<T: Element>(
 }
 
 /// Resolves a possibly negative dim against `ndim`.
+/// `x` in the element type `T` of the op reading it (ids, masks): `x` itself when it already
+/// is a `DTensor<T>`, else a cast (no history).
+pub(crate) fn in_type<T: Element, I: Scalar>(x: &DTensor<I>) -> Result<std::borrow::Cow<'_, DTensor<T>>> {
+    match (x as &dyn std::any::Any).downcast_ref::<DTensor<T>>() {
+        Some(same) => Ok(std::borrow::Cow::Borrowed(same)),
+        None => x.cast::<T>().map(std::borrow::Cow::Owned),
+    }
+}
+
 pub(crate) fn norm_dim(op: &str, dim: isize, ndim: usize) -> Result<usize> {
     crate::shape::normalize_dim(dim, ndim).ok_or_else(|| Error::DimOutOfRange { context: op.into(), dim, ndim })
 }

@@ -20,10 +20,21 @@ use crate::storage::op::SoftmaxKind;
 /// Softmax of a tensor sharded on `d`: two all-reduces of per-row statistics.
 fn two_pass<T: Element>(x: &DTensor<T>, d: usize, log: bool) -> Result<DTensor<T>> {
     let dim = d as isize;
+    // The per-row statistics are reduced explicitly to `x`'s layout without its shard of `d`,
+    // so that the element-wise steps below run as they are laid out and the output keeps
+    // `x`'s placements (left to the strategy search, a tie could shard a Replicate mesh dim).
+    let stats: Vec<Placement> = x
+        .placements
+        .iter()
+        .map(|p| match p {
+            Placement::Shard(e) if *e as usize != d => *p,
+            _ => Placement::Replicate,
+        })
+        .collect();
     // The shift does not change the result, so it carries no gradient.
-    let m = no_grad(|| x.max_dim(dim, true))?;
+    let m = no_grad(|| x.max_dim(dim, true)?.redistribute(&stats))?;
     let z = x.sub(&m)?;
-    let s = z.exp()?.sum_dim(dim, true)?;
+    let s = z.exp()?.sum_dim(dim, true)?.redistribute(&stats)?;
     if log {
         z.sub(&s.log()?)
     } else {

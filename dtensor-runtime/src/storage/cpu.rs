@@ -9,7 +9,8 @@ use super::op::{
     gelu, gelu_erf, gelu_erf_grad, gelu_grad, AdamWStep, BinaryOp, Distribution, RandomFill, Reduction, SgdStep,
     SoftmaxKind,
 };
-use crate::element::Element;
+use super::vmath::{self, Fast};
+use crate::element::{DType, Element, Scalar};
 use crate::error::{Error, Result};
 use crate::layout::contiguous_strides;
 use crate::layout::pack::{CopyBlock, PackPlan};
@@ -18,7 +19,7 @@ use ndarray::{ArrayD, ArrayViewD, Axis, Dimension, IxDyn, Zip};
 use std::borrow::Cow;
 
 /// Row-major data of `a`, borrowed when `a` already is row-major.
-pub(super) fn row_major<T: Element>(a: &ArrayD<T>) -> Cow<'_, [T]> {
+pub(super) fn row_major<T: Scalar>(a: &ArrayD<T>) -> Cow<'_, [T]> {
     match a.as_slice() {
         Some(s) => Cow::Borrowed(s),
         None => Cow::Owned(a.iter().copied().collect()),
@@ -26,7 +27,7 @@ pub(super) fn row_major<T: Element>(a: &ArrayD<T>) -> Cow<'_, [T]> {
 }
 
 /// `a` as a row-major array, moved when it already is one.
-pub(super) fn into_standard<T: Element>(a: ArrayD<T>) -> ArrayD<T> {
+pub(super) fn into_standard<T: Scalar>(a: ArrayD<T>) -> ArrayD<T> {
     if a.is_standard_layout() {
         a
     } else {
@@ -34,7 +35,7 @@ pub(super) fn into_standard<T: Element>(a: ArrayD<T>) -> ArrayD<T> {
     }
 }
 
-pub(super) fn from_vec<T: Element>(shape: &[usize], v: Vec<T>) -> Result<ArrayD<T>> {
+pub(super) fn from_vec<T: Scalar>(shape: &[usize], v: Vec<T>) -> Result<ArrayD<T>> {
     let len = v.len();
     ArrayD::from_shape_vec(IxDyn(shape), v).map_err(|_| Error::ShapeMismatch {
         context: format!("host buffer of {len} elements"),
@@ -49,8 +50,44 @@ fn widened<T: Element>(a: &ArrayD<T>, f: impl FnOnce(&ArrayD<f32>) -> ArrayD<f32
     T::DTYPE.is_half().then(|| cast(&f(&cast(a))))
 }
 
+/// A kernel of [`vmath`] (given for f32 and for f64) on the row-major data of `a`, into an
+/// array of `a`'s shape; `None` for the other element types.
+fn vectorised<T: Element>(
+    a: &ArrayD<T>,
+    k32: impl FnOnce(&[f32], &mut Vec<f32>),
+    k64: impl FnOnce(&[f64], &mut Vec<f64>),
+) -> Option<ArrayD<T>> {
+    let src = row_major(a);
+    let out: Vec<T> = match T::DTYPE {
+        DType::F32 => {
+            let mut o = Vec::new();
+            k32(bytemuck::cast_slice(&src), &mut o);
+            bytemuck::allocation::cast_vec(o)
+        }
+        DType::F64 => {
+            let mut o = Vec::new();
+            k64(bytemuck::cast_slice(&src), &mut o);
+            bytemuck::allocation::cast_vec(o)
+        }
+        _ => return None,
+    };
+    from_vec(a.shape(), out).ok()
+}
+
 pub(super) fn unary<T: Element>(a: &ArrayD<T>, op: UnaryOp) -> ArrayD<T> {
     if let Some(r) = widened(a, |a| unary(a, op)) {
+        return r;
+    }
+    let fast = match op {
+        UnaryOp::Exp => Some(Fast::Exp),
+        UnaryOp::Gelu => Some(Fast::Gelu),
+        UnaryOp::GeluGrad => Some(Fast::GeluGrad),
+        UnaryOp::Silu => Some(Fast::Silu),
+        UnaryOp::SiluGrad => Some(Fast::SiluGrad),
+        UnaryOp::Sigmoid => Some(Fast::Sigmoid),
+        _ => None,
+    };
+    if let Some(r) = fast.and_then(|f| vectorised(a, |x, o| vmath::map(f, x, o), |x, o| vmath::map(f, x, o))) {
         return r;
     }
     let s = T::of_f64(op.scalar());
@@ -230,7 +267,7 @@ pub(super) fn arg_reduce<T: Element>(a: &ArrayD<T>, dim: usize, max: bool, keepd
 }
 
 /// Concatenation along `dim` (shapes checked by the caller).
-pub(super) fn cat<T: Element>(parts: &[&ArrayD<T>], dim: usize) -> Result<ArrayD<T>> {
+pub(super) fn cat<T: Scalar>(parts: &[&ArrayD<T>], dim: usize) -> Result<ArrayD<T>> {
     let views: Vec<ArrayViewD<'_, T>> = parts.iter().map(|a| a.view()).collect();
     ndarray::concatenate(Axis(dim), &views)
         .map(into_standard)
@@ -329,6 +366,16 @@ pub(super) fn softmax<T: Element>(a: &ArrayD<T>, dim: usize, kind: SoftmaxKind) 
     if let Some(r) = widened(a, |a| softmax(a, dim, kind)) {
         return r;
     }
+    let n = a.shape()[dim];
+    if dim + 1 == a.ndim() && n > 0 {
+        let (k32, k64) = (
+            |x: &[f32], o: &mut _| vmath::softmax_rows(x, n, kind, o),
+            |x: &[f64], o: &mut _| vmath::softmax_rows(x, n, kind, o),
+        );
+        if let Some(r) = vectorised(a, k32, k64) {
+            return r;
+        }
+    }
     let mut out = a.to_owned();
     for mut lane in out.lanes_mut(Axis(dim)) {
         let m = lane.fold(T::neg_infinity(), |a, &b| if b > a { b } else { a });
@@ -378,29 +425,35 @@ pub(super) fn matmul<T: Element>(a: &ArrayD<T>, b: &ArrayD<T>, out_shape: &[usiz
     let (m, k) = (a.shape()[na - 2], a.shape()[na - 1]);
     let n = b.shape()[b.ndim() - 1];
     let nbatch: usize = a.shape()[..na - 2].iter().product();
-    let mut out = ArrayD::<T>::zeros(IxDyn(out_shape));
-    if out.is_empty() || k == 0 {
-        return Ok(out);
+    let len: usize = out_shape.iter().product();
+    if len == 0 || k == 0 {
+        return Ok(ArrayD::<T>::zeros(IxDyn(out_shape)));
     }
+    // No zero fill: gemm, called with `read_dst = false`, writes every output element.
+    let mut buf: Vec<T> = Vec::with_capacity(len);
     let shape_err = |what: &str| Error::Unsupported { op: "matmul".into(), reason: format!("{what} is not {m}x{k}") };
     let a3 = a.to_shape((nbatch, m, k)).map_err(|_| shape_err("the left operand"))?;
     let b3 = b.to_shape((b.len() / (k * n), k, n)).map_err(|_| shape_err("the right operand"))?;
     // A 2-D right operand is shared by every batch: a zero batch stride.
     let b3 = b3.broadcast((nbatch, k, n)).ok_or_else(|| shape_err("the right operand"))?;
-    let mut o3 = out.view_mut().into_shape_with_order((nbatch, m, n)).map_err(|_| shape_err("the output"))?;
+    let o = buf.spare_capacity_mut().as_mut_ptr().cast::<T>();
     let (sa, sb) = (a3.strides(), b3.strides());
     if sb[0] == 0 && sa[0] == sa[1] * m as isize {
         // Batch rows of `a` are evenly strided rows of one gemm with a shared `b`.
-        gemm_into(nbatch * m, k, n, a3.as_ptr(), [sa[1], sa[2]], b3.as_ptr(), [sb[1], sb[2]], o3.as_mut_ptr());
+        gemm_into(nbatch * m, k, n, a3.as_ptr(), [sa[1], sa[2]], b3.as_ptr(), [sb[1], sb[2]], o);
     } else {
         for i in 0..nbatch {
-            let (ai, bi, mut oi) =
-                (a3.index_axis(Axis(0), i), b3.index_axis(Axis(0), i), o3.index_axis_mut(Axis(0), i));
+            let (ai, bi) = (a3.index_axis(Axis(0), i), b3.index_axis(Axis(0), i));
             let (sa, sb) = (ai.strides(), bi.strides());
-            gemm_into(m, k, n, ai.as_ptr(), [sa[0], sa[1]], bi.as_ptr(), [sb[0], sb[1]], oi.as_mut_ptr());
+            // SAFETY: batch `i`'s `m × n` block lies inside the capacity of `len = nbatch·m·n`.
+            let oi = unsafe { o.add(i * m * n) };
+            gemm_into(m, k, n, ai.as_ptr(), [sa[0], sa[1]], bi.as_ptr(), [sb[0], sb[1]], oi);
         }
     }
-    Ok(out)
+    // SAFETY: the gemm calls above wrote all `nbatch` blocks of `m × n`, i.e. every one of the
+    // `len` elements.
+    unsafe { buf.set_len(len) };
+    from_vec(out_shape, buf)
 }
 
 /// `c = a @ b` for an `m × k` `a` and a `k × n` `b` at the given (row, column) element strides,
@@ -417,8 +470,9 @@ fn gemm_into<T: Element>(
     c: *mut T,
 ) {
     // SAFETY: the callers pass pointers and strides of live ndarray views of these shapes, and
-    // `c` points to an exclusively borrowed row-major m × n block; `gemm` supports f32 and f64
-    // (`matmul` widens the 16-bit floats before calling), and reads strides of any sign.
+    // `c` points to an exclusively owned, possibly uninitialised, row-major m × n block, which
+    // gemm only writes (`read_dst = false`); `gemm` supports f32 and f64 (`matmul` widens the
+    // 16-bit floats before calling), and reads strides of any sign.
     unsafe {
         gemm::gemm(
             m,
@@ -445,17 +499,31 @@ fn gemm_into<T: Element>(
 }
 
 /// Executes a pack plan (checked by the caller) from row-major `src` into a fresh array.
-pub(super) fn pack<T: Element>(src: &[T], plan: &PackPlan) -> Result<ArrayD<T>> {
+pub(super) fn pack<T: Scalar>(src: &[T], plan: &PackPlan) -> Result<ArrayD<T>> {
+    let n = plan.dst_len();
+    if plan.tiles_destination() {
+        // Every element is written exactly once: no zero fill first.
+        let mut dst: Vec<T> = Vec::with_capacity(n);
+        for b in &plan.blocks {
+            copy_block(src, &mut dst.spare_capacity_mut()[..n], b, |d, v| {
+                d.write(v);
+            });
+        }
+        // SAFETY: `tiles_destination` holds, so the blocks wrote each of the `n` elements.
+        unsafe { dst.set_len(n) };
+        return from_vec(&plan.dst_shape, dst);
+    }
     // Zeroed allocations are free for floats (calloc); only the padding stays zero.
-    let mut dst = vec![T::zero(); plan.dst_len()];
+    let mut dst = vec![T::zero(); n];
     for b in &plan.blocks {
-        copy_block(src, &mut dst, b);
+        copy_block(src, &mut dst, b, |d, v| *d = v);
     }
     from_vec(&plan.dst_shape, dst)
 }
 
-/// One strided box copy; the innermost dim is a `memcpy`, a fill or a strided loop.
-fn copy_block<T: Copy>(src: &[T], dst: &mut [T], b: &CopyBlock) {
+/// One strided box copy into slots `D` (elements, or uninitialised elements) written by `put`;
+/// the innermost dim is a straight loop LLVM turns into a `memcpy`, a fill or a strided loop.
+fn copy_block<T: Copy, D>(src: &[T], dst: &mut [D], b: &CopyBlock, put: impl Fn(&mut D, T)) {
     let nd = b.extents.len();
     let (inner, si, di) = (b.extents[nd - 1], b.src_strides[nd - 1], b.dst_strides[nd - 1]);
     let outer = &b.extents[..nd - 1];
@@ -463,16 +531,16 @@ fn copy_block<T: Copy>(src: &[T], dst: &mut [T], b: &CopyBlock) {
     let (mut so, mut doff) = (b.src_offset, b.dst_offset);
     for _ in 0..outer.iter().product::<usize>() {
         match (si, di) {
-            (1, 1) => dst[doff..doff + inner].copy_from_slice(&src[so..so + inner]),
-            (0, 1) => dst[doff..doff + inner].fill(src[so]),
+            (1, 1) => dst[doff..doff + inner].iter_mut().zip(&src[so..so + inner]).for_each(|(d, &v)| put(d, v)),
+            (0, 1) => dst[doff..doff + inner].iter_mut().for_each(|d| put(d, src[so])),
             (_, 1) => {
                 for (k, d) in dst[doff..doff + inner].iter_mut().enumerate() {
-                    *d = src[so + k * si];
+                    put(d, src[so + k * si]);
                 }
             }
             _ => {
                 for k in 0..inner {
-                    dst[doff + k * di] = src[so + k * si];
+                    put(&mut dst[doff + k * di], src[so + k * si]);
                 }
             }
         }
@@ -560,7 +628,12 @@ pub(super) fn one_hot<T: Element>(ids: &ArrayD<T>, classes: usize) -> Result<Arr
     from_vec(&shape, out)
 }
 
-pub(super) fn cast<T: Element, U: Element>(a: &ArrayD<T>) -> ArrayD<U> {
+/// Element-type conversion through f64 (Rust's `as`: integers from floats truncate toward
+/// zero and saturate); a conversion to the same type is a bit copy, exact for every integer.
+pub(super) fn cast<T: Scalar, U: Scalar>(a: &ArrayD<T>) -> ArrayD<U> {
+    if T::DTYPE == U::DTYPE {
+        return a.mapv(|x| bytemuck::cast(x));
+    }
     a.mapv(|x| U::of_f64(x.as_f64()))
 }
 

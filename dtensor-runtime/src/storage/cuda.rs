@@ -20,7 +20,7 @@ use super::Storage;
 use crate::cuda::args::{self, binary_code, reduce_code, unary_code, Reduce, Strided};
 use crate::cuda::source::BLOCK;
 use crate::cuda::{cuda_err, CudaDevice};
-use crate::element::Element;
+use crate::element::{Element, Scalar};
 use crate::error::{Error, Result};
 use crate::layout::pack::PackPlan;
 use cudarc::cublas::{sys::cublasOperation_t, CudaBlas, Gemm, GemmConfig, StridedBatchedConfig};
@@ -83,8 +83,9 @@ macro_rules! cuda_element {
 cuda_element!(f32, "f32");
 cuda_element!(f64, "f64");
 
-/// The 16-bit floats can live on a device and be communicated (NCCL has both), but have no
-/// kernels yet: every kernel lookup (`crate::cuda::kernels`) and gemm is a typed error.
+/// The 16-bit floats and the integers can live on a device and be communicated (NCCL has
+/// them all), but have no kernels yet: every kernel lookup (`crate::cuda::kernels`) and gemm
+/// is a typed error.
 macro_rules! cuda_half_element {
     ($t:ty, $sfx:literal) => {
         impl CudaElement for $t {
@@ -112,6 +113,9 @@ macro_rules! cuda_half_element {
 }
 cuda_half_element!(half::bf16, "bf16");
 cuda_half_element!(half::f16, "f16");
+cuda_half_element!(i64, "i64");
+cuda_half_element!(i32, "i32");
+cuda_half_element!(u8, "u8");
 
 // SAFETY: plain old data with the layout of the C struct (repr(C), same field order).
 unsafe impl DeviceRepr for Strided {}
@@ -144,34 +148,34 @@ fn to_i32(v: usize, what: &str) -> Result<i32> {
 }
 
 /// A row-major shard in device memory.
-pub struct CudaStorage<T: Element> {
+pub struct CudaStorage<T: Scalar> {
     /// `None` for zero-sized shards.
     data: Option<Arc<CudaSlice<T>>>,
     shape: Vec<usize>,
     device: Arc<CudaDevice>,
 }
 
-impl<T: Element> Clone for CudaStorage<T> {
+impl<T: Scalar> Clone for CudaStorage<T> {
     fn clone(&self) -> Self {
         CudaStorage { data: self.data.clone(), shape: self.shape.clone(), device: Arc::clone(&self.device) }
     }
 }
 
-impl<T: Element> fmt::Debug for CudaStorage<T> {
+impl<T: Scalar> fmt::Debug for CudaStorage<T> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         write!(f, "Cuda<{}>({:?} on {:?})", T::DTYPE, self.shape, self.device)
     }
 }
 
 /// The device storage inside `s`, or the device-mismatch error of `op`.
-fn cuda_of<'a, T: Element>(s: &'a mut Storage<T>, op: &str) -> Result<&'a mut CudaStorage<T>> {
+fn cuda_of<'a, T: Scalar>(s: &'a mut Storage<T>, op: &str) -> Result<&'a mut CudaStorage<T>> {
     match s {
         Storage::Cuda(c) => Ok(c),
         Storage::Cpu(_) => Err(Error::DeviceMismatch { context: op.into(), left: "cuda".into(), right: "cpu".into() }),
     }
 }
 
-impl<T: Element> CudaStorage<T> {
+impl<T: Scalar> CudaStorage<T> {
     /// Copies a host array to `device` (row-major).
     pub fn from_host(device: &Arc<CudaDevice>, a: &ArrayD<T>) -> Result<Self> {
         let std = a.as_standard_layout();
@@ -388,7 +392,9 @@ impl<T: Element> CudaStorage<T> {
         }?;
         Ok(out)
     }
+}
 
+impl<T: Element> CudaStorage<T> {
     /// Reduces `dims` (sorted, distinct, checked) in one launch: one block per output element.
     pub(super) fn reduce(&self, kind: Reduction, dims: &[usize], keepdim: bool) -> Result<Self> {
         let (g, out_shape, nred) = args::reduce(kind.name(), &self.shape, dims, keepdim)?;
@@ -413,7 +419,9 @@ impl<T: Element> CudaStorage<T> {
         launch(kind.name(), &mut b, per_block(nout))?;
         Ok(out)
     }
+}
 
+impl<T: Scalar> CudaStorage<T> {
     pub(super) fn softmax(&self, dim: usize, kind: SoftmaxKind) -> Result<Self> {
         let mut out = Self::uninit(&self.device, &self.shape)?;
         let (Some(x), Some(o)) = (&self.data, out.data_mut()?) else { return Ok(out) };
@@ -597,7 +605,7 @@ impl<T: Element> CudaStorage<T> {
         Err(args::no_kernel("gather_backward"))
     }
 
-    pub(super) fn cast<U: Element>(&self) -> Result<CudaStorage<U>> {
+    pub(super) fn cast<U: Scalar>(&self) -> Result<CudaStorage<U>> {
         let mut out = CudaStorage::<U>::uninit(&self.device, &self.shape)?;
         let (Some(a), Some(o)) = (&self.data, out.data_mut()?) else { return Ok(out) };
         let n = self.len() as u64;

@@ -32,6 +32,7 @@ pub mod cuda;
 #[cfg(not(feature = "cuda"))]
 mod no_cuda;
 pub mod op;
+mod vmath;
 
 #[cfg(feature = "cuda")]
 pub use cuda::CudaStorage;
@@ -39,7 +40,7 @@ pub use cuda::CudaStorage;
 pub use no_cuda::CudaStorage;
 
 use crate::cuda::CudaDevice;
-use crate::element::Element;
+use crate::element::{Element, Scalar};
 use crate::error::{Error, Result};
 use crate::layout::pack::{self, PackPlan};
 use ndarray::ArrayD;
@@ -105,14 +106,14 @@ impl Target {
 }
 
 /// The local data of a DTensor shard: a host array or a CUDA buffer, always row-major.
-pub enum Storage<T: Element> {
+pub enum Storage<T: Scalar> {
     /// Host memory.
     Cpu(ArrayD<T>),
     /// Device memory (uninhabited without the `cuda` feature).
     Cuda(CudaStorage<T>),
 }
 
-impl<T: Element> Clone for Storage<T> {
+impl<T: Scalar> Clone for Storage<T> {
     fn clone(&self) -> Self {
         match self {
             Storage::Cpu(a) => Storage::Cpu(a.clone()),
@@ -121,13 +122,13 @@ impl<T: Element> Clone for Storage<T> {
     }
 }
 
-impl<T: Element> From<ArrayD<T>> for Storage<T> {
+impl<T: Scalar> From<ArrayD<T>> for Storage<T> {
     fn from(a: ArrayD<T>) -> Self {
         Storage::Cpu(a)
     }
 }
 
-impl<T: Element> fmt::Debug for Storage<T> {
+impl<T: Scalar> fmt::Debug for Storage<T> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match self {
             Storage::Cpu(a) => write!(f, "Cpu({a:?})"),
@@ -138,7 +139,7 @@ impl<T: Element> fmt::Debug for Storage<T> {
 
 /// Same device-independent contents (a device shard is compared through a host copy; one
 /// that cannot be copied compares unequal).
-impl<T: Element> PartialEq for Storage<T> {
+impl<T: Scalar> PartialEq for Storage<T> {
     fn eq(&self, other: &Self) -> bool {
         match (self, other) {
             (Storage::Cpu(a), Storage::Cpu(b)) => a == b,
@@ -148,7 +149,7 @@ impl<T: Element> PartialEq for Storage<T> {
 }
 
 /// Compares with a host array (a device shard through a host copy).
-impl<T: Element> PartialEq<ArrayD<T>> for Storage<T> {
+impl<T: Scalar> PartialEq<ArrayD<T>> for Storage<T> {
     fn eq(&self, other: &ArrayD<T>) -> bool {
         match self {
             Storage::Cpu(a) => a == other,
@@ -209,7 +210,7 @@ pub fn matmul_shape(a: &[usize], b: &[usize]) -> Result<Vec<usize>> {
     Ok(out)
 }
 
-impl<T: Element> Storage<T> {
+impl<T: Scalar> Storage<T> {
     // ------------------------------------------------------------ metadata
 
     /// Shape of the shard.
@@ -345,7 +346,9 @@ impl<T: Element> Storage<T> {
     pub fn new_full(&self, shape: &[usize], value: T) -> Result<Storage<T>> {
         Self::full(&self.target(), shape, value)
     }
+}
 
+impl<T: Element> Storage<T> {
     /// The shard (`shape` at `offset`) of a counter-based random tensor of `global` shape.
     pub fn random(
         target: &Target,
@@ -364,14 +367,6 @@ impl<T: Element> Storage<T> {
     }
 
     // ------------------------------------------------------------ kernels
-
-    fn same_device(&self, other: &Self, op: &str) -> Result<()> {
-        if self.device() == other.device() {
-            Ok(())
-        } else {
-            Err(device_mismatch(op, self.device(), other.device()))
-        }
-    }
 
     /// Element-wise `op` of one tensor.
     pub fn unary(&self, op: UnaryOp) -> Result<Storage<T>> {
@@ -403,14 +398,6 @@ impl<T: Element> Storage<T> {
         match self {
             Storage::Cpu(a) => Ok(Storage::Cpu(cpu::reduce(a, kind, &dims, keepdim))),
             Storage::Cuda(c) => on_cuda!(c => c.reduce(kind, &dims, keepdim).map(Storage::Cuda)),
-        }
-    }
-
-    fn check_dim(&self, op: &str, dim: usize) -> Result<()> {
-        if dim < self.ndim() {
-            Ok(())
-        } else {
-            Err(Error::DimOutOfRange { context: op.into(), dim: dim as isize, ndim: self.ndim() })
         }
     }
 
@@ -446,6 +433,202 @@ impl<T: Element> Storage<T> {
             (Storage::Cpu(a), Storage::Cpu(b)) => cpu::matmul(a, b, &shape).map(Storage::Cpu),
             (Storage::Cuda(a), Storage::Cuda(b)) => on_cuda!(a, b => a.matmul(b, &shape).map(Storage::Cuda)),
             _ => Err(device_mismatch("matmul", self.device(), other.device())),
+        }
+    }
+
+    /// Embedding lookup in this table shard (`[rows, cols]`, rows `row0..` of a table of
+    /// `vocab` rows) at whole-number `ids`: `ids.shape + [cols]`, zeros for ids of other shards.
+    pub fn embedding(&self, ids: &Storage<T>, row0: usize, vocab: usize) -> Result<Storage<T>> {
+        if self.ndim() != 2 {
+            return Err(shape_mismatch("embedding: table must be [rows, dim]".into(), &[0, 0], self.shape()));
+        }
+        match (self, ids) {
+            (Storage::Cpu(t), Storage::Cpu(i)) => cpu::embedding(t, i, row0, vocab).map(Storage::Cpu),
+            (Storage::Cuda(t), Storage::Cuda(i)) => on_cuda!(t, i => t.embedding(i, row0, vocab).map(Storage::Cuda)),
+            _ => Err(device_mismatch("embedding", self.device(), ids.device())),
+        }
+    }
+
+    /// Gradient of [`Storage::embedding`] for a table shard of `rows` rows from `row0`: the
+    /// rows of this gradient (`ids.shape + [cols]`) scatter-added at `ids`.
+    pub fn embedding_backward(&self, ids: &Storage<T>, rows: usize, row0: usize, vocab: usize) -> Result<Storage<T>> {
+        if self.ndim() != ids.ndim() + 1 || self.shape()[..ids.ndim()] != *ids.shape() {
+            return Err(shape_mismatch("embedding_backward: gradient vs ids".into(), ids.shape(), self.shape()));
+        }
+        match (self, ids) {
+            (Storage::Cpu(g), Storage::Cpu(i)) => cpu::embedding_backward(g, i, rows, row0, vocab).map(Storage::Cpu),
+            (Storage::Cuda(g), Storage::Cuda(i)) => {
+                on_cuda!(g, i => g.embedding_backward(i, rows, row0, vocab).map(Storage::Cuda))
+            }
+            _ => Err(device_mismatch("embedding_backward", self.device(), ids.device())),
+        }
+    }
+
+    /// `a` where this mask is non-zero, else `b` (numpy broadcasting of all three).
+    pub fn where_(&self, a: &Storage<T>, b: &Storage<T>) -> Result<Storage<T>> {
+        let shape = broadcast_shape("where", &broadcast_shape("where", self.shape(), a.shape())?, b.shape())?;
+        match (self, a, b) {
+            (Storage::Cpu(c), Storage::Cpu(x), Storage::Cpu(y)) => cpu::where_(c, x, y, &shape).map(Storage::Cpu),
+            (Storage::Cuda(c), Storage::Cuda(x), Storage::Cuda(y)) => {
+                on_cuda!(c, x, y => c.where_(x, y, &shape).map(Storage::Cuda))
+            }
+            _ if self.device() != a.device() => Err(device_mismatch("where", self.device(), a.device())),
+            _ => Err(device_mismatch("where", a.device(), b.device())),
+        }
+    }
+
+    /// The lower (`lower`) or upper triangle of the last two dims relative to `diagonal`
+    /// (PyTorch `tril`/`triu`), for a shard whose last two dims start at global row `row0`
+    /// and column `col0`; zeros elsewhere.
+    pub fn tri(&self, lower: bool, diagonal: i64, row0: usize, col0: usize) -> Result<Storage<T>> {
+        if self.ndim() < 2 {
+            return Err(shape_mismatch("tril/triu: needs at least 2 dims".into(), &[0, 0], self.shape()));
+        }
+        match self {
+            Storage::Cpu(a) => Ok(Storage::Cpu(cpu::tri(a, lower, diagonal, row0, col0))),
+            Storage::Cuda(c) => on_cuda!(c => c.tri(lower, diagonal, row0, col0).map(Storage::Cuda)),
+        }
+    }
+
+    /// Index of the maximum (`max`) or minimum along `dim` (first occurrence; NaN counts as
+    /// the extreme), as element values. An empty `dim` is an error (PyTorch).
+    pub fn arg_reduce(&self, dim: usize, max: bool, keepdim: bool) -> Result<Storage<T>> {
+        let op = if max { "argmax" } else { "argmin" };
+        self.check_dim(op, dim)?;
+        if self.shape()[dim] == 0 {
+            return Err(empty_reduction(op, dim));
+        }
+        match self {
+            Storage::Cpu(a) => Ok(Storage::Cpu(cpu::arg_reduce(a, dim, max, keepdim))),
+            Storage::Cuda(c) => on_cuda!(c => c.arg_reduce(dim, max, keepdim).map(Storage::Cuda)),
+        }
+    }
+
+    /// The slices at whole-number `ids` (1-D) along `dim` (PyTorch `index_select`).
+    pub fn index_select(&self, dim: usize, ids: &Storage<T>) -> Result<Storage<T>> {
+        self.check_dim("index_select", dim)?;
+        if ids.ndim() != 1 {
+            return Err(shape_mismatch("index_select: index must be 1-D".into(), &[0], ids.shape()));
+        }
+        match (self, ids) {
+            (Storage::Cpu(a), Storage::Cpu(i)) => cpu::index_select(a, dim, i).map(Storage::Cpu),
+            (Storage::Cuda(a), Storage::Cuda(i)) => on_cuda!(a, i => a.index_select(dim, i).map(Storage::Cuda)),
+            _ => Err(device_mismatch("index_select", self.device(), ids.device())),
+        }
+    }
+
+    /// Gradient of [`Storage::index_select`]: this gradient's slices added at `ids` along `dim`
+    /// of zeros whose `dim` has size `n`.
+    pub fn index_add(&self, dim: usize, ids: &Storage<T>, n: usize) -> Result<Storage<T>> {
+        self.check_dim("index_select_backward", dim)?;
+        if ids.ndim() != 1 || ids.len() != self.shape()[dim] {
+            return Err(shape_mismatch("index_select_backward: index vs gradient".into(), self.shape(), ids.shape()));
+        }
+        match (self, ids) {
+            (Storage::Cpu(g), Storage::Cpu(i)) => cpu::index_add(g, dim, i, n).map(Storage::Cpu),
+            (Storage::Cuda(g), Storage::Cuda(i)) => on_cuda!(g, i => g.index_add(dim, i, n).map(Storage::Cuda)),
+            _ => Err(device_mismatch("index_select_backward", self.device(), ids.device())),
+        }
+    }
+
+    /// PyTorch `gather` along `dim` at whole-number `ids` (same rank; every other dim of `ids`
+    /// no larger than this tensor's): the shape of `ids`.
+    pub fn gather(&self, dim: usize, ids: &Storage<T>) -> Result<Storage<T>> {
+        self.check_dim("gather", dim)?;
+        let fits = ids.ndim() == self.ndim() && (0..self.ndim()).all(|d| d == dim || ids.shape()[d] <= self.shape()[d]);
+        if !fits {
+            return Err(shape_mismatch("gather: index vs input".into(), self.shape(), ids.shape()));
+        }
+        match (self, ids) {
+            (Storage::Cpu(a), Storage::Cpu(i)) => cpu::gather(a, dim, i).map(Storage::Cpu),
+            (Storage::Cuda(a), Storage::Cuda(i)) => on_cuda!(a, i => a.gather(dim, i).map(Storage::Cuda)),
+            _ => Err(device_mismatch("gather", self.device(), ids.device())),
+        }
+    }
+
+    /// Gradient of [`Storage::gather`]: this gradient (the shape of `ids`) added at the
+    /// gathered positions of zeros of `shape`.
+    pub fn scatter_add(&self, dim: usize, ids: &Storage<T>, shape: &[usize]) -> Result<Storage<T>> {
+        let fits = ids.shape() == self.shape()
+            && shape.len() == self.ndim()
+            && dim < shape.len()
+            && (0..shape.len()).all(|d| d == dim || self.shape()[d] <= shape[d]);
+        if !fits {
+            return Err(shape_mismatch("gather_backward: gradient vs index".into(), self.shape(), ids.shape()));
+        }
+        match (self, ids) {
+            (Storage::Cpu(g), Storage::Cpu(i)) => cpu::scatter_add(g, dim, i, shape).map(Storage::Cpu),
+            (Storage::Cuda(g), Storage::Cuda(i)) => on_cuda!(g, i => g.scatter_add(dim, i, shape).map(Storage::Cuda)),
+            _ => Err(device_mismatch("gather_backward", self.device(), ids.device())),
+        }
+    }
+
+    /// One-hot encoding of whole-number ids into `classes` classes: `shape + [classes]`.
+    pub fn one_hot(&self, classes: usize) -> Result<Storage<T>> {
+        match self {
+            Storage::Cpu(a) => cpu::one_hot(a, classes).map(Storage::Cpu),
+            Storage::Cuda(c) => on_cuda!(c => c.one_hot(classes).map(Storage::Cuda)),
+        }
+    }
+
+    fn check_like(&self, what: &str, other: &Storage<T>) -> Result<()> {
+        self.same_device(other, what)?;
+        if self.shape() != other.shape() {
+            return Err(shape_mismatch(format!("{what} vs parameter"), self.shape(), other.shape()));
+        }
+        Ok(())
+    }
+
+    /// One SGD update of this parameter shard, in place (`buf`: the momentum buffer, present
+    /// exactly when `step.momentum != 0`).
+    pub fn sgd_step(&mut self, grad: &Storage<T>, buf: Option<&mut Storage<T>>, step: &SgdStep) -> Result<()> {
+        self.check_like("sgd: gradient", grad)?;
+        if let Some(b) = &buf {
+            self.check_like("sgd: momentum buffer", b)?;
+        }
+        match (self, grad, buf) {
+            (Storage::Cpu(w), Storage::Cpu(g), None) => {
+                cpu::sgd_step(w, g, None, step);
+                Ok(())
+            }
+            (Storage::Cpu(w), Storage::Cpu(g), Some(Storage::Cpu(b))) => {
+                cpu::sgd_step(w, g, Some(b), step);
+                Ok(())
+            }
+            (Storage::Cuda(w), Storage::Cuda(g), b) => on_cuda!(w, g, b => w.sgd_step(g, b, step)),
+            (w, g, _) => Err(device_mismatch("sgd", w.device(), g.device())),
+        }
+    }
+
+    /// One AdamW update of this parameter shard and its moments, in place.
+    pub fn adamw_step(
+        &mut self,
+        grad: &Storage<T>,
+        m: &mut Storage<T>,
+        v: &mut Storage<T>,
+        step: &AdamWStep,
+    ) -> Result<()> {
+        self.check_like("adamw: gradient", grad)?;
+        self.check_like("adamw: first moment", m)?;
+        self.check_like("adamw: second moment", v)?;
+        match (self, grad, m, v) {
+            (Storage::Cpu(w), Storage::Cpu(g), Storage::Cpu(m), Storage::Cpu(v)) => {
+                cpu::adamw_step(w, g, m, v, step);
+                Ok(())
+            }
+            (Storage::Cuda(w), Storage::Cuda(g), m, v) => on_cuda!(w, g, m, v => w.adamw_step(g, m, v, step)),
+            (w, g, _, _) => Err(device_mismatch("adamw", w.device(), g.device())),
+        }
+    }
+}
+
+/// Moves and copies: every element type.
+impl<T: Scalar> Storage<T> {
+    fn same_device(&self, other: &Self, op: &str) -> Result<()> {
+        if self.device() == other.device() {
+            Ok(())
+        } else {
+            Err(device_mismatch(op, self.device(), other.device()))
         }
     }
 
@@ -531,74 +714,6 @@ impl<T: Element> Storage<T> {
         self.pack(&pack::slice(self.shape(), start, extents))
     }
 
-    /// Embedding lookup in this table shard (`[rows, cols]`, rows `row0..` of a table of
-    /// `vocab` rows) at whole-number `ids`: `ids.shape + [cols]`, zeros for ids of other shards.
-    pub fn embedding(&self, ids: &Storage<T>, row0: usize, vocab: usize) -> Result<Storage<T>> {
-        if self.ndim() != 2 {
-            return Err(shape_mismatch("embedding: table must be [rows, dim]".into(), &[0, 0], self.shape()));
-        }
-        match (self, ids) {
-            (Storage::Cpu(t), Storage::Cpu(i)) => cpu::embedding(t, i, row0, vocab).map(Storage::Cpu),
-            (Storage::Cuda(t), Storage::Cuda(i)) => on_cuda!(t, i => t.embedding(i, row0, vocab).map(Storage::Cuda)),
-            _ => Err(device_mismatch("embedding", self.device(), ids.device())),
-        }
-    }
-
-    /// Gradient of [`Storage::embedding`] for a table shard of `rows` rows from `row0`: the
-    /// rows of this gradient (`ids.shape + [cols]`) scatter-added at `ids`.
-    pub fn embedding_backward(&self, ids: &Storage<T>, rows: usize, row0: usize, vocab: usize) -> Result<Storage<T>> {
-        if self.ndim() != ids.ndim() + 1 || self.shape()[..ids.ndim()] != *ids.shape() {
-            return Err(shape_mismatch("embedding_backward: gradient vs ids".into(), ids.shape(), self.shape()));
-        }
-        match (self, ids) {
-            (Storage::Cpu(g), Storage::Cpu(i)) => cpu::embedding_backward(g, i, rows, row0, vocab).map(Storage::Cpu),
-            (Storage::Cuda(g), Storage::Cuda(i)) => {
-                on_cuda!(g, i => g.embedding_backward(i, rows, row0, vocab).map(Storage::Cuda))
-            }
-            _ => Err(device_mismatch("embedding_backward", self.device(), ids.device())),
-        }
-    }
-
-    /// `a` where this mask is non-zero, else `b` (numpy broadcasting of all three).
-    pub fn where_(&self, a: &Storage<T>, b: &Storage<T>) -> Result<Storage<T>> {
-        let shape = broadcast_shape("where", &broadcast_shape("where", self.shape(), a.shape())?, b.shape())?;
-        match (self, a, b) {
-            (Storage::Cpu(c), Storage::Cpu(x), Storage::Cpu(y)) => cpu::where_(c, x, y, &shape).map(Storage::Cpu),
-            (Storage::Cuda(c), Storage::Cuda(x), Storage::Cuda(y)) => {
-                on_cuda!(c, x, y => c.where_(x, y, &shape).map(Storage::Cuda))
-            }
-            _ if self.device() != a.device() => Err(device_mismatch("where", self.device(), a.device())),
-            _ => Err(device_mismatch("where", a.device(), b.device())),
-        }
-    }
-
-    /// The lower (`lower`) or upper triangle of the last two dims relative to `diagonal`
-    /// (PyTorch `tril`/`triu`), for a shard whose last two dims start at global row `row0`
-    /// and column `col0`; zeros elsewhere.
-    pub fn tri(&self, lower: bool, diagonal: i64, row0: usize, col0: usize) -> Result<Storage<T>> {
-        if self.ndim() < 2 {
-            return Err(shape_mismatch("tril/triu: needs at least 2 dims".into(), &[0, 0], self.shape()));
-        }
-        match self {
-            Storage::Cpu(a) => Ok(Storage::Cpu(cpu::tri(a, lower, diagonal, row0, col0))),
-            Storage::Cuda(c) => on_cuda!(c => c.tri(lower, diagonal, row0, col0).map(Storage::Cuda)),
-        }
-    }
-
-    /// Index of the maximum (`max`) or minimum along `dim` (first occurrence; NaN counts as
-    /// the extreme), as element values. An empty `dim` is an error (PyTorch).
-    pub fn arg_reduce(&self, dim: usize, max: bool, keepdim: bool) -> Result<Storage<T>> {
-        let op = if max { "argmax" } else { "argmin" };
-        self.check_dim(op, dim)?;
-        if self.shape()[dim] == 0 {
-            return Err(empty_reduction(op, dim));
-        }
-        match self {
-            Storage::Cpu(a) => Ok(Storage::Cpu(cpu::arg_reduce(a, dim, max, keepdim))),
-            Storage::Cuda(c) => on_cuda!(c => c.arg_reduce(dim, max, keepdim).map(Storage::Cuda)),
-        }
-    }
-
     /// Concatenation of `parts` (same device, same shape except `dim`) along `dim`.
     pub fn cat(parts: &[&Storage<T>], dim: usize) -> Result<Storage<T>> {
         let Some(first) = parts.first() else {
@@ -632,134 +747,25 @@ impl<T: Element> Storage<T> {
         self.pack(&pack::pad(self.shape(), shape, start))
     }
 
-    /// The slices at whole-number `ids` (1-D) along `dim` (PyTorch `index_select`).
-    pub fn index_select(&self, dim: usize, ids: &Storage<T>) -> Result<Storage<T>> {
-        self.check_dim("index_select", dim)?;
-        if ids.ndim() != 1 {
-            return Err(shape_mismatch("index_select: index must be 1-D".into(), &[0], ids.shape()));
-        }
-        match (self, ids) {
-            (Storage::Cpu(a), Storage::Cpu(i)) => cpu::index_select(a, dim, i).map(Storage::Cpu),
-            (Storage::Cuda(a), Storage::Cuda(i)) => on_cuda!(a, i => a.index_select(dim, i).map(Storage::Cuda)),
-            _ => Err(device_mismatch("index_select", self.device(), ids.device())),
-        }
-    }
-
-    /// Gradient of [`Storage::index_select`]: this gradient's slices added at `ids` along `dim`
-    /// of zeros whose `dim` has size `n`.
-    pub fn index_add(&self, dim: usize, ids: &Storage<T>, n: usize) -> Result<Storage<T>> {
-        self.check_dim("index_select_backward", dim)?;
-        if ids.ndim() != 1 || ids.len() != self.shape()[dim] {
-            return Err(shape_mismatch("index_select_backward: index vs gradient".into(), self.shape(), ids.shape()));
-        }
-        match (self, ids) {
-            (Storage::Cpu(g), Storage::Cpu(i)) => cpu::index_add(g, dim, i, n).map(Storage::Cpu),
-            (Storage::Cuda(g), Storage::Cuda(i)) => on_cuda!(g, i => g.index_add(dim, i, n).map(Storage::Cuda)),
-            _ => Err(device_mismatch("index_select_backward", self.device(), ids.device())),
-        }
-    }
-
-    /// PyTorch `gather` along `dim` at whole-number `ids` (same rank; every other dim of `ids`
-    /// no larger than this tensor's): the shape of `ids`.
-    pub fn gather(&self, dim: usize, ids: &Storage<T>) -> Result<Storage<T>> {
-        self.check_dim("gather", dim)?;
-        let fits = ids.ndim() == self.ndim() && (0..self.ndim()).all(|d| d == dim || ids.shape()[d] <= self.shape()[d]);
-        if !fits {
-            return Err(shape_mismatch("gather: index vs input".into(), self.shape(), ids.shape()));
-        }
-        match (self, ids) {
-            (Storage::Cpu(a), Storage::Cpu(i)) => cpu::gather(a, dim, i).map(Storage::Cpu),
-            (Storage::Cuda(a), Storage::Cuda(i)) => on_cuda!(a, i => a.gather(dim, i).map(Storage::Cuda)),
-            _ => Err(device_mismatch("gather", self.device(), ids.device())),
-        }
-    }
-
-    /// Gradient of [`Storage::gather`]: this gradient (the shape of `ids`) added at the
-    /// gathered positions of zeros of `shape`.
-    pub fn scatter_add(&self, dim: usize, ids: &Storage<T>, shape: &[usize]) -> Result<Storage<T>> {
-        let fits = ids.shape() == self.shape()
-            && shape.len() == self.ndim()
-            && dim < shape.len()
-            && (0..shape.len()).all(|d| d == dim || self.shape()[d] <= shape[d]);
-        if !fits {
-            return Err(shape_mismatch("gather_backward: gradient vs index".into(), self.shape(), ids.shape()));
-        }
-        match (self, ids) {
-            (Storage::Cpu(g), Storage::Cpu(i)) => cpu::scatter_add(g, dim, i, shape).map(Storage::Cpu),
-            (Storage::Cuda(g), Storage::Cuda(i)) => on_cuda!(g, i => g.scatter_add(dim, i, shape).map(Storage::Cuda)),
-            _ => Err(device_mismatch("gather_backward", self.device(), ids.device())),
-        }
-    }
-
-    /// One-hot encoding of whole-number ids into `classes` classes: `shape + [classes]`.
-    pub fn one_hot(&self, classes: usize) -> Result<Storage<T>> {
-        match self {
-            Storage::Cpu(a) => cpu::one_hot(a, classes).map(Storage::Cpu),
-            Storage::Cuda(c) => on_cuda!(c => c.one_hot(classes).map(Storage::Cuda)),
-        }
-    }
-
     /// Element-type conversion.
-    pub fn cast<U: Element>(&self) -> Result<Storage<U>> {
+    pub fn cast<U: Scalar>(&self) -> Result<Storage<U>> {
         match self {
             Storage::Cpu(a) => Ok(Storage::Cpu(cpu::cast::<T, U>(a))),
             Storage::Cuda(c) => on_cuda!(c => c.cast::<U>().map(Storage::Cuda)),
         }
     }
 
-    fn check_like(&self, what: &str, other: &Storage<T>) -> Result<()> {
-        self.same_device(other, what)?;
-        if self.shape() != other.shape() {
-            return Err(shape_mismatch(format!("{what} vs parameter"), self.shape(), other.shape()));
-        }
-        Ok(())
-    }
-
-    /// One SGD update of this parameter shard, in place (`buf`: the momentum buffer, present
-    /// exactly when `step.momentum != 0`).
-    pub fn sgd_step(&mut self, grad: &Storage<T>, buf: Option<&mut Storage<T>>, step: &SgdStep) -> Result<()> {
-        self.check_like("sgd: gradient", grad)?;
-        if let Some(b) = &buf {
-            self.check_like("sgd: momentum buffer", b)?;
-        }
-        match (self, grad, buf) {
-            (Storage::Cpu(w), Storage::Cpu(g), None) => {
-                cpu::sgd_step(w, g, None, step);
-                Ok(())
-            }
-            (Storage::Cpu(w), Storage::Cpu(g), Some(Storage::Cpu(b))) => {
-                cpu::sgd_step(w, g, Some(b), step);
-                Ok(())
-            }
-            (Storage::Cuda(w), Storage::Cuda(g), b) => on_cuda!(w, g, b => w.sgd_step(g, b, step)),
-            (w, g, _) => Err(device_mismatch("sgd", w.device(), g.device())),
-        }
-    }
-
-    /// One AdamW update of this parameter shard and its moments, in place.
-    pub fn adamw_step(
-        &mut self,
-        grad: &Storage<T>,
-        m: &mut Storage<T>,
-        v: &mut Storage<T>,
-        step: &AdamWStep,
-    ) -> Result<()> {
-        self.check_like("adamw: gradient", grad)?;
-        self.check_like("adamw: first moment", m)?;
-        self.check_like("adamw: second moment", v)?;
-        match (self, grad, m, v) {
-            (Storage::Cpu(w), Storage::Cpu(g), Storage::Cpu(m), Storage::Cpu(v)) => {
-                cpu::adamw_step(w, g, m, v, step);
-                Ok(())
-            }
-            (Storage::Cuda(w), Storage::Cuda(g), m, v) => on_cuda!(w, g, m, v => w.adamw_step(g, m, v, step)),
-            (w, g, _, _) => Err(device_mismatch("adamw", w.device(), g.device())),
+    fn check_dim(&self, op: &str, dim: usize) -> Result<()> {
+        if dim < self.ndim() {
+            Ok(())
+        } else {
+            Err(Error::DimOutOfRange { context: op.into(), dim: dim as isize, ndim: self.ndim() })
         }
     }
 }
 
 /// Executes `plan` on a host array without wrapping it (packing the caller's global tensor).
-pub(crate) fn pack_host<T: Element>(a: &ArrayD<T>, plan: &PackPlan) -> Result<ArrayD<T>> {
+pub(crate) fn pack_host<T: Scalar>(a: &ArrayD<T>, plan: &PackPlan) -> Result<ArrayD<T>> {
     plan.check()?;
     let data = cpu::row_major(a);
     if data.len() != plan.src_len {

@@ -90,7 +90,7 @@ broadcast_rules!(Add => AddRule, Sub => SubRule, Mul => MulRule, Div => DivRule)
 /// The run-time half of the rule (sizes are not types): `a` has the broadcast shape and, on
 /// every mesh dim where `a` is `Shard(d)`, `b` lacks dim `d` or has size 1 there.
 #[track_caller]
-fn check_broadcast(op: &str, a: &[usize], placements: &[Placement], b: &[usize]) -> Result<()> {
+pub(super) fn check_broadcast(op: &str, a: &[usize], placements: &[Placement], b: &[usize]) -> Result<()> {
     let at = std::panic::Location::caller();
     let out = broadcast_shape(op, a, b)?;
     if out != a {

@@ -18,12 +18,16 @@
 //! The dynamic [`DTensor`](crate::DTensor) stays the ground truth: every typed op calls the
 //! dynamic op and checks that its placements are the ones the type promised.
 
+pub mod attention;
 pub mod broadcast;
 pub mod cat;
 pub mod dims;
+pub mod embedding;
 pub mod layout;
 mod lift;
+pub mod loss;
 pub mod markers;
+pub mod mask;
 pub mod matmul;
 pub mod norm;
 pub mod params;

@@ -1,0 +1,132 @@
+//! Typed losses (the rules of [`ops::loss`](crate::ops::loss), which composes them from
+//! `log_softmax`, `one_hot`, `sub`, `mul` and a full reduction): a rank-0 result.
+//!
+//! `cross_entropy` of logits `[.., C]` (rank `R`) against class ids `[..]` (rank `R - 1`),
+//! per mesh dim (logits, ids → loss): `Replicate`, `Replicate` → `Replicate`; `Shard<d>`,
+//! `Shard<d>` (a batch dim, sharded alike) → `Partial<Sum>`; `Shard<d>`, `Replicate` →
+//! `Partial<Sum>` (with `d = R - 1` this is loss parallelism: class-sharded logits, whose
+//! `log_softmax` all-reduces only per-row statistics). A `Partial` or a sharded target
+//! against unsharded logits does not compile.
+//!
+//! `mse_loss` of two tensors of one layout and shape: `Replicate` → `Replicate`, `Shard<d>` →
+//! `Partial<Sum>`; a `Partial` does not compile (the square is not linear).
+
+use super::lift::{lift_binary, lift_unary};
+use super::markers::{Partial, Replicate, Shard, Sum};
+use super::same::SameLayout;
+use super::{Dt, MeshDims, TypedLayout};
+use crate::element::Element;
+use crate::error::{Error, Result};
+
+/// Context of the cross-entropy rule: the rank of the ids (the class dim's index).
+#[doc(hidden)]
+pub enum Target<const C: usize> {}
+
+/// The cross-entropy rule on one mesh dim: logits `Self` against ids `I`.
+#[doc(hidden)]
+#[diagnostic::on_unimplemented(
+    message = "`cross_entropy` of `{Self}` logits against `{I}` targets on mesh dim `{Name}` is not a legal layout: redistribute first",
+    label = "no cross-entropy rule for logits `{Self}` with targets `{I}` on mesh dim `{Name}`",
+    note = "legal per mesh dim (logits, targets): (Replicate, Replicate); (Shard<d>, Shard<d>) on a batch dim; (Shard<d>, Replicate), incl. the class dim (loss parallel); never a `Partial`"
+)]
+pub trait CrossEntropyRule<I, Name, Ctx> {
+    /// Placement of the loss on this mesh dim.
+    type Out: super::PlacementMarker;
+}
+
+lift_binary!(
+    /// The cross-entropy rule on every mesh dim of a layout.
+    #[doc(hidden)]
+    CrossEntropyLayout,
+    CrossEntropyRule,
+    ctx
+);
+
+impl<N, const C: usize> CrossEntropyRule<Replicate, N, Target<C>> for Replicate {
+    type Out = Replicate;
+}
+// `D < C` for the ids' shard holds: the ids' own type checks it.
+impl<N, const D: usize, const C: usize> CrossEntropyRule<Shard<D>, N, Target<C>> for Shard<D> {
+    type Out = Partial<Sum>;
+}
+impl<N, const D: usize, const C: usize> CrossEntropyRule<Replicate, N, Target<C>> for Shard<D> {
+    type Out = Partial<Sum>;
+}
+
+/// The `mse_loss` rule on one mesh dim.
+#[doc(hidden)]
+#[diagnostic::on_unimplemented(
+    message = "`mse_loss` of `{Self}` on mesh dim `{Name}` is not a legal layout: the squared error is not linear, reduce the Partial first",
+    label = "`{Self}` on mesh dim `{Name}` must be redistributed first: call `.redistribute()`",
+    note = "legal per mesh dim: `Replicate` → `Replicate`, `Shard<d>` → `Partial<Sum>`"
+)]
+pub trait MseRule<Name> {
+    /// Placement of the loss on this mesh dim.
+    type Out: super::PlacementMarker;
+}
+
+lift_unary!(
+    /// The `mse_loss` rule on every mesh dim of a layout.
+    #[doc(hidden)]
+    MseLayout,
+    MseRule
+);
+impl<N> MseRule<N> for Replicate {
+    type Out = Replicate;
+}
+impl<N, const D: usize> MseRule<N> for Shard<D> {
+    type Out = Partial<Sum>;
+}
+
+/// The loss layout of `cross_entropy` of `L` logits against `Lt` ids of rank `C`.
+pub type CrossEntropyOut<L, Lt, M, const C: usize> = <L as CrossEntropyLayout<Lt, M, Target<C>>>::Out;
+
+impl<T: Element, M: MeshDims, L: TypedLayout<M>, const R: usize> Dt<T, M, L, R> {
+    /// Mean cross-entropy of these logits `[.., C]` against class ids `[..]` of rank `R - 1`
+    /// (PyTorch `cross_entropy(reduction="mean")`); see the module for the layouts.
+    ///
+    /// ```
+    /// use dtensor_runtime::typed::{dims::tp, Dt, Partial, Replicate, Shard, Sum};
+    /// let out = dtensor_runtime::run(2, |ctx| {
+    ///     let mesh = ctx.init_device_mesh(&[2], &["tp"])?;
+    ///     // Loss parallel: the logits stay sharded on the class dim.
+    ///     let x: Dt<f64, (tp,), (Shard<1>,), 2> = Dt::distribute(&ndarray::ArrayD::zeros(vec![2, 4]), &mesh)?;
+    ///     let t: Dt<f64, (tp,), (Replicate,), 1> = Dt::distribute(&ndarray::arr1(&[0.0, 3.0]).into_dyn(), &mesh)?;
+    ///     let loss: Dt<f64, (tp,), (Partial<Sum>,), 0> = x.cross_entropy(&t)?;
+    ///     loss.full_tensor()
+    /// })
+    /// .unwrap();
+    /// assert!((out[0].sum() - 4f64.ln()).abs() < 1e-12);
+    /// ```
+    #[track_caller]
+    pub fn cross_entropy<Lt, Lx, const C: usize>(
+        &self,
+        target: &Dt<T, M, Lt, C>,
+    ) -> Result<Dt<T, M, CrossEntropyOut<Lx, Lt, M, C>, 0>>
+    where
+        L: SameLayout<Lx>,
+        Lx: CrossEntropyLayout<Lt, M, Target<C>>,
+        Lt: TypedLayout<M>,
+    {
+        const { assert!(C + 1 == R, "`cross_entropy`: the targets have the logits' rank - 1") };
+        Dt::from_op("cross_entropy", self.as_dtensor().cross_entropy(target.as_dtensor()))
+    }
+
+    /// Mean squared error against `target` (same layout and shape); see the module.
+    #[track_caller]
+    pub fn mse_loss<Lt, Lx>(&self, target: &Dt<T, M, Lt, R>) -> Result<Dt<T, M, <Lx as MseLayout<M>>::Out, 0>>
+    where
+        L: SameLayout<Lx>,
+        Lx: MseLayout<M>,
+        Lt: TypedLayout<M> + SameLayout<L>,
+    {
+        if self.shape() != target.shape() {
+            return Err(Error::TypedMismatch {
+                what: format!("shape of the target of typed `mse_loss` (at {})", std::panic::Location::caller()),
+                expected: format!("{:?}", self.shape()),
+                actual: format!("{:?}", target.shape()),
+            });
+        }
+        Dt::from_op("mse_loss", self.as_dtensor().mse_loss(target.as_dtensor()))
+    }
+}

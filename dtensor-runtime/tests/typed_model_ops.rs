@@ -1,0 +1,212 @@
+//! The typed rules of the model ops — `scaled_dot_product_attention`, `embedding`,
+//! `cross_entropy`, `mse_loss` — against the dynamic ops and the single-device reference, on
+//! a 2-rank and a 2×2 mesh: same placements, same values. Uneven sizes (3 heads, 5 tokens, 7
+//! rows) and a batch of 1 sharded over 2 ranks (an empty shard) exercise torch.chunk
+//! sharding; legal layouts issue no collective except the statistics of loss parallelism.
+
+#[macro_use]
+mod typed_util;
+
+use dtensor_runtime::ndarray::{s, Array2, ArrayD, Axis, Ix3, IxDyn, Zip};
+use dtensor_runtime::typed::attention::scaled_dot_product_attention;
+use dtensor_runtime::typed::dims::{dp, tp};
+use dtensor_runtime::{run, CommDebugMode, Error};
+use typed_util::*;
+
+/// `softmax(q kᵀ · scale) v` over the last two dims, `causal` hiding keys after each query.
+fn sdpa_ref(q: &ArrayD<f64>, k: &ArrayD<f64>, v: &ArrayD<f64>, causal: bool) -> ArrayD<f64> {
+    let nd = q.ndim();
+    let (lq, e, lk, ev) = (q.shape()[nd - 2], q.shape()[nd - 1], k.shape()[nd - 2], v.shape()[nd - 1]);
+    let n: usize = q.shape()[..nd - 2].iter().product();
+    let flat = |x: &ArrayD<f64>, a, b| x.as_standard_layout().into_owned().into_shape_with_order((n, a, b)).unwrap();
+    let (q3, k3, v3) = (flat(q, lq, e), flat(k, lk, e), flat(v, lk, ev));
+    let scale = 1.0 / (e as f64).sqrt();
+    let mut out = ArrayD::zeros(IxDyn(&[n, lq, ev])).into_dimensionality::<Ix3>().unwrap();
+    for b in 0..n {
+        let mut sc: Array2<f64> = q3.slice(s![b, .., ..]).dot(&k3.slice(s![b, .., ..]).t()) * scale;
+        for ((i, j), x) in sc.indexed_iter_mut() {
+            if causal && j > i {
+                *x = f64::NEG_INFINITY;
+            }
+        }
+        for mut row in sc.rows_mut() {
+            let m = row.fold(f64::NEG_INFINITY, |a, &b| a.max(b));
+            row.mapv_inplace(|x| (x - m).exp());
+            let z = row.sum();
+            row.mapv_inplace(|x| x / z);
+        }
+        out.slice_mut(s![b, .., ..]).assign(&sc.dot(&v3.slice(s![b, .., ..])));
+    }
+    let mut shape = q.shape()[..nd - 1].to_vec();
+    shape.push(ev);
+    out.into_shape_with_order(IxDyn(&shape)).unwrap()
+}
+
+/// One attention case: q with `$lq`, k and v with `$lkv`; also checks that no collective ran.
+macro_rules! attention_case {
+    ([$m:ty, $r:literal, $q:expr, $k:expr, $v:expr, $causal:expr, $expect:expr, $mesh:expr, $fails:expr]; $lq:ty, $lkv:ty) => {{
+        let q = input::<$m, $lq, $r>($q, $mesh)?;
+        let k = input::<$m, $lkv, $r>($k, $mesh)?;
+        let v = input::<$m, $lkv, $r>($v, $mesh)?;
+        let case = format!("sdpa q {} k, v {} causal {} {:?}", stringify!($lq), stringify!($lkv), $causal, $q.shape());
+        let comm = CommDebugMode::new();
+        let typed = comm.scope(|| scaled_dot_product_attention(&q, &k, &v, $causal, None));
+        if comm.total() != 0 {
+            $fails.push(format!("{case}: {} collectives", comm.total()));
+        }
+        let dynamic = dtensor_runtime::scaled_dot_product_attention(
+            q.as_dtensor(),
+            k.as_dtensor(),
+            v.as_dtensor(),
+            None,
+            $causal,
+            None,
+        );
+        check(&case, typed, dynamic, $expect, $fails)?;
+    }};
+}
+
+#[test]
+fn attention_rules_match_dynamic() {
+    // [batch 2, heads 3, seq 5, head dim 4]; k, v with 6 keys; a batch of 1 for the empty shard.
+    let (q, k, v) = (global(&[2, 3, 5, 4], 1, false), global(&[2, 3, 6, 4], 2, false), global(&[2, 3, 6, 4], 3, false));
+    let (q1, k1, v1) =
+        (global(&[1, 3, 5, 4], 4, false), global(&[1, 3, 5, 4], 5, false), global(&[1, 3, 5, 4], 6, false));
+    let (q3, k3, v3) = (global(&[3, 5, 4], 7, false), global(&[3, 5, 4], 8, false), global(&[3, 5, 4], 9, false));
+    let plain = sdpa_ref(&q, &k, &v, false);
+    let (causal1, causal3) = (sdpa_ref(&q1, &k1, &v1, true), sdpa_ref(&q3, &k3, &v3, true));
+    let causal = sdpa_ref(&q, &k, &v, true);
+    on_meshes(
+        |mesh, fails| {
+            each1!(attention_case [(tp,), 4, &q, &k, &v, false, &plain, mesh, fails]; (R, R) (S0, S0) (S1, S1) (S2, R));
+            each1!(attention_case [(tp,), 4, &q, &k, &v, true, &causal, mesh, fails]; (R, R) (S0, S0) (S1, S1) (S2, R));
+            each1!(attention_case [(tp,), 4, &q1, &k1, &v1, true, &causal1, mesh, fails]; (S0, S0) (S2, R));
+            each1!(attention_case [(tp,), 3, &q3, &k3, &v3, true, &causal3, mesh, fails]; (R, R) (S0, S0) (S1, R));
+            Ok(())
+        },
+        |mesh, fails| {
+            // Megatron: batch on dp, heads on tp; and sequence-parallel queries.
+            product2!(attention_case [(dp, tp), 4, &q, &k, &v, true, &causal, mesh, fails]; (R, R) (S0, S0) (S1, S1) (S2, R));
+            product2!(attention_case [(dp, tp), 4, &q1, &k1, &v1, false, &sdpa_ref(&q1, &k1, &v1, false), mesh, fails]; (S0, S0) (S1, S1));
+            Ok(())
+        },
+    );
+}
+
+/// Rows of `table` at the whole-number `ids`.
+fn embedding_ref(table: &ArrayD<f64>, ids: &ArrayD<f64>) -> ArrayD<f64> {
+    let d = table.shape()[1];
+    let mut shape = ids.shape().to_vec();
+    shape.push(d);
+    let rows: Vec<f64> =
+        ids.iter().flat_map(|&i| table.index_axis(Axis(0), i as usize).iter().copied().collect::<Vec<_>>()).collect();
+    ArrayD::from_shape_vec(IxDyn(&shape), rows).unwrap()
+}
+
+/// One embedding case: table `$lw`, ids `$li` (rank 2), output rank 3.
+macro_rules! embedding_case {
+    ([$m:ty, $w:expr, $ids:expr, $expect:expr, $mesh:expr, $fails:expr]; $lw:ty, $li:ty) => {{
+        let w = input::<$m, $lw, 2>($w, $mesh)?;
+        let ids = input::<$m, $li, 2>($ids, $mesh)?;
+        let case = format!("embedding table {} ids {} {:?}", stringify!($lw), stringify!($li), $ids.shape());
+        let comm = CommDebugMode::new();
+        let typed = comm.scope(|| w.embedding::<_, 2, 3>(&ids));
+        if comm.total() != 0 {
+            $fails.push(format!("{case}: {} collectives", comm.total()));
+        }
+        check(&case, typed, w.as_dtensor().embedding(ids.as_dtensor()), $expect, $fails)?;
+    }};
+}
+
+#[test]
+fn embedding_rules_match_dynamic() {
+    // Vocab 7 (uneven over 2), dim 5; ids [3, 4] and [1, 4] (an empty shard of dim 0).
+    let w = global(&[7, 5], 1, false);
+    let whole = |shape: &[usize], seed| global(shape, seed, true).mapv(|x| ((x - 0.5) * 3.0).floor());
+    let (ids, ids1) = (whole(&[3, 4], 2), whole(&[1, 4], 3));
+    assert!(ids.iter().all(|&i| (0.0..7.0).contains(&i)) && ids.iter().any(|&i| i >= 4.0));
+    let (e, e1) = (embedding_ref(&w, &ids), embedding_ref(&w, &ids1));
+    on_meshes(
+        |mesh, fails| {
+            each1!(embedding_case [(tp,), &w, &ids, &e, mesh, fails]; (R, R) (R, S0) (R, S1) (S1, R) (S0, R) (Ps, R) (Pa, R));
+            each1!(embedding_case [(tp,), &w, &ids1, &e1, mesh, fails]; (R, S0) (S0, R));
+            Ok(())
+        },
+        |mesh, fails| {
+            product2!(embedding_case [(dp, tp), &w, &ids, &e, mesh, fails]; (R, R) (R, S0) (R, S1) (S1, R) (S0, R) (Ps, R));
+            product2!(embedding_case [(dp, tp), &w, &ids1, &e1, mesh, fails]; (R, S0) (S0, R));
+            Ok(())
+        },
+    );
+}
+
+/// `-mean(log_softmax(x)[t])` over the class dim (the last).
+fn cross_entropy_ref(x: &ArrayD<f64>, t: &ArrayD<f64>) -> ArrayD<f64> {
+    let c = x.shape()[x.ndim() - 1];
+    let rows = x.as_standard_layout().into_owned().into_shape_with_order((t.len(), c)).unwrap();
+    let total: f64 = rows
+        .rows()
+        .into_iter()
+        .zip(t.iter())
+        .map(|(r, &ti)| {
+            let m = r.fold(f64::NEG_INFINITY, |a, &b| a.max(b));
+            let lse = m + r.mapv(|v| (v - m).exp()).sum().ln();
+            lse - r[ti as usize]
+        })
+        .sum();
+    ArrayD::from_elem(IxDyn(&[]), total / t.len() as f64)
+}
+
+/// One loss case: `$typed` / `$dynamic` of the two inputs (ranks `$rx`, `$rt`).
+macro_rules! loss_case {
+    ([$m:ty, $rx:literal, $rt:literal, $op:ident, $x:expr, $t:expr, $expect:expr, $mesh:expr, $fails:expr]; $lx:ty, $lt:ty) => {{
+        let x = input::<$m, $lx, $rx>($x, $mesh)?;
+        let t = input::<$m, $lt, $rt>($t, $mesh)?;
+        let case = format!("{} {} against {} {:?}", stringify!($op), stringify!($lx), stringify!($lt), $x.shape());
+        check(&case, x.$op(&t), x.as_dtensor().$op(t.as_dtensor()), $expect, $fails)?;
+    }};
+}
+
+#[test]
+fn loss_rules_match_dynamic() {
+    // Logits [5, 4] (5 rows over 2 ranks), [1, 4] (an empty shard) and [2, 3, 4].
+    let classes = |shape: &[usize], seed| global(shape, seed, true).mapv(|x| ((x - 0.5) * 1.99).floor());
+    let (x, x1, x3) = (global(&[5, 4], 1, false), global(&[1, 4], 2, false), global(&[2, 3, 4], 3, false));
+    let (t, t1, t3) = (classes(&[5], 4), classes(&[1], 5), classes(&[2, 3], 6));
+    let (ce, ce1, ce3) = (cross_entropy_ref(&x, &t), cross_entropy_ref(&x1, &t1), cross_entropy_ref(&x3, &t3));
+    let y = global(&[5, 4], 7, false);
+    let mse = ArrayD::from_elem(IxDyn(&[]), Zip::from(&x).and(&y).fold(0.0, |a, &p, &q| a + (p - q) * (p - q)) / 20.0);
+    on_meshes(
+        |mesh, fails| {
+            each1!(loss_case [(tp,), 2, 1, cross_entropy, &x, &t, &ce, mesh, fails]; (R, R) (S0, S0) (S0, R) (S1, R));
+            each1!(loss_case [(tp,), 2, 1, cross_entropy, &x1, &t1, &ce1, mesh, fails]; (S0, S0) (S1, R));
+            each1!(loss_case [(tp,), 3, 2, cross_entropy, &x3, &t3, &ce3, mesh, fails]; (S1, S1) (S2, R));
+            each1!(loss_case [(tp,), 2, 2, mse_loss, &x, &y, &mse, mesh, fails]; (R, R) (S0, S0) (S1, S1));
+            Ok(())
+        },
+        |mesh, fails| {
+            // Batch on dp, classes on tp: loss parallelism under data parallelism.
+            product2!(loss_case [(dp, tp), 2, 1, cross_entropy, &x, &t, &ce, mesh, fails]; (R, R) (S0, S0) (S1, R));
+            product2!(loss_case [(dp, tp), 2, 2, mse_loss, &x, &y, &mse, mesh, fails]; (R, R) (S0, S0) (S1, S1));
+            Ok(())
+        },
+    );
+}
+
+#[test]
+fn model_op_shapes_the_types_cannot_see_are_errors() {
+    let out = run(2, |ctx| {
+        let mesh = ctx.init_device_mesh(&[2], &["tp"])?;
+        let a: dtensor_runtime::Dt<f64, (tp,), (S0,), 2> =
+            dtensor_runtime::Dt::distribute(&global(&[4, 3], 1, false), &mesh)?;
+        let b: dtensor_runtime::Dt<f64, (tp,), (S0,), 2> =
+            dtensor_runtime::Dt::distribute(&global(&[4, 2], 2, false), &mesh)?;
+        let line = line!() + 1;
+        let e = a.mse_loss(&b).unwrap_err();
+        Ok((matches!(e, Error::TypedMismatch { .. }), e.to_string(), line))
+    })
+    .unwrap();
+    for (typed, e, line) in out {
+        assert!(typed && e.contains(&format!("typed_model_ops.rs:{line}")), "{e}");
+    }
+}
