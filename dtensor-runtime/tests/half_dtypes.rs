@@ -479,3 +479,28 @@ fn grad_scaler_skips_overflowing_steps_on_every_rank_backs_off_and_grows() {
     assert_eq!(out[0], [(false, 512.0, 1.0), (true, 512.0, 0.9375), (true, 1024.0, 0.875), (false, 512.0, 0.875)]);
     assert_eq!(out[1], [(false, 512.0, 1.0), (true, 512.0, -11.5), (true, 1024.0, -24.0), (false, 512.0, -24.0)]);
 }
+
+/// The scatter-adds behind the index/gather/embedding backwards accumulate the 16-bit floats
+/// in f32: 4097 ones summed into one slot give 4096 (4097 rounded once), not bf16's 256 or
+/// f16's 2048 where a 16-bit running sum stops growing.
+fn check_scatter_adds_accumulate_in_f32<T: Element>() {
+    use dtensor_runtime::storage::Storage;
+    let n = 4097;
+    let ones = Storage::from(ArrayD::from_elem(IxDyn(&[n, 1]), T::one()));
+    let ids = Storage::from(ArrayD::from_elem(IxDyn(&[n]), T::zero()));
+    let want = T::of_f64(4097.0);
+    assert_eq!(want.as_f64(), 4096.0);
+    let emb = ones.embedding_backward(&ids, 2, 0, 2).unwrap().to_host().unwrap();
+    assert_eq!(emb[[0, 0]], want, "{} embedding_backward", T::DTYPE);
+    let ia = ones.index_add(0, &ids, 2).unwrap().to_host().unwrap();
+    assert_eq!(ia[[0, 0]], want, "{} index_add", T::DTYPE);
+    let ids2 = Storage::from(ArrayD::from_elem(IxDyn(&[n, 1]), T::zero()));
+    let sa = ones.scatter_add(0, &ids2, &[2, 1]).unwrap().to_host().unwrap();
+    assert_eq!(sa[[0, 0]], want, "{} scatter_add", T::DTYPE);
+}
+
+#[test]
+fn scatter_adds_accumulate_half_in_f32() {
+    check_scatter_adds_accumulate_in_f32::<bf16>();
+    check_scatter_adds_accumulate_in_f32::<f16>();
+}

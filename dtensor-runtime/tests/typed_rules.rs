@@ -12,7 +12,7 @@ mod typed_util;
 use dtensor_runtime::ndarray::{ArrayD, Axis, Ix2, IxDyn, Slice};
 use dtensor_runtime::ops::{implicit_redistribution_count, implicit_redistributions};
 use dtensor_runtime::typed::dims::{dp, tp};
-use dtensor_runtime::typed::{Dim, Dt, TypedLayout};
+use dtensor_runtime::typed::{Dim, Dims, Dt, TypedLayout};
 use dtensor_runtime::{run, DTensor, Error};
 
 use typed_util::*;
@@ -477,9 +477,9 @@ fn flatten_unflatten_rules_match_dynamic() {
     let (u1, u2) = (reshaped(&y, &[3, 4, 2, 5]), reshaped(&y, &[3, 8, 5, 1]));
     macro_rules! cases {
         ($cb:ident, $m:ty, $mesh:expr, $fails:expr; $($l:tt)*) => {{
-            $cb!(unary_case [$m, 4, "flatten(1, 2)", |t: &Dt<_, _, _, 4>| t.flatten(Dim::<1>, Dim::<2>), |d: &DTensor<f64>| d.flatten(1, 2), &x, &f12, $mesh, $fails]; $($l)* (S1, R) (S3, R));
-            $cb!(unary_case [$m, 4, "flatten(2, 3)", |t: &Dt<_, _, _, 4>| t.flatten(Dim::<2>, Dim::<3>), |d: &DTensor<f64>| d.flatten(2, 3), &x, &f23, $mesh, $fails]; $($l)* (S1, R) (S2, R));
-            $cb!(unary_case [$m, 4, "flatten(1, 3)", |t: &Dt<_, _, _, 4>| t.flatten(Dim::<1>, Dim::<3>), |d: &DTensor<f64>| d.flatten(1, 3), &x, &f13, $mesh, $fails]; $($l)* (S1, R));
+            $cb!(unary_case [$m, 4, "flatten(1, 2)", |t: &Dt<_, _, _, 4>| t.flatten(Dims::<1, 2>), |d: &DTensor<f64>| d.flatten(1, 2), &x, &f12, $mesh, $fails]; $($l)* (S1, R) (S3, R));
+            $cb!(unary_case [$m, 4, "flatten(2, 3)", |t: &Dt<_, _, _, 4>| t.flatten(Dims::<2, 3>), |d: &DTensor<f64>| d.flatten(2, 3), &x, &f23, $mesh, $fails]; $($l)* (S1, R) (S2, R));
+            $cb!(unary_case [$m, 4, "flatten(1, 3)", |t: &Dt<_, _, _, 4>| t.flatten(Dims::<1, 3>), |d: &DTensor<f64>| d.flatten(1, 3), &x, &f13, $mesh, $fails]; $($l)* (S1, R));
             $cb!(unary_case [$m, 3, "unflatten(1, [4, 2])", |t: &Dt<_, _, _, 3>| t.unflatten(Dim::<1>, [4, 2]), |d: &DTensor<f64>| d.unflatten(1, &[4, 2]), &y, &u1, $mesh, $fails]; $($l)* (S1, R) (S2, R));
             $cb!(unary_case [$m, 3, "unflatten(2, [5, 1])", |t: &Dt<_, _, _, 3>| t.unflatten(Dim::<2>, [5, 1]), |d: &DTensor<f64>| d.unflatten(2, &[5, 1]), &y, &u2, $mesh, $fails]; $($l)* (S1, R));
         }};
@@ -564,7 +564,7 @@ fn view_sizes_the_types_cannot_see_are_errors_at_the_callers_line() {
         let before = implicit_redistribution_count();
         let line = line!() + 1;
         let e1 = x.unflatten(Dim::<1>, [3, 2]).err();
-        let e2 = y.flatten(Dim::<0>, Dim::<1>).err();
+        let e2 = y.flatten(Dims::<0, 1>).err();
         let e3 = y.squeeze(Dim::<1>).err();
         let ok = x.unflatten(Dim::<1>, [2, 3])?.full_tensor()? == reshaped(&global(&[2, 6], 69, false), &[2, 2, 3]);
         Ok((e1, e2, e3, ok, line, implicit_redistribution_count() - before))

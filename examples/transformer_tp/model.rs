@@ -15,7 +15,7 @@ use dtensor::prelude::*;
 use dtensor::typed::attention::scaled_dot_product_attention;
 use dtensor::typed::dims::{dp, tp};
 use dtensor::typed::reduce::Dim;
-use dtensor::typed::{Dt, Sum};
+use dtensor::typed::{Dims, Dt, Sum};
 use dtensor::{local_mesh, rand};
 use ndarray::ArrayD;
 
@@ -101,7 +101,7 @@ pub fn block_forward(x: &DTensor<f64, 3>, b: &Block, heads: usize) -> Result<DTe
     let a: Dt<f64, (dp, tp), (Shard<0>, Shard<1>), 4> = scaled_dot_product_attention(&q, &k, &v, true, None)?;
     // Merge the heads back: [b, nh, s, hd] → [b, s, nh, hd] → [b, s, nh·hd], still on tp.
     let a: Dt<f64, (dp, tp), (Shard<0>, Shard<2>), 4> = a.permute((Dim::<0>, Dim::<2>, Dim::<1>, Dim::<3>))?;
-    let a: Dt<f64, (dp, tp), (Shard<0>, Shard<2>), 3> = a.flatten(Dim::<2>, Dim::<3>)?;
+    let a: Dt<f64, (dp, tp), (Shard<0>, Shard<2>), 3> = a.flatten(Dims::<2, 3>)?;
     let a: Dt<f64, (dp, tp), (Shard<0>, Partial<Sum>), 3> = a.matmul(&b.wo)?;
     let x = x.add(&a.redistribute::<(Shard<0>, Replicate)>()?)?;
     let h = x.layer_norm([width], Some(&b.ln2_w), Some(&b.ln2_b), EPS)?;

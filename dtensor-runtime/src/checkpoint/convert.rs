@@ -1,25 +1,27 @@
-//! Element types a safetensors file may hold and how they load into an [`Element`]: the
-//! element's own dtype is copied as is; the other floating point dtypes (`BF16`, `F16`, `F32`,
-//! `F64`) are converted on load, rounding to nearest when the target is narrower.
+//! Element types a safetensors file may hold and how they load into a [`Scalar`]: the
+//! element's own dtype is copied as is; the other loadable dtypes (`BF16`, `F16`, `F32`,
+//! `F64`, `I64`, `I32`, `U8`) are converted on load through f64 (floats round to nearest when
+//! the target is narrower; floats into integers truncate and saturate, as Rust's `as`).
 
-use crate::element::Element;
+use crate::element::Scalar;
 use safetensors::Dtype;
 
-/// Bytes per element of a dtype that loads into an [`Element`], `None` for the others
-/// (integers, booleans, 8-bit and sub-byte floats, complex).
+/// Bytes per element of a dtype that loads into a [`Scalar`], `None` for the others
+/// (booleans, 8- and 16-bit integers other than `U8`, 8-bit and sub-byte floats, complex).
 pub(crate) fn loadable_size(dtype: Dtype) -> Option<usize> {
     match dtype {
+        Dtype::U8 => Some(1),
         Dtype::BF16 | Dtype::F16 => Some(2),
-        Dtype::F32 => Some(4),
-        Dtype::F64 => Some(8),
+        Dtype::F32 | Dtype::I32 => Some(4),
+        Dtype::F64 | Dtype::I64 => Some(8),
         _ => None,
     }
 }
 
 /// Decodes little-endian `bytes` of `dtype` into `dst` (`bytes.len()` is `dst.len()` times the
 /// dtype's size; `dtype` is one [`loadable_size`] accepts).
-pub(crate) fn decode_into<T: Element>(dtype: Dtype, bytes: &[u8], dst: &mut [T]) {
-    fn each<T: Element, const N: usize>(bytes: &[u8], dst: &mut [T], f: impl Fn([u8; N]) -> f64) {
+pub(crate) fn decode_into<T: Scalar>(dtype: Dtype, bytes: &[u8], dst: &mut [T]) {
+    fn each<T: Scalar, const N: usize>(bytes: &[u8], dst: &mut [T], f: impl Fn([u8; N]) -> f64) {
         for (d, c) in dst.iter_mut().zip(bytes.chunks_exact(N)) {
             *d = T::of_f64(f(c.try_into().expect("chunks of N bytes")));
         }
@@ -29,6 +31,9 @@ pub(crate) fn decode_into<T: Element>(dtype: Dtype, bytes: &[u8], dst: &mut [T])
         Dtype::F16 => each(bytes, dst, |b| half::f16::from_le_bytes(b).to_f64()),
         Dtype::F32 => each(bytes, dst, |b| f32::from_le_bytes(b) as f64),
         Dtype::F64 => each(bytes, dst, f64::from_le_bytes),
+        Dtype::I64 => each(bytes, dst, |b| i64::from_le_bytes(b) as f64),
+        Dtype::I32 => each(bytes, dst, |b| i32::from_le_bytes(b) as f64),
+        Dtype::U8 => each(bytes, dst, |b: [u8; 1]| b[0] as f64),
         other => unreachable!("{other:?} is not loadable (checked by the caller)"),
     }
 }
@@ -54,7 +59,14 @@ mod tests {
         assert_eq!(out64, v);
         decode_into(Dtype::F64, &d, &mut out);
         assert_eq!(out[3], 1e-3f32, "f64 -> f32 rounds to nearest");
-        assert_eq!(loadable_size(Dtype::I64), None);
+        assert_eq!(loadable_size(Dtype::I16), None);
+        assert_eq!(loadable_size(Dtype::I64), Some(8));
+        let i: Vec<u8> = [-3i64, 7].iter().flat_map(|x| x.to_le_bytes()).collect();
+        let mut ints = [0i32; 2];
+        decode_into(Dtype::I64, &i, &mut ints);
+        assert_eq!(ints, [-3, 7]);
+        decode_into(Dtype::U8, &[200, 1], &mut out[..2]);
+        assert_eq!(out[..2], [200.0, 1.0]);
         assert_eq!(loadable_size(Dtype::BF16), Some(2));
     }
 }

@@ -57,7 +57,7 @@ pub use index::{CheckpointIndex, MeshInfo, ShardEntry, TensorEntry, FORMAT, INDE
 pub use safe_file::{FileKind, FileProblem, MAX_INDEX_BYTES};
 
 use crate::dtensor::DTensor;
-use crate::element::Element;
+use crate::element::Scalar;
 use crate::error::{Error, Result};
 use crate::layout::local_shape_and_offset;
 use crate::mesh::DeviceMesh;
@@ -81,7 +81,7 @@ fn invalid(context: &str, reason: String) -> Error {
 }
 
 /// Checks names and that every tensor lives on one mesh; returns that mesh.
-pub(crate) fn common_mesh<'a, T: Element>(context: &str, state: &'a [(String, DTensor<T>)]) -> Result<&'a DeviceMesh> {
+pub(crate) fn common_mesh<'a, T: Scalar>(context: &str, state: &'a [(String, DTensor<T>)]) -> Result<&'a DeviceMesh> {
     let (_, first) = state.first().ok_or_else(|| invalid(context, "the state dict is empty".into()))?;
     for (i, (name, t)) in state.iter().enumerate() {
         if name.is_empty() || name == "__metadata__" {
@@ -102,7 +102,7 @@ pub(crate) fn common_mesh<'a, T: Element>(context: &str, state: &'a [(String, DT
 }
 
 /// `t` with every Partial mesh dim reduced to Replicate (no-op without Partials).
-fn replicate_partials<T: Element>(t: &DTensor<T>) -> Result<DTensor<T>> {
+fn replicate_partials<T: Scalar>(t: &DTensor<T>) -> Result<DTensor<T>> {
     if !t.placements().iter().any(|p| p.is_partial()) {
         return Ok(t.clone());
     }
@@ -110,7 +110,7 @@ fn replicate_partials<T: Element>(t: &DTensor<T>) -> Result<DTensor<T>> {
 }
 
 /// The bytes a shard is saved as (a device shard goes through a host copy).
-fn raw_shard<T: Element>(local: &Storage<T>) -> Result<RawTensor> {
+fn raw_shard<T: Scalar>(local: &Storage<T>) -> Result<RawTensor> {
     Ok(match local.as_cpu() {
         Some(a) => RawTensor::of(a),
         None => RawTensor::of(&local.to_host()?),
@@ -140,7 +140,7 @@ fn owned_blocks(shape: &[usize], mesh: &DeviceMesh, placements: &[Placement]) ->
 /// rank writes its own blocks; the first rank of the mesh writes `index.json` once every rank
 /// has written, and every rank returns only after that. Partial tensors are reduced first
 /// (see the module docs). An existing checkpoint in `dir` is replaced.
-pub fn save<T: Element>(dir: impl AsRef<Path>, state: &[(String, DTensor<T>)]) -> Result<()> {
+pub fn save<T: Scalar>(dir: impl AsRef<Path>, state: &[(String, DTensor<T>)]) -> Result<()> {
     let dir = dir.as_ref();
     let mesh = common_mesh("checkpoint::save", state)?;
     let leader = mesh.ranks()[0] == mesh.rank();
@@ -197,7 +197,7 @@ pub fn save<T: Element>(dir: impl AsRef<Path>, state: &[(String, DTensor<T>)]) -
 /// Loads the named tensors of the checkpoint in `dir` onto `mesh` with the given placements
 /// (any mesh, any placements but Partial), reading only the byte ranges this rank's shards
 /// need. No communication: each rank loads on its own. See [`Checkpoint::load`].
-pub fn load<T: Element>(
+pub fn load<T: Scalar>(
     dir: impl AsRef<Path>,
     mesh: &DeviceMesh,
     wanted: &[(&str, &[Placement])],
@@ -210,7 +210,7 @@ pub fn load<T: Element>(
 ///
 /// Collective: every rank gathers each full tensor ([`DTensor::full_tensor`]); the first rank
 /// of the mesh writes the file, and every rank returns after it exists.
-pub fn save_full<T: Element>(path: impl AsRef<Path>, state: &[(String, DTensor<T>)]) -> Result<()> {
+pub fn save_full<T: Scalar>(path: impl AsRef<Path>, state: &[(String, DTensor<T>)]) -> Result<()> {
     let path = path.as_ref();
     let mesh = common_mesh("checkpoint::save_full", state)?;
     let full: Vec<(String, RawTensor)> =
@@ -257,7 +257,7 @@ impl Checkpoint {
     }
 
     /// Position of tensor `name` in the index, after checking it holds `T`.
-    fn entry<T: Element>(&self, name: &str) -> Result<usize> {
+    fn entry<T: Scalar>(&self, name: &str) -> Result<usize> {
         let path = self.dir.shown(INDEX_FILE).display().to_string();
         let &i = self.by_name.get(name).ok_or_else(|| Error::Checkpoint {
             path: path.clone(),
@@ -281,7 +281,7 @@ impl Checkpoint {
     /// Every file the block reads is opened and its header checked against its length (and
     /// the tensor's shape against the index) before the block's buffer is allocated, so a
     /// hostile index cannot make the loader allocate what no file on disk backs.
-    fn read_block<T: Element>(&mut self, name: &str, offset: &[usize], shape: &[usize]) -> Result<ArrayD<T>> {
+    fn read_block<T: Scalar>(&mut self, name: &str, offset: &[usize], shape: &[usize]) -> Result<ArrayD<T>> {
         let entry = &self.index.tensors[self.entry::<T>(name)?];
         let numel = crate::shape::checked_numel("checkpoint block", shape)?;
         let mut sources: Vec<(usize, u64)> = Vec::new(); // (block of `entry.shards`, data start)
@@ -317,7 +317,7 @@ impl Checkpoint {
 
     /// Loads the named tensors onto `mesh` with the given placements: each rank reads only
     /// the byte ranges of its own shard. `Partial` placements are rejected.
-    pub fn load<T: Element>(
+    pub fn load<T: Scalar>(
         &mut self,
         mesh: &DeviceMesh,
         wanted: &[(&str, &[Placement])],
@@ -338,14 +338,14 @@ impl Checkpoint {
     }
 
     /// The full tensor `name`, assembled from every block (no mesh needed).
-    pub fn read_full<T: Element>(&mut self, name: &str) -> Result<ArrayD<T>> {
+    pub fn read_full<T: Scalar>(&mut self, name: &str) -> Result<ArrayD<T>> {
         let shape = self.index.tensors[self.entry::<T>(name)?].shape.clone();
         self.read_block(name, &vec![0; shape.len()], &shape)
     }
 
     /// Writes every tensor of the checkpoint, full, to one safetensors file at `path` (offline
     /// consolidation; every tensor must have dtype `T`).
-    pub fn export_full<T: Element>(&mut self, path: impl AsRef<Path>) -> Result<()> {
+    pub fn export_full<T: Scalar>(&mut self, path: impl AsRef<Path>) -> Result<()> {
         let names: Vec<String> = self.index.tensors.iter().map(|t| t.name.clone()).collect();
         let full: Vec<(String, RawTensor)> = names
             .into_iter()

@@ -7,7 +7,7 @@
 use super::convert::{decode_into, loadable_size};
 use super::index::safetensors_dtype;
 use super::safe_file::SafeDir;
-use crate::element::Element;
+use crate::element::Scalar;
 use crate::error::{Error, Result};
 use crate::layout::contiguous_strides;
 use ndarray::ArrayD;
@@ -109,7 +109,7 @@ impl ShardFile {
     }
 
     /// Byte offset (absolute) of tensor `name`'s data, after checking its dtype and shape.
-    pub(crate) fn locate<T: Element>(&self, name: &str, shape: &[usize]) -> Result<u64> {
+    pub(crate) fn locate<T: Scalar>(&self, name: &str, shape: &[usize]) -> Result<u64> {
         let (dtype, file_shape, at) = self.tensor(name)?;
         if dtype != safetensors_dtype(T::DTYPE) || file_shape != shape {
             return Err(err(
@@ -138,7 +138,7 @@ impl ShardFile {
 
     /// Reads `dst.len()` elements stored as `dtype` starting at absolute byte `at`, converting
     /// them when `dtype` is not `T`'s (`dtype` is loadable: see [`loadable_size`]).
-    fn read_at<T: Element>(&mut self, at: u64, dtype: Dtype, dst: &mut [T]) -> Result<()> {
+    fn read_at<T: Scalar>(&mut self, at: u64, dtype: Dtype, dst: &mut [T]) -> Result<()> {
         if dtype == safetensors_dtype(T::DTYPE) {
             let bytes: &mut [u8] = bytemuck::cast_slice_mut(dst);
             self.read_bytes(at, bytes)?;
@@ -178,7 +178,7 @@ pub(crate) struct SavedBlock<'a> {
 ///
 /// Reads are runs that are contiguous in both the file and `dst`: the innermost dims the
 /// intersection covers completely in both are merged into one read.
-pub(crate) fn read_intersection<T: Element>(
+pub(crate) fn read_intersection<T: Scalar>(
     file: &mut ShardFile,
     src: &SavedBlock<'_>,
     dst_offset: &[usize],
@@ -230,7 +230,7 @@ pub(crate) struct RawTensor {
 }
 
 impl RawTensor {
-    pub(crate) fn of<T: Element>(a: &ArrayD<T>) -> RawTensor {
+    pub(crate) fn of<T: Scalar>(a: &ArrayD<T>) -> RawTensor {
         let mut data: Vec<u8> = match a.as_slice() {
             Some(s) => bytemuck::cast_slice(s).to_vec(),
             None => a.iter().flat_map(|x| bytemuck::bytes_of(x).to_vec()).collect(),
@@ -270,7 +270,7 @@ pub(crate) fn write_file(path: &Path, tensors: &[(String, RawTensor)], meta: Has
 }
 
 /// safetensors data is little-endian; on a big-endian host swap every element.
-fn from_le_in_place<T: Element>(bytes: &mut [u8]) {
+fn from_le_in_place<T: Scalar>(bytes: &mut [u8]) {
     if cfg!(target_endian = "big") {
         for c in bytes.chunks_exact_mut(std::mem::size_of::<T>()) {
             c.reverse();

@@ -288,6 +288,10 @@ pub(super) fn index_select<T: Element>(a: &ArrayD<T>, dim: usize, ids: &ArrayD<T
 /// Gradient of [`index_select`]: the slices of `g` added at `ids` along `dim` of a zero
 /// tensor whose `dim` has size `n`.
 pub(super) fn index_add<T: Element>(g: &ArrayD<T>, dim: usize, ids: &ArrayD<T>, n: usize) -> Result<ArrayD<T>> {
+    // The 16-bit floats accumulate in f32 and round once (ids are exact in f32).
+    if T::DTYPE.is_half() {
+        return index_add(&cast::<T, f32>(g), dim, &cast::<T, f32>(ids), n).map(|a| cast(&a));
+    }
     let idx = indices("index_select_backward", ids, n)?;
     let mut shape = g.shape().to_vec();
     shape[dim] = n;
@@ -319,6 +323,10 @@ pub(super) fn scatter_add<T: Element>(
     ids: &ArrayD<T>,
     shape: &[usize],
 ) -> Result<ArrayD<T>> {
+    // The 16-bit floats accumulate in f32 and round once (ids are exact in f32).
+    if T::DTYPE.is_half() {
+        return scatter_add(&cast::<T, f32>(g), dim, &cast::<T, f32>(ids), shape).map(|a| cast(&a));
+    }
     let n = shape[dim];
     let mut out = ArrayD::<T>::zeros(IxDyn(shape));
     let mut dst = vec![0usize; shape.len()];
@@ -603,6 +611,10 @@ pub(super) fn embedding_backward<T: Element>(
     row0: usize,
     vocab: usize,
 ) -> Result<ArrayD<T>> {
+    // The 16-bit floats accumulate in f32 and round once (ids are exact in f32).
+    if T::DTYPE.is_half() {
+        return embedding_backward(&cast::<T, f32>(g), &cast::<T, f32>(ids), rows, row0, vocab).map(|a| cast(&a));
+    }
     let cols = *g.shape().last().unwrap_or(&0);
     let gd = row_major(g);
     let mut out = vec![T::zero(); rows * cols];

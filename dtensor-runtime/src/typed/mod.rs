@@ -56,3 +56,4 @@ pub use reduce::Dim;
 pub use same::SameLayout;
 pub use tensor::Dt;
 pub use transpose::{Swap, TransposeLayout, TransposeRule};
+pub use view::Dims;

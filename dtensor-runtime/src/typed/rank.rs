@@ -32,7 +32,7 @@ pub trait RankMinus1 {
 
 /// `Rank<R>` → `Rank<R - (E - S)>` for `S ≤ E < R` (`flatten` of dims `S..=E`).
 #[diagnostic::on_unimplemented(
-    message = "`flatten(Dim::<{S}>, Dim::<{E}>)` of a tensor of `{Self}` is not a dim range: it needs {S} ≤ {E} < the rank (typed ranks 1 to 6)",
+    message = "`flatten(Dims::<{S}, {E}>)` of a tensor of `{Self}` is not a dim range: it needs {S} ≤ {E} < the rank (typed ranks 1 to 6)",
     label = "dims `{S}..={E}` do not fit `{Self}`"
 )]
 pub trait RankMerged<const S: usize, const E: usize> {

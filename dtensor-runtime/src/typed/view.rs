@@ -33,6 +33,11 @@ use crate::error::{Error, Result};
 use crate::ops::view::reshape_keeps;
 use crate::placement::fmt_placements;
 
+/// The dim range `S..=E` as a type (and a zero-sized value to pass it):
+/// `x.flatten(Dims::<2, 3>)`. One argument, so that both ends are known together.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct Dims<const S: usize, const E: usize>;
+
 /// Context of `unsqueeze`: a size-1 dim inserted at `D`.
 #[doc(hidden)]
 pub enum Unsqueeze<const D: usize> {}
@@ -260,17 +265,17 @@ impl<T: Element, M: MeshDims, L: TypedLayout<M>, const R: usize> Dt<T, M, L, R> 
     }
 
     /// Merges dims `S..=E` into one (PyTorch `flatten(S, E)`): `[b, s, nh, hd]` →
-    /// `[b, s, nh * hd]` with `x.flatten(Dim::<2>, Dim::<3>)`. A shard of the outermost dim `S`
+    /// `[b, s, nh * hd]` with `x.flatten(Dims::<2, 3>)`. A shard of the outermost dim `S`
     /// stays (its size must divide evenly by the number of shards: checked at run time); a
     /// shard of an inner dim does not compile. The output rank is inferred.
     ///
     /// ```
-    /// use dtensor_runtime::typed::{dims::tp, Dim, Dt, Shard};
+    /// use dtensor_runtime::typed::{dims::tp, Dims, Dt, Shard};
     /// let out = dtensor_runtime::run(2, |ctx| {
     ///     let mesh = ctx.init_device_mesh(&[2], &["tp"])?;
     ///     let g = ndarray::ArrayD::from_shape_fn(vec![3, 4, 2], |ix| (ix[0] * 8 + ix[1] * 2 + ix[2]) as f32);
     ///     let x: Dt<f32, (tp,), (Shard<1>,), 3> = Dt::distribute(&g, &mesh)?;
-    ///     let y: Dt<f32, (tp,), (Shard<1>,), 2> = x.flatten(Dim::<1>, Dim::<2>)?;
+    ///     let y: Dt<f32, (tp,), (Shard<1>,), 2> = x.flatten(Dims::<1, 2>)?;
     ///     y.full_tensor()
     /// })
     /// .unwrap();
@@ -281,8 +286,7 @@ impl<T: Element, M: MeshDims, L: TypedLayout<M>, const R: usize> Dt<T, M, L, R> 
     #[track_caller]
     pub fn flatten<const S: usize, const E: usize, const R2: usize, Lx>(
         &self,
-        _start: Dim<S>,
-        _end: Dim<E>,
+        _dims: Dims<S, E>,
     ) -> Result<Dt<T, M, <Lx as ViewLayout<M, Flatten<S, E>>>::Out, R2>>
     where
         L: SameLayout<Lx>,

@@ -40,6 +40,7 @@ pub fn encode(dtype: Dtype, v: &ArrayD<f64>) -> Raw {
             Dtype::F32 => (x as f32).to_le_bytes().to_vec(),
             Dtype::F64 => x.to_le_bytes().to_vec(),
             Dtype::I64 => (x as i64).to_le_bytes().to_vec(),
+            Dtype::I16 => (x as i16).to_le_bytes().to_vec(),
             d => panic!("no encoder for {d:?}"),
         })
         .collect();

@@ -65,7 +65,7 @@ use super::convert::loadable_size;
 use super::safe_file::SafeDir;
 use super::shard_file::{read_intersection, SavedBlock, ShardFile};
 use crate::dtensor::DTensor;
-use crate::element::Element;
+use crate::element::Scalar;
 use crate::error::{Error, Result};
 use crate::layout::local_shape_and_offset;
 use crate::mesh::DeviceMesh;
@@ -222,7 +222,7 @@ impl HfCheckpoint {
     }
 
     /// The block (`offset`, `shape`) of tensor `name` as `T`, reading only its byte ranges.
-    fn read_block<T: Element>(&mut self, name: &str, offset: &[usize], shape: &[usize]) -> Result<ArrayD<T>> {
+    fn read_block<T: Scalar>(&mut self, name: &str, offset: &[usize], shape: &[usize]) -> Result<ArrayD<T>> {
         let (dtype, full, data_at) = self.source(name)?;
         let numel = checked_numel("checkpoint block", shape)?;
         let mut data = crate::alloc::try_zeroed::<T>(&format!("checkpoint: loading `{name}`"), numel)?;
@@ -234,14 +234,14 @@ impl HfCheckpoint {
     }
 
     /// The full tensor `name` as `T` (no mesh needed).
-    pub fn read_full<T: Element>(&mut self, name: &str) -> Result<ArrayD<T>> {
+    pub fn read_full<T: Scalar>(&mut self, name: &str) -> Result<ArrayD<T>> {
         let (_, full, _) = self.source(name)?;
         self.read_block(name, &vec![0; full.len()], &full)
     }
 
     /// Loads tensor `name` onto `mesh` with `placements` (no `Partial`), as `T`: this rank
     /// reads only its shard's byte ranges.
-    pub fn load_tensor<T: Element>(
+    pub fn load_tensor<T: Scalar>(
         &mut self,
         name: &str,
         mesh: &DeviceMesh,
@@ -260,7 +260,7 @@ impl HfCheckpoint {
     }
 
     /// Loads every tensor onto `mesh` with the placements `plan` gives, as `T`; sorted by name.
-    pub fn load<T: Element>(&mut self, mesh: &DeviceMesh, plan: &LoadPlan) -> Result<Vec<(String, DTensor<T>)>> {
+    pub fn load<T: Scalar>(&mut self, mesh: &DeviceMesh, plan: &LoadPlan) -> Result<Vec<(String, DTensor<T>)>> {
         let names: Vec<String> = self.weight_map.keys().cloned().collect();
         let refs: Vec<&str> = names.iter().map(String::as_str).collect();
         let placements = plan.resolve(&refs, mesh, &self.listing.display().to_string())?;
@@ -281,7 +281,7 @@ impl HfCheckpoint {
     /// Strict, as PyTorch's `load_state_dict`: a parameter without a tensor, a tensor under
     /// `prefix` without a parameter, or a shape that differs is an error, raised before any
     /// parameter is replaced.
-    pub fn load_into<T: Element, M: Module<T>>(
+    pub fn load_into<T: crate::element::Element, M: Module<T>>(
         &mut self,
         module: &mut M,
         prefix: &str,

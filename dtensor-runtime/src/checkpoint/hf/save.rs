@@ -5,7 +5,7 @@ use super::index::{HfIndex, INDEX_FILE, SINGLE_FILE};
 use crate::checkpoint::common_mesh;
 use crate::checkpoint::shard_file::{pt_metadata, write_file, RawTensor};
 use crate::dtensor::DTensor;
-use crate::element::Element;
+use crate::element::Scalar;
 use crate::error::{Error, Result};
 use crate::Along;
 use std::collections::BTreeMap;
@@ -42,7 +42,7 @@ fn prepare_dir(dir: &Path, leader: bool, stale: &str) -> Result<()> {
 /// Collective: every rank calls it with the same names in the same order; each full tensor
 /// is gathered ([`DTensor::full_tensor`]) and the first rank of the mesh writes the file
 /// atomically. A `model.safetensors.index.json` left in `dir` is removed.
-pub fn save<T: Element>(dir: impl AsRef<Path>, state: &[(String, DTensor<T>)]) -> Result<()> {
+pub fn save<T: Scalar>(dir: impl AsRef<Path>, state: &[(String, DTensor<T>)]) -> Result<()> {
     let dir = dir.as_ref();
     let mesh = common_mesh("checkpoint::hf::save", state)?;
     prepare_dir(dir, mesh.ranks()[0] == mesh.rank(), INDEX_FILE)?;
@@ -56,7 +56,7 @@ pub fn save<T: Element>(dir: impl AsRef<Path>, state: &[(String, DTensor<T>)]) -
 /// Collective, as [`save`]; the tensors of one file at a time are gathered, so a rank holds
 /// at most one file's full tensors. A `model.safetensors` left in `dir` is removed (files of
 /// an earlier sharded save that the new index does not name are left in place).
-pub fn save_sharded<T: Element>(
+pub fn save_sharded<T: Scalar>(
     dir: impl AsRef<Path>,
     state: &[(String, DTensor<T>)],
     max_file_bytes: u64,
