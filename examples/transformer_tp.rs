@@ -27,7 +27,7 @@ mod model;
 mod report;
 
 use clap::Parser;
-use dtensor::optim::Sgd;
+use dtensor::optim::{AdamW, Sgd};
 use dtensor::prelude::*;
 use dtensor::typed::dims::{dp, tp};
 use dtensor::typed::Dt;
@@ -65,9 +65,13 @@ struct Args {
     /// Training steps.
     #[arg(long, default_value_t = 6)]
     steps: usize,
-    /// SGD learning rate.
-    #[arg(long, default_value_t = 0.5)]
-    lr: f64,
+    /// Optimizer: `adamw` (PyTorch's defaults: betas 0.9/0.999, eps 1e-8, weight decay 0.01) or
+    /// `sgd` (plain).
+    #[arg(long, value_enum, default_value_t = OptimKind::Adamw)]
+    optim: OptimKind,
+    /// Learning rate [default: 0.01 for AdamW, 0.5 for SGD].
+    #[arg(long)]
+    lr: Option<f64>,
     /// Seed of the initialisation and of the data.
     #[arg(long, default_value_t = 0)]
     seed: u64,
@@ -78,6 +82,50 @@ struct Args {
     /// Largest relative difference to the 1-rank run that still passes (f64 throughout).
     #[arg(long, default_value_t = 1e-9)]
     tol: f64,
+}
+
+/// The optimizer `--optim` names.
+#[derive(clap::ValueEnum, Clone, Copy, Debug, PartialEq, Eq)]
+enum OptimKind {
+    Adamw,
+    Sgd,
+}
+
+impl OptimKind {
+    fn name(self) -> &'static str {
+        match self {
+            OptimKind::Adamw => "adamw",
+            OptimKind::Sgd => "sgd",
+        }
+    }
+    fn default_lr(self) -> f64 {
+        match self {
+            OptimKind::Adamw => 0.01,
+            OptimKind::Sgd => 0.5,
+        }
+    }
+}
+
+/// One optimizer of either kind: both update every parameter locally (no collective), so the
+/// expected collective counts do not depend on the choice.
+enum Optimizer {
+    AdamW(AdamW<f64>),
+    Sgd(Sgd<f64>),
+}
+
+impl Optimizer {
+    fn new(kind: OptimKind, lr: f64) -> Self {
+        match kind {
+            OptimKind::Adamw => Optimizer::AdamW(AdamW::new(lr)),
+            OptimKind::Sgd => Optimizer::Sgd(Sgd::new(lr)),
+        }
+    }
+    fn step(&mut self, model: &mut Gpt) -> Result<()> {
+        match self {
+            Optimizer::AdamW(o) => o.step(model),
+            Optimizer::Sgd(o) => o.step(model),
+        }
+    }
 }
 
 /// Seed offset of the data, so that data and weights differ.
@@ -94,7 +142,7 @@ struct Outcome {
     comm_line: String,
 }
 
-/// Collectives of one training step (forward, backward, SGD update) of `layers` blocks, as
+/// Collectives of one training step (forward, backward, optimizer update) of `layers` blocks, as
 /// Megatron-LM does them.
 ///
 /// Forward, over tp: 1 for the vocab-parallel embedding (its Partial output), 2 per block
@@ -140,11 +188,17 @@ fn batch_data(cfg: &GptConfig) -> Result<(ArrayD<f64>, ArrayD<f64>)> {
 type Tokens = Dt<f64, (dp, tp), (Shard<0>, Replicate), 2>;
 
 /// Trains on this rank's part of a `dp × tp` mesh.
-fn train(ctx: &RankCtx, cfg: &GptConfig, steps: usize, (dpn, tpn): (usize, usize)) -> Result<Outcome> {
+fn train(
+    ctx: &RankCtx,
+    cfg: &GptConfig,
+    optim: OptimKind,
+    steps: usize,
+    (dpn, tpn): (usize, usize),
+) -> Result<Outcome> {
     let mesh = ctx.init_device_mesh(&[dpn, tpn], &["dp", "tp"])?;
     manual_seed(cfg.seed);
     let mut model = Gpt::new(cfg, &mesh)?;
-    let mut opt = Sgd::new(cfg.lr);
+    let mut opt = Optimizer::new(optim, cfg.lr);
     manual_seed(cfg.seed.wrapping_add(DATA_SEED));
     let mut out = Outcome { losses: Vec::new(), weights: Vec::new(), comm: Vec::new(), comm_line: String::new() };
     for step in 0..steps {
@@ -217,8 +271,8 @@ fn check_args(args: &Args) -> Result<()> {
         // The merged heads stay sharded only when every tp rank holds whole heads.
         return bad(format!("--heads {} must be a multiple of tp = {}", args.heads, args.mesh.1));
     }
-    if !(args.lr.is_finite() && args.lr > 0.0) {
-        return bad(format!("--lr must be a positive number, got {}", args.lr));
+    if let Some(lr) = args.lr.filter(|lr| !(lr.is_finite() && *lr > 0.0)) {
+        return bad(format!("--lr must be a positive number, got {lr}"));
     }
     Ok(())
 }
@@ -245,12 +299,22 @@ fn real_main(args: &Args) -> Result<bool> {
         seq: args.seq,
         batch: args.batch,
         layers: args.layers,
-        lr: args.lr,
+        lr: args.lr.unwrap_or(args.optim.default_lr()),
         seed: args.seed,
     };
     let header = format!(
-        "transformer_tp: mesh dp={dpn} × tp={tpn} ({} backend), {} block(s), vocab {}, width {}, {} heads, seq {}, batch {}, {} steps, lr {}, seed {}",
-        args.backend, args.layers, args.vocab, args.width, args.heads, args.seq, args.batch, args.steps, args.lr, args.seed
+        "transformer_tp: mesh dp={dpn} × tp={tpn} ({} backend), {} block(s), vocab {}, width {}, {} heads, seq {}, batch {}, {} steps, {} lr {}, seed {}",
+        args.backend,
+        args.layers,
+        args.vocab,
+        args.width,
+        args.heads,
+        args.seq,
+        args.batch,
+        args.steps,
+        args.optim.name(),
+        cfg.lr,
+        args.seed
     );
     // Threads: every rank's result comes back. MPI: each process gets its own rank's; the
     // process of rank 0 prints, checks and reports, the others only train.
@@ -258,10 +322,10 @@ fn real_main(args: &Args) -> Result<bool> {
         if ctx.rank() == 0 {
             println!("{header}");
         }
-        Ok((ctx.rank(), train(&ctx, &cfg, args.steps, (dpn, tpn))?))
+        Ok((ctx.rank(), train(&ctx, &cfg, args.optim, args.steps, (dpn, tpn))?))
     })?;
     let Some((_, run)) = outs.into_iter().find(|(rank, _)| *rank == 0) else { return Ok(true) };
-    let reference = dtensor::run(1, |ctx| train(&ctx, &cfg, args.steps, (1, 1)))?;
+    let reference = dtensor::run(1, |ctx| train(&ctx, &cfg, args.optim, args.steps, (1, 1)))?;
     let Some(reference) = reference.into_iter().next() else { return Ok(false) };
 
     println!("step  loss (mesh)         loss (1 rank)       rel. diff");

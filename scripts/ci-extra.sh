@@ -22,7 +22,7 @@ cargo run --example mlp_tp -- --steps 5
 
 echo "== example: transformer_tp (GPT-style decoder with the DSL, 2x2 vs 1 rank, collective counts)"
 cargo run --example transformer_tp
-cargo run --example transformer_tp -- --mesh 1x4 --layers 3
+cargo run --example transformer_tp -- --mesh 1x4 --layers 3 --optim sgd
 
 echo "== example: hf_load (Llama-shaped HF checkpoint on 2x2 vs 1 rank)"
 cargo run --example hf_load

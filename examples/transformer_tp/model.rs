@@ -37,7 +37,7 @@ pub struct GptConfig {
     pub batch: usize,
     /// Transformer blocks.
     pub layers: usize,
-    /// SGD learning rate.
+    /// Learning rate.
     pub lr: f64,
     /// Seed of the initialisation and of the data.
     pub seed: u64,
