@@ -144,7 +144,16 @@ fn bench_dispatch(c: &mut Criterion) {
             // Every variant must compute the same thing, or the comparison means nothing.
             let want = variants[0][k]();
             for (v, ops) in VARIANTS.iter().zip(&variants) {
-                assert_eq!(ops[k](), want, "{name} on {layout}: {v} differs from ndarray");
+                let got = ops[k]();
+                if *name == "gelu" {
+                    // The CPU kernel's vectorised `exp` is within a few ulp of libm's `tanh` form
+                    // (the tolerance `storage/vmath.rs` documents), not bit-identical.
+                    let close = got.shape() == want.shape()
+                        && got.iter().zip(want.iter()).all(|(a, b)| (a - b).abs() <= 1e-6 * (1.0 + b.abs()));
+                    assert!(close, "{name} on {layout}: {v} differs from ndarray beyond 1e-6·(1+|y|)");
+                } else {
+                    assert_eq!(got, want, "{name} on {layout}: {v} differs from ndarray");
+                }
                 let key = format!("{name}/{layout}/{v}");
                 group.bench_function(&key, |b| b.iter_custom(|iters| timed(&key, iters, &*ops[k])));
             }
