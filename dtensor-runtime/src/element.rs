@@ -161,6 +161,11 @@ pub trait Scalar:
 /// computes, and rounds once at the end, as PyTorch's CPU kernels do. Under the `cuda`
 /// feature they can be moved to a device and communicated, but device kernels return
 /// "dtype bf16 has no CUDA kernels yet" ([`Error::Unsupported`](crate::Error::Unsupported)).
+#[diagnostic::on_unimplemented(
+    message = "`{Self}` is not a floating-point element type: this op needs f32, f64, bf16 or f16",
+    label = "needs a floating-point tensor, not `{Self}`",
+    note = "integer tensors (i64, i32, u8) support storage, moves, redistribution, casts and serve as `embedding` ids and `cross_entropy` targets; call `.cast::<f32>()` first for arithmetic"
+)]
 pub trait Element:
     IndexElement
     + ndarray::LinalgScalar
