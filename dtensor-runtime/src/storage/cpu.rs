@@ -640,13 +640,19 @@ pub(super) fn one_hot<T: Element>(ids: &ArrayD<T>, classes: usize) -> Result<Arr
     from_vec(&shape, out)
 }
 
-/// Element-type conversion through f64 (Rust's `as`: integers from floats truncate toward
-/// zero and saturate); a conversion to the same type is a bit copy, exact for every integer.
+/// Element-type conversion with Rust's `as` semantics, as PyTorch's: from an integer through
+/// i64 (exact, and wrapping when the target integer is narrower: f64 would round values beyond
+/// 2⁵³), from a float through f64 (integers from floats truncate toward zero and saturate); a
+/// conversion to the same type is a bit copy.
 pub(super) fn cast<T: Scalar, U: Scalar>(a: &ArrayD<T>) -> ArrayD<U> {
     if T::DTYPE == U::DTYPE {
         return a.mapv(|x| bytemuck::cast(x));
     }
-    a.mapv(|x| U::of_f64(x.as_f64()))
+    if T::DTYPE.is_float() {
+        a.mapv(|x| U::of_f64(x.as_f64()))
+    } else {
+        a.mapv(|x| U::of_i64(x.as_i64()))
+    }
 }
 
 /// The shard (`shape` at `offset`) of a random tensor of `global` shape.
