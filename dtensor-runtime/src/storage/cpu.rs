@@ -425,9 +425,10 @@ pub(super) fn softmax_backward<T: Element>(y: &ArrayD<T>, g: &ArrayD<T>, dim: us
 /// were checked by the caller. The `gemm` crate reads any strides, so transposed operands are
 /// not copied; only batch dims that cannot be merged without a copy are. The 16-bit floats
 /// are widened to f32, multiplied and accumulated in f32, and rounded once.
-pub(super) fn matmul<T: Element>(a: &ArrayD<T>, b: &ArrayD<T>, out_shape: &[usize]) -> Result<ArrayD<T>> {
+pub(super) fn matmul<T: Element>(a: ArrayViewD<T>, b: ArrayViewD<T>, out_shape: &[usize]) -> Result<ArrayD<T>> {
     if T::DTYPE.is_half() {
-        return matmul::<f32>(&cast(a), &cast(b), out_shape).map(|o| cast(&o));
+        let widen = |v: ArrayViewD<T>| v.mapv(|x| f32::of_f64(x.as_f64()));
+        return matmul::<f32>(widen(a).view(), widen(b).view(), out_shape).map(|o| cast(&o));
     }
     let na = a.ndim();
     let (m, k) = (a.shape()[na - 2], a.shape()[na - 1]);
