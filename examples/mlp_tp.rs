@@ -32,7 +32,7 @@ use dtensor::prelude::*;
 use dtensor::{visualize_sharding, CollectiveKind, CommDebugMode, Launch, RankCtx};
 use indicatif::{ProgressBar, ProgressStyle};
 use model::{Mlp, MlpConfig, Trainer};
-use report::{comm_line, parse_backend, parse_mesh};
+use report::{check_lr, comm_line, exit_code, parse_backend, parse_mesh};
 use std::collections::BTreeMap;
 use std::process::ExitCode;
 use std::time::Instant;
@@ -210,22 +210,12 @@ fn check_args(args: &Args) -> Result<()> {
     if args.batch == 0 || args.dim == 0 || args.hidden == 0 || args.layers == 0 || args.steps == 0 {
         return bad("--batch, --dim, --hidden, --layers and --steps must be positive".into());
     }
-    if !(args.lr.is_finite() && args.lr > 0.0) {
-        return bad(format!("--lr must be a positive number, got {}", args.lr));
-    }
-    Ok(())
+    check_lr("mlp_tp", args.lr)
 }
 
 fn main() -> ExitCode {
     let args = Args::parse();
-    match real_main(&args) {
-        Ok(true) => ExitCode::SUCCESS,
-        Ok(false) => ExitCode::from(1),
-        Err(e) => {
-            eprintln!("mlp_tp: {e}");
-            ExitCode::from(2)
-        }
-    }
+    exit_code("mlp_tp", real_main(&args))
 }
 
 fn real_main(args: &Args) -> Result<bool> {

@@ -34,7 +34,7 @@ use dtensor::typed::Dt;
 use dtensor::{local_mesh, manual_seed, rand, CollectiveKind, CommDebugMode, Launch, RankCtx};
 use model::{Gpt, GptConfig};
 use ndarray::{Array2, ArrayD};
-use report::{comm_line, parse_backend, parse_mesh};
+use report::{check_lr, comm_line, exit_code, parse_backend, parse_mesh};
 use std::collections::BTreeMap;
 use std::process::ExitCode;
 
@@ -271,22 +271,12 @@ fn check_args(args: &Args) -> Result<()> {
         // The merged heads stay sharded only when every tp rank holds whole heads.
         return bad(format!("--heads {} must be a multiple of tp = {}", args.heads, args.mesh.1));
     }
-    if let Some(lr) = args.lr.filter(|lr| !(lr.is_finite() && *lr > 0.0)) {
-        return bad(format!("--lr must be a positive number, got {lr}"));
-    }
-    Ok(())
+    args.lr.map_or(Ok(()), |lr| check_lr("transformer_tp", lr))
 }
 
 fn main() -> ExitCode {
     let args = Args::parse();
-    match real_main(&args) {
-        Ok(true) => ExitCode::SUCCESS,
-        Ok(false) => ExitCode::from(1),
-        Err(e) => {
-            eprintln!("transformer_tp: {e}");
-            ExitCode::from(2)
-        }
-    }
+    exit_code("transformer_tp", real_main(&args))
 }
 
 fn real_main(args: &Args) -> Result<bool> {

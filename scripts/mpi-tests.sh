@@ -65,25 +65,21 @@ for mode in error panic hang; do
   rm -f "$log"
 done
 
-echo "== ${MPIRUN[*]} mlp_tp --backend mpi"
-cargo build --example mlp_tp --features mpi ${CARGO_FLAGS:-}
-log=$(mktemp)
-if timeout 600 "${MPIRUN[@]}" target/debug/examples/mlp_tp --backend mpi 2>&1 | tee "$log" && grep -q PASS "$log"; then
-  echo "test mlp_tp[--backend mpi] ... ok"
-else
-  echo "test mlp_tp[--backend mpi] ... FAILED"; status=1
-fi
-rm -f "$log"
-
-echo "== ${MPIRUN[*]} transformer_tp --backend mpi"
-cargo build --example transformer_tp --features mpi ${CARGO_FLAGS:-}
-log=$(mktemp)
-if timeout 600 "${MPIRUN[@]}" target/debug/examples/transformer_tp --backend mpi 2>&1 | tee "$log" && grep -q PASS "$log"; then
-  echo "test transformer_tp[--backend mpi] ... ok"
-else
-  echo "test transformer_tp[--backend mpi] ... FAILED"; status=1
-fi
-rm -f "$log"
+# Builds example $1 with MPI and runs it under mpirun; its own 1-rank check must print PASS.
+run_example() {
+  local name=$1 log
+  echo "== ${MPIRUN[*]} $name --backend mpi"
+  cargo build --example "$name" --features mpi ${CARGO_FLAGS:-}
+  log=$(mktemp)
+  if timeout 600 "${MPIRUN[@]}" "target/debug/examples/$name" --backend mpi 2>&1 | tee "$log" && grep -q PASS "$log"; then
+    echo "test $name[--backend mpi] ... ok"
+  else
+    echo "test $name[--backend mpi] ... FAILED"; status=1
+  fi
+  rm -f "$log"
+}
+run_example mlp_tp
+run_example transformer_tp
 
 [ "$status" -eq 0 ] && echo "mpi-tests: all MPI suites passed" || echo "mpi-tests: FAILURES" >&2
 exit "$status"

@@ -140,6 +140,12 @@ pub trait Scalar:
     fn of_f64(v: f64) -> Self;
     /// Conversion to f64 (exact except for integers beyond 2⁵³).
     fn as_f64(self) -> f64;
+    /// Conversion from i64 with Rust's `as` (PyTorch's integer casts): the integers wrap when
+    /// narrower, the floats round to nearest.
+    fn of_i64(v: i64) -> Self;
+    /// Conversion to i64 with Rust's `as`: exact for the integers, truncated toward zero and
+    /// saturated for the floats (casts between integers go through this, never through f64).
+    fn as_i64(self) -> i64;
     /// Redistribution recorded on the autograd tape for floats; integers carry no gradient.
     #[doc(hidden)]
     fn redistribute_recorded(
@@ -161,6 +167,11 @@ pub trait Scalar:
 /// computes, and rounds once at the end, as PyTorch's CPU kernels do. Under the `cuda`
 /// feature they can be moved to a device and communicated, but device kernels return
 /// "dtype bf16 has no CUDA kernels yet" ([`Error::Unsupported`](crate::Error::Unsupported)).
+#[diagnostic::on_unimplemented(
+    message = "`{Self}` is not a floating-point element type: this op needs f32, f64, bf16 or f16",
+    label = "needs a floating-point tensor, not `{Self}`",
+    note = "integer tensors (i64, i32, u8) support storage, moves, redistribution, casts and serve as `embedding` ids and `cross_entropy` targets; call `.cast::<f32>()` first for arithmetic"
+)]
 pub trait Element:
     IndexElement
     + ndarray::LinalgScalar
@@ -222,6 +233,13 @@ macro_rules! half_element {
             fn as_f64(self) -> f64 {
                 self.to_f64()
             }
+            /// Through f32, as PyTorch converts an integer to a 16-bit float.
+            fn of_i64(v: i64) -> Self {
+                <$t>::from_f32(v as f32)
+            }
+            fn as_i64(self) -> i64 {
+                self.to_f32() as i64
+            }
         }
     };
 }
@@ -238,6 +256,12 @@ impl Scalar for f32 {
     fn as_f64(self) -> f64 {
         self as f64
     }
+    fn of_i64(v: i64) -> Self {
+        v as f32
+    }
+    fn as_i64(self) -> i64 {
+        self as i64
+    }
 }
 
 impl Element for f64 {}
@@ -250,6 +274,12 @@ impl Scalar for f64 {
     fn as_f64(self) -> f64 {
         self
     }
+    fn of_i64(v: i64) -> Self {
+        v as f64
+    }
+    fn as_i64(self) -> i64 {
+        self as i64
+    }
 }
 
 macro_rules! int_scalar {
@@ -261,6 +291,12 @@ macro_rules! int_scalar {
             }
             fn as_f64(self) -> f64 {
                 self as f64
+            }
+            fn of_i64(v: i64) -> Self {
+                v as $t
+            }
+            fn as_i64(self) -> i64 {
+                self as i64
             }
             fn redistribute_recorded(
                 x: &crate::DTensor<Self>,

@@ -1,4 +1,4 @@
-//! Factories: `empty zeros ones full rand randn linspace logspace` build only this rank's
+//! Factories: `empty zeros ones full rand randn arange linspace logspace` build only this rank's
 //! shard of a tensor of the given *global* size.
 
 use crate::dtensor::DTensor;
@@ -180,6 +180,74 @@ pub(crate) fn from_fn<T: Scalar>(
     f: &dyn Fn(usize) -> T,
 ) -> Result<DTensor<T>> {
     build(op, size, opts, Fill::Host(f))
+}
+
+/// The number of elements of `arange(start, end, step)`, or why there is none: a zero or
+/// non-finite step, non-finite bounds, or a step whose sign points away from `end`. Integers
+/// are counted exactly (in i128, no f64 rounding beyond 2⁵³); floats as PyTorch does,
+/// `ceil((end - start) / step)` in f64.
+fn arange_len<T: Scalar>(start: T, end: T, step: T) -> Result<usize> {
+    let bad = |reason: String| Error::InvalidArgument { context: "arange".into(), reason };
+    let n = if T::DTYPE.is_float() {
+        let (a, b, s) = (start.as_f64(), end.as_f64(), step.as_f64());
+        if !(a.is_finite() && b.is_finite() && s.is_finite()) {
+            return Err(bad(format!("start {a}, end {b} and step {s} must be finite")));
+        }
+        if s == 0.0 {
+            return Err(bad("step must be non-zero".into()));
+        }
+        let n = ((b - a) / s).ceil();
+        if n < 0.0 {
+            return Err(bad(format!("step {s} points away from end {b} (start {a})")));
+        }
+        if n > isize::MAX as f64 {
+            return Err(bad(format!("{n} elements is too many")));
+        }
+        n as usize
+    } else {
+        let (a, b, s) = (start.as_i64() as i128, end.as_i64() as i128, step.as_i64() as i128);
+        if s == 0 {
+            return Err(bad("step must be non-zero".into()));
+        }
+        // ceil((b - a) / s) in exact integers.
+        let n = (b - a + s - s.signum()) / s;
+        if n < 0 {
+            return Err(bad(format!("step {s} points away from end {b} (start {a})")));
+        }
+        usize::try_from(n).map_err(|_| bad(format!("{n} elements is too many")))?
+    };
+    Ok(n)
+}
+
+/// PyTorch `arange(start, end, step)`: `start, start + step, ...` up to but not including
+/// `end` (1-D, global size `ceil((end - start) / step)`), in any element type; only this
+/// rank's shard is computed. The bounds and the step are values of `T` (so an f32 step of
+/// `0.3` is `0.3f32`). Integers are exact over their whole range; floats are `start + i·step`
+/// computed in f64 and rounded once, as PyTorch's CPU kernel. A zero or
+/// non-finite step, non-finite bounds, or a step of the wrong sign is an
+/// [`Error::InvalidArgument`]; `start == end` is an empty tensor.
+///
+/// ```
+/// use dtensor_runtime::{arange, run, Shard, TensorOptions};
+/// let shards = run(2, |ctx| {
+///     let mesh = ctx.init_device_mesh(&[2], &["tp"])?;
+///     let t = arange::<i64>(10, 0, -3, &TensorOptions::new().mesh(&mesh).placements(&[Shard(0)]))?;
+///     Ok(t.to_host()?.into_raw_vec_and_offset().0)
+/// })
+/// .unwrap();
+/// assert_eq!(shards, vec![vec![10, 7], vec![4, 1]]);
+/// ```
+pub fn arange<T: Scalar>(start: T, end: T, step: T, opts: &TensorOptions) -> Result<DTensor<T>> {
+    let n = arange_len(start, end, step)?;
+    if T::DTYPE.is_float() {
+        let (a, s) = (start.as_f64(), step.as_f64());
+        build("arange", &[n], opts, Fill::Host(&|i| T::of_f64(a + s * i as f64)))
+    } else {
+        // Every value lies between start and end, so it fits in i64; `step · i` alone may
+        // not (start = i64::MIN, step = i64::MAX), hence i128.
+        let (a, s) = (start.as_i64() as i128, step.as_i64() as i128);
+        build("arange", &[n], opts, Fill::Host(&|i| T::of_i64((a + s * i as i128) as i64)))
+    }
 }
 
 /// Value `i` of `linspace(start, end, steps)`, computed as PyTorch does (from both ends,

@@ -43,7 +43,7 @@ pub use comm::Communicator;
 pub use dtensor::{distribute_tensor, from_local, DTensor, DistributeSource, FromLocal};
 pub use element::{bf16, f16, DType, Element, IndexElement, Scalar};
 pub use error::{Error, Result};
-pub use factory::{causal_mask, empty, full, linspace, logspace, ones, rand, randn, zeros, TensorOptions};
+pub use factory::{arange, causal_mask, empty, full, linspace, logspace, ones, rand, randn, zeros, TensorOptions};
 #[allow(deprecated)]
 pub use launch::Backend;
 pub use launch::{current_mesh, launch, run, set_current_mesh, Launch, LocalWorld, RankCtx};

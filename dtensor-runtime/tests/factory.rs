@@ -6,8 +6,8 @@ use common::coord_of;
 use dtensor_runtime::layout::checked_local_shape_and_offset;
 use dtensor_runtime::ndarray::ArrayD;
 use dtensor_runtime::{
-    empty, full, linspace, logspace, manual_seed, ones, rand, randn, run, zeros, DTensor, Error, Placement, Replicate,
-    Shard, TensorOptions,
+    arange, bf16, empty, full, linspace, logspace, manual_seed, ones, rand, randn, run, zeros, DTensor, Error,
+    Placement, Replicate, Scalar, Shard, TensorOptions,
 };
 
 fn layouts_2x2() -> Vec<Vec<Placement>> {
@@ -207,4 +207,93 @@ fn factories_reject_bad_input() {
     assert!(matches!(e[3], Error::InvalidArgument { .. }), "{}", e[3]);
     assert!(matches!(e[4], Error::InvalidArgument { .. }), "{}", e[4]);
     assert!(e[4].to_string().contains("no device mesh"));
+}
+
+/// `arange(start, end, step)` on 1 rank, on 1-D meshes of 2, 3, 4 and 5 ranks and on a 2×2
+/// mesh (uneven chunks and empty shards), all equal to `want` (the values an independent
+/// loop computes); each rank holds only its torch.chunk share.
+fn check_arange<T: Scalar>(start: T, end: T, step: T, want: &[T]) {
+    let single = run(1, |ctx| {
+        ctx.init_device_mesh(&[1], &["x"])?;
+        arange(start, end, step, &TensorOptions::new())?.to_host()
+    })
+    .unwrap()
+    .remove(0);
+    assert_eq!(single.as_slice().unwrap(), want, "1 rank: arange({start}, {end}, {step})");
+    let n = want.len();
+    let meshes: Vec<(Vec<usize>, Vec<Placement>)> = vec![
+        (vec![2], vec![Shard(0)]),
+        (vec![3], vec![Shard(0)]),
+        (vec![4], vec![Shard(0)]),
+        (vec![5], vec![Replicate]),
+        (vec![2, 2], vec![Shard(0), Shard(0)]),
+        (vec![2, 2], vec![Replicate, Shard(0)]),
+    ];
+    for (shape, p) in meshes {
+        let world: usize = shape.iter().product();
+        let out = run(world, |ctx| {
+            let mesh = ctx.init_device_mesh(&shape, &["a", "b"][..shape.len()])?;
+            let t = arange(start, end, step, &TensorOptions::new().mesh(&mesh).placements(&p))?;
+            let (local, _) =
+                checked_local_shape_and_offset(&[n], mesh.shape(), &coord_of(ctx.rank(), mesh.shape()), &p)?;
+            assert_eq!(t.local().shape(), local.as_slice());
+            t.full_tensor()
+        })
+        .unwrap();
+        for full in out {
+            assert_eq!(full, single, "arange({start}, {end}, {step}) on {shape:?} {p:?}");
+        }
+    }
+}
+
+#[test]
+fn arange_matches_single_rank_for_every_dtype() {
+    // Integers: exact, including values near 2⁶² that f64 would round.
+    let big = 1i64 << 62;
+    check_arange::<i64>(big - 5, big + 6, 3, &[big - 5, big - 2, big + 1, big + 4]);
+    check_arange::<i64>(7, -6, -4, &[7, 3, -1, -5]);
+    check_arange::<i64>(i64::MIN, i64::MAX, i64::MAX, &[i64::MIN, -1, i64::MAX - 1]);
+    check_arange::<i64>(3, 3, 1, &[]);
+    check_arange::<i32>(-2, 9, 1, &(-2..9).collect::<Vec<i32>>());
+    check_arange::<i32>(0, 7, 5, &[0, 5]);
+    check_arange::<u8>(250, 255, 2, &[250, 252, 254]);
+    check_arange::<u8>(0, 3, 1, &[0, 1, 2]);
+    // Floats: ceil((end - start) / step) values start + i·step, computed in f64.
+    let float_want = |a: f64, b: f64, s: f64| -> Vec<f64> {
+        let n = ((b - a) / s).ceil().max(0.0) as usize;
+        (0..n).map(|i| a + s * i as f64).collect()
+    };
+    check_arange::<f64>(0.0, 1.0, 0.1, &float_want(0.0, 1.0, 0.1));
+    assert_eq!(float_want(0.0, 1.0, 0.1).len(), 10);
+    check_arange::<f64>(1.5, -2.0, -0.75, &float_want(1.5, -2.0, -0.75));
+    // The bounds and step are values of T: the step is 0.3f32 (0.30000001192..), not 0.3.
+    let f32s: Vec<f32> = float_want(-1.0, 2.0, 0.3f32 as f64).into_iter().map(|v| v as f32).collect();
+    check_arange::<f32>(-1.0, 2.0, 0.3, &f32s);
+    let halves: Vec<bf16> = float_want(0.0, 3.0, 0.5).into_iter().map(bf16::from_f64).collect();
+    check_arange::<bf16>(bf16::from_f32(0.0), bf16::from_f32(3.0), bf16::from_f32(0.5), &halves);
+}
+
+#[test]
+fn arange_rejects_zero_wrong_sign_and_non_finite_steps() {
+    let errs = run(1, |ctx| {
+        ctx.init_device_mesh(&[1], &["x"])?;
+        let o = TensorOptions::new();
+        Ok(vec![
+            arange::<i64>(0, 5, 0, &o).unwrap_err(),
+            arange::<i32>(0, 5, -1, &o).unwrap_err(),
+            arange::<u8>(5, 0, 1, &o).unwrap_err(),
+            arange::<f32>(0.0, 1.0, 0.0, &o).unwrap_err(),
+            arange::<f64>(1.0, 0.0, 0.5, &o).unwrap_err(),
+            arange::<f64>(0.0, f64::INFINITY, 1.0, &o).unwrap_err(),
+            arange::<f64>(0.0, 1.0, f64::NAN, &o).unwrap_err(),
+            arange::<f64>(0.0, 1e300, 1e-300, &o).unwrap_err(),
+        ])
+    })
+    .unwrap()
+    .remove(0);
+    let reasons = ["non-zero", "points away", "points away", "non-zero", "points away", "finite", "finite", "too many"];
+    for (e, why) in errs.iter().zip(reasons) {
+        assert!(matches!(e, Error::InvalidArgument { context, .. } if context == "arange"), "{e}");
+        assert!(e.to_string().contains(why), "{e} should say {why}");
+    }
 }

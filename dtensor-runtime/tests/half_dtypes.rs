@@ -2,10 +2,10 @@
 //! collectives, casts, matmul and checkpoints on 1, 2 and 4 ranks, each against the 1-rank
 //! result (exactly for data movement, within a few half ulps for reductions).
 
+mod checkpoint_util;
 mod common;
 
 use common::global;
-use dtensor_runtime::checkpoint::{self, hf};
 use dtensor_runtime::module::Module;
 use dtensor_runtime::ndarray::{ArrayD, IxDyn};
 use dtensor_runtime::optim::{GradScaler, Sgd};
@@ -385,42 +385,7 @@ fn sum_reduces_in_f32() {
 }
 
 fn check_checkpoints<T: Element>() {
-    let dir = tempfile::tempdir().unwrap();
-    let (own, hf_dir, full_file) = (dir.path().join("own"), dir.path().join("hf"), dir.path().join("full.safetensors"));
-    let (w, v) = (values::<T>(&[7, 5], 1), values::<T>(&[1, 3], 2));
-    run(4, |ctx| {
-        let mesh = ctx.init_device_mesh(&[2, 2], &["dp", "tp"])?;
-        let state = vec![
-            ("w".to_string(), distribute_tensor(&w, &mesh, &[Shard(0), Shard(1)], None)?),
-            ("v".to_string(), distribute_tensor(&v, &mesh, &[Shard(0), Replicate], None)?),
-        ];
-        checkpoint::save(&own, &state)?;
-        hf::save(&hf_dir, &state)?;
-        checkpoint::save_full(&full_file, &state)
-    })
-    .unwrap();
-    // Loaded on another mesh with other placements, in the same dtype: the same bits.
-    let out = run(2, |ctx| {
-        let mesh = ctx.init_device_mesh(&[2], &["x"])?;
-        let own = checkpoint::load::<T>(&own, &mesh, &[("w", &[Shard(1)]), ("v", &[Replicate])])?;
-        let mut h = hf::HfCheckpoint::open(&hf_dir)?;
-        let hw = h.load_tensor::<T>("w", &mesh, &[Shard(0)])?;
-        let hv = h.load_tensor::<T>("v", &mesh, &[Shard(1)])?;
-        Ok((own[0].1.full_tensor()?, own[1].1.full_tensor()?, hw.full_tensor()?, hv.full_tensor()?))
-    })
-    .unwrap();
-    for (ow, ov, hw, hv) in out {
-        assert_eq!((ow, ov), (w.clone(), v.clone()), "{} own format", T::DTYPE);
-        assert_eq!((hw, hv), (w.clone(), v.clone()), "{} hf format", T::DTYPE);
-    }
-    // The files hold the 16-bit dtype natively.
-    for file in [hf_dir.join("model.safetensors"), full_file] {
-        let bytes = std::fs::read(&file).unwrap();
-        let st = safetensors::SafeTensors::deserialize(&bytes).unwrap();
-        let t = st.tensor("w").unwrap();
-        assert_eq!(t.dtype().to_string(), T::DTYPE.safetensors_name(), "{file:?}");
-        assert_eq!(t.data(), bytemuck::cast_slice::<T, u8>(w.as_slice().unwrap()));
-    }
+    checkpoint_util::check_native_round_trip(&values::<T>(&[7, 5], 1), &values::<T>(&[1, 3], 2));
 }
 
 #[test]

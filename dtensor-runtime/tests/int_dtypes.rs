@@ -3,6 +3,9 @@
 //! collective on 1, 2 and 4 ranks, each exactly equal to the 1-rank (or computed) result;
 //! the average of integers and gradients of integers are typed errors.
 
+mod checkpoint_util;
+mod common;
+
 use dtensor_runtime::ndarray::{ArrayD, IxDyn};
 use dtensor_runtime::{
     distribute_tensor, empty, from_local, full, ones, run, zeros, Along, DTensor, DType, Error, FromLocal, Partial,
@@ -304,6 +307,43 @@ fn casts_between_integers_and_floats() {
     }
 }
 
+/// Casts between integer types are Rust's `as` (PyTorch's): exact, wrapping when narrower,
+/// never through f64 (which would round values beyond 2⁵³), on an uneven 2-rank shard.
+#[test]
+fn casts_between_integers_are_exact_and_wrap_like_as() {
+    let big: Vec<i64> =
+        vec![(1 << 62) + 1, (1 << 62) - 1, -(1 << 62) - 3, i64::MAX, i64::MIN, (1 << 53) + 1, -1, 300, -129];
+    let outs = run(2, |ctx| {
+        let m = ctx.init_device_mesh(&[2], &["a"])?;
+        let t = distribute_tensor(ArrayD::from_shape_vec(IxDyn(&[9]), big.clone()).unwrap(), &m, &[Shard(0)], Some(0))?;
+        let (i32s, u8s) = (t.cast::<i32>()?, t.cast::<u8>()?);
+        let back: (ArrayD<i64>, ArrayD<i64>) = (i32s.cast::<i64>()?.full_tensor()?, u8s.cast::<i64>()?.full_tensor()?);
+        let to_u8_from_i32 = i32s.cast::<u8>()?.full_tensor()?;
+        let to_i32_from_u8 = u8s.cast::<i32>()?.full_tensor()?;
+        Ok((i32s.full_tensor()?, u8s.full_tensor()?, back, to_u8_from_i32, to_i32_from_u8))
+    })
+    .unwrap();
+    for (i32s, u8s, (from_i32, from_u8), u8_of_i32, i32_of_u8) in outs {
+        let want32: Vec<i32> = big.iter().map(|&v| v as i32).collect();
+        let want8: Vec<u8> = big.iter().map(|&v| v as u8).collect();
+        assert_eq!(i32s.as_slice().unwrap(), want32.as_slice());
+        assert_eq!(u8s.as_slice().unwrap(), want8.as_slice());
+        assert_eq!(from_i32.as_slice().unwrap(), want32.iter().map(|&v| v as i64).collect::<Vec<_>>().as_slice());
+        assert_eq!(from_u8.as_slice().unwrap(), want8.iter().map(|&v| v as i64).collect::<Vec<_>>().as_slice());
+        assert_eq!(u8_of_i32.as_slice().unwrap(), want32.iter().map(|&v| v as u8).collect::<Vec<_>>().as_slice());
+        assert_eq!(i32_of_u8.as_slice().unwrap(), want8.iter().map(|&v| v as i32).collect::<Vec<_>>().as_slice());
+    }
+    // i64 → f32 rounds once, as Rust's `as` (not through f64 first).
+    let v = (1i64 << 53) + (1 << 29) + 1;
+    let f = run(1, |ctx| {
+        let m = ctx.init_device_mesh(&[1], &["a"])?;
+        let t = distribute_tensor(ArrayD::from_shape_vec(IxDyn(&[1]), vec![v]).unwrap(), &m, &[Replicate], None)?;
+        t.cast::<f32>()?.full_tensor()
+    })
+    .unwrap();
+    assert_eq!(f[0][0], v as f32);
+}
+
 /// (mesh, table placements, ids placements) for the embedding comparisons.
 fn embedding_layouts() -> Vec<(Vec<usize>, Vec<Placement>, Vec<Placement>)> {
     vec![
@@ -457,43 +497,7 @@ fn byte_masks_in_where_and_masked_fill_equal_the_float_mask_path() {
 }
 
 fn check_checkpoints<T: Scalar>() {
-    use dtensor_runtime::checkpoint::{self, hf};
-    let dir = tempfile::tempdir().unwrap();
-    let (own, hf_dir, full_file) = (dir.path().join("own"), dir.path().join("hf"), dir.path().join("full.safetensors"));
-    let (w, v) = (global::<T>(&[7, 5]), global::<T>(&[1, 3]));
-    run(4, |ctx| {
-        let mesh = ctx.init_device_mesh(&[2, 2], &["dp", "tp"])?;
-        let state = vec![
-            ("w".to_string(), distribute_tensor(&w, &mesh, &[Shard(0), Shard(1)], None)?),
-            ("v".to_string(), distribute_tensor(&v, &mesh, &[Shard(0), Replicate], None)?),
-        ];
-        checkpoint::save(&own, &state)?;
-        hf::save(&hf_dir, &state)?;
-        checkpoint::save_full(&full_file, &state)
-    })
-    .unwrap();
-    // Loaded on another mesh with other placements: the same values, bit for bit.
-    let out = run(2, |ctx| {
-        let mesh = ctx.init_device_mesh(&[2], &["x"])?;
-        let own = checkpoint::load::<T>(&own, &mesh, &[("w", &[Shard(1)]), ("v", &[Replicate])])?;
-        let mut h = hf::HfCheckpoint::open(&hf_dir)?;
-        let hw = h.load_tensor::<T>("w", &mesh, &[Shard(0)])?;
-        let hv = h.load_tensor::<T>("v", &mesh, &[Shard(1)])?;
-        Ok((own[0].1.full_tensor()?, own[1].1.full_tensor()?, hw.full_tensor()?, hv.full_tensor()?))
-    })
-    .unwrap();
-    for (ow, ov, hw, hv) in out {
-        assert_eq!((ow, ov), (w.clone(), v.clone()), "{} own format", T::DTYPE);
-        assert_eq!((hw, hv), (w.clone(), v.clone()), "{} hf format", T::DTYPE);
-    }
-    // The files hold the integer dtype natively (I64, I32, U8).
-    for file in [hf_dir.join("model.safetensors"), full_file] {
-        let bytes = std::fs::read(&file).unwrap();
-        let st = safetensors::SafeTensors::deserialize(&bytes).unwrap();
-        let t = st.tensor("w").unwrap();
-        assert_eq!(t.dtype().to_string(), T::DTYPE.safetensors_name(), "{file:?}");
-        assert_eq!(t.data(), bytemuck::cast_slice::<T, u8>(w.as_slice().unwrap()));
-    }
+    checkpoint_util::check_native_round_trip(&global::<T>(&[7, 5]), &global::<T>(&[1, 3]));
 }
 
 #[test]

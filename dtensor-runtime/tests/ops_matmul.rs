@@ -49,6 +49,74 @@ fn matmul_batched() {
     check_op("matmul(batched)", &cases, true, &|x| x[0].matmul(&x[1]));
 }
 
+/// `matmul_t` over every pair of transpose flags: the layouts of the rule with the swapped
+/// operand's row and column dims traded, 2-D and batched (a 2-D right operand included, whose
+/// transposed-left backward takes the copying path).
+#[test]
+fn matmul_transposed() {
+    for (ta, tb) in [(false, true), (true, false), (true, true)] {
+        // Stored shapes of `op(a) [m=5, k=4]` and `op(b) [k=4, n=3]`.
+        let (a2, b2): (&[usize], &[usize]) = (if ta { &[4, 5] } else { &[5, 4] }, if tb { &[3, 4] } else { &[4, 3] });
+        let (am, ak) = if ta { (1, 0) } else { (0, 1) };
+        let (bk, bn) = if tb { (1, 0) } else { (0, 1) };
+        let (a3, b3): (&[usize], &[usize]) =
+            (if ta { &[3, 4, 5] } else { &[3, 5, 4] }, if tb { &[3, 3, 4] } else { &[3, 4, 3] });
+        let cases = vec![
+            // (S(m), R) -> S(m), uneven m
+            case(&[2, 2], vec![inp(a2, &[S(am), R]), inp(b2, &[R, R])], Some(&[S(0), R])),
+            // (R, S(n)) -> S(n), uneven n
+            case(&[2, 2], vec![inp(a2, &[R, R]), inp(b2, &[R, S(bn)])], Some(&[R, S(1)])),
+            // (S(k), S(k)) -> Partial(sum), combined with S(m) on dp
+            case(&[2, 2], vec![inp(a2, &[S(am), S(ak)]), inp(b2, &[R, S(bk)])], Some(&[S(0), p()])),
+            // batched, batch dim sharded through both sides (uneven batch)
+            case(&[2], vec![inp(a3, &[S(0)]), inp(b3, &[S(0)])], Some(&[S(0)])),
+            // batched left, shared 2-D right
+            case(&[2], vec![inp(a3, &[S(0)]), inp(b2, &[R])], Some(&[S(0)])),
+            // disagreeing layouts: redistributed to the cheapest strategy
+            case(&[3], vec![inp(a2, &[S(am)]), inp(b2, &[S(bn)])], None),
+        ];
+        check_op(&format!("matmul_t({ta}, {tb})"), &cases, true, &move |x| x[0].matmul_t(&x[1], ta, tb));
+    }
+}
+
+/// `matmul_t` computes what `matmul` of explicitly transposed operands does.
+#[test]
+fn matmul_transposed_equals_explicit_transpose() {
+    let r = dtensor_runtime::run(1, |ctx| {
+        let mesh = ctx.init_device_mesh(&[1], &["x"])?;
+        let t = |shape: &[usize], seed: f64| {
+            let mut c = 0.0;
+            let a = ndarray::ArrayD::from_shape_fn(shape, |_| {
+                c += 1.0;
+                (c * seed + 0.1).sin()
+            });
+            dtensor_runtime::distribute_tensor(&a, &mesh, &[R], None)
+        };
+        let mut worst = 0.0f64;
+        for (ta, tb) in [(false, false), (false, true), (true, false), (true, true)] {
+            for batched_b in [false, true] {
+                let a = t(if ta { &[2, 4, 5] } else { &[2, 5, 4] }, 0.5)?;
+                let bs: &[usize] = match (tb, batched_b) {
+                    (true, true) => &[2, 3, 4],
+                    (true, false) => &[3, 4],
+                    (false, true) => &[2, 4, 3],
+                    (false, false) => &[4, 3],
+                };
+                let b = t(bs, 0.25)?;
+                let op =
+                    |x: &dtensor_runtime::DTensor<f64>, f: bool| if f { x.transpose(-1, -2) } else { Ok(x.clone()) };
+                let want = op(&a, ta)?.matmul(&op(&b, tb)?)?.full_tensor()?;
+                let got = a.matmul_t(&b, ta, tb)?.full_tensor()?;
+                assert_eq!(got.shape(), want.shape());
+                worst = got.iter().zip(want.iter()).map(|(g, w)| (g - w).abs()).fold(worst, f64::max);
+            }
+        }
+        Ok(worst)
+    })
+    .unwrap();
+    assert!(r[0] < 1e-12, "matmul_t differs from matmul of transposes by {}", r[0]);
+}
+
 #[test]
 fn shape_errors_are_typed() {
     let r = dtensor_runtime::run(1, |ctx| {

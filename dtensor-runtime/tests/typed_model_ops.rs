@@ -111,7 +111,7 @@ macro_rules! embedding_case {
         let ids = input::<$m, $li, 2>($ids, $mesh)?;
         let case = format!("embedding table {} ids {} {:?}", stringify!($lw), stringify!($li), $ids.shape());
         let comm = CommDebugMode::new();
-        let typed = comm.scope(|| w.embedding::<_, 2, 3>(&ids));
+        let typed = comm.scope(|| w.embedding::<_, _, 2, 3>(&ids));
         if comm.total() != 0 {
             $fails.push(format!("{case}: {} collectives", comm.total()));
         }

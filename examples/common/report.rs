@@ -1,6 +1,7 @@
-//! Argument parsers and the collective report shared by the training examples.
+//! Argument parsers, the collective report and the exit status shared by the training examples.
 
-use dtensor::{CollectiveKind, CommDebugMode, Launch};
+use dtensor::{CollectiveKind, CommDebugMode, Error, Launch, Result};
+use std::process::ExitCode;
 
 /// `--backend`: `threads` or `mpi`.
 pub fn parse_backend(s: &str) -> std::result::Result<Launch, String> {
@@ -14,6 +15,32 @@ pub fn parse_mesh(s: &str) -> std::result::Result<(usize, usize), String> {
     match (num(dp), num(tp)) {
         (Some(dp), Some(tp)) => Ok((dp, tp)),
         _ => Err(format!("`{s}`: dp and tp must be positive integers")),
+    }
+}
+
+/// `--lr`: a positive, finite learning rate, else a typed error naming the example.
+pub fn check_lr(example: &str, lr: f64) -> Result<()> {
+    if lr.is_finite() && lr > 0.0 {
+        Ok(())
+    } else {
+        Err(Error::InvalidArgument {
+            context: example.into(),
+            reason: format!("--lr must be a positive number, got {lr}"),
+        })
+    }
+}
+
+/// The exit status of a checked run: 0 on PASS, 1 on FAIL, 2 on a bad argument or runtime
+/// error (printed on stderr after the example's name), so scripts can tell a wrong result
+/// from a run that could not start.
+pub fn exit_code(example: &str, outcome: Result<bool>) -> ExitCode {
+    match outcome {
+        Ok(true) => ExitCode::SUCCESS,
+        Ok(false) => ExitCode::from(1),
+        Err(e) => {
+            eprintln!("{example}: {e}");
+            ExitCode::from(2)
+        }
     }
 }
 

@@ -73,7 +73,7 @@ impl<T: Element> Module<T> for Linear<T> {
 impl<T: Element> Forward<T> for Linear<T> {
     fn forward(&self, x: &DTensor<T>) -> Result<DTensor<T>> {
         let x = self.hooks.input(x)?;
-        let mut y = x.matmul(&self.weight.transpose(0, 1)?)?;
+        let mut y = x.matmul_t(&self.weight, false, true)?;
         if let Some(b) = &self.bias {
             y = y.add(b)?;
         }

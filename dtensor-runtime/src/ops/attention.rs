@@ -112,7 +112,7 @@ pub fn scaled_dot_product_attention<T: Element>(
     let c = select("scaled_dot_product_attention", &inputs, &rs, Select::default())?;
     let (qi, ki, vi) = (&*c.inputs[0], &*c.inputs[1], &*c.inputs[2]);
     let scale = T::of_f64(scale.unwrap_or(1.0 / (e as f64).sqrt()));
-    let mut scores = qi.matmul(&ki.transpose(-2, -1)?)?.mul_scalar(scale)?;
+    let mut scores = qi.matmul_t(ki, false, true)?.mul_scalar(scale)?;
     if let Some(m) = c.inputs.get(3) {
         scores = scores.add(m)?;
     }

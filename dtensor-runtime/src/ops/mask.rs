@@ -112,6 +112,12 @@ impl<T: Element> DTensor<T> {
     /// The comparison `op` (`Eq`, `Ne`, `Lt`, `Le`, `Gt`, `Ge`) of `self` and `other`
     /// (broadcasting) as a byte mask: 1 where it holds, else 0; no gradient. Any other op is
     /// an [`Error::InvalidArgument`].
+    ///
+    /// Why `u8` and not `bool`: PyTorch's `torch.bool` mask maps to this `u8` 0/1 mask. Every
+    /// element type is `bytemuck::Pod`, so collectives, checkpoints and safetensors files move
+    /// its raw bytes; a `bool` holding a byte other than 0 or 1 would be undefined behaviour,
+    /// and a received byte is never validated. A `u8` has no invalid values, and mask readers
+    /// (`where_`, `masked_fill`) treat any non-zero byte as true.
     pub fn compare_mask(&self, op: BinaryOp, other: &DTensor<T>) -> Result<DTensor<u8>> {
         use BinaryOp::{Eq, Ge, Gt, Le, Lt, Ne};
         if !matches!(op, Eq | Ne | Lt | Le | Gt | Ge) {

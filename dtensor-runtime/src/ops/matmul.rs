@@ -11,7 +11,7 @@ use crate::dtensor::DTensor;
 use crate::element::Element;
 use crate::error::Result;
 use crate::placement::{Placement, ReduceOp};
-use crate::storage::matmul_shape as out_shape;
+use crate::storage::{matmul_shape as out_shape, swapped_last};
 
 const R: Placement = Placement::Replicate;
 
@@ -19,13 +19,15 @@ fn shard(d: usize) -> Placement {
     Placement::Shard(d as isize)
 }
 
-fn rules(na: usize, nb: usize, pops: &[ReduceOp]) -> Vec<DimRule> {
+/// The rules of `op(a) @ op(b)` where `a` has `na` dims and `b` has `nb`; a transposed
+/// operand's row and column dims trade places.
+fn rules(na: usize, nb: usize, ta: bool, tb: bool, pops: &[ReduceOp]) -> Vec<DimRule> {
     let nbatch = na - 2;
-    let (am, ak) = (na - 2, na - 1);
-    let (bk, bn) = (nb - 2, nb - 1);
+    let (am, ak) = if ta { (na - 1, na - 2) } else { (na - 2, na - 1) };
+    let (bk, bn) = if tb { (nb - 1, nb - 2) } else { (nb - 2, nb - 1) };
     let mut r = vec![
         DimRule::new(&[R, R], R),
-        DimRule::new(&[shard(am), R], shard(am)),
+        DimRule::new(&[shard(am), R], shard(na - 2)),
         DimRule::new(&[R, shard(bn)], shard(na - 1)),
         DimRule::new(&[shard(ak), shard(bk)], Placement::Partial(ReduceOp::Sum)),
     ];
@@ -57,32 +59,61 @@ impl<T: Element> DTensor<T> {
     /// }).unwrap();
     /// ```
     pub fn matmul(&self, other: &DTensor<T>) -> Result<DTensor<T>> {
-        let shape = out_shape(&self.shape, &other.shape)?;
+        self.matmul_t(other, false, false)
+    }
+
+    /// [`matmul`](Self::matmul) with either operand's last two dims swapped first:
+    /// `a.matmul_t(&b, false, true)` is `a.matmul(&b.transpose(-1, -2)?)` without the copy
+    /// that `transpose` makes (the kernel reads the swapped operand through its strides).
+    /// (Only the backward of a transposed batched left operand times a 2-D right one copies
+    /// once: its input gradient is computed transposed.)
+    ///
+    /// ```
+    /// use dtensor_runtime::{run, distribute_tensor, Shard, Replicate, ndarray::ArrayD};
+    /// run(2, |ctx| {
+    ///     let mesh = ctx.init_device_mesh(&[2], &["tp"])?;
+    ///     let a = ArrayD::<f64>::from_shape_fn(vec![4, 6], |i| (i[0] * 6 + i[1]) as f64);
+    ///     let b = ArrayD::<f64>::from_shape_fn(vec![3, 6], |i| (i[0] + 2 * i[1]) as f64);
+    ///     let (da, db) = (
+    ///         distribute_tensor(&a, &mesh, &[Shard(0)], None)?,
+    ///         distribute_tensor(&b, &mesh, &[Replicate], None)?,
+    ///     );
+    ///     let c = da.matmul_t(&db, false, true)?;
+    ///     assert_eq!(c.full_tensor()?, da.matmul(&db.transpose(0, 1)?)?.full_tensor()?);
+    ///     Ok(())
+    /// }).unwrap();
+    /// ```
+    pub fn matmul_t(&self, other: &DTensor<T>, transpose_self: bool, transpose_other: bool) -> Result<DTensor<T>> {
+        let (ta, tb) = (transpose_self, transpose_other);
+        let shape = out_shape(&swapped_last(&self.shape, ta), &swapped_last(&other.shape, tb))?;
         let pops = partial_ops(&[self, other], &[ReduceOp::Sum, ReduceOp::Avg]);
-        let rs = rules(self.ndim(), other.ndim(), &pops);
+        let rs = rules(self.ndim(), other.ndim(), ta, tb, &pops);
         let c = select("matmul", &[self, other], &rs, Select::default())?;
         let (a, b) = (&*c.inputs[0], &*c.inputs[1]);
-        let local = a.local.matmul(&b.local)?;
+        let local = a.local.matmul_t(&b.local, ta, tb)?;
         let out = new_output(local, &a.mesh, c.output, shape);
         if !recording(&[a, b]) {
             return Ok(out);
         }
         let (sa, sb) = (a.detach(), b.detach());
         Ok(record("matmul_backward", out, &[a, b], move |g| {
-            let ga = if input_needs_grad(0) { Some(g.matmul(&sb.transpose(-1, -2)?)?) } else { None };
+            // With a' = op(a), b' = op(b): d a' = g b'ᵀ and d b' = a'ᵀ g, transposed back
+            // where the operand was, each as one strided product.
+            let ga = match (input_needs_grad(0), ta) {
+                (false, _) => None,
+                (true, false) => Some(g.matmul_t(&sb, false, !tb)?),
+                // dA = b' gᵀ; a batched `g` cannot follow a 2-D left operand: (g b'ᵀ)ᵀ.
+                (true, true) if sb.ndim() == 2 && g.ndim() > 2 => Some(g.matmul_t(&sb, false, !tb)?.transpose(-1, -2)?),
+                (true, true) => Some(sb.matmul_t(g, tb, true)?),
+            };
             if !input_needs_grad(1) {
                 return Ok(vec![ga, None]);
             }
-            let gb = if sb.ndim() == 2 && sa.ndim() > 2 {
-                // Sum over the batch of a_iᵀ g_i.
-                let mut gb = sa.transpose(-1, -2)?.matmul(g)?;
-                while gb.ndim() > 2 {
-                    gb = gb.sum_dim(0, false)?;
-                }
-                gb
-            } else {
-                sa.transpose(-1, -2)?.matmul(g)?
-            };
+            let mut gb = if tb { g.matmul_t(&sa, true, ta)? } else { sa.matmul_t(g, !ta, false)? };
+            // A 2-D `b` shared by the batch: sum the per-batch products.
+            while gb.ndim() > sb.ndim() {
+                gb = gb.sum_dim(0, false)?;
+            }
             Ok(vec![ga, Some(gb)])
         }))
     }

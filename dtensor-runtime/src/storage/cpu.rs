@@ -425,9 +425,10 @@ pub(super) fn softmax_backward<T: Element>(y: &ArrayD<T>, g: &ArrayD<T>, dim: us
 /// were checked by the caller. The `gemm` crate reads any strides, so transposed operands are
 /// not copied; only batch dims that cannot be merged without a copy are. The 16-bit floats
 /// are widened to f32, multiplied and accumulated in f32, and rounded once.
-pub(super) fn matmul<T: Element>(a: &ArrayD<T>, b: &ArrayD<T>, out_shape: &[usize]) -> Result<ArrayD<T>> {
+pub(super) fn matmul<T: Element>(a: ArrayViewD<T>, b: ArrayViewD<T>, out_shape: &[usize]) -> Result<ArrayD<T>> {
     if T::DTYPE.is_half() {
-        return matmul::<f32>(&cast(a), &cast(b), out_shape).map(|o| cast(&o));
+        let widen = |v: ArrayViewD<T>| v.mapv(|x| f32::of_f64(x.as_f64()));
+        return matmul::<f32>(widen(a).view(), widen(b).view(), out_shape).map(|o| cast(&o));
     }
     let na = a.ndim();
     let (m, k) = (a.shape()[na - 2], a.shape()[na - 1]);
@@ -640,13 +641,19 @@ pub(super) fn one_hot<T: Element>(ids: &ArrayD<T>, classes: usize) -> Result<Arr
     from_vec(&shape, out)
 }
 
-/// Element-type conversion through f64 (Rust's `as`: integers from floats truncate toward
-/// zero and saturate); a conversion to the same type is a bit copy, exact for every integer.
+/// Element-type conversion with Rust's `as` semantics, as PyTorch's: from an integer through
+/// i64 (exact, and wrapping when the target integer is narrower: f64 would round values beyond
+/// 2⁵³), from a float through f64 (integers from floats truncate toward zero and saturate); a
+/// conversion to the same type is a bit copy.
 pub(super) fn cast<T: Scalar, U: Scalar>(a: &ArrayD<T>) -> ArrayD<U> {
     if T::DTYPE == U::DTYPE {
         return a.mapv(|x| bytemuck::cast(x));
     }
-    a.mapv(|x| U::of_f64(x.as_f64()))
+    if T::DTYPE.is_float() {
+        a.mapv(|x| U::of_f64(x.as_f64()))
+    } else {
+        a.mapv(|x| U::of_i64(x.as_i64()))
+    }
 }
 
 /// The shard (`shape` at `offset`) of a random tensor of `global` shape.

@@ -191,6 +191,16 @@ pub fn broadcast_shape(op: &str, a: &[usize], b: &[usize]) -> Result<Vec<usize>>
     Ok(out)
 }
 
+/// `shape` with its last two dims swapped when `swap` is set (and it has two).
+pub(crate) fn swapped_last(shape: &[usize], swap: bool) -> Vec<usize> {
+    let mut s = shape.to_vec();
+    let n = s.len();
+    if swap && n >= 2 {
+        s.swap(n - 2, n - 1);
+    }
+    s
+}
+
 /// Output shape of `a @ b` for `[.., m, k] @ [k, n]` or `[.., m, k] @ [.., k, n]`.
 pub fn matmul_shape(a: &[usize], b: &[usize]) -> Result<Vec<usize>> {
     let bad = |why: &str| shape_mismatch(format!("matmul: {why}"), a, b);
@@ -428,9 +438,32 @@ impl<T: Element> Storage<T> {
 
     /// `self [.., m, k] @ other [k, n]` or `self [.., m, k] @ other [.., k, n]`.
     pub fn matmul(&self, other: &Storage<T>) -> Result<Storage<T>> {
-        let shape = matmul_shape(self.shape(), other.shape())?;
+        self.matmul_t(other, false, false)
+    }
+
+    /// [`matmul`](Self::matmul) of `self` and `other`, each with its last two dims swapped
+    /// first when its flag is set: `a @ bᵀ` is `a.matmul_t(&b, false, true)`. On the host the
+    /// kernel reads the swapped operand through its strides, so nothing is copied.
+    pub fn matmul_t(&self, other: &Storage<T>, transpose_self: bool, transpose_other: bool) -> Result<Storage<T>> {
+        let (sa, sb) = (swapped_last(self.shape(), transpose_self), swapped_last(other.shape(), transpose_other));
+        let shape = matmul_shape(&sa, &sb)?;
         match (self, other) {
-            (Storage::Cpu(a), Storage::Cpu(b)) => cpu::matmul(a, b, &shape).map(Storage::Cpu),
+            (Storage::Cpu(a), Storage::Cpu(b)) => {
+                let (mut va, mut vb) = (a.view(), b.view());
+                if transpose_self {
+                    va.swap_axes(a.ndim() - 2, a.ndim() - 1);
+                }
+                if transpose_other {
+                    vb.swap_axes(b.ndim() - 2, b.ndim() - 1);
+                }
+                cpu::matmul(va, vb, &shape).map(Storage::Cpu)
+            }
+            (Storage::Cuda(_), Storage::Cuda(_)) if transpose_self || transpose_other => {
+                // cuBLAS reads only row- or column-major operands: swap by a copy.
+                let copy =
+                    |x: &Storage<T>, t: bool| if t { x.transpose(x.ndim() - 2, x.ndim() - 1) } else { Ok(x.clone()) };
+                copy(self, transpose_self)?.matmul(&copy(other, transpose_other)?)
+            }
             (Storage::Cuda(a), Storage::Cuda(b)) => on_cuda!(a, b => a.matmul(b, &shape).map(Storage::Cuda)),
             _ => Err(device_mismatch("matmul", self.device(), other.device())),
         }

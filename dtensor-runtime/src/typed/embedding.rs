@@ -13,7 +13,7 @@
 use super::lift::{lift_binary, never_binary};
 use super::markers::{Avg, Partial, Replicate, Shard, Sum};
 use super::{Dt, MeshDims, TypedLayout};
-use crate::element::Element;
+use crate::element::{Element, IndexElement};
 use crate::error::Result;
 
 /// Context of the embedding rule: the rank of the ids.
@@ -65,7 +65,7 @@ impl<N, const Q: usize> EmbeddingRule<Replicate, N, Ids<Q>> for Partial<Avg> {
 pub type EmbeddingOut<Lw, Li, M, const Q: usize> = <Lw as EmbeddingLayout<Li, M, Ids<Q>>>::Out;
 
 impl<T: Element, M: MeshDims, L: TypedLayout<M>> Dt<T, M, L, 2> {
-    /// Looks up rows of this table `[V, D]` at `ids` (whole numbers in `[0, V)`), giving
+    /// Looks up rows of this table `[V, D]` at `ids` (integers, or whole floats, in `[0, V)`), giving
     /// `ids.shape + [D]`; the output rank `RO` is `Q + 1` (checked at `cargo build`; name it
     /// in the result's type). See the module for the layouts.
     ///
@@ -76,7 +76,7 @@ impl<T: Element, M: MeshDims, L: TypedLayout<M>> Dt<T, M, L, 2> {
     ///     let table = ndarray::ArrayD::from_shape_fn(vec![5, 3], |ix| (3 * ix[0] + ix[1]) as f64);
     ///     // Vocab-parallel: each rank holds some rows and looks up only those.
     ///     let w: Dt<f64, (tp,), (Shard<0>,), 2> = Dt::distribute(&table, &mesh)?;
-    ///     let ids: Dt<f64, (tp,), (Replicate,), 1> = Dt::distribute(&ndarray::arr1(&[4.0, 0.0]).into_dyn(), &mesh)?;
+    ///     let ids: Dt<i64, (tp,), (Replicate,), 1> = Dt::distribute(&ndarray::arr1(&[4, 0]).into_dyn(), &mesh)?;
     ///     let y: Dt<f64, (tp,), (Partial<Sum>,), 2> = w.embedding(&ids)?;
     ///     y.full_tensor()
     /// })
@@ -84,9 +84,9 @@ impl<T: Element, M: MeshDims, L: TypedLayout<M>> Dt<T, M, L, 2> {
     /// assert_eq!(out[0].index_axis(ndarray::Axis(0), 0).iter().copied().collect::<Vec<_>>(), vec![12.0, 13.0, 14.0]);
     /// ```
     #[track_caller]
-    pub fn embedding<Li, const Q: usize, const RO: usize>(
+    pub fn embedding<I: IndexElement, Li, const Q: usize, const RO: usize>(
         &self,
-        ids: &Dt<T, M, Li, Q>,
+        ids: &Dt<I, M, Li, Q>,
     ) -> Result<Dt<T, M, EmbeddingOut<L, Li, M, Q>, RO>>
     where
         L: EmbeddingLayout<Li, M, Ids<Q>>,

@@ -15,7 +15,7 @@ use super::lift::{lift_binary, lift_unary};
 use super::markers::{Partial, Replicate, Shard, Sum};
 use super::same::SameLayout;
 use super::{Dt, MeshDims, TypedLayout};
-use crate::element::Element;
+use crate::element::{Element, IndexElement};
 use crate::error::{Error, Result};
 
 /// Context of the cross-entropy rule: the rank of the ids (the class dim's index).
@@ -83,7 +83,7 @@ pub type CrossEntropyOut<L, Lt, M, const C: usize> = <L as CrossEntropyLayout<Lt
 
 impl<T: Element, M: MeshDims, L: TypedLayout<M>, const R: usize> Dt<T, M, L, R> {
     /// Mean cross-entropy of these logits `[.., C]` against class ids `[..]` of rank `R - 1`
-    /// (PyTorch `cross_entropy(reduction="mean")`); see the module for the layouts.
+    /// (integers, or whole floats; PyTorch `cross_entropy(reduction="mean")`); see the module for the layouts.
     ///
     /// ```
     /// use dtensor_runtime::typed::{dims::tp, Dt, Partial, Replicate, Shard, Sum};
@@ -91,7 +91,7 @@ impl<T: Element, M: MeshDims, L: TypedLayout<M>, const R: usize> Dt<T, M, L, R> 
     ///     let mesh = ctx.init_device_mesh(&[2], &["tp"])?;
     ///     // Loss parallel: the logits stay sharded on the class dim.
     ///     let x: Dt<f64, (tp,), (Shard<1>,), 2> = Dt::distribute(&ndarray::ArrayD::zeros(vec![2, 4]), &mesh)?;
-    ///     let t: Dt<f64, (tp,), (Replicate,), 1> = Dt::distribute(&ndarray::arr1(&[0.0, 3.0]).into_dyn(), &mesh)?;
+    ///     let t: Dt<i64, (tp,), (Replicate,), 1> = Dt::distribute(&ndarray::arr1(&[0, 3]).into_dyn(), &mesh)?;
     ///     let loss: Dt<f64, (tp,), (Partial<Sum>,), 0> = x.cross_entropy(&t)?;
     ///     loss.full_tensor()
     /// })
@@ -99,9 +99,9 @@ impl<T: Element, M: MeshDims, L: TypedLayout<M>, const R: usize> Dt<T, M, L, R> 
     /// assert!((out[0].sum() - 4f64.ln()).abs() < 1e-12);
     /// ```
     #[track_caller]
-    pub fn cross_entropy<Lt, Lx, const C: usize>(
+    pub fn cross_entropy<I: IndexElement, Lt, Lx, const C: usize>(
         &self,
-        target: &Dt<T, M, Lt, C>,
+        target: &Dt<I, M, Lt, C>,
     ) -> Result<Dt<T, M, CrossEntropyOut<Lx, Lt, M, C>, 0>>
     where
         L: SameLayout<Lx>,

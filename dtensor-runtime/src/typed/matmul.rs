@@ -10,7 +10,7 @@
 use super::lift::{lift_binary, never_binary};
 use super::markers::{Avg, Partial, Replicate, Shard, Sum};
 use super::{Dt, MeshDims, PlacementMarker, TypedLayout};
-use crate::element::Element;
+use crate::element::{Element, Scalar};
 use crate::error::Result;
 
 /// Context of the matmul rule: the rank of the left operand.
@@ -105,13 +105,14 @@ batched_rules! {
     4: [0, 1], m = 2, bk = 2, n = 3;
 }
 
-impl<T: Element, M: MeshDims, L: TypedLayout<M>, const R: usize> Dt<T, M, L, R> {
+impl<T: Scalar, M: MeshDims, L: TypedLayout<M>, const R: usize> Dt<T, M, L, R> {
     /// `self @ rhs` for a matrix `rhs`; the output layout is computed per mesh dim by
     /// [`MatmulRule`], and an illegal pair does not compile.
     #[allow(clippy::type_complexity)] // the output layout is a projection, spelled out once
     #[track_caller]
     pub fn matmul<L2>(&self, rhs: &Dt<T, M, L2, 2>) -> Result<Dt<T, M, <L as MatmulLayout<L2, M, Rank<R>>>::Out, R>>
     where
+        T: Element,
         L: MatmulLayout<L2, M, Rank<R>>,
         L2: TypedLayout<M>,
     {
@@ -129,6 +130,7 @@ impl<T: Element, M: MeshDims, L: TypedLayout<M>, const R: usize> Dt<T, M, L, R> 
         rhs: &Dt<T, M, L2, R>,
     ) -> Result<Dt<T, M, <L as MatmulLayout<L2, M, Batched<R>>>::Out, R>>
     where
+        T: Element,
         L: MatmulLayout<L2, M, Batched<R>>,
         L2: TypedLayout<M>,
     {

@@ -6,7 +6,7 @@
 use super::lift::{lift_binary, never_binary};
 use super::markers::{Avg, Partial, Replicate, Shard, Sum};
 use super::{Dt, MeshDims, TypedLayout};
-use crate::element::Element;
+use crate::element::{Element, Scalar};
 use crate::error::Result;
 
 /// Declares one pointwise rule trait with its message.
@@ -105,11 +105,12 @@ linear_partial!(Sum, Avg);
 /// Typed binary methods: each wraps the dynamic op of the same name.
 macro_rules! binary_methods {
     ($($(#[$doc:meta])* $name:ident: $TypedLayout:ident;)+) => {
-        impl<T: Element, M: MeshDims, L: TypedLayout<M>, const R: usize> Dt<T, M, L, R> {$(
+        impl<T: Scalar, M: MeshDims, L: TypedLayout<M>, const R: usize> Dt<T, M, L, R> {$(
             $(#[$doc])*
             #[track_caller]
             pub fn $name<L2>(&self, rhs: &Dt<T, M, L2, R>) -> Result<Dt<T, M, <L as $TypedLayout<L2, M>>::Out, R>>
             where
+                T: Element,
                 L: $TypedLayout<L2, M>,
                 L2: TypedLayout<M>,
             {

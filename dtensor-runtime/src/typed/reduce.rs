@@ -16,7 +16,7 @@ use super::markers::{Avg, Max, Min, Partial, Product, Replicate, Shard, Sum};
 use super::redistribute::Verdict;
 use super::same::SameLayout;
 use super::{Dt, MeshDims, TypedLayout};
-use crate::element::Element;
+use crate::element::{Element, Scalar};
 use crate::error::Result;
 use crate::ops::reduction::{
     arg_reduce_keeps_partial, arg_reduce_keeps_shard, reduction_keeps, reduction_rule, ReductionKind,
@@ -241,7 +241,7 @@ type Reduced<Lx, M, K, D> = <Lx as ReduceLayout<M, Over<K, D>>>::Out;
 
 // The output layouts are projections, spelled out once per method.
 #[allow(clippy::type_complexity)]
-impl<T: Element, M: MeshDims, L: TypedLayout<M>, const R: usize> Dt<T, M, L, R> {
+impl<T: Scalar, M: MeshDims, L: TypedLayout<M>, const R: usize> Dt<T, M, L, R> {
     /// Sum over tensor dim `DIM`, keeping it (size 1): `x.sum(Dim::<1>)`. A `Shard<DIM>`
     /// becomes `Partial<Sum>`. `DIM ≥ R` fails at `cargo build`.
     ///
@@ -254,6 +254,7 @@ impl<T: Element, M: MeshDims, L: TypedLayout<M>, const R: usize> Dt<T, M, L, R> 
         _dim: Dim<DIM>,
     ) -> Result<Dt<T, M, Reduced<Lx, M, kinds::SumOf, Dim<DIM>>, R>>
     where
+        T: Element,
         L: SameLayout<Lx>,
         Lx: ReduceLayout<M, Over<kinds::SumOf, Dim<DIM>>>,
     {
@@ -268,6 +269,7 @@ impl<T: Element, M: MeshDims, L: TypedLayout<M>, const R: usize> Dt<T, M, L, R> 
         _dim: Dim<DIM>,
     ) -> Result<Dt<T, M, Reduced<Lx, M, kinds::SumOf, Dim<DIM>>, R>>
     where
+        T: Element,
         L: SameLayout<Lx>,
         Lx: ReduceLayout<M, Over<kinds::SumOf, Dim<DIM>>>,
     {
@@ -282,6 +284,7 @@ impl<T: Element, M: MeshDims, L: TypedLayout<M>, const R: usize> Dt<T, M, L, R> 
         _dim: Dim<DIM>,
     ) -> Result<Dt<T, M, Reduced<Lx, M, kinds::MaxOf, Dim<DIM>>, R>>
     where
+        T: Element,
         L: SameLayout<Lx>,
         Lx: ReduceLayout<M, Over<kinds::MaxOf, Dim<DIM>>>,
     {
@@ -350,6 +353,7 @@ impl<T: Element, M: MeshDims, L: TypedLayout<M>, const R: usize> Dt<T, M, L, R> 
     #[track_caller]
     pub fn sum_all<Lx>(&self) -> Result<Dt<T, M, Reduced<Lx, M, kinds::SumOf, All>, 0>>
     where
+        T: Element,
         L: SameLayout<Lx>,
         Lx: ReduceLayout<M, Over<kinds::SumOf, All>>,
     {
@@ -360,6 +364,7 @@ impl<T: Element, M: MeshDims, L: TypedLayout<M>, const R: usize> Dt<T, M, L, R> 
     #[track_caller]
     pub fn mean_all<Lx>(&self) -> Result<Dt<T, M, Reduced<Lx, M, kinds::SumOf, All>, 0>>
     where
+        T: Element,
         L: SameLayout<Lx>,
         Lx: ReduceLayout<M, Over<kinds::SumOf, All>>,
     {
@@ -370,6 +375,7 @@ impl<T: Element, M: MeshDims, L: TypedLayout<M>, const R: usize> Dt<T, M, L, R> 
     #[track_caller]
     pub fn max_all<Lx>(&self) -> Result<Dt<T, M, Reduced<Lx, M, kinds::MaxOf, All>, 0>>
     where
+        T: Element,
         L: SameLayout<Lx>,
         Lx: ReduceLayout<M, Over<kinds::MaxOf, All>>,
     {

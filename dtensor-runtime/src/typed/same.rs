@@ -2,7 +2,7 @@
 //! that carries a message, rather than a bare "mismatched types" (E0308).
 
 use super::{Dt, MeshDims, TypedLayout};
-use crate::element::Element;
+use crate::element::Scalar;
 
 /// `A: SameLayout<B>` holds exactly when `A == B`; its functions are identities that let
 /// generic code (e.g. the typed reductions' keepdim form) turn a tensor of layout `A` into one
@@ -14,36 +14,36 @@ use crate::element::Element;
 )]
 pub trait SameLayout<Expected>: Sized {
     /// The identity on an owned tensor.
-    fn cast<T: Element, M: MeshDims, const R: usize>(x: Dt<T, M, Self, R>) -> Dt<T, M, Expected, R>
+    fn cast<T: Scalar, M: MeshDims, const R: usize>(x: Dt<T, M, Self, R>) -> Dt<T, M, Expected, R>
     where
         Self: TypedLayout<M>,
         Expected: TypedLayout<M>;
     /// The identity on a shared reference.
-    fn cast_ref<T: Element, M: MeshDims, const R: usize>(x: &Dt<T, M, Self, R>) -> &Dt<T, M, Expected, R>
+    fn cast_ref<T: Scalar, M: MeshDims, const R: usize>(x: &Dt<T, M, Self, R>) -> &Dt<T, M, Expected, R>
     where
         Self: TypedLayout<M>,
         Expected: TypedLayout<M>;
     /// The identity on a mutable reference.
-    fn cast_mut<T: Element, M: MeshDims, const R: usize>(x: &mut Dt<T, M, Self, R>) -> &mut Dt<T, M, Expected, R>
+    fn cast_mut<T: Scalar, M: MeshDims, const R: usize>(x: &mut Dt<T, M, Self, R>) -> &mut Dt<T, M, Expected, R>
     where
         Self: TypedLayout<M>,
         Expected: TypedLayout<M>;
 }
 
 impl<L> SameLayout<L> for L {
-    fn cast<T: Element, M: MeshDims, const R: usize>(x: Dt<T, M, L, R>) -> Dt<T, M, L, R>
+    fn cast<T: Scalar, M: MeshDims, const R: usize>(x: Dt<T, M, L, R>) -> Dt<T, M, L, R>
     where
         L: TypedLayout<M>,
     {
         x
     }
-    fn cast_ref<T: Element, M: MeshDims, const R: usize>(x: &Dt<T, M, L, R>) -> &Dt<T, M, L, R>
+    fn cast_ref<T: Scalar, M: MeshDims, const R: usize>(x: &Dt<T, M, L, R>) -> &Dt<T, M, L, R>
     where
         L: TypedLayout<M>,
     {
         x
     }
-    fn cast_mut<T: Element, M: MeshDims, const R: usize>(x: &mut Dt<T, M, L, R>) -> &mut Dt<T, M, L, R>
+    fn cast_mut<T: Scalar, M: MeshDims, const R: usize>(x: &mut Dt<T, M, L, R>) -> &mut Dt<T, M, L, R>
     where
         L: TypedLayout<M>,
     {

@@ -3,7 +3,7 @@
 use super::dims::MeshDims;
 use super::layout::TypedLayout;
 use crate::dtensor::{distribute_tensor, DTensor};
-use crate::element::Element;
+use crate::element::{Element, Scalar};
 use crate::error::{Error, Result};
 use crate::mesh::DeviceMesh;
 use crate::placement::fmt_placements;
@@ -33,12 +33,12 @@ use std::marker::PhantomData;
 /// assert_eq!(ok[0], vec![4, 3]);
 /// ```
 #[repr(transparent)]
-pub struct Dt<T: Element, M: MeshDims, L: TypedLayout<M>, const R: usize> {
+pub struct Dt<T: Scalar, M: MeshDims, L: TypedLayout<M>, const R: usize> {
     inner: DTensor<T>,
     _layout: PhantomData<fn() -> (M, L)>,
 }
 
-impl<T: Element, M: MeshDims, L: TypedLayout<M>, const R: usize> Dt<T, M, L, R> {
+impl<T: Scalar, M: MeshDims, L: TypedLayout<M>, const R: usize> Dt<T, M, L, R> {
     /// Evaluated (at `cargo build`) whenever a `Dt` is made: every `Shard<D>` of the layout
     /// must address a dim of a rank-`R` tensor. (Mixed Partial layouts are not `TypedLayout`s
     /// at all, an error `cargo check` already reports.)
@@ -138,6 +138,14 @@ impl<T: Element, M: MeshDims, L: TypedLayout<M>, const R: usize> Dt<T, M, L, R> 
         Dt::from_dtensor(self.inner.redistribute(&L2::placements())?)
     }
 
+    /// Element-type conversion with the same layout (see [`DTensor::cast`]; integer to
+    /// integer is exact with Rust's `as` semantics, float to integer truncates and saturates).
+    /// The way from integer ids to float arithmetic: `ids.cast::<f32>()?.exp()`.
+    #[track_caller]
+    pub fn cast<U: Scalar>(&self) -> Result<Dt<U, M, L, R>> {
+        Dt::from_op("cast", self.inner.cast::<U>())
+    }
+
     /// This rank's local shard, where it lives (see [`DTensor::local`]).
     pub fn local(&self) -> &Storage<T> {
         self.inner.local()
@@ -193,7 +201,10 @@ impl<T: Element, M: MeshDims, L: TypedLayout<M>, const R: usize> Dt<T, M, L, R> 
 
     /// Sets whether autograd records ops on this tensor (parameters do); see
     /// [`DTensor::requires_grad_`].
-    pub fn requires_grad_(self, requires_grad: bool) -> Self {
+    pub fn requires_grad_(self, requires_grad: bool) -> Self
+    where
+        T: Element,
+    {
         Dt { inner: self.inner.requires_grad_(requires_grad), _layout: PhantomData }
     }
 
@@ -216,22 +227,25 @@ impl<T: Element, M: MeshDims, L: TypedLayout<M>, const R: usize> Dt<T, M, L, R> 
     }
 }
 
-impl<T: Element, M: MeshDims, L: TypedLayout<M>> Dt<T, M, L, 0> {
+impl<T: Scalar, M: MeshDims, L: TypedLayout<M>> Dt<T, M, L, 0> {
     /// Backpropagates from this scalar (a loss, whatever its layout: a `Partial` loss is
     /// summed by the autograd engine); gradients accumulate into the leaves' `.grad()`. Only
     /// rank 0 has it: the type says the tensor has one element. See [`DTensor::backward`].
-    pub fn backward(&self) -> Result<()> {
+    pub fn backward(&self) -> Result<()>
+    where
+        T: Element,
+    {
         self.inner.backward()
     }
 }
 
-impl<T: Element, M: MeshDims, L: TypedLayout<M>, const R: usize> Clone for Dt<T, M, L, R> {
+impl<T: Scalar, M: MeshDims, L: TypedLayout<M>, const R: usize> Clone for Dt<T, M, L, R> {
     fn clone(&self) -> Self {
         Dt { inner: self.inner.clone(), _layout: PhantomData }
     }
 }
 
-impl<T: Element, M: MeshDims, L: TypedLayout<M>, const R: usize> TryFrom<DTensor<T>> for Dt<T, M, L, R> {
+impl<T: Scalar, M: MeshDims, L: TypedLayout<M>, const R: usize> TryFrom<DTensor<T>> for Dt<T, M, L, R> {
     type Error = Error;
     #[track_caller]
     fn try_from(x: DTensor<T>) -> Result<Self> {
@@ -239,13 +253,13 @@ impl<T: Element, M: MeshDims, L: TypedLayout<M>, const R: usize> TryFrom<DTensor
     }
 }
 
-impl<T: Element, M: MeshDims, L: TypedLayout<M>, const R: usize> From<Dt<T, M, L, R>> for DTensor<T> {
+impl<T: Scalar, M: MeshDims, L: TypedLayout<M>, const R: usize> From<Dt<T, M, L, R>> for DTensor<T> {
     fn from(x: Dt<T, M, L, R>) -> DTensor<T> {
         x.inner
     }
 }
 
-impl<T: Element, M: MeshDims, L: TypedLayout<M>, const R: usize> fmt::Debug for Dt<T, M, L, R> {
+impl<T: Scalar, M: MeshDims, L: TypedLayout<M>, const R: usize> fmt::Debug for Dt<T, M, L, R> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         write!(f, "Dt<{}, rank {R}>({:?})", std::any::type_name::<L>(), self.inner)
     }

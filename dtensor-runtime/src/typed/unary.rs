@@ -11,7 +11,7 @@ use super::redistribute::Verdict;
 use super::reduce::Dim;
 use super::same::SameLayout;
 use super::{Dt, MeshDims, TypedLayout};
-use crate::element::Element;
+use crate::element::{Element, Scalar};
 use crate::error::Result;
 use crate::ops::math::GeluApproximate;
 use crate::ops::pointwise::{keeps_partial, UnaryKind};
@@ -116,11 +116,12 @@ partial_rules!(Neg Exp Log Relu Gelu Tanh Sqrt AddScalar MulScalar Softmax Silu 
 /// Typed methods over the dynamic op of the same name.
 macro_rules! unary_methods {
     ($($(#[$doc:meta])* $name:ident($($arg:ident: $ty:ty),*) => $kind:ident;)*) => {
-        impl<T: Element, M: MeshDims, L: TypedLayout<M>, const R: usize> Dt<T, M, L, R> {$(
+        impl<T: Scalar, M: MeshDims, L: TypedLayout<M>, const R: usize> Dt<T, M, L, R> {$(
             $(#[$doc])*
             #[track_caller]
             pub fn $name<Lx>(&self $(, $arg: $ty)*) -> Result<Dt<T, M, <Lx as UnaryLayout<M, kinds::$kind>>::Out, R>>
             where
+                T: Element,
                 L: SameLayout<Lx>,
                 Lx: UnaryLayout<M, kinds::$kind>,
             {
@@ -178,7 +179,7 @@ unary_methods! {
     dropout(p: f64, train: bool) => Dropout;
 }
 
-impl<T: Element, M: MeshDims, L: TypedLayout<M>, const R: usize> Dt<T, M, L, R> {
+impl<T: Scalar, M: MeshDims, L: TypedLayout<M>, const R: usize> Dt<T, M, L, R> {
     /// Softmax along tensor dim `DIM`: `x.softmax(Dim::<1>)`. Keeps every `Shard` (on `DIM`
     /// itself the runtime's two-pass rule all-reduces only per-row statistics); does not
     /// compile on a `Partial` layout. `DIM ≥ R` fails at `cargo build`.
@@ -188,6 +189,7 @@ impl<T: Element, M: MeshDims, L: TypedLayout<M>, const R: usize> Dt<T, M, L, R> 
         _dim: Dim<DIM>,
     ) -> Result<Dt<T, M, <Lx as UnaryLayout<M, kinds::Softmax>>::Out, R>>
     where
+        T: Element,
         L: SameLayout<Lx>,
         Lx: UnaryLayout<M, kinds::Softmax>,
     {
@@ -202,6 +204,7 @@ impl<T: Element, M: MeshDims, L: TypedLayout<M>, const R: usize> Dt<T, M, L, R> 
         _dim: Dim<DIM>,
     ) -> Result<Dt<T, M, <Lx as UnaryLayout<M, kinds::Softmax>>::Out, R>>
     where
+        T: Element,
         L: SameLayout<Lx>,
         Lx: UnaryLayout<M, kinds::Softmax>,
     {
