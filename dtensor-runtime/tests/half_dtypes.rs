@@ -427,7 +427,7 @@ fn grad_scaler_skips_overflowing_steps_on_every_rank_backs_off_and_grows() {
         // and rank 0's (0.5 × 1024) does not; at 512 neither does.
         let x = ArrayD::from_elem(IxDyn(&[3]), f16::from_f32(if ctx.rank() == 1 { 100.0 } else { 0.5 }));
         let x = from_local(x, &mesh, &[Replicate], FromLocal::default())?;
-        let mut opt = Sgd::new(f16::from_f32(0.125)).master_weights(true);
+        let mut opt = Sgd::<f16>::new(0.125).master_weights(true);
         let mut scaler = GradScaler::new().init_scale(1024.0).growth_interval(2);
         let mut log = vec![];
         for _ in 0..4 {
@@ -443,6 +443,60 @@ fn grad_scaler_skips_overflowing_steps_on_every_rank_backs_off_and_grows() {
     // Skipped (everywhere), stepped, stepped and grown after 2 good steps, skipped again.
     assert_eq!(out[0], [(false, 512.0, 1.0), (true, 512.0, 0.9375), (true, 1024.0, 0.875), (false, 512.0, 0.875)]);
     assert_eq!(out[1], [(false, 512.0, 1.0), (true, 512.0, -11.5), (true, 1024.0, -24.0), (false, 512.0, -24.0)]);
+}
+
+/// One replicated bf16 parameter.
+struct OneBf16 {
+    w: DTensor<bf16>,
+}
+
+impl Module<bf16> for OneBf16 {
+    fn named_parameters(&self) -> Vec<(String, &DTensor<bf16>)> {
+        vec![("w".into(), &self.w)]
+    }
+    fn named_parameters_mut(&mut self) -> Vec<(String, &mut DTensor<bf16>)> {
+        vec![("w".into(), &mut self.w)]
+    }
+}
+
+/// The hyperparameters are f64, so the f32 master-weight update of a bf16 parameter uses
+/// momentum 0.99 and lr 0.1, not their bf16 roundings (0.98828125, 0.10009765625): over 200
+/// steps the momentum sums differ by about 8%, many bf16 ulps.
+#[test]
+fn optimizer_hyperparameters_keep_f64_precision_for_bf16_parameters() {
+    let steps = 200;
+    let out = run(2, |ctx| {
+        let mesh = ctx.init_device_mesh(&[2], &["dp"])?;
+        let w0 = ArrayD::from_elem(IxDyn(&[4]), bf16::from_f32(0.0));
+        let mut m = OneBf16 { w: distribute_tensor(&w0, &mesh, &[Shard(0)], None)?.requires_grad_(true) };
+        let x = distribute_tensor(ArrayD::from_elem(IxDyn(&[4]), bf16::from_f32(1.0)), &mesh, &[Shard(0)], None)?;
+        let mut opt = Sgd::<bf16>::new(0.1).momentum(0.99).master_weights(true);
+        for _ in 0..steps {
+            m.w.zero_grad();
+            m.w.mul(&x)?.sum()?.backward()?;
+            opt.step(&mut m)?;
+        }
+        m.w.full_tensor()
+    })
+    .unwrap();
+    // PyTorch's SGD with momentum in f32 (the buffer starts at the first gradient, 1).
+    let sgd = |lr: f32, mom: f32| {
+        let (mut w, mut buf) = (0f32, 0f32);
+        for k in 0..steps {
+            buf = if k == 0 { 1.0 } else { mom * buf + 1.0 };
+            w -= lr * buf;
+        }
+        w
+    };
+    let want = sgd(0.1, 0.99);
+    let rounded = sgd(bf16::from_f64(0.1).to_f32(), bf16::from_f64(0.99).to_f32());
+    let ulp = |v: f32| bf16::from_f32(v).to_f32().abs() / 128.0;
+    assert!((want - rounded).abs() > 8.0 * ulp(want), "the test would not tell: {want} vs {rounded}");
+    for full in out {
+        for &w in full.iter() {
+            assert!((w.to_f32() - want).abs() <= ulp(want), "{w} vs {want} (bf16 hyperparameters: {rounded})");
+        }
+    }
 }
 
 /// The scatter-adds behind the index/gather/embedding backwards accumulate the 16-bit floats

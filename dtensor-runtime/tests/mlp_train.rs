@@ -72,8 +72,8 @@ fn train(mesh_shape: [usize; 2], opt: Opt) -> Trained {
         let mut m = parallelize_module(m, &mesh, &plan)?;
         let x = distribute_tensor(&xg, &mesh, &[S(0), R], None)?;
         let y = distribute_tensor(&yg, &mesh, &[S(0), R], None)?;
-        let mut sgd = Sgd::new(0.2f32).momentum(0.9);
-        let mut adamw = AdamW::new(0.01f32);
+        let mut sgd = Sgd::<f32>::new(0.2).momentum(0.9);
+        let mut adamw = AdamW::<f32>::new(0.01);
         let mut losses = Vec::new();
         for _ in 0..20 {
             m.zero_grad();

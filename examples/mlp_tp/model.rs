@@ -136,7 +136,7 @@ impl<T: Element> Trainer<T> {
         manual_seed(cfg.seed);
         let student = Mlp::new(&cfg, mesh)?;
         let data = TensorOptions::new().mesh(mesh).placements(&[Shard(0), Replicate]);
-        let opt = Sgd::new(T::of_f64(cfg.lr as f64)).master_weights(precision.master_weights);
+        let opt = Sgd::new(f64::from(cfg.lr)).master_weights(precision.master_weights);
         let scaler = precision.loss_scale.map(|(s, n)| GradScaler::new().init_scale(s).growth_interval(n));
         Ok(Trainer { student, teacher, opt, scaler, precision, data, cfg })
     }

@@ -26,7 +26,7 @@ use crate::placement::ReduceOp;
 /// let mut lin = Linear::<f16>::new(3, 1, true)?;
 /// let x = DTensor::local_tensor(ArrayD::from_elem(vec![4, 3], f16::ONE));
 /// let y = DTensor::local_tensor(ArrayD::from_elem(vec![4, 1], f16::ZERO));
-/// let mut opt = Sgd::new(f16::from_f32(0.1)).master_weights(true);
+/// let mut opt = Sgd::<f16>::new(0.1).master_weights(true);
 /// let mut scaler = GradScaler::new().init_scale(1024.0);
 /// lin.zero_grad();
 /// scaler.scale(&lin.forward(&x)?.mse_loss(&y)?)?.backward()?;

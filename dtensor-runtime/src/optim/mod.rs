@@ -79,12 +79,14 @@ type AdamWMaster = (usize, Storage<f32>, Storage<f32>, Storage<f32>);
 /// PyTorch `optim.SGD`.
 #[derive(Debug, Clone)]
 pub struct Sgd<T: Element> {
-    /// Learning rate: the step is `lr` times the (momentum-smoothed) gradient.
-    pub lr: T,
+    /// Learning rate: the step is `lr` times the (momentum-smoothed) gradient. The
+    /// hyperparameters are f64, as PyTorch's Python floats: a bf16 `lr` would be rounded to
+    /// 8 significant bits before the f32 master-weight update ever saw it.
+    pub lr: f64,
     /// Momentum factor in `[0, 1)`; 0 disables the momentum buffer.
-    pub momentum: T,
+    pub momentum: f64,
     /// L2 penalty coefficient added to the gradient (`grad + weight_decay * param`); 0 disables it.
-    pub weight_decay: T,
+    pub weight_decay: f64,
     buf: HashMap<String, Storage<T>>,
     /// f32 weight copies and momentum buffers by parameter name, with master weights on.
     master: Option<HashMap<String, SgdMaster>>,
@@ -92,8 +94,8 @@ pub struct Sgd<T: Element> {
 
 impl<T: Element> Sgd<T> {
     /// Plain SGD with learning rate `lr`.
-    pub fn new(lr: T) -> Self {
-        Sgd { lr, momentum: T::zero(), weight_decay: T::zero(), buf: HashMap::new(), master: None }
+    pub fn new(lr: f64) -> Self {
+        Sgd { lr, momentum: 0.0, weight_decay: 0.0, buf: HashMap::new(), master: None }
     }
     /// Keeps f32 master copies of the parameters (and an f32 momentum buffer), made from each
     /// parameter at its first step: the update runs in f32 and is written back rounded to `T`.
@@ -103,12 +105,12 @@ impl<T: Element> Sgd<T> {
         self
     }
     /// Sets the momentum.
-    pub fn momentum(mut self, m: T) -> Self {
+    pub fn momentum(mut self, m: f64) -> Self {
         self.momentum = m;
         self
     }
     /// Sets the weight decay.
-    pub fn weight_decay(mut self, wd: T) -> Self {
+    pub fn weight_decay(mut self, wd: f64) -> Self {
         self.weight_decay = wd;
         self
     }
@@ -121,15 +123,11 @@ impl<T: Element> Sgd<T> {
 
 impl<T: Element> Optimizer<T> for Sgd<T> {
     fn step_with_grad_factor<M: Module<T> + ?Sized>(&mut self, module: &mut M, grad_factor: f64) -> Result<()> {
-        let momentum = self.momentum != T::zero();
+        let momentum = self.momentum != 0.0;
         for (name, p) in module.named_parameters_mut() {
             let Some(g) = local_grad(&name, p)? else { continue };
-            let mut step = SgdStep {
-                lr: self.lr.as_f64(),
-                momentum: self.momentum.as_f64(),
-                weight_decay: self.weight_decay.as_f64(),
-                first: false,
-            };
+            let mut step =
+                SgdStep { lr: self.lr, momentum: self.momentum, weight_decay: self.weight_decay, first: false };
             if let Some(master) = &mut self.master {
                 let g = times(g.cast::<f32>()?, grad_factor)?;
                 let (w, buf) = match master.entry(name) {
@@ -165,14 +163,15 @@ impl<T: Element> Optimizer<T> for Sgd<T> {
 /// Adam with decoupled weight decay, as PyTorch `optim.AdamW`.
 #[derive(Debug, Clone)]
 pub struct AdamW<T: Element> {
-    /// Learning rate scaling each update.
-    pub lr: T,
+    /// Learning rate scaling each update (f64 like every hyperparameter, as PyTorch's Python
+    /// floats: in f16 the default `eps` 1e-8 would round to 0).
+    pub lr: f64,
     /// Decay rates `(beta1, beta2)` in `[0, 1)` of the first and second moment averages.
-    pub betas: (T, T),
+    pub betas: (f64, f64),
     /// Added to the square root of the second moment to avoid division by zero.
-    pub eps: T,
+    pub eps: f64,
     /// Decoupled decay: each step scales parameters by `1 - lr * weight_decay` before the Adam update.
-    pub weight_decay: T,
+    pub weight_decay: f64,
     state: HashMap<String, (usize, Storage<T>, Storage<T>)>,
     /// (step count, f32 weight copy, first and second moments) by name, with master weights on.
     master: Option<HashMap<String, AdamWMaster>>,
@@ -180,15 +179,8 @@ pub struct AdamW<T: Element> {
 
 impl<T: Element> AdamW<T> {
     /// PyTorch defaults: betas (0.9, 0.999), eps 1e-8, weight decay 0.01.
-    pub fn new(lr: T) -> Self {
-        AdamW {
-            lr,
-            betas: (T::of_f64(0.9), T::of_f64(0.999)),
-            eps: T::of_f64(1e-8),
-            weight_decay: T::of_f64(0.01),
-            state: HashMap::new(),
-            master: None,
-        }
+    pub fn new(lr: f64) -> Self {
+        AdamW { lr, betas: (0.9, 0.999), eps: 1e-8, weight_decay: 0.01, state: HashMap::new(), master: None }
     }
     /// Keeps f32 master copies of the parameters and f32 moments, made from each parameter at
     /// its first step: the update runs in f32 and is written back rounded to `T`. Meant for
@@ -198,17 +190,17 @@ impl<T: Element> AdamW<T> {
         self
     }
     /// Sets the weight decay.
-    pub fn weight_decay(mut self, wd: T) -> Self {
+    pub fn weight_decay(mut self, wd: f64) -> Self {
         self.weight_decay = wd;
         self
     }
     /// Sets the moment decay rates.
-    pub fn betas(mut self, b1: T, b2: T) -> Self {
+    pub fn betas(mut self, b1: f64, b2: f64) -> Self {
         self.betas = (b1, b2);
         self
     }
     /// Sets the denominator's epsilon.
-    pub fn eps(mut self, eps: T) -> Self {
+    pub fn eps(mut self, eps: f64) -> Self {
         self.eps = eps;
         self
     }
@@ -229,16 +221,16 @@ fn adamw_update<W: Element>(
     m: &mut Storage<W>,
     v: &mut Storage<W>,
 ) -> Result<()> {
-    let (b1, b2) = (W::of_f64(hyper.betas.0.as_f64()), W::of_f64(hyper.betas.1.as_f64()));
+    let (b1, b2) = (W::of_f64(hyper.betas.0), W::of_f64(hyper.betas.1));
     // Bias corrections in `W`, as PyTorch computes them for the parameter's dtype.
     let c1 = W::one() - b1.powi(t as i32);
     let c2 = W::one() - b2.powi(t as i32);
     let step = AdamWStep {
-        lr: hyper.lr.as_f64(),
+        lr: hyper.lr,
         beta1: b1.as_f64(),
         beta2: b2.as_f64(),
-        eps: hyper.eps.as_f64(),
-        weight_decay: hyper.weight_decay.as_f64(),
+        eps: hyper.eps,
+        weight_decay: hyper.weight_decay,
         bias_correction1: c1.as_f64(),
         bias_correction2: c2.as_f64(),
     };

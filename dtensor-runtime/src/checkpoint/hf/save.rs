@@ -37,7 +37,8 @@ fn prepare_dir(dir: &Path, leader: bool, stale: &str) -> Result<()> {
     Ok(())
 }
 
-/// Saves `state` to `dir/model.safetensors` (full tensors in `T`'s dtype: `F32`, `F64`, `BF16` or `F16`).
+/// Saves `state` to `dir/model.safetensors` (full tensors in `T`'s dtype: `F32`, `F64`,
+/// `BF16`, `F16`, `I64`, `I32` or `U8`).
 ///
 /// Collective: every rank calls it with the same names in the same order; each full tensor
 /// is gathered ([`DTensor::full_tensor`]) and the first rank of the mesh writes the file
