@@ -26,7 +26,7 @@ pub const MAX_DIMS: usize = 8;
 pub const BLOCK: u32 = 256;
 
 /// Per-dtype kernels (base names; the compiled names end in `_f32` / `_f64`).
-pub const TYPED_KERNELS: [&str; 13] = [
+pub const TYPED_KERNELS: [&str; 22] = [
     "fill",
     "unary",
     "binary",
@@ -40,6 +40,15 @@ pub const TYPED_KERNELS: [&str; 13] = [
     "random",
     "sgd",
     "sgd_momentum",
+    "where",
+    "tri",
+    "arg_reduce",
+    "cat",
+    "check_ids",
+    "index_select",
+    "index_add",
+    "gather",
+    "scatter_add",
 ];
 
 /// [`TYPED_KERNELS`] plus this one: the AdamW update.
@@ -278,6 +287,10 @@ DEV i64 dt_index(double v, u64 n) {
     return (i64)v;
 }
 
+/* Gather and its gradient: the iterated shape, and the row-major strides and shape of the other
+   operand (the gathered input, or the gradient a scatter reads). */
+struct Gather { int nd; int dim; i64 shape[MAX_DIMS]; i64 stride[MAX_DIMS]; i64 bound[MAX_DIMS]; };
+
 /* Pack plan table: one row of PACK_ROW u64 per block: src offset, dst offset, dims, first
    element, extents[MAX_DIMS], src strides[MAX_DIMS], dst strides[MAX_DIMS]. */
 #define PACK_ROW (4 + 3 * MAX_DIMS)
@@ -412,6 +425,109 @@ extern "C" __global__ void K(random)(T* o, u64 n, Strided g, u64 base, unsigned 
         i64 rel, unused;
         dt_offsets(g, i, &rel, &unused);
         o[i] = (T)dt_random(base + (u64)rel, k0, k1, offset, normal);
+    }
+}
+
+/* a where cond is non-zero (NaN counts), else b; g holds the strides of cond and a, h those of b. */
+extern "C" __global__ void K(where)(const T* c, const T* a, const T* b, T* o, u64 n, Strided g, Strided h) {
+    GRID_LOOP(i, n) {
+        i64 ic, ia, ib, unused;
+        dt_offsets(g, i, &ic, &ia);
+        dt_offsets(h, i, &ib, &unused);
+        o[i] = c[ic] != (T)0 ? a[ia] : b[ib];
+    }
+}
+
+/* tril (lower) or triu relative to `diagonal` of the last two dims [rows, cols] of a shard whose
+   last two dims start at global (row0, col0): a causal mask's local block. */
+extern "C" __global__ void K(tri)(const T* a, T* o, u64 n, u64 rows, u64 cols, int lower, i64 diagonal, i64 row0, i64 col0) {
+    GRID_LOOP(i, n) {
+        i64 j = (i64)(i % cols) + col0, r = (i64)((i / cols) % rows) + row0;
+        int keep = lower ? j - r <= diagonal : j - r >= diagonal;
+        o[i] = keep ? a[i] : (T)0;
+    }
+}
+
+/* First index of the maximum (max) or minimum of each lane (softmax's lane layout), one thread
+   per lane; a NaN counts as the extreme, so the scan stops at the first one (PyTorch). */
+extern "C" __global__ void K(arg_reduce)(const T* a, T* o, u64 lanes, u64 len, u64 inner, int max) {
+    GRID_LOOP(l, lanes) {
+        u64 base = (l / inner) * len * inner + l % inner, at = 0;
+        T best = a[base];
+        for (u64 k = 1; k < len && best == best; ++k) {
+            T v = a[base + k * inner];
+            if (v != v || (max ? v > best : v < best)) { best = v; at = k; }
+        }
+        o[l] = (T)at;
+    }
+}
+
+/* One part of a concatenation: its rows of `width` elements land `stride` apart from `offset`. */
+extern "C" __global__ void K(cat)(const T* src, T* o, u64 n, u64 width, u64 stride, u64 offset) {
+    GRID_LOOP(i, n) o[(i / width) * stride + offset + i % width] = src[i];
+}
+
+/* *bad = 1 when an id is not a whole number in [0, bound). */
+extern "C" __global__ void K(check_ids)(const T* ids, u64 n, u64 bound, int* bad) {
+    GRID_LOOP(i, n) if (dt_index((double)ids[i], bound) < 0) atomicExch(bad, 1);
+}
+
+/* [outer, nids, inner] from [outer, len, inner] at ids (checked before, skipped if bad). */
+extern "C" __global__ void K(index_select)(const T* a, const T* ids, T* o, u64 n, u64 len, u64 nids, u64 inner) {
+    GRID_LOOP(i, n) {
+        u64 c = i % inner, k = (i / inner) % nids, outer = i / (inner * nids);
+        i64 v = dt_index((double)ids[k], len);
+        o[i] = v < 0 ? (T)0 : a[(outer * len + (u64)v) * inner + c];
+    }
+}
+
+/* Gradient of index_select, [outer, len, inner] from g [outer, nids, inner]. Each output sums
+   its ids' slices in id order (no atomics): deterministic and bit-identical to the host. */
+extern "C" __global__ void K(index_add)(const T* g, const T* ids, T* o, u64 n, u64 len, u64 nids, u64 inner) {
+    GRID_LOOP(i, n) {
+        u64 c = i % inner, j = (i / inner) % len, outer = i / (inner * len);
+        T acc = (T)0;
+        for (u64 k = 0; k < nids; ++k)
+            if (dt_index((double)ids[k], len) == (i64)j) acc += g[(outer * nids + k) * inner + c];
+        o[i] = acc;
+    }
+}
+
+/* out[ix] = a[ix with ix[dim] = ids[ix]]: g iterates the ids' shape over a's strides. */
+extern "C" __global__ void K(gather)(const T* a, const T* ids, T* o, u64 n, u64 len, Gather g) {
+    GRID_LOOP(i, n) {
+        i64 src = 0;
+        u64 r = i;
+        for (int d = g.nd - 1; d >= 0; --d) {
+            i64 k = (i64)(r % (u64)g.shape[d]);
+            r /= (u64)g.shape[d];
+            if (d != g.dim) src += k * g.stride[d];
+        }
+        i64 v = dt_index((double)ids[i], len);
+        o[i] = v < 0 ? (T)0 : a[src + v * g.stride[g.dim]];
+    }
+}
+
+/* Gradient of gather: g iterates the output's shape over the gradient's strides and shape; each
+   output sums the gradient entries of its lane whose id names it, in lane order (no atomics):
+   deterministic and bit-identical to the host. */
+extern "C" __global__ void K(scatter_add)(const T* gr, const T* ids, T* o, u64 n, u64 len, Gather g) {
+    GRID_LOOP(i, n) {
+        i64 base = 0, at = 0;
+        u64 r = i;
+        int inside = 1;
+        for (int d = g.nd - 1; d >= 0; --d) {
+            i64 k = (i64)(r % (u64)g.shape[d]);
+            r /= (u64)g.shape[d];
+            if (d == g.dim) at = k;
+            else { inside = inside && k < g.bound[d]; base += k * g.stride[d]; }
+        }
+        T acc = (T)0;
+        for (i64 k = 0; inside && k < g.bound[g.dim]; ++k) {
+            i64 p = base + k * g.stride[g.dim];
+            if (dt_index((double)ids[p], len) == at) acc += gr[p];
+        }
+        o[i] = acc;
     }
 }
 
