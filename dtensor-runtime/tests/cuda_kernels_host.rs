@@ -16,7 +16,7 @@ use dtensor_runtime::layout::pack;
 use dtensor_runtime::ndarray::{ArrayD, IxDyn};
 use dtensor_runtime::storage::op::{BinaryOp, Distribution, RandomFill, Reduction, SgdStep, SoftmaxKind, UnaryOp};
 use dtensor_runtime::storage::Target;
-use dtensor_runtime::{Element, Storage};
+use dtensor_runtime::{Element, Scalar, Storage};
 use std::ffi::{c_void, CString};
 use std::process::Command;
 
@@ -651,6 +651,83 @@ fn cat_index_gather<T: Element>(e: &Emu) -> usize {
         }
     }
     cases
+}
+
+/// The copy kernels (fill, pack, cat) of a dtype against the host: bit for bit.
+fn copies<T: Scalar>(e: &Emu) -> usize {
+    let s = T::DTYPE.to_string();
+    let v = |shape: &[usize], seed: u64| global(shape, seed).mapv(|x| T::of_f64(x + 48.0));
+    let mut cases = 0;
+    let a = v(&[5, 6, 7], 60);
+    let pk: Pack<T> = e.kernel(&format!("pack_{s}"));
+    let mut plans = vec![
+        pack::permute(&[5, 6, 7], &[2, 0, 1]),
+        pack::slice(&[5, 6, 7], &[1, 2, 3], &[3, 4, 2]),
+        pack::pad(&[5, 6, 7], &[6, 8, 7], &[1, 1, 0]),
+    ];
+    for (dim, parts) in [(0usize, 2usize), (1, 4), (2, 3), (0, 8)] {
+        let mut block: Vec<usize> = vec![5, 6, 7];
+        block[dim] = block[dim].div_ceil(parts);
+        plans.push(pack::split(&[5, 6, 7], dim, parts, &block));
+    }
+    for plan in &plans {
+        let want = Storage::Cpu(a.clone()).pack(plan).unwrap().into_host().unwrap();
+        let (table, total) = args::pack_table(plan).unwrap();
+        let mut out = ArrayD::<T>::zeros(IxDyn(&plan.dst_shape));
+        let nb = (table.len() / args::PACK_ROW) as u64;
+        if total > 0 {
+            // SAFETY: the checked plan stays inside both buffers.
+            e.grid(3, || unsafe { pk(a.as_ptr(), out.as_mut_ptr(), table.as_ptr(), nb, total) });
+        }
+        assert_eq!(out, want, "pack {plan:?} {s}");
+        cases += 1;
+    }
+    let ck: CatK<T> = e.kernel(&format!("cat_{s}"));
+    for dim in 0..3 {
+        let parts: Vec<ArrayD<T>> = [3usize, 0, 2]
+            .iter()
+            .map(|&k| {
+                let mut sh = vec![2, 3, 4];
+                sh[dim] = k;
+                v(&sh, 61 + k as u64)
+            })
+            .collect();
+        let st: Vec<Storage<T>> = parts.iter().map(|p| Storage::Cpu(p.clone())).collect();
+        let want = Storage::cat(&st.iter().collect::<Vec<_>>(), dim).unwrap().into_host().unwrap();
+        let total = want.shape()[dim];
+        let mut out = ArrayD::<T>::zeros(want.raw_dim());
+        let mut start = 0;
+        for p in &parts {
+            let (width, stride, offset) = args::cat_part(p.shape(), dim, total, start);
+            start += p.shape()[dim];
+            let n = p.len() as u64;
+            if n > 0 {
+                // SAFETY: the part's rows land inside out.
+                e.grid(3, || unsafe { ck(p.as_ptr(), out.as_mut_ptr(), n, width, stride, offset) });
+            }
+        }
+        assert_eq!(out, want, "cat dim {dim} {s}");
+        cases += 1;
+    }
+    let fill: Fill<T> = e.kernel(&format!("fill_{s}"));
+    let mut f = ArrayD::<T>::zeros(IxDyn(&[3, 5]));
+    // SAFETY: 15 elements.
+    e.grid(2, || unsafe { fill(f.as_mut_ptr(), 15, T::of_f64(7.0)) });
+    assert_eq!(f, Storage::full(&Target::Cpu, &[3, 5], T::of_f64(7.0)).unwrap().into_host().unwrap(), "fill {s}");
+    cases + 1
+}
+
+#[test]
+fn copy_kernels_of_every_dtype_match_the_host() {
+    let Some(e) = Emu::build() else { return };
+    let cases = copies::<f32>(&e)
+        + copies::<f64>(&e)
+        + copies::<dtensor_runtime::bf16>(&e)
+        + copies::<dtensor_runtime::f16>(&e)
+        + copies::<i64>(&e)
+        + copies::<i32>(&e)
+        + copies::<u8>(&e);
+    println!("{cases} fill/pack/cat cases of 7 dtypes match the host");
 }
 
 #[test]

@@ -19,10 +19,10 @@ use dtensor_runtime::module::{distribute_module, Forward, Linear, Module};
 use dtensor_runtime::ndarray::{ArrayD, IxDyn};
 use dtensor_runtime::optim::{AdamW, Sgd};
 use dtensor_runtime::storage::op::{BinaryOp, Distribution, RandomFill, Reduction, SgdStep, SoftmaxKind, UnaryOp};
-use dtensor_runtime::storage::Target;
+use dtensor_runtime::storage::{CudaStorage, Target};
 use dtensor_runtime::{
-    distribute_tensor, manual_seed, rand, randn, DTensor, Device, DeviceMesh, Element, Error, Replicate, Storage,
-    TensorOptions,
+    bf16, distribute_tensor, f16, manual_seed, rand, randn, DTensor, Device, DeviceMesh, Element, Error, Replicate,
+    Scalar, Storage, TensorOptions,
 };
 use one_rank_comm::OneRankComm;
 use std::sync::Arc;
@@ -432,6 +432,61 @@ fn indexing_ops_match_the_host() {
     let Some(dev) = device("indexing_ops_match_the_host") else { return };
     let n = indexing_cases::<f64>(&dev) + indexing_cases::<f32>(&dev);
     println!("GPUCHECK indexing_ops_match_the_host | PASS | {n} cases of where, tril/triu, argmax/argmin, cat, index_select, index_add, gather, scatter_add (uneven, empty, bad ids) bit-exact or the same typed error, f32/f64");
+}
+
+/// The copy kernels of one dtype on the device against the host, bit for bit.
+fn copy_cases<T: Scalar>(dev: &Arc<CudaDevice>) -> usize {
+    let v = |shape: &[usize], seed: u64| global(shape, seed).mapv(|x| T::of_f64(x + 48.0));
+    let dup = |a: &ArrayD<T>| Storage::Cuda(CudaStorage::from_host(dev, a).unwrap());
+    let a = v(&[5, 6, 7], 60);
+    let mut cases = 0;
+    let mut plans = vec![pack::permute(&[5, 6, 7], &[2, 0, 1]), pack::pad(&[5, 6, 7], &[6, 8, 7], &[1, 1, 0])];
+    for (dim, parts) in [(0usize, 2usize), (1, 4), (0, 8)] {
+        let mut block: Vec<usize> = vec![5, 6, 7];
+        block[dim] = block[dim].div_ceil(parts);
+        plans.push(pack::split(&[5, 6, 7], dim, parts, &block));
+    }
+    for plan in &plans {
+        let want = Storage::Cpu(a.clone()).pack(plan).unwrap().into_host().unwrap();
+        assert_eq!(dup(&a).pack(plan).unwrap().into_host().unwrap(), want, "pack {plan:?} {}", T::DTYPE);
+        cases += 1;
+    }
+    for dim in 0..3 {
+        let parts: Vec<ArrayD<T>> = [3usize, 0, 2]
+            .iter()
+            .map(|&k| {
+                let mut sh = vec![2, 3, 4];
+                sh[dim] = k;
+                v(&sh, 61 + k as u64)
+            })
+            .collect();
+        let (hp, dp): (Vec<Storage<T>>, Vec<Storage<T>>) =
+            parts.iter().map(|p| (Storage::Cpu(p.clone()), dup(p))).unzip();
+        let want = Storage::cat(&hp.iter().collect::<Vec<_>>(), dim).unwrap().into_host().unwrap();
+        let got = Storage::cat(&dp.iter().collect::<Vec<_>>(), dim).unwrap().into_host().unwrap();
+        assert_eq!(got, want, "cat dim {dim} {}", T::DTYPE);
+        cases += 1;
+    }
+    let target = Target::Cuda(Arc::clone(dev));
+    let want = ArrayD::from_elem(IxDyn(&[3, 4]), T::of_f64(7.0));
+    assert_eq!(Storage::<T>::full(&target, &[3, 4], T::of_f64(7.0)).unwrap().into_host().unwrap(), want);
+    cases + 1
+}
+
+#[test]
+fn copy_kernels_of_every_dtype() {
+    let Some(dev) = device("copy_kernels_of_every_dtype") else { return };
+    let n = copy_cases::<f32>(&dev)
+        + copy_cases::<f64>(&dev)
+        + copy_cases::<bf16>(&dev)
+        + copy_cases::<f16>(&dev)
+        + copy_cases::<i64>(&dev)
+        + copy_cases::<i32>(&dev)
+        + copy_cases::<u8>(&dev);
+    // Past the copies, the 16-bit floats and the integers have no kernels: a typed error.
+    let b = Storage::Cuda(CudaStorage::from_host(&dev, &global(&[2, 3], 1).mapv(bf16::from_f64)).unwrap());
+    assert!(matches!(b.unary(UnaryOp::Exp), Err(Error::Unsupported { .. })));
+    println!("GPUCHECK copy_kernels_of_every_dtype | PASS | {n} fill/pack/cat cases of f32 f64 bf16 f16 i64 i32 u8 bit-exact vs host, bf16 exp typed Unsupported");
 }
 
 #[test]

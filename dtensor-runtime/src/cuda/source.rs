@@ -3,8 +3,9 @@
 //! CPU test that checks it against [`crate::rng`] bit for bit.
 //!
 //! The typed kernels are written once over `T` / `SFX` and instantiated for each row of
-//! [`DTYPES`] (kernel `name_f32`, `name_f64`). Kernels take raw element counts, a grid-stride
-//! loop covers any grid, and index arithmetic is 64-bit. Op codes are the `*_CODE` functions
+//! [`DTYPES`] (kernel `name_f32`, `name_f64`); the kernels that only move elements also for
+//! each row of [`COPY_DTYPES`] (the 16-bit floats and the integers). Kernels take raw element
+//! counts, a grid-stride loop covers any grid, and index arithmetic is 64-bit. Op codes are the `*_CODE` functions
 //! of `storage::cuda`, which the `switch`es here must agree with (the device tests check every
 //! code against the host kernels).
 //!
@@ -51,12 +52,33 @@ pub const TYPED_KERNELS: [&str; 22] = [
     "scatter_add",
 ];
 
+/// The element types that have only the copy kernels ([`COPY_KERNELS`]): the 16-bit floats
+/// and the integers, as a C type of their width (a copy moves bits, so `unsigned short`
+/// serves bf16 and f16 alike).
+pub const COPY_DTYPES: [(&str, &str); 5] = [
+    ("unsigned short", "bf16"),
+    ("unsigned short", "f16"),
+    ("long long", "i64"),
+    ("int", "i32"),
+    ("unsigned char", "u8"),
+];
+
+/// The kernels that only move elements (fills, pack plans, concatenation): instantiated for
+/// [`DTYPES`] and [`COPY_DTYPES`], so every dtype redistributes and concatenates on a device.
+pub const COPY_KERNELS: [&str; 3] = ["fill", "pack", "cat"];
+
 /// [`TYPED_KERNELS`] plus this one: the AdamW update.
 pub const ADAMW: &str = "adamw";
 
-/// Every compiled kernel name: the typed kernels per dtype and the casts `cast_<from>_<to>`.
+/// Every compiled kernel name: the typed kernels per dtype, the copy kernels of the copy-only
+/// dtypes, and the casts `cast_<from>_<to>`.
 pub fn kernel_names() -> Vec<String> {
     let mut names = Vec::new();
+    for (_, sfx) in COPY_DTYPES {
+        for k in COPY_KERNELS {
+            names.push(format!("{k}_{sfx}"));
+        }
+    }
     for (_, sfx) in DTYPES {
         for k in TYPED_KERNELS.iter().chain([&ADAMW]) {
             names.push(format!("{k}_{sfx}"));
@@ -298,7 +320,6 @@ struct Gather { int nd; int dim; i64 shape[MAX_DIMS]; i64 stride[MAX_DIMS]; i64 
 
 /// The per-dtype kernels (`T` and `SFX` defined in front).
 const TYPED: &str = r#"
-extern "C" __global__ void K(fill)(T* o, u64 n, T v) { GRID_LOOP(i, n) o[i] = v; }
 
 extern "C" __global__ void K(unary)(const T* a, T* o, u64 n, int op, T s, T t) {
     GRID_LOOP(i, n) o[i] = dt_unary<T>(op, a[i], s, t);
@@ -366,27 +387,6 @@ extern "C" __global__ void K(softmax_bwd)(const T* y, const T* g, T* o, u64 lane
             u64 k = base + j * inner;
             o[k] = log_out ? g[k] - exp(y[k]) * s : y[k] * (g[k] - s);
         }
-    }
-}
-
-/* Every element of every block of a pack plan, one thread each (blocks found by binary search
-   on their first element). */
-extern "C" __global__ void K(pack)(const T* src, T* dst, const u64* table, u64 nblocks, u64 total) {
-    GRID_LOOP(i, total) {
-        u64 lo = 0, hi = nblocks - 1;
-        while (lo < hi) {
-            u64 mid = (lo + hi + 1) / 2;
-            if (table[mid * PACK_ROW + 3] <= i) lo = mid; else hi = mid - 1;
-        }
-        const u64* b = table + lo * PACK_ROW;
-        u64 r = i - b[3], so = b[0], d = b[1];
-        for (int k = (int)b[2] - 1; k >= 0; --k) {
-            u64 e = b[4 + k], ik = r % e;
-            r /= e;
-            so += ik * b[4 + MAX_DIMS + k];
-            d += ik * b[4 + 2 * MAX_DIMS + k];
-        }
-        dst[d] = src[so];
     }
 }
 
@@ -460,11 +460,6 @@ extern "C" __global__ void K(arg_reduce)(const T* a, T* o, u64 lanes, u64 len, u
         }
         o[l] = (T)at;
     }
-}
-
-/* One part of a concatenation: its rows of `width` elements land `stride` apart from `offset`. */
-extern "C" __global__ void K(cat)(const T* src, T* o, u64 n, u64 width, u64 stride, u64 offset) {
-    GRID_LOOP(i, n) o[(i / width) * stride + offset + i % width] = src[i];
 }
 
 /* *bad = 1 when an id is not a whole number in [0, bound). */
@@ -559,6 +554,37 @@ extern "C" __global__ void K(adamw)(T* w, const T* g, T* m, T* v, u64 n, T lr, T
 }
 "#;
 
+/// The kernels of [`COPY_KERNELS`] (`T` and `SFX` defined in front): they only move elements.
+const COPY: &str = r#"
+extern "C" __global__ void K(fill)(T* o, u64 n, T v) { GRID_LOOP(i, n) o[i] = v; }
+
+/* Every element of every block of a pack plan, one thread each (blocks found by binary search
+   on their first element). */
+extern "C" __global__ void K(pack)(const T* src, T* dst, const u64* table, u64 nblocks, u64 total) {
+    GRID_LOOP(i, total) {
+        u64 lo = 0, hi = nblocks - 1;
+        while (lo < hi) {
+            u64 mid = (lo + hi + 1) / 2;
+            if (table[mid * PACK_ROW + 3] <= i) lo = mid; else hi = mid - 1;
+        }
+        const u64* b = table + lo * PACK_ROW;
+        u64 r = i - b[3], so = b[0], d = b[1];
+        for (int k = (int)b[2] - 1; k >= 0; --k) {
+            u64 e = b[4 + k], ik = r % e;
+            r /= e;
+            so += ik * b[4 + MAX_DIMS + k];
+            d += ik * b[4 + 2 * MAX_DIMS + k];
+        }
+        dst[d] = src[so];
+    }
+}
+
+/* One part of a concatenation: its rows of `width` elements land `stride` apart from `offset`. */
+extern "C" __global__ void K(cat)(const T* src, T* o, u64 n, u64 width, u64 stride, u64 offset) {
+    GRID_LOOP(i, n) o[(i / width) * stride + offset + i % width] = src[i];
+}
+"#;
+
 /// Number of terms of the `ln` series of [`RNG_SOURCE`] (also used by `crate::rng`).
 pub const LOG_TERMS: i32 = 12;
 /// Number of terms of the sine and cosine series of [`RNG_SOURCE`].
@@ -590,7 +616,10 @@ pub fn module_source() -> String {
     s.push_str(PRELUDE);
     s.push_str(RNG_SOURCE);
     for (ty, sfx) in DTYPES {
-        s.push_str(&format!("\n#define T {ty}\n#define SFX {sfx}\n{TYPED}\n#undef T\n#undef SFX\n"));
+        s.push_str(&format!("\n#define T {ty}\n#define SFX {sfx}\n{COPY}{TYPED}\n#undef T\n#undef SFX\n"));
+    }
+    for (ty, sfx) in COPY_DTYPES {
+        s.push_str(&format!("\n#define T {ty}\n#define SFX {sfx}\n{COPY}\n#undef T\n#undef SFX\n"));
     }
     for (from, fsfx) in DTYPES {
         for (to, tsfx) in DTYPES {
@@ -610,9 +639,12 @@ mod tests {
     fn every_kernel_name_is_defined_once_per_dtype() {
         let src = module_source();
         for k in TYPED_KERNELS.iter().chain([&ADAMW]) {
-            assert!(TYPED.contains(&format!("void K({k})(")), "{k} has no definition");
+            let def = format!("void K({k})(");
+            assert!(TYPED.contains(&def) != COPY.contains(&def), "{k} is not defined exactly once");
+            assert_eq!(COPY.contains(&def), COPY_KERNELS.contains(k), "{k}");
         }
-        assert_eq!(kernel_names().len(), DTYPES.len() * (TYPED_KERNELS.len() + 1 + DTYPES.len()));
+        let copies = COPY_DTYPES.len() * COPY_KERNELS.len();
+        assert_eq!(kernel_names().len(), DTYPES.len() * (TYPED_KERNELS.len() + 1 + DTYPES.len()) + copies);
         assert!(src.contains("cast_f64_f32"));
     }
 }

@@ -17,6 +17,10 @@
 //! instead of with atomics: deterministic, and bit-identical to the host. Inputs the kernels
 //! cannot index are typed errors: more than [`MAX_DIMS`](crate::cuda::source::MAX_DIMS) dims,
 //! or dimensions beyond cuBLAS' 32-bit limit.
+//!
+//! Those are f32 and f64 kernels. The 16-bit floats and the integers have the kernels that only
+//! move elements: fills, pack plans (so they redistribute on a device) and `cat`; their other
+//! ops are a typed [`Error::Unsupported`] naming the dtype.
 
 use super::op::{AdamWStep, BinaryOp, Distribution, RandomFill, Reduction, SgdStep, SoftmaxKind, UnaryOp};
 use super::Storage;
@@ -87,8 +91,8 @@ cuda_element!(f32, "f32");
 cuda_element!(f64, "f64");
 
 /// The 16-bit floats and the integers can live on a device and be communicated (NCCL has
-/// them all), but have no kernels yet: every kernel lookup (`crate::cuda::kernels`) and gemm
-/// is a typed error.
+/// them all), and have the copy kernels (fills, pack plans, `cat`); every other kernel lookup
+/// (`crate::cuda::kernels`) and gemm is a typed error.
 macro_rules! cuda_half_element {
     ($t:ty, $sfx:literal) => {
         impl CudaElement for $t {
