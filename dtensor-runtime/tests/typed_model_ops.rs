@@ -8,8 +8,9 @@
 mod typed_util;
 
 use dtensor_runtime::ndarray::{s, Array2, ArrayD, Axis, Ix3, IxDyn, Zip};
-use dtensor_runtime::typed::attention::scaled_dot_product_attention;
+use dtensor_runtime::typed::attention::{scaled_dot_product_attention, scaled_dot_product_attention_masked};
 use dtensor_runtime::typed::dims::{dp, tp};
+use dtensor_runtime::typed::Dt;
 use dtensor_runtime::{run, CommDebugMode, Error};
 use typed_util::*;
 
@@ -250,6 +251,120 @@ fn loss_parallel_cross_entropy_runs_and_backpropagates_without_implicit_redistri
         assert_eq!(grad.shape(), want_grad.shape());
         for (g, w) in grad.iter().zip(&want_grad) {
             assert!((g - w).abs() < 1e-12, "{g} vs {w}");
+        }
+    }
+}
+
+/// `softmax(q kᵀ · scale + mask) v`, the mask broadcast to the scores `[.., Lq, Lk]`.
+fn sdpa_mask_ref(q: &ArrayD<f64>, k: &ArrayD<f64>, v: &ArrayD<f64>, mask: &ArrayD<f64>) -> ArrayD<f64> {
+    let nd = q.ndim();
+    let (lq, e, lk, ev) = (q.shape()[nd - 2], q.shape()[nd - 1], k.shape()[nd - 2], v.shape()[nd - 1]);
+    let mut scores_shape = q.shape()[..nd - 1].to_vec();
+    scores_shape.push(lk);
+    let m = mask.broadcast(IxDyn(&scores_shape)).unwrap().to_owned();
+    let n: usize = q.shape()[..nd - 2].iter().product();
+    let flat = |x: &ArrayD<f64>, a, b| x.as_standard_layout().into_owned().into_shape_with_order((n, a, b)).unwrap();
+    let (q3, k3, v3, m3) = (flat(q, lq, e), flat(k, lk, e), flat(v, lk, ev), flat(&m, lq, lk));
+    let scale = 1.0 / (e as f64).sqrt();
+    let mut out = ArrayD::zeros(IxDyn(&[n, lq, ev])).into_dimensionality::<Ix3>().unwrap();
+    for b in 0..n {
+        let mut sc: Array2<f64> = q3.slice(s![b, .., ..]).dot(&k3.slice(s![b, .., ..]).t()) * scale;
+        sc += &m3.slice(s![b, .., ..]);
+        for mut row in sc.rows_mut() {
+            let mx = row.fold(f64::NEG_INFINITY, |a, &b| a.max(b));
+            row.mapv_inplace(|x| (x - mx).exp());
+            let z = row.sum();
+            row.mapv_inplace(|x| x / z);
+        }
+        out.slice_mut(s![b, .., ..]).assign(&sc.dot(&v3.slice(s![b, .., ..])));
+    }
+    let mut shape = q.shape()[..nd - 1].to_vec();
+    shape.push(ev);
+    out.into_shape_with_order(IxDyn(&shape)).unwrap()
+}
+
+/// One masked attention case: q `$lq`, k and v `$lkv`, mask `$lm` of rank `$rm`.
+macro_rules! masked_case {
+    ([$m:ty, $qkv:expr, $mask:expr, $rm:literal, $expect:expr, $mesh:expr, $fails:expr]; ($lq:ty, $lkv:ty, $lm:ty)) => {{
+        let (qa, ka, va) = $qkv;
+        let q = input::<$m, $lq, 4>(&qa, $mesh)?;
+        let k = input::<$m, $lkv, 4>(&ka, $mesh)?;
+        let v = input::<$m, $lkv, 4>(&va, $mesh)?;
+        let mask = input::<$m, $lm, $rm>($mask, $mesh)?;
+        let case = format!(
+            "sdpa masked q {} k, v {} mask {} {:?}",
+            stringify!($lq),
+            stringify!($lkv),
+            stringify!($lm),
+            $mask.shape()
+        );
+        let comm = CommDebugMode::new();
+        let typed = comm.scope(|| scaled_dot_product_attention_masked(&q, &k, &v, &mask, None));
+        if comm.total() != 0 {
+            $fails.push(format!("{case}: {} collectives", comm.total()));
+        }
+        let dynamic = dtensor_runtime::scaled_dot_product_attention(
+            q.as_dtensor(),
+            k.as_dtensor(),
+            v.as_dtensor(),
+            Some(mask.as_dtensor()),
+            false,
+            None,
+        );
+        check(&case, typed, dynamic, $expect, $fails)?;
+    }};
+}
+
+#[test]
+fn masked_attention_rules_match_dynamic() {
+    // [batch 2, heads 3 (uneven over 2), seq 5, head dim 4], 6 keys; a broadcast [5, 6] mask, a
+    // per-head [3, 1, 6] mask and a full-shape mask sharded like the output.
+    let (qa, ka, va) =
+        (global(&[2, 3, 5, 4], 11, false), global(&[2, 3, 6, 4], 12, false), global(&[2, 3, 6, 4], 13, false));
+    let (m2, mh, mf) = (global(&[5, 6], 14, false), global(&[3, 1, 6], 15, false), global(&[2, 3, 5, 6], 16, false));
+    let (e2, eh, ef) =
+        (sdpa_mask_ref(&qa, &ka, &va, &m2), sdpa_mask_ref(&qa, &ka, &va, &mh), sdpa_mask_ref(&qa, &ka, &va, &mf));
+    on_meshes(
+        |mesh, fails| {
+            masked_case!([(tp,), (&qa, &ka, &va), &m2, 2, &e2, mesh, fails]; ((R,), (R,), (R,)));
+            masked_case!([(tp,), (&qa, &ka, &va), &m2, 2, &e2, mesh, fails]; ((S0,), (S0,), (R,)));
+            masked_case!([(tp,), (&qa, &ka, &va), &m2, 2, &e2, mesh, fails]; ((S1,), (S1,), (R,)));
+            masked_case!([(tp,), (&qa, &ka, &va), &mh, 3, &eh, mesh, fails]; ((S0,), (S0,), (R,)));
+            masked_case!([(tp,), (&qa, &ka, &va), &mf, 4, &ef, mesh, fails]; ((S1,), (S1,), (S1,)));
+            masked_case!([(tp,), (&qa, &ka, &va), &mf, 4, &ef, mesh, fails]; ((S2,), (R,), (S2,)));
+            masked_case!([(tp,), (&qa, &ka, &va), &mf, 4, &ef, mesh, fails]; ((S0,), (S0,), (S0,)));
+            Ok(())
+        },
+        |mesh, fails| {
+            // Megatron: batch on dp, heads on tp.
+            masked_case!([(dp, tp), (&qa, &ka, &va), &m2, 2, &e2, mesh, fails]; ((S0, S1), (S0, S1), (R, R)));
+            masked_case!([(dp, tp), (&qa, &ka, &va), &mf, 4, &ef, mesh, fails]; ((S0, S1), (S0, S1), (S0, S1)));
+            masked_case!([(dp, tp), (&qa, &ka, &va), &mh, 3, &eh, mesh, fails]; ((S0, S2), (S0, R), (R, R)));
+            masked_case!([(dp, tp), (&qa, &ka, &va), &mf, 4, &ef, mesh, fails]; ((S0, S2), (S0, R), (S0, S2)));
+            Ok(())
+        },
+    );
+}
+
+#[test]
+fn masked_attention_sizes_the_types_cannot_see_are_errors_at_the_callers_line() {
+    let out = run(2, |ctx| {
+        let mesh = ctx.init_device_mesh(&[2], &["tp"])?;
+        // Heads sharded, a replicated mask that is not broadcast on the heads dim.
+        let q: Dt<f64, (tp,), (S1,), 4> = Dt::distribute(&global(&[1, 2, 3, 4], 21, false), &mesh)?;
+        let mask: Dt<f64, (tp,), (R,), 4> = Dt::distribute(&global(&[1, 2, 3, 3], 22, false), &mesh)?;
+        let line = line!() + 1;
+        let e = scaled_dot_product_attention_masked(&q, &q, &q, &mask, None).err();
+        Ok((e, line))
+    })
+    .unwrap();
+    for (e, line) in out {
+        match e {
+            Some(Error::TypedMismatch { what, .. }) => {
+                assert!(what.contains("scaled_dot_product_attention"), "{what}");
+                assert!(what.contains(&format!("typed_model_ops.rs:{line}")), "{what} at line {line}");
+            }
+            other => panic!("expected a TypedMismatch, got {other:?}"),
         }
     }
 }

@@ -21,6 +21,12 @@ use crate::placement::{Placement, ReduceOp};
 
 const R: Placement = Placement::Replicate;
 
+/// Whether `index_select` / `gather` along `dim` keep the input's `Shard(e)`: not a shard of
+/// the indexed dim (the ids address the whole dim; it is gathered first), any other one.
+pub const fn index_keeps_shard(e: usize, dim: usize) -> bool {
+    e != dim
+}
+
 fn sh(d: usize) -> Placement {
     Placement::Shard(d as isize)
 }
@@ -69,7 +75,7 @@ impl<T: Element> DTensor<T> {
             });
         }
         let mut rs = vec![DimRule::new(&[R, R], R)];
-        rs.extend((0..self.ndim()).filter(|&e| e != d).map(|e| DimRule::new(&[sh(e), R], sh(e))));
+        rs.extend((0..self.ndim()).filter(|&e| index_keeps_shard(e, d)).map(|e| DimRule::new(&[sh(e), R], sh(e))));
         rs.push(DimRule::new(&[R, sh(0)], sh(d)));
         for o in partial_ops(&[self], &ALL_OPS) {
             rs.push(DimRule::new(&[Placement::Partial(o), R], Placement::Partial(o)));
@@ -98,7 +104,7 @@ impl<T: Element> DTensor<T> {
         let mut rs = vec![DimRule::new(&[R, R], R)];
         rs.extend(
             (0..self.ndim())
-                .filter(|&e| e != d && index.shape[e] == self.shape[e])
+                .filter(|&e| index_keeps_shard(e, d) && index.shape[e] == self.shape[e])
                 .map(|e| DimRule::new(&[sh(e), sh(e)], sh(e))),
         );
         rs.push(DimRule::new(&[R, sh(d)], sh(d)));

@@ -47,6 +47,18 @@ pub const fn reduction_keeps(kind: ReductionKind, op: ReduceOp) -> bool {
     crate::placement::contains_op(reduction_rule(kind).1, op)
 }
 
+/// Whether argmax / argmin over `dim` keeps a `Shard(d)` input: not a shard of the reduced
+/// dim (per-shard indices do not combine; PyTorch replicates that dim first), any other one.
+pub const fn arg_reduce_keeps_shard(d: usize, dim: usize) -> bool {
+    d != dim
+}
+
+/// Whether argmax / argmin keep a `Partial(op)` input: never (the index of a partial value's
+/// extreme says nothing about the reduced value's); a Partial input is reduced first.
+pub const fn arg_reduce_keeps_partial(_op: ReduceOp) -> bool {
+    false
+}
+
 fn dims_of(op: &str, dims: &[isize], ndim: usize) -> Result<Vec<usize>> {
     let mut out = dims.iter().map(|&d| norm_dim(op, d, ndim)).collect::<Result<Vec<_>>>()?;
     out.sort_unstable();
@@ -208,9 +220,12 @@ fn arg_reduce<T: Element>(x: &DTensor<T>, dim: isize, keepdim: bool, max: bool) 
     let mut rs = vec![DimRule::new(&[Placement::Replicate], Placement::Replicate)];
     rs.extend(
         (0..x.ndim())
-            .filter(|&e| e != d)
+            .filter(|&e| arg_reduce_keeps_shard(e, d))
             .map(|e| DimRule::new(&[Placement::Shard(e as isize)], Placement::Shard(remap(e) as isize))),
     );
+    for o in partial_ops(&[x], &super::slice::ALL_OPS).into_iter().filter(|&o| arg_reduce_keeps_partial(o)) {
+        rs.push(DimRule::new(&[Placement::Partial(o)], Placement::Partial(o)));
+    }
     let c = select(op, &[x], &rs, Select::default())?;
     let xi = &*c.inputs[0];
     debug_assert!(!xi.placements.iter().any(|p| p.is_shard_on(d)), "{op} on {}", fmt_placements(&xi.placements));

@@ -319,6 +319,14 @@ impl<T: Element> DTensor<T> {
     }
 }
 
+/// The Partial inputs `expand` keeps: repeating each rank's part repeats the reduced value.
+const EXPAND_KEEPS: [ReduceOp; 4] = [ReduceOp::Sum, ReduceOp::Avg, ReduceOp::Max, ReduceOp::Min];
+
+/// Does `expand` (and so `repeat` / `repeat_interleave`) keep a `Partial(op)` input?
+pub const fn expand_keeps_partial(op: ReduceOp) -> bool {
+    crate::placement::contains_op(&EXPAND_KEEPS, op)
+}
+
 fn expand_impl<T: Element>(x: &DTensor<T>, shape: &[usize], prefer: Option<&[Placement]>) -> Result<DTensor<T>> {
     let bad = || Error::ShapeMismatch { context: "expand".into(), expected: shape.to_vec(), actual: x.shape.clone() };
     if x.ndim() > shape.len() {
@@ -340,7 +348,7 @@ fn expand_impl<T: Element>(x: &DTensor<T>, shape: &[usize], prefer: Option<&[Pla
             return Err(bad());
         }
     }
-    for op in partial_ops(&[x], &[ReduceOp::Sum, ReduceOp::Avg, ReduceOp::Max, ReduceOp::Min]) {
+    for op in partial_ops(&[x], &EXPAND_KEEPS) {
         rs.push(DimRule::new(&[Placement::Partial(op)], Placement::Partial(op)));
     }
     let c = select("expand", &[x], &rs, Select { valid: None, prefer_output: prefer })?;

@@ -157,7 +157,13 @@ fn check_same_shape(op: &str, what: &str, a: &[usize], b: &[usize]) -> Result<()
 /// shape; a `Replicate` mask broadcasts to the data and lacks (or has size 1 in) the dims the
 /// data is sharded on there.
 #[track_caller]
-fn check_mask(op: &str, data: &[usize], data_pl: &[Placement], mask: &[usize], mask_pl: &[Placement]) -> Result<()> {
+pub(super) fn check_mask(
+    op: &str,
+    data: &[usize],
+    data_pl: &[Placement],
+    mask: &[usize],
+    mask_pl: &[Placement],
+) -> Result<()> {
     if mask_pl.iter().any(|p| p.is_shard()) {
         check_same_shape(op, "the sharded mask", data, mask)?;
     }

@@ -1,8 +1,8 @@
-//! Typed sum / mean / max over one dim and over every dim, against the single-rank result.
+//! Typed sum / mean / max / min / argmax / argmin over one dim and over every dim, against the single-rank result.
 use dtensor::ndarray::{ArrayD, Axis, IxDyn};
 use dtensor::typed::dims::{dp, tp};
 use dtensor::typed::Dim;
-use dtensor::{Dt, Max, Partial, Replicate, Shard, Sum};
+use dtensor::{Dt, Max, Min, Partial, Replicate, Shard, Sum};
 
 fn main() {
     let out = dtensor::run(4, |ctx| {
@@ -15,6 +15,18 @@ fn main() {
         let sa: Dt<f32, _, (Partial<Sum>, Partial<Sum>), 0> = x.sum_all()?;
         let ma: Dt<f32, _, (Partial<Sum>, Partial<Sum>), 0> = x.mean_all()?;
         let xa: Dt<f32, _, (Partial<Max>, Partial<Max>), 0> = x.max_all()?;
+        let mn: Dt<f32, _, (Shard<0>, Partial<Min>), 2> = x.min(Dim::<1>)?;
+        let na: Dt<f32, _, (Partial<Min>, Partial<Min>), 0> = x.min_all()?;
+        let rows: Dt<f32, _, (Shard<0>, Replicate), 2> = x.redistribute()?;
+        let am: Dt<f32, _, (Shard<0>, Replicate), 2> = rows.argmax(Dim::<1>)?;
+        let an: Dt<f32, _, (Shard<0>, Replicate), 2> = rows.argmin(Dim::<1>)?;
+        let first = |max: bool| {
+            g.map_axis(Axis(1), |l| {
+                let pick = |a: usize, (i, v): (usize, &f32)| if (max && *v > l[a]) || (!max && *v < l[a]) { i } else { a };
+                l.iter().enumerate().fold(0, pick) as f32
+            })
+            .insert_axis(Axis(1))
+        };
         let r: Dt<f32, _, (Replicate, Replicate), 2> = x.redistribute()?;
         let kept: Dt<f32, _, (Replicate, Partial<Sum>), 0> = r.redistribute::<(Replicate, Partial<Sum>)>()?.sum_all()?;
         let close = |a: &ArrayD<f32>, b: &ArrayD<f32>| a.shape() == b.shape() && a.iter().zip(b).all(|(p, q)| (p - q).abs() < 1e-5);
@@ -25,6 +37,10 @@ fn main() {
             && close(&sa.full_tensor()?, &ArrayD::from_elem(IxDyn(&[]), total))
             && close(&ma.full_tensor()?, &ArrayD::from_elem(IxDyn(&[]), total / 15.0))
             && close(&xa.full_tensor()?, &ArrayD::from_elem(IxDyn(&[]), 4.0))
+            && close(&mn.full_tensor()?, &g.fold_axis(Axis(1), f32::MAX, |a, b| a.min(*b)).insert_axis(Axis(1)))
+            && close(&na.full_tensor()?, &ArrayD::from_elem(IxDyn(&[]), -2.0))
+            && close(&am.full_tensor()?, &first(true))
+            && close(&an.full_tensor()?, &first(false))
             && close(&kept.full_tensor()?, &ArrayD::from_elem(IxDyn(&[]), total));
         Ok(ok)
     })
