@@ -299,6 +299,7 @@ impl<T: Scalar, M: MeshDims, L: TypedLayout<M>, const R: usize> Dt<T, M, L, R> {
         _dim: Dim<DIM>,
     ) -> Result<Dt<T, M, Reduced<Lx, M, kinds::MinOf, Dim<DIM>>, R>>
     where
+        T: Element,
         L: SameLayout<Lx>,
         Lx: ReduceLayout<M, Over<kinds::MinOf, Dim<DIM>>>,
     {
@@ -328,6 +329,7 @@ impl<T: Scalar, M: MeshDims, L: TypedLayout<M>, const R: usize> Dt<T, M, L, R> {
         _dim: Dim<DIM>,
     ) -> Result<Dt<T, M, <Lx as ArgReduceLayout<M, Arg<kinds::ArgMax, Dim<DIM>>>>::Out, R>>
     where
+        T: Element,
         L: SameLayout<Lx>,
         Lx: ArgReduceLayout<M, Arg<kinds::ArgMax, Dim<DIM>>>,
     {
@@ -342,6 +344,7 @@ impl<T: Scalar, M: MeshDims, L: TypedLayout<M>, const R: usize> Dt<T, M, L, R> {
         _dim: Dim<DIM>,
     ) -> Result<Dt<T, M, <Lx as ArgReduceLayout<M, Arg<kinds::ArgMin, Dim<DIM>>>>::Out, R>>
     where
+        T: Element,
         L: SameLayout<Lx>,
         Lx: ArgReduceLayout<M, Arg<kinds::ArgMin, Dim<DIM>>>,
     {
@@ -386,6 +389,7 @@ impl<T: Scalar, M: MeshDims, L: TypedLayout<M>, const R: usize> Dt<T, M, L, R> {
     #[track_caller]
     pub fn min_all<Lx>(&self) -> Result<Dt<T, M, Reduced<Lx, M, kinds::MinOf, All>, 0>>
     where
+        T: Element,
         L: SameLayout<Lx>,
         Lx: ReduceLayout<M, Over<kinds::MinOf, All>>,
     {
