@@ -39,7 +39,7 @@ pub use ndarray;
 pub use autograd::{from_local_grad, local_mesh, no_grad};
 pub use comm::debug::{op_scope, CollectiveKind, CollectiveRecord, CommDebugGuard, CommDebugMode, CommStats};
 pub use comm::threads::{ThreadComm, ThreadWorld};
-pub use comm::Communicator;
+pub use comm::{Communicator, RecvBuf};
 pub use dtensor::{distribute_tensor, from_local, DTensor, DistributeSource, FromLocal};
 pub use element::{bf16, f16, DType, Element, IndexElement, Scalar};
 pub use error::{Error, Result};

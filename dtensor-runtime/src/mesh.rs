@@ -2,7 +2,7 @@
 
 use crate::comm::debug::{record, CollectiveKind};
 use crate::comm::fingerprint::{self, Fingerprint};
-use crate::comm::Communicator;
+use crate::comm::{filled, Communicator};
 use crate::element::{DType, Scalar};
 use crate::error::{Error, Result};
 use crate::placement::ReduceOp;
@@ -343,11 +343,12 @@ impl DeviceMesh {
     /// All-gather equal-sized blocks; returns `n * send.len()` elements in group order.
     pub fn all_gather<T: Scalar>(&self, along: Along, send: &[T]) -> Result<Vec<T>> {
         let (g, _) = self.group_of(along)?;
-        let mut out = vec![T::zero(); send.len() * g.len()];
         self.note(CollectiveKind::AllGather, along, std::mem::size_of_val(send));
         self.agree(g, CollectiveKind::AllGather, Some(T::DTYPE), send.len(), None, None)?;
-        self.comm().all_gather(g, bytemuck::cast_slice(send), bytemuck::cast_slice_mut(&mut out))?;
-        Ok(out)
+        // SAFETY (of `filled`): a `Communicator` writes all of its `RecvBuf` on `Ok`.
+        unsafe {
+            filled("all_gather", send.len() * g.len(), |r| self.comm().all_gather(g, bytemuck::cast_slice(send), r))
+        }
     }
 
     /// All-reduce in place.
@@ -364,33 +365,35 @@ impl DeviceMesh {
     pub fn all_reduce_into<T: Scalar>(&self, along: Along, send: &[T], op: ReduceOp) -> Result<Vec<T>> {
         let (g, _) = self.group_of(along)?;
         crate::comm::reduce::check_op(T::DTYPE, op)?;
-        let mut out = crate::alloc::try_zeroed("all_reduce", send.len())?;
         self.note(CollectiveKind::AllReduce, along, std::mem::size_of_val(send));
         self.agree(g, CollectiveKind::AllReduce, Some(T::DTYPE), send.len(), None, Some(op))?;
-        let recv = bytemuck::cast_slice_mut(&mut out);
-        self.comm().all_reduce_into(g, bytemuck::cast_slice(send), recv, T::DTYPE, op)?;
-        Ok(out)
+        let send_bytes = bytemuck::cast_slice(send);
+        // SAFETY (of `filled`): a `Communicator` writes all of its `RecvBuf` on `Ok`.
+        unsafe { filled("all_reduce", send.len(), |r| self.comm().all_reduce_into(g, send_bytes, r, T::DTYPE, op)) }
     }
 
     /// Reduce-scatter of `n` equal blocks; returns this member's reduced block.
     pub fn reduce_scatter<T: Scalar>(&self, along: Along, send: &[T], op: ReduceOp) -> Result<Vec<T>> {
         let (g, _) = self.group_of(along)?;
         crate::comm::reduce::check_op(T::DTYPE, op)?;
-        let mut out = vec![T::zero(); send.len() / g.len().max(1)];
         self.note(CollectiveKind::ReduceScatter, along, std::mem::size_of_val(send));
         self.agree(g, CollectiveKind::ReduceScatter, Some(T::DTYPE), send.len(), None, Some(op))?;
-        self.comm().reduce_scatter(g, bytemuck::cast_slice(send), bytemuck::cast_slice_mut(&mut out), T::DTYPE, op)?;
-        Ok(out)
+        let send_bytes = bytemuck::cast_slice(send);
+        // SAFETY (of `filled`): a `Communicator` writes all of its `RecvBuf` on `Ok`.
+        unsafe {
+            filled("reduce_scatter", send.len() / g.len().max(1), |r| {
+                self.comm().reduce_scatter(g, send_bytes, r, T::DTYPE, op)
+            })
+        }
     }
 
     /// All-to-all of `n` equal blocks.
     pub fn all_to_all<T: Scalar>(&self, along: Along, send: &[T]) -> Result<Vec<T>> {
         let (g, _) = self.group_of(along)?;
-        let mut out = vec![T::zero(); send.len()];
         self.note(CollectiveKind::AllToAll, along, std::mem::size_of_val(send));
         self.agree(g, CollectiveKind::AllToAll, Some(T::DTYPE), send.len(), None, None)?;
-        self.comm().all_to_all(g, bytemuck::cast_slice(send), bytemuck::cast_slice_mut(&mut out))?;
-        Ok(out)
+        // SAFETY (of `filled`): a `Communicator` writes all of its `RecvBuf` on `Ok`.
+        unsafe { filled("all_to_all", send.len(), |r| self.comm().all_to_all(g, bytemuck::cast_slice(send), r)) }
     }
 
     /// All-to-all of the column blocks of a row-major `send` of `rows` rows of `n` runs of
@@ -399,13 +402,13 @@ impl DeviceMesh {
     /// the packed blocks would, without packing them first.
     pub fn all_to_all_strided<T: Scalar>(&self, along: Along, send: &[T], rows: usize, run: usize) -> Result<Vec<T>> {
         let (g, _) = self.group_of(along)?;
-        let mut out = crate::alloc::try_zeroed("all_to_all", send.len())?;
         self.note(CollectiveKind::AllToAll, along, std::mem::size_of_val(send));
         self.agree(g, CollectiveKind::AllToAll, Some(T::DTYPE), send.len(), None, None)?;
-        let es = std::mem::size_of::<T>();
-        let recv = bytemuck::cast_slice_mut(&mut out);
-        self.comm().all_to_all_strided(g, bytemuck::cast_slice(send), rows, run * es, recv)?;
-        Ok(out)
+        let (es, send_bytes) = (std::mem::size_of::<T>(), bytemuck::cast_slice(send));
+        // SAFETY (of `filled`): a `Communicator` writes all of its `RecvBuf` on `Ok`.
+        unsafe {
+            filled("all_to_all", send.len(), |r| self.comm().all_to_all_strided(g, send_bytes, rows, run * es, r))
+        }
     }
 
     /// Broadcast from group member `root`.
@@ -428,11 +431,12 @@ impl DeviceMesh {
     /// All-gather of `u64` metadata (shapes, counts).
     pub fn all_gather_u64(&self, along: Along, send: &[u64]) -> Result<Vec<u64>> {
         let (g, _) = self.group_of(along)?;
-        let mut out = vec![0u64; send.len() * g.len()];
         self.note(CollectiveKind::AllGather, along, std::mem::size_of_val(send));
         self.agree(g, CollectiveKind::AllGather, None, send.len(), None, None)?;
-        self.comm().all_gather(g, bytemuck::cast_slice(send), bytemuck::cast_slice_mut(&mut out))?;
-        Ok(out)
+        // SAFETY (of `filled`): a `Communicator` writes all of its `RecvBuf` on `Ok`.
+        unsafe {
+            filled("all_gather", send.len() * g.len(), |r| self.comm().all_gather(g, bytemuck::cast_slice(send), r))
+        }
     }
 
     /// Scatter `n` equal blocks of `block` elements from group member `root`.

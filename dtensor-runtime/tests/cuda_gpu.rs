@@ -137,14 +137,14 @@ fn nccl_one_rank_collectives() {
         comm.all_reduce(&g, &mut b, DType::F32, op).unwrap();
         assert_eq!(bytemuck::pod_collect_to_vec::<u8, f32>(&b), xs, "{op:?}");
         let mut r = vec![0u8; b.len()];
-        comm.reduce_scatter(&g, bytemuck::cast_slice(&xs), &mut r, DType::F32, op).unwrap();
+        comm.reduce_scatter(&g, bytemuck::cast_slice(&xs), (&mut r).into(), DType::F32, op).unwrap();
         assert_eq!(bytemuck::pod_collect_to_vec::<u8, f32>(&r), xs, "reduce_scatter {op:?}");
     }
     let send: Vec<u8> = (0..10).collect();
     let mut out = vec![0u8; 10];
-    comm.all_gather(&g, &send, &mut out).unwrap();
+    comm.all_gather(&g, &send, (&mut out).into()).unwrap();
     assert_eq!(out, send);
-    comm.all_to_all(&g, &send, &mut out).unwrap();
+    comm.all_to_all(&g, &send, (&mut out).into()).unwrap();
     assert_eq!(out, send);
     let mut bc = send.clone();
     comm.broadcast(&g, &mut bc, 0).unwrap();

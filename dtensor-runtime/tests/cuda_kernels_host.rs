@@ -10,13 +10,13 @@
 mod common;
 
 use common::{adamw_step_at, global};
-use dtensor_runtime::cuda::args::{self, Reduce, Strided};
+use dtensor_runtime::cuda::args::{self, Gather, Reduce, Strided};
 use dtensor_runtime::cuda::source::{module_source, BLOCK};
 use dtensor_runtime::layout::pack;
 use dtensor_runtime::ndarray::{ArrayD, IxDyn};
 use dtensor_runtime::storage::op::{BinaryOp, Distribution, RandomFill, Reduction, SgdStep, SoftmaxKind, UnaryOp};
 use dtensor_runtime::storage::Target;
-use dtensor_runtime::{Element, Storage};
+use dtensor_runtime::{Element, Scalar, Storage};
 use std::ffi::{c_void, CString};
 use std::process::Command;
 
@@ -135,6 +135,13 @@ type SgdMomentum<T> = unsafe extern "C" fn(*mut T, *const T, *mut T, u64, T, T, 
 type AdamWK<T> = unsafe extern "C" fn(*mut T, *const T, *mut T, *mut T, u64, T, T, T, T, T, T, T);
 type Fill<T> = unsafe extern "C" fn(*mut T, u64, T);
 type Cast<A, B> = unsafe extern "C" fn(*const A, *mut B, u64);
+type Where<T> = unsafe extern "C" fn(*const T, *const T, *const T, *mut T, u64, Strided, Strided);
+type Tri<T> = unsafe extern "C" fn(*const T, *mut T, u64, u64, u64, i32, i64, i64, i64);
+type ArgReduce<T> = unsafe extern "C" fn(*const T, *mut T, u64, u64, u64, i32);
+type CatK<T> = unsafe extern "C" fn(*const T, *mut T, u64, u64, u64, u64);
+type CheckIds<T> = unsafe extern "C" fn(*const T, u64, u64, *mut i32);
+type IndexK<T> = unsafe extern "C" fn(*const T, *const T, *mut T, u64, u64, u64, u64);
+type GatherK<T> = unsafe extern "C" fn(*const T, *const T, *mut T, u64, u64, Gather);
 
 fn elementwise<T: Element>(e: &Emu) {
     let s = sfx::<T>();
@@ -452,6 +459,283 @@ fn optimizers_cast_fill<T: Element>(e: &Emu) {
     // SAFETY: 15 elements.
     e.grid(2, || unsafe { fill(f.as_mut_ptr(), 15, T::of_f64(-2.5)) });
     assert_eq!(f, ArrayD::from_elem(IxDyn(&[3, 5]), T::of_f64(-2.5)));
+}
+
+/// Ids as element values: `v` reshaped to `shape`.
+fn ids<T: Element>(shape: &[usize], v: &[f64]) -> ArrayD<T> {
+    ArrayD::from_shape_vec(IxDyn(shape), v.iter().map(|&x| T::of_f64(x)).collect()).unwrap()
+}
+
+/// Ids in `[0, n)` of `shape`, repeats included.
+fn ids_below<T: Element>(shape: &[usize], n: usize, seed: u64) -> ArrayD<T> {
+    global(shape, seed).mapv(|v| T::of_f64((v + 48.0).rem_euclid(n.max(1) as f64)))
+}
+
+fn where_tri_arg<T: Element>(e: &Emu) -> usize {
+    let s = sfx::<T>();
+    let mut cases = 0;
+    let wh: Where<T> = e.kernel(&format!("where_{s}"));
+    let shapes: [(&[usize], &[usize], &[usize]); 5] = [
+        (&[2, 3, 4], &[3, 1], &[4]),
+        (&[4, 1], &[1, 5], &[]),
+        (&[6], &[2, 6], &[2, 1]),
+        (&[3, 5, 2], &[3, 5, 2], &[3, 5, 2]),
+        (&[0, 3], &[3], &[1]),
+    ];
+    for (sc, sa, sb) in shapes {
+        // A mask with zeros, ones, other non-zeros and NaN (non-zero, so it picks `a`).
+        let mut c = arr::<T>(sc, 21, 1.0).mapv(|v| if v.as_f64().rem_euclid(3.0) == 0.0 { T::zero() } else { v });
+        if let Some(x) = c.iter_mut().nth(1) {
+            *x = T::nan();
+        }
+        let (a, b) = (arr::<T>(sa, 22, 0.5), arr::<T>(sb, 23, 0.25));
+        let want = cpu(Storage::Cpu(c.clone()).where_(&Storage::Cpu(a.clone()), &Storage::Cpu(b.clone())).unwrap());
+        let (g, h) = args::where_(want.shape(), sc, sa, sb).unwrap();
+        let mut out = zeros::<T>(want.shape());
+        let n = want.len() as u64;
+        // SAFETY: the strides stay inside c, a and b (broadcast shapes).
+        e.grid(3, || unsafe { wh(c.as_ptr(), a.as_ptr(), b.as_ptr(), out.as_mut_ptr(), n, g, h) });
+        assert!(same(&out, &want), "where {sc:?} {sa:?} {sb:?} {s}");
+        cases += 1;
+    }
+    let tri: Tri<T> = e.kernel(&format!("tri_{s}"));
+    for shape in [&[5usize, 7][..], &[2, 3, 4], &[1, 6, 1], &[0, 4]] {
+        let a = arr::<T>(shape, 24, 1.0);
+        let nd = shape.len();
+        for lower in [true, false] {
+            for diagonal in [-2i64, 0, 1, 3] {
+                for (row0, col0) in [(0usize, 0usize), (3, 2), (0, 4), (5, 0)] {
+                    let want = cpu(Storage::Cpu(a.clone()).tri(lower, diagonal, row0, col0).unwrap());
+                    let mut out = zeros::<T>(shape);
+                    let (n, rows, cols) = (a.len() as u64, shape[nd - 2] as u64, shape[nd - 1] as u64);
+                    let (lo, r0, c0) = (i32::from(lower), row0 as i64, col0 as i64);
+                    if n > 0 {
+                        // SAFETY: n elements each.
+                        e.grid(3, || unsafe { tri(a.as_ptr(), out.as_mut_ptr(), n, rows, cols, lo, diagonal, r0, c0) });
+                    }
+                    assert!(same(&out, &want), "tri {shape:?} lower {lower} diag {diagonal} at ({row0}, {col0}) {s}");
+                    cases += 1;
+                }
+            }
+        }
+    }
+    let ar: ArgReduce<T> = e.kernel(&format!("arg_reduce_{s}"));
+    // Coarse values, so every lane has ties; then NaN in one lane.
+    let mut a = arr::<T>(&[3, 4, 5], 25, 1.0 / 16.0).mapv(|v| T::of_f64(v.as_f64().floor()));
+    for nan in [false, true] {
+        if nan {
+            a[[1, 2, 3]] = T::nan();
+            a[[2, 0, 0]] = T::nan();
+        }
+        for dim in 0..3 {
+            for max in [true, false] {
+                for keep in [false, true] {
+                    let want = cpu(Storage::Cpu(a.clone()).arg_reduce(dim, max, keep).unwrap());
+                    let (lanes, len, inner) = args::lanes(a.shape(), dim);
+                    let mut out = zeros::<T>(want.shape());
+                    // SAFETY: lanes·len elements in, lanes out.
+                    e.grid(3, || unsafe { ar(a.as_ptr(), out.as_mut_ptr(), lanes, len, inner, i32::from(max)) });
+                    assert!(same(&out, &want), "arg_reduce dim {dim} max {max} keepdim {keep} nan {nan} {s}");
+                    cases += 1;
+                }
+            }
+        }
+    }
+    cases
+}
+
+fn cat_index_gather<T: Element>(e: &Emu) -> usize {
+    let s = sfx::<T>();
+    let mut cases = 0;
+    let ck: CatK<T> = e.kernel(&format!("cat_{s}"));
+    for dim in 0..3 {
+        // Uneven parts, an empty one among them.
+        let shapes: Vec<Vec<usize>> = [3usize, 0, 1, 2]
+            .iter()
+            .map(|&k| {
+                let mut sh = vec![2, 3, 4];
+                sh[dim] = k;
+                sh
+            })
+            .collect();
+        let parts: Vec<ArrayD<T>> = shapes.iter().enumerate().map(|(i, sh)| arr::<T>(sh, 30 + i as u64, 1.0)).collect();
+        let st: Vec<Storage<T>> = parts.iter().map(|p| Storage::Cpu(p.clone())).collect();
+        let want = cpu(Storage::cat(&st.iter().collect::<Vec<_>>(), dim).unwrap());
+        let total = want.shape()[dim];
+        let mut out = zeros::<T>(want.shape());
+        let mut start = 0;
+        for p in &parts {
+            let (width, stride, offset) = args::cat_part(p.shape(), dim, total, start);
+            start += p.shape()[dim];
+            let n = p.len() as u64;
+            if n > 0 {
+                // SAFETY: the part's rows land inside out.
+                e.grid(3, || unsafe { ck(p.as_ptr(), out.as_mut_ptr(), n, width, stride, offset) });
+            }
+        }
+        assert!(same(&out, &want), "cat dim {dim} {s}");
+        cases += 1;
+    }
+
+    let chk: CheckIds<T> = e.kernel(&format!("check_ids_{s}"));
+    for (v, ok) in [(0.0, true), (4.0, true), (1.5, false), (-1.0, false), (5.0, false), (f64::NAN, false)] {
+        let one = [T::zero(), T::of_f64(v), T::zero()];
+        let mut bad = 0i32;
+        // SAFETY: 3 ids.
+        e.grid(2, || unsafe { chk(one.as_ptr(), 3, 5, &mut bad) });
+        assert_eq!(bad == 0, ok, "id {v} below 5 {s}");
+        let host =
+            Storage::Cpu(arr::<T>(&[5, 2], 1, 1.0)).index_select(0, &Storage::Cpu(ids::<T>(&[3], &[0.0, v, 0.0])));
+        assert_eq!(host.is_ok(), ok, "the host agrees on id {v}");
+        cases += 1;
+    }
+
+    let sel: IndexK<T> = e.kernel(&format!("index_select_{s}"));
+    let add: IndexK<T> = e.kernel(&format!("index_add_{s}"));
+    let a = arr::<T>(&[4, 5, 3], 40, 1.0 / 7.0);
+    for dim in 0..3 {
+        let len = a.shape()[dim];
+        for nids in [0usize, 1, 7] {
+            let i = ids_below::<T>(&[nids], len, 41 + dim as u64);
+            let want = cpu(Storage::Cpu(a.clone()).index_select(dim, &Storage::Cpu(i.clone())).unwrap());
+            let (_, l, inner) = args::along(a.shape(), dim);
+            let mut out = zeros::<T>(want.shape());
+            let n = want.len() as u64;
+            if n > 0 {
+                // SAFETY: checked ids index inside a.
+                e.grid(3, || unsafe { sel(a.as_ptr(), i.as_ptr(), out.as_mut_ptr(), n, l, nids as u64, inner) });
+            }
+            assert!(same(&out, &want), "index_select dim {dim} {nids} ids {s}");
+            // Its gradient, into a dim of size len + 1 (a row no id names stays zero).
+            let g = arr::<T>(want.shape(), 42, 1.0 / 3.0);
+            let back = cpu(Storage::Cpu(g.clone()).index_add(dim, &Storage::Cpu(i.clone()), len + 1).unwrap());
+            let (_, _, inner) = args::along(g.shape(), dim);
+            let mut out = zeros::<T>(back.shape());
+            let n = back.len() as u64;
+            // SAFETY: checked ids index inside out; g has nids slices.
+            e.grid(3, || unsafe {
+                add(g.as_ptr(), i.as_ptr(), out.as_mut_ptr(), n, len as u64 + 1, nids as u64, inner)
+            });
+            assert!(same(&out, &back), "index_add dim {dim} {nids} ids {s}");
+            cases += 2;
+        }
+    }
+
+    let ga: GatherK<T> = e.kernel(&format!("gather_{s}"));
+    let sa: GatherK<T> = e.kernel(&format!("scatter_add_{s}"));
+    for dim in 0..3 {
+        // Index shapes no larger than a's in the other dims, longer or empty along dim.
+        for ishape in [[3usize, 6, 2], [4, 2, 3], [2, 0, 3], [1, 1, 1]] {
+            let mut ishape = ishape.to_vec();
+            ishape.swap(1, dim);
+            let i = ids_below::<T>(&ishape, a.shape()[dim], 50 + dim as u64);
+            let want = cpu(Storage::Cpu(a.clone()).gather(dim, &Storage::Cpu(i.clone())).unwrap());
+            let g = args::gather("gather", &ishape, a.shape(), dim).unwrap();
+            let mut out = zeros::<T>(&ishape);
+            let n = out.len() as u64;
+            let len = a.shape()[dim] as u64;
+            if n > 0 {
+                // SAFETY: checked ids index inside a.
+                e.grid(3, || unsafe { ga(a.as_ptr(), i.as_ptr(), out.as_mut_ptr(), n, len, g) });
+            }
+            assert!(same(&out, &want), "gather dim {dim} ids {ishape:?} {s}");
+            let gr = arr::<T>(&ishape, 51, 1.0 / 5.0);
+            let back = cpu(Storage::Cpu(gr.clone()).scatter_add(dim, &Storage::Cpu(i.clone()), a.shape()).unwrap());
+            let g = args::gather("gather_backward", a.shape(), &ishape, dim).unwrap();
+            let mut out = zeros::<T>(a.shape());
+            let n = out.len() as u64;
+            // SAFETY: the lanes read stay inside gr and ids (bounds checked in the kernel).
+            e.grid(3, || unsafe { sa(gr.as_ptr(), i.as_ptr(), out.as_mut_ptr(), n, len, g) });
+            assert!(same(&out, &back), "scatter_add dim {dim} ids {ishape:?} {s}");
+            cases += 2;
+        }
+    }
+    cases
+}
+
+/// The copy kernels (fill, pack, cat) of a dtype against the host: bit for bit.
+fn copies<T: Scalar>(e: &Emu) -> usize {
+    let s = T::DTYPE.to_string();
+    let v = |shape: &[usize], seed: u64| global(shape, seed).mapv(|x| T::of_f64(x + 48.0));
+    let mut cases = 0;
+    let a = v(&[5, 6, 7], 60);
+    let pk: Pack<T> = e.kernel(&format!("pack_{s}"));
+    let mut plans = vec![
+        pack::permute(&[5, 6, 7], &[2, 0, 1]),
+        pack::slice(&[5, 6, 7], &[1, 2, 3], &[3, 4, 2]),
+        pack::pad(&[5, 6, 7], &[6, 8, 7], &[1, 1, 0]),
+    ];
+    for (dim, parts) in [(0usize, 2usize), (1, 4), (2, 3), (0, 8)] {
+        let mut block: Vec<usize> = vec![5, 6, 7];
+        block[dim] = block[dim].div_ceil(parts);
+        plans.push(pack::split(&[5, 6, 7], dim, parts, &block));
+    }
+    for plan in &plans {
+        let want = Storage::Cpu(a.clone()).pack(plan).unwrap().into_host().unwrap();
+        let (table, total) = args::pack_table(plan).unwrap();
+        let mut out = ArrayD::<T>::zeros(IxDyn(&plan.dst_shape));
+        let nb = (table.len() / args::PACK_ROW) as u64;
+        if total > 0 {
+            // SAFETY: the checked plan stays inside both buffers.
+            e.grid(3, || unsafe { pk(a.as_ptr(), out.as_mut_ptr(), table.as_ptr(), nb, total) });
+        }
+        assert_eq!(out, want, "pack {plan:?} {s}");
+        cases += 1;
+    }
+    let ck: CatK<T> = e.kernel(&format!("cat_{s}"));
+    for dim in 0..3 {
+        let parts: Vec<ArrayD<T>> = [3usize, 0, 2]
+            .iter()
+            .map(|&k| {
+                let mut sh = vec![2, 3, 4];
+                sh[dim] = k;
+                v(&sh, 61 + k as u64)
+            })
+            .collect();
+        let st: Vec<Storage<T>> = parts.iter().map(|p| Storage::Cpu(p.clone())).collect();
+        let want = Storage::cat(&st.iter().collect::<Vec<_>>(), dim).unwrap().into_host().unwrap();
+        let total = want.shape()[dim];
+        let mut out = ArrayD::<T>::zeros(want.raw_dim());
+        let mut start = 0;
+        for p in &parts {
+            let (width, stride, offset) = args::cat_part(p.shape(), dim, total, start);
+            start += p.shape()[dim];
+            let n = p.len() as u64;
+            if n > 0 {
+                // SAFETY: the part's rows land inside out.
+                e.grid(3, || unsafe { ck(p.as_ptr(), out.as_mut_ptr(), n, width, stride, offset) });
+            }
+        }
+        assert_eq!(out, want, "cat dim {dim} {s}");
+        cases += 1;
+    }
+    let fill: Fill<T> = e.kernel(&format!("fill_{s}"));
+    let mut f = ArrayD::<T>::zeros(IxDyn(&[3, 5]));
+    // SAFETY: 15 elements.
+    e.grid(2, || unsafe { fill(f.as_mut_ptr(), 15, T::of_f64(7.0)) });
+    assert_eq!(f, Storage::full(&Target::Cpu, &[3, 5], T::of_f64(7.0)).unwrap().into_host().unwrap(), "fill {s}");
+    cases + 1
+}
+
+#[test]
+fn copy_kernels_of_every_dtype_match_the_host() {
+    let Some(e) = Emu::build() else { return };
+    let cases = copies::<f32>(&e)
+        + copies::<f64>(&e)
+        + copies::<dtensor_runtime::bf16>(&e)
+        + copies::<dtensor_runtime::f16>(&e)
+        + copies::<i64>(&e)
+        + copies::<i32>(&e)
+        + copies::<u8>(&e);
+    println!("{cases} fill/pack/cat cases of 7 dtypes match the host");
+}
+
+#[test]
+fn indexing_kernels_match_the_host_kernels() {
+    let Some(e) = Emu::build() else { return };
+    let cases =
+        where_tri_arg::<f64>(&e) + where_tri_arg::<f32>(&e) + cat_index_gather::<f64>(&e) + cat_index_gather::<f32>(&e);
+    println!("{cases} where/tri/arg_reduce/cat/index_select/index_add/gather/scatter_add cases match the host");
 }
 
 #[test]

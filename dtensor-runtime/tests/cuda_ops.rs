@@ -19,10 +19,10 @@ use dtensor_runtime::module::{distribute_module, Forward, Linear, Module};
 use dtensor_runtime::ndarray::{ArrayD, IxDyn};
 use dtensor_runtime::optim::{AdamW, Sgd};
 use dtensor_runtime::storage::op::{BinaryOp, Distribution, RandomFill, Reduction, SgdStep, SoftmaxKind, UnaryOp};
-use dtensor_runtime::storage::Target;
+use dtensor_runtime::storage::{CudaStorage, Target};
 use dtensor_runtime::{
-    distribute_tensor, manual_seed, rand, randn, DTensor, Device, DeviceMesh, Element, Error, Replicate, Storage,
-    TensorOptions,
+    bf16, distribute_tensor, f16, manual_seed, rand, randn, DTensor, Device, DeviceMesh, Element, Error, Replicate,
+    Scalar, Storage, TensorOptions,
 };
 use one_rank_comm::OneRankComm;
 use std::sync::Arc;
@@ -315,6 +315,178 @@ fn embedding_gather_scatter_add_one_hot() {
         assert!(matches!(b.one_hot(10), Err(Error::InvalidArgument { .. })), "{bad:?}");
     }
     println!("GPUCHECK embedding_gather_scatter_add_one_hot | PASS | gather exact, atomicAdd scatter rel <= 1e-15, one_hot exact, 4 bad ids typed");
+}
+
+/// Every case of `indexing_ops_match_the_host` in one element type: the device result bit for
+/// bit against the host's (copies, and sums in the host's order), or both the same typed error.
+fn indexing_cases<T: Element>(dev: &Arc<CudaDevice>) -> usize {
+    let v = |shape: &[usize], seed: u64, scale: f64| global(shape, seed).mapv(|x| T::of_f64(x * scale));
+    let ids =
+        |shape: &[usize], n: usize, seed: u64| global(shape, seed).mapv(|x| T::of_f64((x + 48.0).rem_euclid(n as f64)));
+    let mut cases = 0;
+    let mut check = |what: String, want: Result<Storage<T>, Error>, got: Result<Storage<T>, Error>| {
+        match (want, got) {
+            (Ok(w), Ok(g)) => assert!(same_bits(&host(g), &host(w)), "{what}"),
+            (Err(w), Err(g)) => {
+                assert_eq!(std::mem::discriminant(&w), std::mem::discriminant(&g), "{what}: {w} vs {g}")
+            }
+            (w, g) => panic!("{what}: host {:?} vs device {:?}", w.map(|_| ()), g.map(|_| ())),
+        }
+        cases += 1;
+    };
+    let shapes: [(&[usize], &[usize], &[usize]); 4] =
+        [(&[2, 3, 4], &[3, 1], &[4]), (&[4, 1], &[1, 5], &[]), (&[33, 17], &[33, 17], &[17]), (&[0, 3], &[3], &[1])];
+    for (sc, sa, sb) in shapes {
+        let mut c = v(sc, 21, 1.0).mapv(|x| if x.as_f64().rem_euclid(3.0) == 0.0 { T::zero() } else { x });
+        if let Some(x) = c.iter_mut().nth(1) {
+            *x = T::nan();
+        }
+        let (a, b) = (v(sa, 22, 0.5), v(sb, 23, 0.25));
+        let want = Storage::Cpu(c.clone()).where_(&Storage::Cpu(a.clone()), &Storage::Cpu(b.clone()));
+        check(format!("where {sc:?} {sa:?} {sb:?}"), want, up(dev, &c).where_(&up(dev, &a), &up(dev, &b)));
+    }
+    for shape in [&[37usize, 29][..], &[2, 5, 4], &[0, 4]] {
+        let a = v(shape, 24, 1.0);
+        for (lower, diagonal, row0, col0) in [(true, 0, 0, 0), (true, -2, 8, 4), (false, 1, 0, 8), (false, 3, 5, 0)] {
+            let want = Storage::Cpu(a.clone()).tri(lower, diagonal, row0, col0);
+            check(format!("tri {shape:?}"), want, up(dev, &a).tri(lower, diagonal, row0, col0));
+        }
+    }
+    let mut a = v(&[7, 300, 5], 25, 1.0 / 16.0).mapv(|x| T::of_f64(x.as_f64().floor()));
+    a[[1, 200, 3]] = T::nan();
+    for dim in 0..3 {
+        for (max, keep) in [(true, false), (false, true)] {
+            let want = Storage::Cpu(a.clone()).arg_reduce(dim, max, keep);
+            check(format!("arg_reduce dim {dim}"), want, up(dev, &a).arg_reduce(dim, max, keep));
+        }
+    }
+    for dim in 0..3 {
+        let parts: Vec<ArrayD<T>> = [3usize, 0, 1, 2]
+            .iter()
+            .map(|&k| {
+                let mut sh = vec![2, 3, 4];
+                sh[dim] = k;
+                v(&sh, 30 + k as u64, 1.0)
+            })
+            .collect();
+        let (hp, dp): (Vec<Storage<T>>, Vec<Storage<T>>) =
+            parts.iter().map(|p| (Storage::Cpu(p.clone()), up(dev, p))).unzip();
+        let want = Storage::cat(&hp.iter().collect::<Vec<_>>(), dim);
+        check(format!("cat dim {dim}"), want, Storage::cat(&dp.iter().collect::<Vec<_>>(), dim));
+    }
+    let a = v(&[4, 5, 3], 40, 1.0 / 7.0);
+    for dim in 0..3 {
+        let len = a.shape()[dim];
+        for nids in [0usize, 7] {
+            let i = ids(&[nids], len, 41);
+            let (hi, di) = (Storage::Cpu(i.clone()), up(dev, &i));
+            check(
+                format!("index_select dim {dim}"),
+                Storage::Cpu(a.clone()).index_select(dim, &hi),
+                up(dev, &a).index_select(dim, &di),
+            );
+            let mut gs = a.shape().to_vec();
+            gs[dim] = nids;
+            let g = v(&gs, 42, 1.0 / 3.0);
+            let (want, got) =
+                (Storage::Cpu(g.clone()).index_add(dim, &hi, len + 1), up(dev, &g).index_add(dim, &di, len + 1));
+            check(format!("index_add dim {dim}"), want, got);
+        }
+        for ishape in [[3usize, 6, 2], [2, 0, 3]] {
+            let mut ishape = ishape.to_vec();
+            ishape.swap(1, dim);
+            let i = ids(&ishape, len, 50);
+            let (hi, di) = (Storage::Cpu(i.clone()), up(dev, &i));
+            check(format!("gather dim {dim}"), Storage::Cpu(a.clone()).gather(dim, &hi), up(dev, &a).gather(dim, &di));
+            let g = v(&ishape, 51, 1.0 / 5.0);
+            let want = Storage::Cpu(g.clone()).scatter_add(dim, &hi, a.shape());
+            check(format!("scatter_add dim {dim}"), want, up(dev, &g).scatter_add(dim, &di, a.shape()));
+        }
+    }
+    // Invalid ids: the host's typed error on the device too, for every indexing op.
+    for bad in [1.5, -1.0, 4.0, f64::NAN] {
+        let i = ArrayD::from_shape_vec(IxDyn(&[2]), vec![T::zero(), T::of_f64(bad)]).unwrap();
+        let i2 = i.clone().into_shape_with_order(IxDyn(&[1, 2])).unwrap();
+        let (hi, di, hi2, di2) = (Storage::Cpu(i.clone()), up(dev, &i), Storage::Cpu(i2.clone()), up(dev, &i2));
+        let a = v(&[4, 2], 3, 1.0);
+        let g = v(&[1, 2], 4, 1.0);
+        check(
+            format!("index_select id {bad}"),
+            Storage::Cpu(a.clone()).index_select(0, &hi),
+            up(dev, &a).index_select(0, &di),
+        );
+        check(
+            format!("index_add id {bad}"),
+            Storage::Cpu(a.clone()).index_add(1, &hi, 4),
+            up(dev, &a).index_add(1, &di, 4),
+        );
+        check(format!("gather id {bad}"), Storage::Cpu(a.clone()).gather(0, &hi2), up(dev, &a).gather(0, &di2));
+        let want = Storage::Cpu(g.clone()).scatter_add(0, &hi2, &[4, 2]);
+        check(format!("scatter_add id {bad}"), want, up(dev, &g).scatter_add(0, &di2, &[4, 2]));
+    }
+    cases
+}
+
+#[test]
+fn indexing_ops_match_the_host() {
+    let Some(dev) = device("indexing_ops_match_the_host") else { return };
+    let n = indexing_cases::<f64>(&dev) + indexing_cases::<f32>(&dev);
+    println!("GPUCHECK indexing_ops_match_the_host | PASS | {n} cases of where, tril/triu, argmax/argmin, cat, index_select, index_add, gather, scatter_add (uneven, empty, bad ids) bit-exact or the same typed error, f32/f64");
+}
+
+/// The copy kernels of one dtype on the device against the host, bit for bit.
+fn copy_cases<T: Scalar>(dev: &Arc<CudaDevice>) -> usize {
+    let v = |shape: &[usize], seed: u64| global(shape, seed).mapv(|x| T::of_f64(x + 48.0));
+    let dup = |a: &ArrayD<T>| Storage::Cuda(CudaStorage::from_host(dev, a).unwrap());
+    let a = v(&[5, 6, 7], 60);
+    let mut cases = 0;
+    let mut plans = vec![pack::permute(&[5, 6, 7], &[2, 0, 1]), pack::pad(&[5, 6, 7], &[6, 8, 7], &[1, 1, 0])];
+    for (dim, parts) in [(0usize, 2usize), (1, 4), (0, 8)] {
+        let mut block: Vec<usize> = vec![5, 6, 7];
+        block[dim] = block[dim].div_ceil(parts);
+        plans.push(pack::split(&[5, 6, 7], dim, parts, &block));
+    }
+    for plan in &plans {
+        let want = Storage::Cpu(a.clone()).pack(plan).unwrap().into_host().unwrap();
+        assert_eq!(dup(&a).pack(plan).unwrap().into_host().unwrap(), want, "pack {plan:?} {}", T::DTYPE);
+        cases += 1;
+    }
+    for dim in 0..3 {
+        let parts: Vec<ArrayD<T>> = [3usize, 0, 2]
+            .iter()
+            .map(|&k| {
+                let mut sh = vec![2, 3, 4];
+                sh[dim] = k;
+                v(&sh, 61 + k as u64)
+            })
+            .collect();
+        let (hp, dp): (Vec<Storage<T>>, Vec<Storage<T>>) =
+            parts.iter().map(|p| (Storage::Cpu(p.clone()), dup(p))).unzip();
+        let want = Storage::cat(&hp.iter().collect::<Vec<_>>(), dim).unwrap().into_host().unwrap();
+        let got = Storage::cat(&dp.iter().collect::<Vec<_>>(), dim).unwrap().into_host().unwrap();
+        assert_eq!(got, want, "cat dim {dim} {}", T::DTYPE);
+        cases += 1;
+    }
+    let target = Target::Cuda(Arc::clone(dev));
+    let want = ArrayD::from_elem(IxDyn(&[3, 4]), T::of_f64(7.0));
+    assert_eq!(Storage::<T>::full(&target, &[3, 4], T::of_f64(7.0)).unwrap().into_host().unwrap(), want);
+    cases + 1
+}
+
+#[test]
+fn copy_kernels_of_every_dtype() {
+    let Some(dev) = device("copy_kernels_of_every_dtype") else { return };
+    let n = copy_cases::<f32>(&dev)
+        + copy_cases::<f64>(&dev)
+        + copy_cases::<bf16>(&dev)
+        + copy_cases::<f16>(&dev)
+        + copy_cases::<i64>(&dev)
+        + copy_cases::<i32>(&dev)
+        + copy_cases::<u8>(&dev);
+    // Past the copies, the 16-bit floats and the integers have no kernels: a typed error.
+    let b = Storage::Cuda(CudaStorage::from_host(&dev, &global(&[2, 3], 1).mapv(bf16::from_f64)).unwrap());
+    assert!(matches!(b.unary(UnaryOp::Exp), Err(Error::Unsupported { .. })));
+    println!("GPUCHECK copy_kernels_of_every_dtype | PASS | {n} fill/pack/cat cases of f32 f64 bf16 f16 i64 i32 u8 bit-exact vs host, bf16 exp typed Unsupported");
 }
 
 #[test]

@@ -117,7 +117,7 @@ fn reduce_scatter_every_op(ctx: &RankCtx) -> Result<Outcome, String> {
                 let mine: Vec<f64> = (0..block * n).map(|i| val(dtype, ctx.rank(), i)).collect();
                 let send = to_bytes(dtype, &mine);
                 let mut recv = vec![0u8; send.len() / n];
-                let r = c.reduce_scatter(&g, &send, &mut recv, dtype, op);
+                let r = c.reduce_scatter(&g, &send, (&mut recv).into(), dtype, op);
                 if !defined(dtype, op) {
                     match r {
                         Err(Error::Unsupported { .. }) => continue,
@@ -145,7 +145,7 @@ fn all_gather_in_group_order(ctx: &RankCtx) -> Result<Outcome, String> {
         let l = 5;
         let send: Vec<u8> = (0..l).map(|k| pat(ctx.rank(), 0, k)).collect();
         let mut recv = vec![0u8; l * g.len()];
-        c.all_gather(&g, &send, &mut recv).map_err(fail)?;
+        c.all_gather(&g, &send, (&mut recv).into()).map_err(fail)?;
         let want: Vec<u8> = g.iter().flat_map(|&r| (0..l).map(move |k| pat(r, 0, k))).collect();
         if recv != want {
             return Err(format!("all_gather on {g:?}: got {recv:?}, expected {want:?}"));
@@ -162,7 +162,7 @@ fn all_to_all_routes_blocks(ctx: &RankCtx) -> Result<Outcome, String> {
         let l = 4;
         let send: Vec<u8> = (0..n).flat_map(|j| (0..l).map(move |k| pat(me, j, k))).collect();
         let mut recv = vec![0u8; send.len()];
-        c.all_to_all(&g, &send, &mut recv).map_err(fail)?;
+        c.all_to_all(&g, &send, (&mut recv).into()).map_err(fail)?;
         let want: Vec<u8> = (0..n).flat_map(|i| (0..l).map(move |k| pat(i, me, k))).collect();
         if recv != want {
             return Err(format!("all_to_all on {g:?}: got {recv:?}, expected {want:?}"));
@@ -255,7 +255,7 @@ fn bad_input_is_a_typed_error(ctx: &RankCtx) -> Result<Outcome, String> {
     let world: Vec<usize> = (0..n).collect();
     let others: Vec<usize> = (0..n).filter(|&r| r != ctx.rank()).collect();
     let mut recv = vec![0u8; 3];
-    let e = c.all_gather(&world, &[1, 2], &mut recv).unwrap_err();
+    let e = c.all_gather(&world, &[1, 2], (&mut recv).into()).unwrap_err();
     if !matches!(e, Error::BufferMismatch { .. }) && n != 1 {
         return Err(format!("wrong recv size gave {e:?}"));
     }
@@ -303,7 +303,8 @@ fn max_min_propagate_nan(ctx: &RankCtx) -> Result<Outcome, String> {
             }
             let send: Vec<f64> = (0..n).flat_map(|_| mine).collect();
             let mut recv = to_bytes(dtype, &[0.0, 0.0]);
-            c.reduce_scatter(&world, &to_bytes(dtype, &send), &mut recv, dtype, op).map_err(|e| e.to_string())?;
+            c.reduce_scatter(&world, &to_bytes(dtype, &send), (&mut recv).into(), dtype, op)
+                .map_err(|e| e.to_string())?;
             let got = from_bytes(dtype, &recv);
             if !got[0].is_nan() || got[1] != finite {
                 return Err(format!("reduce_scatter {op:?} {dtype}: got {got:?}, expected [NaN, {finite}]"));

@@ -7,7 +7,7 @@
 mod common;
 
 use common::{expected_shard, global};
-use dtensor_runtime::comm::Communicator;
+use dtensor_runtime::comm::{Communicator, RecvBuf};
 use dtensor_runtime::ndarray::ArrayD;
 use dtensor_runtime::{
     distribute_tensor, from_local, run, CollectiveKind, CommDebugMode, DType, Error, FromLocal, Partial, Placement,
@@ -112,7 +112,8 @@ fn partial_to_replicate_from_borrowed_and_owned_shards() {
 #[derive(Debug)]
 struct Defaults(ThreadComm);
 
-impl Communicator for Defaults {
+// SAFETY: every collective forwards to the thread backend, which upholds the contract.
+unsafe impl Communicator for Defaults {
     fn rank(&self) -> usize {
         self.0.rank()
     }
@@ -122,16 +123,16 @@ impl Communicator for Defaults {
     fn backend(&self) -> &'static str {
         "defaults"
     }
-    fn all_gather(&self, g: &[usize], send: &[u8], recv: &mut [u8]) -> Result<()> {
+    fn all_gather(&self, g: &[usize], send: &[u8], recv: RecvBuf<'_>) -> Result<()> {
         self.0.all_gather(g, send, recv)
     }
     fn all_reduce(&self, g: &[usize], buf: &mut [u8], dtype: DType, op: ReduceOp) -> Result<()> {
         self.0.all_reduce(g, buf, dtype, op)
     }
-    fn reduce_scatter(&self, g: &[usize], send: &[u8], recv: &mut [u8], dtype: DType, op: ReduceOp) -> Result<()> {
+    fn reduce_scatter(&self, g: &[usize], send: &[u8], recv: RecvBuf<'_>, dtype: DType, op: ReduceOp) -> Result<()> {
         self.0.reduce_scatter(g, send, recv, dtype, op)
     }
-    fn all_to_all(&self, g: &[usize], send: &[u8], recv: &mut [u8]) -> Result<()> {
+    fn all_to_all(&self, g: &[usize], send: &[u8], recv: RecvBuf<'_>) -> Result<()> {
         self.0.all_to_all(g, send, recv)
     }
     fn broadcast(&self, g: &[usize], buf: &mut [u8], root: usize) -> Result<()> {
@@ -176,7 +177,7 @@ fn strided_all_to_all_matches_packed_blocks() {
         let send = |r: usize| -> Vec<u8> { (0..rows * n * run).map(|i| (i * 7 + r * 31) as u8).collect() };
         let results = both_backends(n, |r, c| {
             let mut recv = vec![0u8; rows * n * run];
-            c.all_to_all_strided(&group, &send(r), rows, run, &mut recv).map(|()| recv)
+            c.all_to_all_strided(&group, &send(r), rows, run, (&mut recv).into()).map(|()| recv)
         });
         for got in results {
             for (me, recv) in got.into_iter().enumerate() {
@@ -192,7 +193,7 @@ fn strided_all_to_all_matches_packed_blocks() {
         }
     }
     // A layout that does not tile the buffer is an error on every member, not a panic.
-    for got in both_backends(2, |_, c| c.all_to_all_strided(&[0, 1], &[0u8; 10], 2, 3, &mut [0u8; 10])) {
+    for got in both_backends(2, |_, c| c.all_to_all_strided(&[0, 1], &[0u8; 10], 2, 3, (&mut [0u8; 10]).into())) {
         got.into_iter().for_each(|r| assert!(matches!(r, Err(Error::BufferMismatch { .. })), "{r:?}"));
     }
 }
@@ -208,7 +209,7 @@ fn out_of_place_all_reduce_matches_in_place() {
             let send = input(r);
             let mut recv = vec![0f64; len];
             let mut inplace = send.clone();
-            let into = bytemuck::cast_slice_mut(&mut recv);
+            let into = bytemuck::cast_slice_mut::<f64, u8>(&mut recv).into();
             c.all_reduce_into(&group, bytemuck::cast_slice(&send), into, DType::F64, ReduceOp::Sum)?;
             c.all_reduce(&group, bytemuck::cast_slice_mut(&mut inplace), DType::F64, ReduceOp::Sum)?;
             Ok::<_, Error>((send == input(r), recv, inplace))
@@ -224,8 +225,9 @@ fn out_of_place_all_reduce_matches_in_place() {
         }
     }
     // Lengths that differ between send and recv are an error, not a panic.
-    for got in both_backends(2, |_, c| c.all_reduce_into(&[0, 1], &[0u8; 8], &mut [0u8; 4], DType::F32, ReduceOp::Sum))
-    {
+    for got in both_backends(2, |_, c| {
+        c.all_reduce_into(&[0, 1], &[0u8; 8], (&mut [0u8; 4]).into(), DType::F32, ReduceOp::Sum)
+    }) {
         got.into_iter().for_each(|r| assert!(matches!(r, Err(Error::BufferMismatch { .. })), "{r:?}"));
     }
 }

@@ -129,7 +129,7 @@ fn racing_all_gathers_of_different_sizes_are_typed_errors() {
     race(30, |c, who| {
         let l = if who % 2 == 0 { 8 } else { 800 };
         let mut recv = vec![0u8; 2 * l + 4];
-        let r = c.all_gather(&[0, 1], &vec![who as u8 + 1; l], &mut recv[..2 * l]);
+        let r = c.all_gather(&[0, 1], &vec![who as u8 + 1; l], (&mut recv[..2 * l]).into());
         assert_eq!(&recv[2 * l..], &[0, 0, 0, 0], "write past the end of the buffer");
         if r.is_ok() {
             assert!(recv[..l].iter().all(|&x| x == recv[0]) && recv[l..2 * l].iter().all(|&x| x == recv[l]));
@@ -166,7 +166,7 @@ fn max_and_min_reductions_propagate_nan_like_pytorch() {
             let big: Vec<f64> = bytemuck::pod_collect_to_vec(&bb);
             let mut rs = vec![0u8; 8];
             let send = bytes(&[mine[0], mine[1], 1.0, 2.0, 3.0, 4.0]);
-            comm.reduce_scatter(&g, &send, &mut rs, DType::F32, ReduceOp::Max)?;
+            comm.reduce_scatter(&g, &send, (&mut rs).into(), DType::F32, ReduceOp::Max)?;
             Ok((f32s(&mx), f32s(&mn), big[12_345].is_nan(), big[0], f32s(&rs)))
         })
         .unwrap();

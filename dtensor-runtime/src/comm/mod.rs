@@ -20,6 +20,7 @@ mod group;
 pub mod mpi;
 #[cfg(feature = "cuda")]
 pub mod nccl;
+mod recv;
 pub mod reduce;
 pub(crate) mod self_comm;
 pub(crate) mod storage;
@@ -34,12 +35,19 @@ use crate::storage::Device;
 use std::fmt;
 use std::sync::Arc;
 
+pub(crate) use recv::filled;
+pub use recv::RecvBuf;
+
 /// Collectives over a *group*: a list of global ranks in group order that contains the
 /// calling rank. Every member of the group must make the same call with the same sizes.
 ///
 /// Buffers are raw bytes of elements of `dtype`; `root` is an index into `group`.
 /// A backend must fail (never hang forever) when a peer dies: time out or propagate.
-pub trait Communicator: Send + Sync + fmt::Debug {
+///
+/// # Safety
+/// A [`RecvBuf`] may be uninitialised memory that the caller treats as initialised once the
+/// call returns `Ok`: an implementation must then have written every one of its bytes.
+pub unsafe trait Communicator: Send + Sync + fmt::Debug {
     /// This process' global rank.
     fn rank(&self) -> usize;
     /// Number of ranks in the world.
@@ -73,34 +81,48 @@ pub trait Communicator: Send + Sync + fmt::Debug {
     }
 
     /// `recv` (= `group.len() * send.len()` bytes) receives every member's `send`, in group order.
-    fn all_gather(&self, group: &[usize], send: &[u8], recv: &mut [u8]) -> Result<()>;
+    fn all_gather(&self, group: &[usize], send: &[u8], recv: RecvBuf<'_>) -> Result<()>;
     /// Reduces `buf` element-wise over the group, in place; the result is identical on every member.
     fn all_reduce(&self, group: &[usize], buf: &mut [u8], dtype: DType, op: ReduceOp) -> Result<()>;
     /// `send` holds `group.len()` equal blocks; member `i` receives the reduction of block `i`.
-    fn reduce_scatter(&self, group: &[usize], send: &[u8], recv: &mut [u8], dtype: DType, op: ReduceOp) -> Result<()>;
+    fn reduce_scatter(&self, group: &[usize], send: &[u8], recv: RecvBuf<'_>, dtype: DType, op: ReduceOp)
+        -> Result<()>;
     /// `send` holds `group.len()` equal blocks; block `j` goes to member `j`, whose `recv`
     /// block `i` is what member `i` sent it.
-    fn all_to_all(&self, group: &[usize], send: &[u8], recv: &mut [u8]) -> Result<()>;
+    fn all_to_all(&self, group: &[usize], send: &[u8], recv: RecvBuf<'_>) -> Result<()>;
     /// Out-of-place all-reduce: `recv` (as long as `send`) receives the element-wise reduction
     /// of every member's `send`, identical on every member. The default copies `send` into
     /// `recv` and reduces in place; backends that read their peers' buffers override it to
     /// reduce straight from the inputs (one pass instead of a copy and a pass).
-    fn all_reduce_into(&self, group: &[usize], send: &[u8], recv: &mut [u8], dtype: DType, op: ReduceOp) -> Result<()> {
+    fn all_reduce_into(
+        &self,
+        group: &[usize],
+        send: &[u8],
+        mut recv: RecvBuf<'_>,
+        dtype: DType,
+        op: ReduceOp,
+    ) -> Result<()> {
         if send.len() != recv.len() {
             return Err(crate::error::Error::BufferMismatch {
                 op: "all_reduce".into(),
                 reason: format!("send has {} bytes, recv {}", send.len(), recv.len()),
             });
         }
-        recv.copy_from_slice(send);
-        self.all_reduce(group, recv, dtype, op)
+        self.all_reduce(group, recv.init_from(send), dtype, op)
     }
     /// [`all_to_all`](Self::all_to_all) whose send blocks are the column blocks of a row-major
     /// buffer of `rows` rows of `group.len()` runs of `run` bytes each: block `j` is run `j` of
     /// every row (a split along a non-leading tensor dim). `recv` receives contiguous blocks,
     /// as from `all_to_all`. The default packs the blocks and calls `all_to_all`; backends that
     /// read their peers' buffers override it to copy the runs straight into `recv`.
-    fn all_to_all_strided(&self, group: &[usize], send: &[u8], rows: usize, run: usize, recv: &mut [u8]) -> Result<()> {
+    fn all_to_all_strided(
+        &self,
+        group: &[usize],
+        send: &[u8],
+        rows: usize,
+        run: usize,
+        recv: RecvBuf<'_>,
+    ) -> Result<()> {
         let n = group.len();
         if rows.checked_mul(run).and_then(|b| b.checked_mul(n)) != Some(send.len()) {
             return Err(crate::error::Error::BufferMismatch {

@@ -30,8 +30,8 @@
 //! one process may launch several programs in turn. Every call into MPI from this module is
 //! serialised by one lock, so the communicator is safe to share between threads.
 
-use super::Communicator;
 use super::{check, group, reduce};
+use super::{Communicator, RecvBuf};
 use crate::element::DType;
 use crate::error::{Error, Result};
 use crate::placement::ReduceOp;
@@ -287,7 +287,9 @@ fn reduce_scatter_typed<T: bytemuck::Pod + Equivalence>(
     recv.copy_from_slice(bytemuck::cast_slice(&out));
 }
 
-impl Communicator for MpiComm {
+// SAFETY: MPI writes into initialised memory only, so every `RecvBuf` is zero-filled first
+// (`RecvBuf::zeroed`) and then overwritten by the collective.
+unsafe impl Communicator for MpiComm {
     fn rank(&self) -> usize {
         self.rank
     }
@@ -320,7 +322,8 @@ impl Communicator for MpiComm {
         Ok(())
     }
 
-    fn all_gather(&self, group: &[usize], send: &[u8], recv: &mut [u8]) -> Result<()> {
+    fn all_gather(&self, group: &[usize], send: &[u8], mut recv: RecvBuf<'_>) -> Result<()> {
+        let recv = recv.zeroed();
         check::blocks("all_gather", "recv", recv.len(), group.len(), send.len())?;
         self.with_group("all_gather", group, &[recv.len()], |c, _| c.all_gather_into(send, recv))
     }
@@ -332,7 +335,7 @@ impl Communicator for MpiComm {
             // MPI has no 16-bit float datatype: gather every member's buffer and fold it here,
             // in group order, so every member gets the same bits.
             let mut all = vec![0u8; buf.len() * group.len()];
-            self.all_gather(group, buf, &mut all)?;
+            self.all_gather(group, buf, (&mut all).into())?;
             return reduce::fold_blocks(dtype, op, &all, buf);
         }
         // MPI_MAX/MPI_MIN drop NaN operands: reduce a NaN mask alongside (as PyTorch, a NaN wins).
@@ -358,14 +361,22 @@ impl Communicator for MpiComm {
         Ok(())
     }
 
-    fn reduce_scatter(&self, group: &[usize], send: &[u8], recv: &mut [u8], dtype: DType, op: ReduceOp) -> Result<()> {
+    fn reduce_scatter(
+        &self,
+        group: &[usize],
+        send: &[u8],
+        mut recv: RecvBuf<'_>,
+        dtype: DType,
+        op: ReduceOp,
+    ) -> Result<()> {
+        let recv = recv.zeroed();
         check::blocks("reduce_scatter", "send", send.len(), group.len(), recv.len())?;
         check::whole("reduce_scatter", recv.len(), dtype)?;
         reduce::check_op(dtype, op)?;
         if dtype.is_half() {
             // As in all_reduce, reduced locally: member i receives every member's block i.
             let mut mine = vec![0u8; send.len()];
-            self.all_to_all(group, send, &mut mine)?;
+            self.all_to_all(group, send, (&mut mine).into())?;
             return reduce::fold_blocks(dtype, op, &mine, recv);
         }
         // As in all_reduce: MPI_MAX/MPI_MIN drop NaN operands, a reduced mask restores them.
@@ -392,7 +403,8 @@ impl Communicator for MpiComm {
         Ok(())
     }
 
-    fn all_to_all(&self, group: &[usize], send: &[u8], recv: &mut [u8]) -> Result<()> {
+    fn all_to_all(&self, group: &[usize], send: &[u8], mut recv: RecvBuf<'_>) -> Result<()> {
+        let recv = recv.zeroed();
         check::all_to_all(send.len(), recv.len(), group.len())?;
         self.with_group("all_to_all", group, &[send.len()], |c, _| c.all_to_all_into(send, recv))
     }

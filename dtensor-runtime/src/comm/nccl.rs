@@ -28,8 +28,8 @@
 //! [`Error::Backend`] / [`Error::CollectiveTimeout`]; the communicator is unusable afterwards.
 
 use super::bootstrap::Rendezvous;
-use super::Communicator;
 use super::{check, group, reduce};
+use super::{Communicator, RecvBuf};
 use crate::cuda::{cuda_err, require, CudaDevice, CudaLib};
 use crate::element::DType;
 use crate::error::{Error, Result};
@@ -262,7 +262,9 @@ fn nccl_op(op: ReduceOp) -> sys::ncclRedOp_t {
 
 const U8: sys::ncclDataType_t = sys::ncclDataType_t::ncclUint8;
 
-impl Communicator for NcclComm {
+// SAFETY: results come back through host copies into initialised memory, so every
+// `RecvBuf` is zero-filled first (`RecvBuf::zeroed`) and then overwritten.
+unsafe impl Communicator for NcclComm {
     fn rank(&self) -> usize {
         self.rank
     }
@@ -291,7 +293,8 @@ impl Communicator for NcclComm {
         Ok(())
     }
 
-    fn all_gather(&self, group: &[usize], send: &[u8], recv: &mut [u8]) -> Result<()> {
+    fn all_gather(&self, group: &[usize], send: &[u8], mut recv: RecvBuf<'_>) -> Result<()> {
+        let recv = recv.zeroed();
         check::blocks("all_gather", "recv", recv.len(), group.len(), send.len())?;
         if send.is_empty() {
             return self.my_index("all_gather", group).map(|_| ());
@@ -322,7 +325,15 @@ impl Communicator for NcclComm {
         Ok(())
     }
 
-    fn reduce_scatter(&self, group: &[usize], send: &[u8], recv: &mut [u8], dtype: DType, op: ReduceOp) -> Result<()> {
+    fn reduce_scatter(
+        &self,
+        group: &[usize],
+        send: &[u8],
+        mut recv: RecvBuf<'_>,
+        dtype: DType,
+        op: ReduceOp,
+    ) -> Result<()> {
+        let recv = recv.zeroed();
         reduce::check_op(dtype, op)?;
         let mask = reduce::drops_nan(dtype, op).then(|| reduce::nan_mask(dtype, send));
         self.reduce_scatter_native(group, send, recv, dtype, op)?;
@@ -334,7 +345,8 @@ impl Communicator for NcclComm {
         Ok(())
     }
 
-    fn all_to_all(&self, group: &[usize], send: &[u8], recv: &mut [u8]) -> Result<()> {
+    fn all_to_all(&self, group: &[usize], send: &[u8], mut recv: RecvBuf<'_>) -> Result<()> {
+        let recv = recv.zeroed();
         let n = group.len();
         check::all_to_all(send.len(), recv.len(), n)?;
         if send.is_empty() {

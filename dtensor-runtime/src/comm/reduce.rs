@@ -3,6 +3,7 @@
 use crate::element::DType;
 use crate::error::{Error, Result};
 use crate::placement::ReduceOp;
+use std::mem::MaybeUninit;
 
 /// Calls the generic `$f::<T>(args)` with `T` the Rust type of `$dtype`: the one place a new
 /// dtype is added to the byte-level reductions.
@@ -138,17 +139,34 @@ pub fn accumulate(dtype: DType, op: ReduceOp, acc: &mut [u8], x: &[u8]) -> Resul
     Ok(())
 }
 
-fn combine_typed<T: Fold>(op: ReduceOp, out: &mut [u8], a: &[u8], b: &[u8]) {
+fn combine_typed<T: Fold>(op: ReduceOp, out: &mut [MaybeUninit<u8>], a: &[u8], b: &[u8]) {
     let (a, b) = (typed::<T>(a), typed::<T>(b));
     let f = op_fn::<T>(op);
-    // One tight loop per op, as in `fold`.
-    on_typed_mut::<T>(out, |o| o.iter_mut().zip(a.iter().zip(b.iter())).for_each(|(o, (a, b))| *o = f(*a, *b)));
+    let n = a.len();
+    if out.as_ptr().cast::<T>().is_aligned() {
+        // SAFETY: `out` holds `n` elements' bytes (checked by `combine`), aligned for `T`;
+        // `MaybeUninit<T>` needs no initialised contents.
+        let o = unsafe { std::slice::from_raw_parts_mut(out.as_mut_ptr().cast::<MaybeUninit<T>>(), n) };
+        // One tight loop per op, as in `fold`.
+        o.iter_mut().zip(a.iter().zip(b.iter())).for_each(|(o, (a, b))| {
+            o.write(f(*a, *b));
+        });
+    } else {
+        let v: Vec<T> = a.iter().zip(b.iter()).map(|(a, b)| f(*a, *b)).collect();
+        out.write_copy_of_slice(bytemuck::cast_slice(&v));
+    }
 }
 
 /// `out = a ⊕ b` element-wise: the first fold of a reduction written straight into its
-/// output (one pass instead of a copy of `a` and an [`accumulate`]). `Avg` sums; call
-/// [`finish`] afterwards.
-pub fn combine(dtype: DType, op: ReduceOp, out: &mut [u8], a: &[u8], b: &[u8]) -> Result<()> {
+/// output (one pass instead of a copy of `a` and an [`accumulate`]), which need not be
+/// initialised; returns it initialised. `Avg` sums; call [`finish`] afterwards.
+pub fn combine<'o>(
+    dtype: DType,
+    op: ReduceOp,
+    out: &'o mut [MaybeUninit<u8>],
+    a: &[u8],
+    b: &[u8],
+) -> Result<&'o mut [u8]> {
     check_op(dtype, op)?;
     if a.len() != out.len() || b.len() != out.len() {
         return Err(Error::BufferMismatch {
@@ -156,8 +174,15 @@ pub fn combine(dtype: DType, op: ReduceOp, out: &mut [u8], a: &[u8], b: &[u8]) -
             reason: format!("inputs have {} and {} bytes, the output {}", a.len(), b.len(), out.len()),
         });
     }
+    if !a.len().is_multiple_of(dtype.size_of()) {
+        return Err(Error::BufferMismatch {
+            op: format!("reduce({op})"),
+            reason: format!("{} bytes is not a whole number of {dtype}", a.len()),
+        });
+    }
     with_dtype!(dtype, combine_typed(op, out, a, b));
-    Ok(())
+    // SAFETY: `combine_typed` wrote all `a.len() == out.len()` bytes.
+    Ok(unsafe { &mut *(std::ptr::from_mut::<[MaybeUninit<u8>]>(out) as *mut [u8]) })
 }
 
 /// Final step of a reduction over `n` members (divides by `n` for `Avg`).
@@ -249,13 +274,13 @@ mod tests {
     fn combine_equals_copy_then_accumulate() {
         let (a, b) = ([1.0f32, f32::NAN, -2.0, 4.0], [3.0f32, 1.0, f32::NAN, -5.0]);
         for op in [ReduceOp::Sum, ReduceOp::Avg, ReduceOp::Max, ReduceOp::Min, ReduceOp::Product] {
-            let mut out = vec![0u8; 16];
-            combine(DType::F32, op, &mut out, bytemuck::cast_slice(&a), bytemuck::cast_slice(&b)).unwrap();
-            let got: Vec<f32> = bytemuck::pod_collect_to_vec(&out);
+            let mut out = [std::mem::MaybeUninit::<u8>::uninit(); 16];
+            let out = combine(DType::F32, op, &mut out, bytemuck::cast_slice(&a), bytemuck::cast_slice(&b)).unwrap();
+            let got: Vec<f32> = bytemuck::pod_collect_to_vec(out);
             let want = reduce_f32(op, &a, &b);
             assert!(got.iter().zip(&want).all(|(g, w)| g == w || (g.is_nan() && w.is_nan())), "{op}: {got:?}");
         }
-        assert!(combine(DType::F32, ReduceOp::Sum, &mut [0u8; 8], &[0u8; 4], &[0u8; 8]).is_err());
+        assert!(combine(DType::F32, ReduceOp::Sum, &mut [MaybeUninit::new(0); 8], &[0u8; 4], &[0u8; 8]).is_err());
     }
 
     #[test]

@@ -1,7 +1,7 @@
 //! `SelfComm`: the communicator of a one-rank world on one device, where every collective
 //! is a copy. Local tensors (PyTorch's plain `torch.Tensor`) live on meshes made of it.
 
-use super::Communicator;
+use super::{Communicator, RecvBuf};
 use crate::cuda::CudaDevice;
 use crate::element::DType;
 use crate::error::Result;
@@ -24,7 +24,8 @@ impl SelfComm {
     }
 }
 
-impl Communicator for SelfComm {
+// SAFETY: each collective with a `RecvBuf` copies a whole `send` of its length into it.
+unsafe impl Communicator for SelfComm {
     fn rank(&self) -> usize {
         0
     }
@@ -43,19 +44,19 @@ impl Communicator for SelfComm {
             Target::Cuda(d) => Some(Arc::clone(d)),
         }
     }
-    fn all_gather(&self, _g: &[usize], send: &[u8], recv: &mut [u8]) -> Result<()> {
-        recv.copy_from_slice(send);
+    fn all_gather(&self, _g: &[usize], send: &[u8], mut recv: RecvBuf<'_>) -> Result<()> {
+        recv.init_from(send);
         Ok(())
     }
     fn all_reduce(&self, _g: &[usize], _buf: &mut [u8], _dtype: DType, _op: ReduceOp) -> Result<()> {
         Ok(())
     }
-    fn reduce_scatter(&self, _g: &[usize], send: &[u8], recv: &mut [u8], _d: DType, _op: ReduceOp) -> Result<()> {
-        recv.copy_from_slice(send);
+    fn reduce_scatter(&self, _g: &[usize], send: &[u8], mut recv: RecvBuf<'_>, _d: DType, _op: ReduceOp) -> Result<()> {
+        recv.init_from(send);
         Ok(())
     }
-    fn all_to_all(&self, _g: &[usize], send: &[u8], recv: &mut [u8]) -> Result<()> {
-        recv.copy_from_slice(send);
+    fn all_to_all(&self, _g: &[usize], send: &[u8], mut recv: RecvBuf<'_>) -> Result<()> {
+        recv.init_from(send);
         Ok(())
     }
     fn broadcast(&self, _g: &[usize], _buf: &mut [u8], _root: usize) -> Result<()> {

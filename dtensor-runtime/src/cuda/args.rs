@@ -44,6 +44,24 @@ pub struct Reduce {
     pub rstride: [i64; MAX_DIMS],
 }
 
+/// Index struct of `gather` and of its gradient: the iterated shape and the row-major strides
+/// and shape of the other operand (the gathered input, or the gradient a scatter reads): the
+/// kernels' `struct Gather`.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Gather {
+    /// Number of dims.
+    pub nd: i32,
+    /// The indexed dim.
+    pub dim: i32,
+    /// The iterated shape (the ids' for `gather`, the output's for `scatter_add`).
+    pub shape: [i64; MAX_DIMS],
+    /// Row-major strides of the other operand.
+    pub stride: [i64; MAX_DIMS],
+    /// Shape of the other operand.
+    pub bound: [i64; MAX_DIMS],
+}
+
 /// Number of `u64` per block in the pack table (the kernels' `PACK_ROW`): src offset, dst
 /// offset, dims, first element, then extents, src strides and dst strides (`MAX_DIMS` each).
 pub const PACK_ROW: usize = 4 + 3 * MAX_DIMS;
@@ -239,4 +257,38 @@ pub fn pack_table(plan: &PackPlan) -> Result<(Vec<u64>, u64)> {
         total += blk.len() as u64;
     }
     Ok((table, total))
+}
+
+/// Index structs of `where(cond, a, b)` broadcast to `shape` (checked by the caller): the
+/// strides of `cond` and `a`, then those of `b`.
+pub fn where_(shape: &[usize], cond: &[usize], a: &[usize], b: &[usize]) -> Result<(Strided, Strided)> {
+    Ok((broadcast("where", shape, cond, a)?, broadcast("where", shape, b, b)?))
+}
+
+/// `(outer, len, inner)` of a row-major `shape` around `dim`: the products of the dims before
+/// it, its size, and the product of the dims after it.
+pub fn along(shape: &[usize], dim: usize) -> (u64, u64, u64) {
+    let outer: usize = shape[..dim].iter().product();
+    let inner: usize = shape[dim + 1..].iter().product();
+    (outer as u64, shape[dim] as u64, inner as u64)
+}
+
+/// `(width, stride, offset)` of the `cat` kernel for a part of `shape` that starts at `start`
+/// along `dim` of an output whose `dim` has size `total`.
+pub fn cat_part(shape: &[usize], dim: usize, total: usize, start: usize) -> (u64, u64, u64) {
+    let inner: usize = shape[dim + 1..].iter().product();
+    ((shape[dim] * inner) as u64, (total * inner) as u64, (start * inner) as u64)
+}
+
+/// Index struct of `gather` along `dim` (iterating the ids' `shape` over the input `other`) or
+/// of its gradient (iterating the output's `shape` over the gradient `other`).
+pub fn gather(op: &str, shape: &[usize], other: &[usize], dim: usize) -> Result<Gather> {
+    check_dims(op, shape.len())?;
+    Ok(Gather {
+        nd: shape.len() as i32,
+        dim: dim as i32,
+        shape: dims_array(shape),
+        stride: dims_array(&contiguous_strides(other)),
+        bound: dims_array(other),
+    })
 }

@@ -131,7 +131,8 @@ pub(crate) fn cuda_err(what: &str, e: impl std::fmt::Debug) -> Error {
     Error::Backend { backend: "cuda".into(), message: format!("{what}: {e:?}") }
 }
 
-/// The error of a device op on an element type without CUDA kernels (the 16-bit floats).
+/// The error of a device op on an element type without its CUDA kernel (the 16-bit floats
+/// and the integers have only the copy kernels: fills, pack plans, concatenation).
 #[cfg(feature = "cuda")]
 pub(crate) fn no_kernels(op: &str, dtype: &str) -> Error {
     Error::Unsupported { op: op.into(), reason: format!("dtype {dtype} has no CUDA kernels yet") }

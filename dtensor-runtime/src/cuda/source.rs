@@ -3,8 +3,9 @@
 //! CPU test that checks it against [`crate::rng`] bit for bit.
 //!
 //! The typed kernels are written once over `T` / `SFX` and instantiated for each row of
-//! [`DTYPES`] (kernel `name_f32`, `name_f64`). Kernels take raw element counts, a grid-stride
-//! loop covers any grid, and index arithmetic is 64-bit. Op codes are the `*_CODE` functions
+//! [`DTYPES`] (kernel `name_f32`, `name_f64`); the kernels that only move elements also for
+//! each row of [`COPY_DTYPES`] (the 16-bit floats and the integers). Kernels take raw element
+//! counts, a grid-stride loop covers any grid, and index arithmetic is 64-bit. Op codes are the `*_CODE` functions
 //! of `storage::cuda`, which the `switch`es here must agree with (the device tests check every
 //! code against the host kernels).
 //!
@@ -26,7 +27,7 @@ pub const MAX_DIMS: usize = 8;
 pub const BLOCK: u32 = 256;
 
 /// Per-dtype kernels (base names; the compiled names end in `_f32` / `_f64`).
-pub const TYPED_KERNELS: [&str; 13] = [
+pub const TYPED_KERNELS: [&str; 22] = [
     "fill",
     "unary",
     "binary",
@@ -40,14 +41,44 @@ pub const TYPED_KERNELS: [&str; 13] = [
     "random",
     "sgd",
     "sgd_momentum",
+    "where",
+    "tri",
+    "arg_reduce",
+    "cat",
+    "check_ids",
+    "index_select",
+    "index_add",
+    "gather",
+    "scatter_add",
 ];
+
+/// The element types that have only the copy kernels ([`COPY_KERNELS`]): the 16-bit floats
+/// and the integers, as a C type of their width (a copy moves bits, so `unsigned short`
+/// serves bf16 and f16 alike).
+pub const COPY_DTYPES: [(&str, &str); 5] = [
+    ("unsigned short", "bf16"),
+    ("unsigned short", "f16"),
+    ("long long", "i64"),
+    ("int", "i32"),
+    ("unsigned char", "u8"),
+];
+
+/// The kernels that only move elements (fills, pack plans, concatenation): instantiated for
+/// [`DTYPES`] and [`COPY_DTYPES`], so every dtype redistributes and concatenates on a device.
+pub const COPY_KERNELS: [&str; 3] = ["fill", "pack", "cat"];
 
 /// [`TYPED_KERNELS`] plus this one: the AdamW update.
 pub const ADAMW: &str = "adamw";
 
-/// Every compiled kernel name: the typed kernels per dtype and the casts `cast_<from>_<to>`.
+/// Every compiled kernel name: the typed kernels per dtype, the copy kernels of the copy-only
+/// dtypes, and the casts `cast_<from>_<to>`.
 pub fn kernel_names() -> Vec<String> {
     let mut names = Vec::new();
+    for (_, sfx) in COPY_DTYPES {
+        for k in COPY_KERNELS {
+            names.push(format!("{k}_{sfx}"));
+        }
+    }
     for (_, sfx) in DTYPES {
         for k in TYPED_KERNELS.iter().chain([&ADAMW]) {
             names.push(format!("{k}_{sfx}"));
@@ -278,6 +309,10 @@ DEV i64 dt_index(double v, u64 n) {
     return (i64)v;
 }
 
+/* Gather and its gradient: the iterated shape, and the row-major strides and shape of the other
+   operand (the gathered input, or the gradient a scatter reads). */
+struct Gather { int nd; int dim; i64 shape[MAX_DIMS]; i64 stride[MAX_DIMS]; i64 bound[MAX_DIMS]; };
+
 /* Pack plan table: one row of PACK_ROW u64 per block: src offset, dst offset, dims, first
    element, extents[MAX_DIMS], src strides[MAX_DIMS], dst strides[MAX_DIMS]. */
 #define PACK_ROW (4 + 3 * MAX_DIMS)
@@ -285,7 +320,6 @@ DEV i64 dt_index(double v, u64 n) {
 
 /// The per-dtype kernels (`T` and `SFX` defined in front).
 const TYPED: &str = r#"
-extern "C" __global__ void K(fill)(T* o, u64 n, T v) { GRID_LOOP(i, n) o[i] = v; }
 
 extern "C" __global__ void K(unary)(const T* a, T* o, u64 n, int op, T s, T t) {
     GRID_LOOP(i, n) o[i] = dt_unary<T>(op, a[i], s, t);
@@ -356,27 +390,6 @@ extern "C" __global__ void K(softmax_bwd)(const T* y, const T* g, T* o, u64 lane
     }
 }
 
-/* Every element of every block of a pack plan, one thread each (blocks found by binary search
-   on their first element). */
-extern "C" __global__ void K(pack)(const T* src, T* dst, const u64* table, u64 nblocks, u64 total) {
-    GRID_LOOP(i, total) {
-        u64 lo = 0, hi = nblocks - 1;
-        while (lo < hi) {
-            u64 mid = (lo + hi + 1) / 2;
-            if (table[mid * PACK_ROW + 3] <= i) lo = mid; else hi = mid - 1;
-        }
-        const u64* b = table + lo * PACK_ROW;
-        u64 r = i - b[3], so = b[0], d = b[1];
-        for (int k = (int)b[2] - 1; k >= 0; --k) {
-            u64 e = b[4 + k], ik = r % e;
-            r /= e;
-            so += ik * b[4 + MAX_DIMS + k];
-            d += ik * b[4 + 2 * MAX_DIMS + k];
-        }
-        dst[d] = src[so];
-    }
-}
-
 /* Rows ids - row0 of a [rows, cols] table shard, zeros for other ids; *bad = 1 on an invalid id. */
 extern "C" __global__ void K(embedding)(const T* table, const T* ids, T* o, u64 nids, u64 cols, u64 rows, u64 row0, u64 vocab, int* bad) {
     GRID_LOOP(i, nids * cols) {
@@ -415,6 +428,104 @@ extern "C" __global__ void K(random)(T* o, u64 n, Strided g, u64 base, unsigned 
     }
 }
 
+/* a where cond is non-zero (NaN counts), else b; g holds the strides of cond and a, h those of b. */
+extern "C" __global__ void K(where)(const T* c, const T* a, const T* b, T* o, u64 n, Strided g, Strided h) {
+    GRID_LOOP(i, n) {
+        i64 ic, ia, ib, unused;
+        dt_offsets(g, i, &ic, &ia);
+        dt_offsets(h, i, &ib, &unused);
+        o[i] = c[ic] != (T)0 ? a[ia] : b[ib];
+    }
+}
+
+/* tril (lower) or triu relative to `diagonal` of the last two dims [rows, cols] of a shard whose
+   last two dims start at global (row0, col0): a causal mask's local block. */
+extern "C" __global__ void K(tri)(const T* a, T* o, u64 n, u64 rows, u64 cols, int lower, i64 diagonal, i64 row0, i64 col0) {
+    GRID_LOOP(i, n) {
+        i64 j = (i64)(i % cols) + col0, r = (i64)((i / cols) % rows) + row0;
+        int keep = lower ? j - r <= diagonal : j - r >= diagonal;
+        o[i] = keep ? a[i] : (T)0;
+    }
+}
+
+/* First index of the maximum (max) or minimum of each lane (softmax's lane layout), one thread
+   per lane; a NaN counts as the extreme, so the scan stops at the first one (PyTorch). */
+extern "C" __global__ void K(arg_reduce)(const T* a, T* o, u64 lanes, u64 len, u64 inner, int max) {
+    GRID_LOOP(l, lanes) {
+        u64 base = (l / inner) * len * inner + l % inner, at = 0;
+        T best = a[base];
+        for (u64 k = 1; k < len && best == best; ++k) {
+            T v = a[base + k * inner];
+            if (v != v || (max ? v > best : v < best)) { best = v; at = k; }
+        }
+        o[l] = (T)at;
+    }
+}
+
+/* *bad = 1 when an id is not a whole number in [0, bound). */
+extern "C" __global__ void K(check_ids)(const T* ids, u64 n, u64 bound, int* bad) {
+    GRID_LOOP(i, n) if (dt_index((double)ids[i], bound) < 0) atomicExch(bad, 1);
+}
+
+/* [outer, nids, inner] from [outer, len, inner] at ids (checked before, skipped if bad). */
+extern "C" __global__ void K(index_select)(const T* a, const T* ids, T* o, u64 n, u64 len, u64 nids, u64 inner) {
+    GRID_LOOP(i, n) {
+        u64 c = i % inner, k = (i / inner) % nids, outer = i / (inner * nids);
+        i64 v = dt_index((double)ids[k], len);
+        o[i] = v < 0 ? (T)0 : a[(outer * len + (u64)v) * inner + c];
+    }
+}
+
+/* Gradient of index_select, [outer, len, inner] from g [outer, nids, inner]. Each output sums
+   its ids' slices in id order (no atomics): deterministic and bit-identical to the host. */
+extern "C" __global__ void K(index_add)(const T* g, const T* ids, T* o, u64 n, u64 len, u64 nids, u64 inner) {
+    GRID_LOOP(i, n) {
+        u64 c = i % inner, j = (i / inner) % len, outer = i / (inner * len);
+        T acc = (T)0;
+        for (u64 k = 0; k < nids; ++k)
+            if (dt_index((double)ids[k], len) == (i64)j) acc += g[(outer * nids + k) * inner + c];
+        o[i] = acc;
+    }
+}
+
+/* out[ix] = a[ix with ix[dim] = ids[ix]]: g iterates the ids' shape over a's strides. */
+extern "C" __global__ void K(gather)(const T* a, const T* ids, T* o, u64 n, u64 len, Gather g) {
+    GRID_LOOP(i, n) {
+        i64 src = 0;
+        u64 r = i;
+        for (int d = g.nd - 1; d >= 0; --d) {
+            i64 k = (i64)(r % (u64)g.shape[d]);
+            r /= (u64)g.shape[d];
+            if (d != g.dim) src += k * g.stride[d];
+        }
+        i64 v = dt_index((double)ids[i], len);
+        o[i] = v < 0 ? (T)0 : a[src + v * g.stride[g.dim]];
+    }
+}
+
+/* Gradient of gather: g iterates the output's shape over the gradient's strides and shape; each
+   output sums the gradient entries of its lane whose id names it, in lane order (no atomics):
+   deterministic and bit-identical to the host. */
+extern "C" __global__ void K(scatter_add)(const T* gr, const T* ids, T* o, u64 n, u64 len, Gather g) {
+    GRID_LOOP(i, n) {
+        i64 base = 0, at = 0;
+        u64 r = i;
+        int inside = 1;
+        for (int d = g.nd - 1; d >= 0; --d) {
+            i64 k = (i64)(r % (u64)g.shape[d]);
+            r /= (u64)g.shape[d];
+            if (d == g.dim) at = k;
+            else { inside = inside && k < g.bound[d]; base += k * g.stride[d]; }
+        }
+        T acc = (T)0;
+        for (i64 k = 0; inside && k < g.bound[g.dim]; ++k) {
+            i64 p = base + k * g.stride[g.dim];
+            if (dt_index((double)ids[p], len) == at) acc += gr[p];
+        }
+        o[i] = acc;
+    }
+}
+
 /* The optimizer updates, operation for operation as the host kernels (see --fmad=false). */
 extern "C" __global__ void K(sgd)(T* w, const T* g, u64 n, T lr, T wd) {
     GRID_LOOP(i, n) {
@@ -440,6 +551,37 @@ extern "C" __global__ void K(adamw)(T* w, const T* g, T* m, T* v, u64 n, T lr, T
         wi -= lr * (mi / c1) / (sqrt(vi / c2) + eps);
         m[i] = mi; v[i] = vi; w[i] = wi;
     }
+}
+"#;
+
+/// The kernels of [`COPY_KERNELS`] (`T` and `SFX` defined in front): they only move elements.
+const COPY: &str = r#"
+extern "C" __global__ void K(fill)(T* o, u64 n, T v) { GRID_LOOP(i, n) o[i] = v; }
+
+/* Every element of every block of a pack plan, one thread each (blocks found by binary search
+   on their first element). */
+extern "C" __global__ void K(pack)(const T* src, T* dst, const u64* table, u64 nblocks, u64 total) {
+    GRID_LOOP(i, total) {
+        u64 lo = 0, hi = nblocks - 1;
+        while (lo < hi) {
+            u64 mid = (lo + hi + 1) / 2;
+            if (table[mid * PACK_ROW + 3] <= i) lo = mid; else hi = mid - 1;
+        }
+        const u64* b = table + lo * PACK_ROW;
+        u64 r = i - b[3], so = b[0], d = b[1];
+        for (int k = (int)b[2] - 1; k >= 0; --k) {
+            u64 e = b[4 + k], ik = r % e;
+            r /= e;
+            so += ik * b[4 + MAX_DIMS + k];
+            d += ik * b[4 + 2 * MAX_DIMS + k];
+        }
+        dst[d] = src[so];
+    }
+}
+
+/* One part of a concatenation: its rows of `width` elements land `stride` apart from `offset`. */
+extern "C" __global__ void K(cat)(const T* src, T* o, u64 n, u64 width, u64 stride, u64 offset) {
+    GRID_LOOP(i, n) o[(i / width) * stride + offset + i % width] = src[i];
 }
 "#;
 
@@ -474,7 +616,10 @@ pub fn module_source() -> String {
     s.push_str(PRELUDE);
     s.push_str(RNG_SOURCE);
     for (ty, sfx) in DTYPES {
-        s.push_str(&format!("\n#define T {ty}\n#define SFX {sfx}\n{TYPED}\n#undef T\n#undef SFX\n"));
+        s.push_str(&format!("\n#define T {ty}\n#define SFX {sfx}\n{COPY}{TYPED}\n#undef T\n#undef SFX\n"));
+    }
+    for (ty, sfx) in COPY_DTYPES {
+        s.push_str(&format!("\n#define T {ty}\n#define SFX {sfx}\n{COPY}\n#undef T\n#undef SFX\n"));
     }
     for (from, fsfx) in DTYPES {
         for (to, tsfx) in DTYPES {
@@ -494,9 +639,12 @@ mod tests {
     fn every_kernel_name_is_defined_once_per_dtype() {
         let src = module_source();
         for k in TYPED_KERNELS.iter().chain([&ADAMW]) {
-            assert!(TYPED.contains(&format!("void K({k})(")), "{k} has no definition");
+            let def = format!("void K({k})(");
+            assert!(TYPED.contains(&def) != COPY.contains(&def), "{k} is not defined exactly once");
+            assert_eq!(COPY.contains(&def), COPY_KERNELS.contains(k), "{k}");
         }
-        assert_eq!(kernel_names().len(), DTYPES.len() * (TYPED_KERNELS.len() + 1 + DTYPES.len()));
+        let copies = COPY_DTYPES.len() * COPY_KERNELS.len();
+        assert_eq!(kernel_names().len(), DTYPES.len() * (TYPED_KERNELS.len() + 1 + DTYPES.len()) + copies);
         assert!(src.contains("cast_f64_f32"));
     }
 }

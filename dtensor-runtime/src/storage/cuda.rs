@@ -9,22 +9,29 @@
 //!
 //! On the device: every unary and binary op (broadcast by strides, no copies), reductions,
 //! softmax, pack plans (one launch per plan), embedding, casts, fills, the optimizer updates,
-//! Philox random fills bit-identical to the host's, and cuBLAS gemm / strided-batched gemm.
-//! Not yet on the device (a typed [`Error::Unsupported`] naming the op): `where`, `tril`/`triu`,
-//! `argmax`/`argmin`, `cat`, `index_select`, `gather` and their backwards. Inputs the kernels
-//! cannot index are typed errors too: more than [`MAX_DIMS`](crate::cuda::source::MAX_DIMS)
-//! dims, or dimensions beyond cuBLAS' 32-bit limit.
+//! Philox random fills bit-identical to the host's, cuBLAS gemm / strided-batched gemm, `where`
+//! (broadcast by strides), `tril`/`triu` of a shard at any global offset, `argmax`/`argmin`
+//! (first index on ties, NaN as the extreme), `cat`, and `index_select`, `gather` and their
+//! backwards. Invalid ids are the host's typed [`Error::InvalidArgument`], checked on the
+//! device before use. The backwards sum each output element's contributions in index order
+//! instead of with atomics: deterministic, and bit-identical to the host. Inputs the kernels
+//! cannot index are typed errors: more than [`MAX_DIMS`](crate::cuda::source::MAX_DIMS) dims,
+//! or dimensions beyond cuBLAS' 32-bit limit.
+//!
+//! Those are f32 and f64 kernels. The 16-bit floats and the integers have the kernels that only
+//! move elements: fills, pack plans (so they redistribute on a device) and `cat`; their other
+//! ops are a typed [`Error::Unsupported`] naming the dtype.
 
 use super::op::{AdamWStep, BinaryOp, Distribution, RandomFill, Reduction, SgdStep, SoftmaxKind, UnaryOp};
 use super::Storage;
-use crate::cuda::args::{self, binary_code, reduce_code, unary_code, Reduce, Strided};
+use crate::cuda::args::{self, binary_code, reduce_code, unary_code, Gather, Reduce, Strided};
 use crate::cuda::source::BLOCK;
 use crate::cuda::{cuda_err, CudaDevice};
 use crate::element::{Element, Scalar};
 use crate::error::{Error, Result};
 use crate::layout::pack::PackPlan;
 use cudarc::cublas::{sys::cublasOperation_t, CudaBlas, Gemm, GemmConfig, StridedBatchedConfig};
-use cudarc::driver::{CudaSlice, DeviceRepr, LaunchArgs, LaunchConfig, PushKernelArg, ValidAsZeroBits};
+use cudarc::driver::{CudaFunction, CudaSlice, DeviceRepr, LaunchArgs, LaunchConfig, PushKernelArg, ValidAsZeroBits};
 use ndarray::{ArrayD, IxDyn};
 use std::fmt;
 use std::sync::Arc;
@@ -84,8 +91,8 @@ cuda_element!(f32, "f32");
 cuda_element!(f64, "f64");
 
 /// The 16-bit floats and the integers can live on a device and be communicated (NCCL has
-/// them all), but have no kernels yet: every kernel lookup (`crate::cuda::kernels`) and gemm
-/// is a typed error.
+/// them all), and have the copy kernels (fills, pack plans, `cat`); every other kernel lookup
+/// (`crate::cuda::kernels`) and gemm is a typed error.
 macro_rules! cuda_half_element {
     ($t:ty, $sfx:literal) => {
         impl CudaElement for $t {
@@ -121,6 +128,8 @@ cuda_half_element!(u8, "u8");
 unsafe impl DeviceRepr for Strided {}
 // SAFETY: plain old data with the layout of the C struct (repr(C), same field order).
 unsafe impl DeviceRepr for Reduce {}
+// SAFETY: plain old data with the layout of the C struct (repr(C), same field order).
+unsafe impl DeviceRepr for Gather {}
 
 /// One thread per element, grid-stride loops beyond 2²⁰ blocks.
 fn per_element(n: u64) -> LaunchConfig {
@@ -573,36 +582,180 @@ impl<T: Scalar> CudaStorage<T> {
         Ok(out)
     }
 
-    pub(super) fn where_(&self, _a: &Self, _b: &Self, _shape: &[usize]) -> Result<Self> {
-        Err(args::no_kernel("where"))
+    /// A fresh output whose every element `kernel` writes, launched only when it is not empty.
+    fn launch_into(
+        &self,
+        shape: &[usize],
+        name: &str,
+        build: impl FnOnce(&mut CudaSlice<T>, &CudaFunction, u64) -> Result<()>,
+    ) -> Result<Self> {
+        let mut out = Self::uninit(&self.device, shape)?;
+        let n = out.len() as u64;
+        if let Some(o) = out.data_mut()? {
+            let f = self.device.kernels()?.function(name, T::SUFFIX)?;
+            build(o, &f, n)?;
+        }
+        Ok(out)
     }
 
-    pub(super) fn tri(&self, _lower: bool, _diagonal: i64, _row0: usize, _col0: usize) -> Result<Self> {
-        Err(args::no_kernel("tril/triu"))
+    /// Checks that these ids are whole numbers in `[0, bound)` (as the host kernels do, every
+    /// id, before any use), or the typed error of `op`.
+    fn check_ids(&self, op: &str, bound: usize) -> Result<()> {
+        let Some(i) = &self.data else { return Ok(()) };
+        let (n, b64) = (self.len() as u64, bound as u64);
+        let f = self.device.kernels()?.function("check_ids", T::SUFFIX)?;
+        let dev = Arc::clone(&self.device);
+        self.checked_ids(op, n, bound, |bad| {
+            let mut b = dev.stream().launch_builder(&f);
+            b.arg(&**i).arg(&n).arg(&b64).arg(bad);
+            launch(op, &mut b, per_element(n))
+        })
     }
 
-    pub(super) fn arg_reduce(&self, _dim: usize, max: bool, _keepdim: bool) -> Result<Self> {
-        Err(args::no_kernel(if max { "argmax" } else { "argmin" }))
+    /// `a` where this mask is non-zero, else `b`, all broadcast to `shape` by strides.
+    pub(super) fn where_(&self, a: &Self, b: &Self, shape: &[usize]) -> Result<Self> {
+        self.same_device(a, "where")?;
+        self.same_device(b, "where")?;
+        let (g, h) = args::where_(shape, &self.shape, &a.shape, &b.shape)?;
+        let (Some(c), Some(x), Some(y)) = (&self.data, &a.data, &b.data) else {
+            return Self::zeros(&self.device, shape); // an empty operand broadcasts only to an empty output
+        };
+        let dev = Arc::clone(&self.device);
+        self.launch_into(shape, "where", |o, f, n| {
+            let mut k = dev.stream().launch_builder(f);
+            k.arg(&**c).arg(&**x).arg(&**y).arg(o).arg(&n).arg(&g).arg(&h);
+            launch("where", &mut k, per_element(n))
+        })
     }
 
-    pub(super) fn cat(&self, _parts: &[&Storage<T>], _dim: usize) -> Result<Self> {
-        Err(args::no_kernel("cat"))
+    pub(super) fn tri(&self, lower: bool, diagonal: i64, row0: usize, col0: usize) -> Result<Self> {
+        let nd = self.shape.len();
+        let (rows, cols) = (self.shape[nd - 2] as u64, self.shape[nd - 1] as u64);
+        let (lower, r0, c0) = (i32::from(lower), row0 as i64, col0 as i64);
+        let Some(a) = &self.data else { return Ok(self.clone()) };
+        let dev = Arc::clone(&self.device);
+        self.launch_into(&self.shape, "tri", |o, f, n| {
+            let mut k = dev.stream().launch_builder(f);
+            k.arg(&**a).arg(o).arg(&n).arg(&rows).arg(&cols).arg(&lower).arg(&diagonal).arg(&r0).arg(&c0);
+            launch("tril/triu", &mut k, per_element(n))
+        })
     }
 
-    pub(super) fn index_select(&self, _dim: usize, _ids: &Self) -> Result<Self> {
-        Err(args::no_kernel("index_select"))
+    /// One thread per lane scans it in order, so ties go to the first index as on the host.
+    pub(super) fn arg_reduce(&self, dim: usize, max: bool, keepdim: bool) -> Result<Self> {
+        let mut shape = self.shape.clone();
+        if keepdim {
+            shape[dim] = 1;
+        } else {
+            shape.remove(dim);
+        }
+        let (lanes, len, inner) = args::lanes(&self.shape, dim);
+        let Some(a) = &self.data else { return Self::zeros(&self.device, &shape) };
+        let (max, dev) = (i32::from(max), Arc::clone(&self.device));
+        self.launch_into(&shape, "arg_reduce", |o, f, _| {
+            let mut k = dev.stream().launch_builder(f);
+            k.arg(&**a).arg(o).arg(&lanes).arg(&len).arg(&inner).arg(&max);
+            launch("arg_reduce", &mut k, per_element(lanes))
+        })
     }
 
-    pub(super) fn index_add(&self, _dim: usize, _ids: &Self, _n: usize) -> Result<Self> {
-        Err(args::no_kernel("index_select_backward"))
+    /// One launch per non-empty part (shapes and devices checked by the caller).
+    pub(super) fn cat(&self, parts: &[&Storage<T>], dim: usize) -> Result<Self> {
+        let mut cuda = Vec::with_capacity(parts.len());
+        for p in parts {
+            match p {
+                Storage::Cuda(c) => {
+                    self.same_device(c, "cat")?;
+                    cuda.push(c);
+                }
+                Storage::Cpu(_) => {
+                    return Err(Error::DeviceMismatch {
+                        context: "cat".into(),
+                        left: "cuda".into(),
+                        right: "cpu".into(),
+                    })
+                }
+            }
+        }
+        let total: usize = cuda.iter().map(|c| c.shape[dim]).sum();
+        let mut shape = self.shape.clone();
+        shape[dim] = total;
+        let mut out = Self::uninit(&self.device, &shape)?;
+        let Some(o) = out.data_mut()? else { return Ok(out) };
+        let f = self.device.kernels()?.function("cat", T::SUFFIX)?;
+        let mut start = 0;
+        for c in cuda {
+            let (width, stride, offset) = args::cat_part(&c.shape, dim, total, start);
+            start += c.shape[dim];
+            let Some(src) = &c.data else { continue };
+            let n = c.len() as u64;
+            let mut k = self.device.stream().launch_builder(&f);
+            k.arg(&**src).arg(&mut *o).arg(&n).arg(&width).arg(&stride).arg(&offset);
+            launch("cat", &mut k, per_element(n))?;
+        }
+        Ok(out)
     }
 
-    pub(super) fn gather(&self, _dim: usize, _ids: &Self) -> Result<Self> {
-        Err(args::no_kernel("gather"))
+    pub(super) fn index_select(&self, dim: usize, ids: &Self) -> Result<Self> {
+        self.same_device(ids, "index_select")?;
+        ids.check_ids("index_select", self.shape[dim])?;
+        let mut shape = self.shape.clone();
+        shape[dim] = ids.len();
+        let (_, len, inner) = args::along(&self.shape, dim);
+        let (Some(a), Some(i)) = (&self.data, &ids.data) else { return Self::zeros(&self.device, &shape) };
+        let (nids, dev) = (ids.len() as u64, Arc::clone(&self.device));
+        self.launch_into(&shape, "index_select", |o, f, n| {
+            let mut k = dev.stream().launch_builder(f);
+            k.arg(&**a).arg(&**i).arg(o).arg(&n).arg(&len).arg(&nids).arg(&inner);
+            launch("index_select", &mut k, per_element(n))
+        })
     }
 
-    pub(super) fn scatter_add(&self, _dim: usize, _ids: &Self, _shape: &[usize]) -> Result<Self> {
-        Err(args::no_kernel("gather_backward"))
+    /// Each output element sums its ids' slices in id order: deterministic, unlike atomics,
+    /// and bit-identical to the host, at the cost of a scan of the ids per element (the ids of
+    /// an `index_select` are few).
+    pub(super) fn index_add(&self, dim: usize, ids: &Self, n: usize) -> Result<Self> {
+        self.same_device(ids, "index_select_backward")?;
+        ids.check_ids("index_select_backward", n)?;
+        let mut shape = self.shape.clone();
+        shape[dim] = n;
+        let (_, nids, inner) = args::along(&self.shape, dim);
+        let (Some(g), Some(i)) = (&self.data, &ids.data) else { return Self::zeros(&self.device, &shape) };
+        let (len, dev) = (n as u64, Arc::clone(&self.device));
+        self.launch_into(&shape, "index_add", |o, f, n| {
+            let mut k = dev.stream().launch_builder(f);
+            k.arg(&**g).arg(&**i).arg(o).arg(&n).arg(&len).arg(&nids).arg(&inner);
+            launch("index_select_backward", &mut k, per_element(n))
+        })
+    }
+
+    pub(super) fn gather(&self, dim: usize, ids: &Self) -> Result<Self> {
+        self.same_device(ids, "gather")?;
+        ids.check_ids("gather", self.shape[dim])?;
+        let g = args::gather("gather", &ids.shape, &self.shape, dim)?;
+        let (Some(a), Some(i)) = (&self.data, &ids.data) else { return Self::zeros(&self.device, &ids.shape) };
+        let (len, dev) = (self.shape[dim] as u64, Arc::clone(&self.device));
+        self.launch_into(&ids.shape, "gather", |o, f, n| {
+            let mut k = dev.stream().launch_builder(f);
+            k.arg(&**a).arg(&**i).arg(o).arg(&n).arg(&len).arg(&g);
+            launch("gather", &mut k, per_element(n))
+        })
+    }
+
+    /// Each output element sums the gradient entries of its lane whose id names it, in lane
+    /// order: deterministic, unlike PyTorch's atomics, and bit-identical to the host, at the
+    /// cost of a scan of the lane (the gradient's `dim`) per element.
+    pub(super) fn scatter_add(&self, dim: usize, ids: &Self, shape: &[usize]) -> Result<Self> {
+        self.same_device(ids, "gather_backward")?;
+        ids.check_ids("gather_backward", shape[dim])?;
+        let g = args::gather("gather_backward", shape, &self.shape, dim)?;
+        let (Some(gr), Some(i)) = (&self.data, &ids.data) else { return Self::zeros(&self.device, shape) };
+        let (len, dev) = (shape[dim] as u64, Arc::clone(&self.device));
+        self.launch_into(shape, "scatter_add", |o, f, n| {
+            let mut k = dev.stream().launch_builder(f);
+            k.arg(&**gr).arg(&**i).arg(o).arg(&n).arg(&len).arg(&g);
+            launch("gather_backward", &mut k, per_element(n))
+        })
     }
 
     pub(super) fn cast<U: Scalar>(&self) -> Result<CudaStorage<U>> {

@@ -4,7 +4,7 @@
 #![allow(dead_code)]
 
 use dtensor_runtime::cuda::CudaDevice;
-use dtensor_runtime::{Communicator, DType, Device, ReduceOp, Result};
+use dtensor_runtime::{Communicator, DType, Device, RecvBuf, ReduceOp, Result};
 use std::sync::Arc;
 
 #[derive(Debug)]
@@ -13,7 +13,8 @@ pub struct OneRankComm {
     pub handle: Option<Arc<CudaDevice>>,
 }
 
-impl Communicator for OneRankComm {
+// SAFETY: each collective with a `RecvBuf` copies a whole `send` of its length into it.
+unsafe impl Communicator for OneRankComm {
     fn rank(&self) -> usize {
         0
     }
@@ -29,19 +30,19 @@ impl Communicator for OneRankComm {
     fn cuda_device(&self) -> Option<Arc<CudaDevice>> {
         self.handle.clone()
     }
-    fn all_gather(&self, _g: &[usize], send: &[u8], recv: &mut [u8]) -> Result<()> {
-        recv.copy_from_slice(send);
+    fn all_gather(&self, _g: &[usize], send: &[u8], mut recv: RecvBuf<'_>) -> Result<()> {
+        recv.init_from(send);
         Ok(())
     }
     fn all_reduce(&self, _g: &[usize], _buf: &mut [u8], _dtype: DType, _op: ReduceOp) -> Result<()> {
         Ok(())
     }
-    fn reduce_scatter(&self, _g: &[usize], send: &[u8], recv: &mut [u8], _d: DType, _op: ReduceOp) -> Result<()> {
-        recv.copy_from_slice(send);
+    fn reduce_scatter(&self, _g: &[usize], send: &[u8], mut recv: RecvBuf<'_>, _d: DType, _op: ReduceOp) -> Result<()> {
+        recv.init_from(send);
         Ok(())
     }
-    fn all_to_all(&self, _g: &[usize], send: &[u8], recv: &mut [u8]) -> Result<()> {
-        recv.copy_from_slice(send);
+    fn all_to_all(&self, _g: &[usize], send: &[u8], mut recv: RecvBuf<'_>) -> Result<()> {
+        recv.init_from(send);
         Ok(())
     }
     fn broadcast(&self, _g: &[usize], _buf: &mut [u8], _root: usize) -> Result<()> {

@@ -26,12 +26,13 @@ mod sync;
 
 use super::group;
 use super::reduce;
-use super::Communicator;
+use super::{Communicator, RecvBuf};
 use crate::element::DType;
 use crate::error::{Error, Result};
 use crate::placement::ReduceOp;
 use rendezvous::{Bufs, Slot};
 use std::collections::HashMap;
+use std::mem::MaybeUninit;
 use std::ops::Range;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -254,16 +255,23 @@ impl ThreadComm {
 impl ThreadComm {
     /// An all-reduce in one rendezvous: every member folds every member's `send` (which
     /// nobody writes) into its own `recv` in group order, so results are bit-identical.
-    fn reduce_small(&self, group: &[usize], send: &[u8], recv: &mut [u8], dtype: DType, op: ReduceOp) -> Result<()> {
+    fn reduce_small(
+        &self,
+        group: &[usize],
+        send: &[u8],
+        mut recv: RecvBuf<'_>,
+        dtype: DType,
+        op: ReduceOp,
+    ) -> Result<()> {
         let len = send.len();
         let mine = Bufs { send: send.as_ptr() as usize, send_len: len, ..Bufs::default() };
         self.rendezvous("all_reduce", group, mine, |all, _| {
             same_len("all_reduce", all, Side::Send, len, group)?;
-            recv.copy_from_slice(peer("all_reduce", &all[0], Side::Send, 0..len)?);
+            let acc = recv.init_from(peer("all_reduce", &all[0], Side::Send, 0..len)?);
             for b in &all[1..] {
-                reduce::accumulate(dtype, op, recv, peer("all_reduce", b, Side::Send, 0..len)?)?;
+                reduce::accumulate(dtype, op, acc, peer("all_reduce", b, Side::Send, 0..len)?)?;
             }
-            reduce::finish(dtype, op, recv, group.len());
+            reduce::finish(dtype, op, acc, group.len());
             Ok(())
         })
     }
@@ -274,12 +282,13 @@ impl ThreadComm {
     /// their owners' outputs. One member computes each range, so results are bit-identical.
     ///
     /// Both pointers must be the caller's buffers of `len` bytes, reached only through this
-    /// call until it returns (`send` is only read unless it is `recv`).
+    /// call until it returns (`send` is only read unless it is `recv`); `recv` may be
+    /// uninitialised unless it is `send`. On `Ok` every byte of `recv` was written.
     fn reduce_in_ranges(
         &self,
         group: &[usize],
         send: *const u8,
-        recv: *mut u8,
+        recv: *mut MaybeUninit<u8>,
         len: usize,
         dtype: DType,
         op: ReduceOp,
@@ -290,22 +299,25 @@ impl ThreadComm {
             let (sz, off) = crate::layout::chunk_size_and_offset(len / es, n, i);
             off * es..(off + sz) * es
         };
-        let in_place = std::ptr::eq(send, recv);
+        let in_place = std::ptr::eq(send, recv.cast());
         let mine = Bufs { send: send as usize, send_len: len, recv: recv as usize, recv_len: len, tag: 0 };
         self.rendezvous("all_reduce", group, mine, |all, me| {
             same_len("all_reduce", all, Side::Send, len, group)?;
             let r = range(me);
             // SAFETY: range `r` of our own output: peers read only inputs in this phase, and
             // of an in-place member's buffer only the ranges it does not own.
-            let acc = unsafe { own_mut(recv, len, r.clone()) };
+            let own = unsafe { own_mut(recv, len, r.clone()) };
             // Out of place, the first peer's range is folded in while our input is copied.
             let first = usize::from(me == 0);
-            if !in_place && n > 1 {
+            let acc = if in_place {
+                // SAFETY: in place, `recv` is the caller's initialised `send`.
+                unsafe { assume_init(own) }
+            } else if n > 1 {
                 let (mine, theirs) = (peer("all_reduce", &all[me], Side::Send, r.clone())?, &all[first]);
-                reduce::combine(dtype, op, acc, mine, peer("all_reduce", theirs, Side::Send, r.clone())?)?;
-            } else if !in_place {
-                acc.copy_from_slice(peer("all_reduce", &all[me], Side::Send, r.clone())?);
-            }
+                reduce::combine(dtype, op, own, mine, peer("all_reduce", theirs, Side::Send, r.clone())?)?
+            } else {
+                own.write_copy_of_slice(peer("all_reduce", &all[me], Side::Send, r.clone())?)
+            };
             for (j, b) in all.iter().enumerate() {
                 if j != me && (in_place || j != first) {
                     // Range `r` of a peer's input: its owner writes only its own range.
@@ -324,7 +336,7 @@ impl ThreadComm {
                     let src = peer("all_reduce", b, Side::Recv, r.clone())?;
                     // SAFETY: range j of our own output: member j does not read it (it reads
                     // ranges it does not own), the others read only range `me`.
-                    unsafe { own_mut(recv, len, r) }.copy_from_slice(src);
+                    unsafe { own_mut(recv, len, r) }.write_copy_of_slice(src);
                 }
             }
             Ok(())
@@ -367,11 +379,18 @@ fn peer<'a>(op: &str, b: &Bufs, side: Side, r: Range<usize>) -> Result<&'a [u8]>
     Ok(unsafe { std::slice::from_raw_parts((ptr as *const u8).add(r.start), r.len()) })
 }
 
+/// `b`, whose bytes were all written, as initialised bytes.
+///
+/// SAFETY: every byte of `b` is initialised.
+unsafe fn assume_init(b: &mut [MaybeUninit<u8>]) -> &mut [u8] {
+    &mut *(std::ptr::from_mut::<[MaybeUninit<u8>]>(b) as *mut [u8])
+}
+
 /// Bytes `r` of this rank's own buffer at `ptr` (of `len` bytes), for writing.
 ///
 /// SAFETY: `ptr` is the caller's own buffer of `len` bytes; peers never touch range `r` in
 /// the current phase, and no other view of that range is alive meanwhile.
-unsafe fn own_mut<'a>(ptr: *mut u8, len: usize, r: Range<usize>) -> &'a mut [u8] {
+unsafe fn own_mut<'a>(ptr: *mut MaybeUninit<u8>, len: usize, r: Range<usize>) -> &'a mut [MaybeUninit<u8>] {
     debug_assert!(r.start <= r.end && r.end <= len);
     if r.is_empty() {
         return &mut [];
@@ -403,7 +422,9 @@ fn same_len(op: &str, all: &[Bufs], side: Side, len: usize, group: &[usize]) -> 
 /// inputs; larger ones split the reduction over the members (two rendezvous, no copies).
 const SMALL_ALL_REDUCE: usize = 64 << 10;
 
-impl Communicator for ThreadComm {
+// SAFETY: every collective below writes all of its `RecvBuf` before returning `Ok` (each
+// says how), and a failed length check returns before anything is read.
+unsafe impl Communicator for ThreadComm {
     fn rank(&self) -> usize {
         self.rank
     }
@@ -417,7 +438,7 @@ impl Communicator for ThreadComm {
         Some(&self.sequences)
     }
 
-    fn all_gather(&self, group: &[usize], send: &[u8], recv: &mut [u8]) -> Result<()> {
+    fn all_gather(&self, group: &[usize], send: &[u8], mut recv: RecvBuf<'_>) -> Result<()> {
         let n = group.len();
         let l = send.len();
         if recv.len() != l * n {
@@ -428,7 +449,8 @@ impl Communicator for ThreadComm {
             same_len("all_gather", all, Side::Send, l, group)?;
             for (j, b) in all.iter().enumerate() {
                 // Peers only read their own send buffers, which nobody writes.
-                recv[j * l..(j + 1) * l].copy_from_slice(peer("all_gather", b, Side::Send, 0..l)?);
+                // Block j of n: all of `recv` once the loop ends.
+                recv.write(j * l, peer("all_gather", b, Side::Send, 0..l)?);
             }
             Ok(())
         })
@@ -439,14 +461,21 @@ impl Communicator for ThreadComm {
         if buf.len() <= SMALL_ALL_REDUCE {
             // Peers read a private copy of the input, never the buffer its owner writes.
             let copy = buf.to_vec();
-            return self.reduce_small(group, &copy, buf, dtype, op);
+            return self.reduce_small(group, &copy, buf.into(), dtype, op);
         }
         // From here on the buffer is only reached through this pointer, as sub-ranges.
         let ptr = buf.as_mut_ptr();
-        self.reduce_in_ranges(group, ptr, ptr, buf.len(), dtype, op)
+        self.reduce_in_ranges(group, ptr, ptr.cast(), buf.len(), dtype, op)
     }
 
-    fn all_reduce_into(&self, group: &[usize], send: &[u8], recv: &mut [u8], dtype: DType, op: ReduceOp) -> Result<()> {
+    fn all_reduce_into(
+        &self,
+        group: &[usize],
+        send: &[u8],
+        mut recv: RecvBuf<'_>,
+        dtype: DType,
+        op: ReduceOp,
+    ) -> Result<()> {
         if send.len() != recv.len() {
             return Err(size_err("all_reduce", format!("send has {} bytes, recv {}", send.len(), recv.len())));
         }
@@ -457,7 +486,14 @@ impl Communicator for ThreadComm {
         self.reduce_in_ranges(group, send.as_ptr(), recv.as_mut_ptr(), send.len(), dtype, op)
     }
 
-    fn reduce_scatter(&self, group: &[usize], send: &[u8], recv: &mut [u8], dtype: DType, op: ReduceOp) -> Result<()> {
+    fn reduce_scatter(
+        &self,
+        group: &[usize],
+        send: &[u8],
+        mut recv: RecvBuf<'_>,
+        dtype: DType,
+        op: ReduceOp,
+    ) -> Result<()> {
         let n = group.len();
         let l = recv.len();
         if send.len() != l * n {
@@ -470,16 +506,16 @@ impl Communicator for ThreadComm {
         self.rendezvous("reduce_scatter", group, mine, |all, me| {
             same_len("reduce_scatter", all, Side::Send, send.len(), group)?;
             let r = me * l..(me + 1) * l;
-            recv.copy_from_slice(peer("reduce_scatter", &all[0], Side::Send, r.clone())?);
+            let acc = recv.init_from(peer("reduce_scatter", &all[0], Side::Send, r.clone())?);
             for b in &all[1..] {
-                reduce::accumulate(dtype, op, recv, peer("reduce_scatter", b, Side::Send, r.clone())?)?;
+                reduce::accumulate(dtype, op, acc, peer("reduce_scatter", b, Side::Send, r.clone())?)?;
             }
-            reduce::finish(dtype, op, recv, n);
+            reduce::finish(dtype, op, acc, n);
             Ok(())
         })
     }
 
-    fn all_to_all(&self, group: &[usize], send: &[u8], recv: &mut [u8]) -> Result<()> {
+    fn all_to_all(&self, group: &[usize], send: &[u8], mut recv: RecvBuf<'_>) -> Result<()> {
         let n = group.len();
         if send.len() != recv.len() || !send.len().is_multiple_of(n) {
             return Err(size_err(
@@ -492,13 +528,21 @@ impl Communicator for ThreadComm {
         self.rendezvous("all_to_all", group, mine, |all, me| {
             same_len("all_to_all", all, Side::Send, send.len(), group)?;
             for (j, b) in all.iter().enumerate() {
-                recv[j * l..(j + 1) * l].copy_from_slice(peer("all_to_all", b, Side::Send, me * l..(me + 1) * l)?);
+                // Block j of n: all of `recv` once the loop ends.
+                recv.write(j * l, peer("all_to_all", b, Side::Send, me * l..(me + 1) * l)?);
             }
             Ok(())
         })
     }
 
-    fn all_to_all_strided(&self, group: &[usize], send: &[u8], rows: usize, run: usize, recv: &mut [u8]) -> Result<()> {
+    fn all_to_all_strided(
+        &self,
+        group: &[usize],
+        send: &[u8],
+        rows: usize,
+        run: usize,
+        mut recv: RecvBuf<'_>,
+    ) -> Result<()> {
         let n = group.len();
         let len = send.len();
         if rows.checked_mul(run).and_then(|b| b.checked_mul(n)) != Some(len) || recv.len() != len {
@@ -516,10 +560,10 @@ impl Communicator for ThreadComm {
             for (j, b) in all.iter().enumerate() {
                 // Peers only read their own send buffers, which nobody writes.
                 let src = peer("all_to_all", b, Side::Send, 0..len)?;
-                let dst = &mut recv[j * l..(j + 1) * l];
-                for (r, out) in dst.chunks_exact_mut(run.max(1)).enumerate().take(rows) {
+                // Row r of block j of n: all of `recv` once both loops end.
+                for r in 0..rows {
                     let at = (r * n + me) * run;
-                    out.copy_from_slice(&src[at..at + run]);
+                    recv.write(j * l + r * run, &src[at..at + run]);
                 }
             }
             Ok(())
