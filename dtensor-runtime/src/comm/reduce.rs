@@ -103,15 +103,6 @@ fn on_typed_mut<T: bytemuck::Pod>(buf: &mut [u8], run: impl FnOnce(&mut [T])) {
     }
 }
 
-fn op_fn<T: Fold>(op: ReduceOp) -> fn(T, T) -> T {
-    match op {
-        ReduceOp::Sum | ReduceOp::Avg => T::sum,
-        ReduceOp::Min => T::min,
-        ReduceOp::Max => T::max,
-        ReduceOp::Product => T::prod,
-    }
-}
-
 fn fold<T: Fold>(op: ReduceOp, acc: &mut [u8], x: &[u8]) {
     let xs = typed::<T>(x);
     // One tight loop per op (the match stays out of the loop so it vectorises).
@@ -141,18 +132,28 @@ pub fn accumulate(dtype: DType, op: ReduceOp, acc: &mut [u8], x: &[u8]) -> Resul
 
 fn combine_typed<T: Fold>(op: ReduceOp, out: &mut [MaybeUninit<u8>], a: &[u8], b: &[u8]) {
     let (a, b) = (typed::<T>(a), typed::<T>(b));
-    let f = op_fn::<T>(op);
-    let n = a.len();
-    if out.as_ptr().cast::<T>().is_aligned() {
-        // SAFETY: `out` holds `n` elements' bytes (checked by `combine`), aligned for `T`;
-        // `MaybeUninit<T>` needs no initialised contents.
-        let o = unsafe { std::slice::from_raw_parts_mut(out.as_mut_ptr().cast::<MaybeUninit<T>>(), n) };
-        // One tight loop per op, as in `fold`.
-        o.iter_mut().zip(a.iter().zip(b.iter())).for_each(|(o, (a, b))| {
+    // One tight loop per op (the match stays out of the loop, the op is a fn item, not a
+    // pointer, so the loop vectorises), as in `fold`.
+    fn apply<T: Copy>(o: &mut [MaybeUninit<T>], a: &[T], b: &[T], f: impl Fn(T, T) -> T) {
+        o.iter_mut().zip(a.iter().zip(b)).for_each(|(o, (a, b))| {
             o.write(f(*a, *b));
         });
+    }
+    let run = |o: &mut [MaybeUninit<T>]| match op {
+        ReduceOp::Sum | ReduceOp::Avg => apply(o, &a, &b, T::sum),
+        ReduceOp::Min => apply(o, &a, &b, T::min),
+        ReduceOp::Max => apply(o, &a, &b, T::max),
+        ReduceOp::Product => apply(o, &a, &b, T::prod),
+    };
+    if out.as_ptr().cast::<T>().is_aligned() {
+        // SAFETY: `out` holds `a.len()` elements' bytes (checked by `combine`), aligned for
+        // `T`; `MaybeUninit<T>` needs no initialised contents.
+        run(unsafe { std::slice::from_raw_parts_mut(out.as_mut_ptr().cast::<MaybeUninit<T>>(), a.len()) });
     } else {
-        let v: Vec<T> = a.iter().zip(b.iter()).map(|(a, b)| f(*a, *b)).collect();
+        let mut v: Vec<MaybeUninit<T>> = vec![MaybeUninit::uninit(); a.len()];
+        run(&mut v);
+        // SAFETY: `run` wrote every element of `v`.
+        let v: Vec<T> = v.into_iter().map(|x| unsafe { x.assume_init() }).collect();
         out.write_copy_of_slice(bytemuck::cast_slice(&v));
     }
 }
