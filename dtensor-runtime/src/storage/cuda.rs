@@ -597,7 +597,8 @@ impl<T: Scalar> CudaStorage<T> {
         Ok(out)
     }
 
-    /// A fresh output whose every element `kernel` writes, launched only when it is not empty.
+    /// A fresh output of `shape` whose every element the kernel `name` writes, launched by
+    /// `build` (output, kernel, element count) only when the output is not empty.
     fn launch_into(
         &self,
         shape: &[usize],
