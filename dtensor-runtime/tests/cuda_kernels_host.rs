@@ -802,6 +802,60 @@ fn half_float_elementwise_kernels_match_the_host() {
     println!("{cases} bf16/f16 unary and binary cases match the host");
 }
 
+/// `cast_<A>_<B>` of `a` against the host's cast.
+fn cast_case<A: Element, B: Element>(e: &Emu, a: &ArrayD<A>) {
+    let k: Cast<A, B> = e.kernel(&format!("cast_{}_{}", A::DTYPE, B::DTYPE));
+    let want = cpu(Storage::Cpu(a.clone()).cast::<B>().unwrap());
+    let mut out = zeros::<B>(a.shape());
+    let n = a.len() as u64;
+    // SAFETY: n elements each.
+    e.grid(3, || unsafe { k(a.as_ptr(), out.as_mut_ptr(), n) });
+    // Bit for bit, but any NaN for a NaN: NaN payloads are not portable (a GPU makes its own).
+    let differs = |(x, y): (&B, &B)| bytemuck::bytes_of(x) != bytemuck::bytes_of(y) && !(x.is_nan() && y.is_nan());
+    let at = out.iter().zip(&want).position(differs);
+    assert!(at.is_none(), "cast {} -> {} differs at {at:?}", A::DTYPE, B::DTYPE);
+}
+
+/// Every cast between the four floats: all 65536 patterns of each 16-bit type, and f32/f64
+/// values at and around every rounding point of the 16-bit types (ties, subnormals, overflow,
+/// NaN, infinities).
+#[test]
+fn float_casts_match_the_host() {
+    use dtensor_runtime::{bf16, f16};
+    let Some(e) = Emu::build() else { return };
+    let b = ArrayD::from_shape_vec(IxDyn(&[65536]), (0..=u16::MAX).map(bf16::from_bits).collect()).unwrap();
+    let h = ArrayD::from_shape_vec(IxDyn(&[65536]), (0..=u16::MAX).map(f16::from_bits).collect()).unwrap();
+    // Every high half with low halves at bf16's rounding points, and every f16 pattern widened
+    // with the f32 bits around f16's rounding point (bit 12) set.
+    let mut w: Vec<u32> = Vec::new();
+    for hi in 0..=u16::MAX as u32 {
+        w.extend([0u32, 1, 0x7fff, 0x8000, 0x8001, 0xffff].map(|lo| (hi << 16) | lo));
+    }
+    for p in 0..=u16::MAX {
+        let x = f16::from_bits(p).to_f32().to_bits();
+        w.extend([x, x | 0x1000, x | 0x0fff, x | 0x1001, x ^ 0x1000]);
+    }
+    let f = ArrayD::from_shape_vec(IxDyn(&[w.len()]), w.iter().map(|&x| f32::from_bits(x)).collect()).unwrap();
+    // f64 values just off f32 values: they round to f32 first, then to the 16-bit type.
+    let d = f.mapv(|x| f64::from(x) * (1.0 + 1e-12));
+    macro_rules! from {
+        ($a:expr, $t:ty) => {
+            cast_case::<$t, f32>(&e, $a);
+            cast_case::<$t, f64>(&e, $a);
+            cast_case::<$t, bf16>(&e, $a);
+            cast_case::<$t, f16>(&e, $a);
+        };
+    }
+    from!(&b, bf16);
+    from!(&h, f16);
+    from!(&f, f32);
+    from!(&d, f64);
+    println!(
+        "16 casts between f32, f64, bf16, f16 bit-exact (NaN payloads aside) over {} values",
+        2 * 65536 + 2 * w.len()
+    );
+}
+
 #[test]
 fn indexing_kernels_match_the_host_kernels() {
     let Some(e) = Emu::build() else { return };

@@ -524,6 +524,38 @@ fn half_float_unary_and_binary() {
     println!("GPUCHECK half_float_unary_and_binary | PASS | {n} bf16/f16 cases: exact ops over all 65536 bit patterns bit-exact vs host, transcendental within one rounding step");
 }
 
+/// `a` cast to `B` on the device against the host (NaN-aware bits).
+fn cast_matches<A: Element, B: Element>(dev: &Arc<CudaDevice>, a: &ArrayD<A>) -> usize {
+    let want = host(Storage::Cpu(a.clone()).cast::<B>().unwrap());
+    assert!(same_bits(&host(up(dev, a).cast::<B>().unwrap()), &want), "cast {} -> {}", A::DTYPE, B::DTYPE);
+    1
+}
+
+#[test]
+fn casts_between_every_float() {
+    let Some(dev) = device("casts_between_every_float") else { return };
+    let b = ArrayD::from_shape_vec(IxDyn(&[65536]), (0..=u16::MAX).map(bf16::from_bits).collect()).unwrap();
+    let h = ArrayD::from_shape_vec(IxDyn(&[65536]), (0..=u16::MAX).map(f16::from_bits).collect()).unwrap();
+    // Every high half with low halves at bf16's rounding points, which are also f16's.
+    let w: Vec<f32> = (0..=u16::MAX as u32)
+        .flat_map(|hi| {
+            [0u32, 1, 0x0fff, 0x1000, 0x1001, 0x7fff, 0x8000, 0x8001].map(|lo| f32::from_bits((hi << 16) | lo))
+        })
+        .collect();
+    let f = ArrayD::from_shape_vec(IxDyn(&[w.len()]), w).unwrap();
+    let d = f.mapv(|x| f64::from(x) * (1.0 + 1e-12));
+    macro_rules! from {
+        ($a:expr, $t:ty) => {
+            cast_matches::<$t, f32>(&dev, $a)
+                + cast_matches::<$t, f64>(&dev, $a)
+                + cast_matches::<$t, bf16>(&dev, $a)
+                + cast_matches::<$t, f16>(&dev, $a)
+        };
+    }
+    let n = from!(&b, bf16) + from!(&h, f16) + from!(&f, f32) + from!(&d, f64);
+    println!("GPUCHECK casts_between_every_float | PASS | {n} casts between f32 f64 bf16 f16 bit-exact vs host (NaN payloads aside) over every 16-bit pattern and f32/f64 rounding points");
+}
+
 #[test]
 fn cast_and_fill() {
     let Some(dev) = device("cast_and_fill") else { return };

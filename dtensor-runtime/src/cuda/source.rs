@@ -76,11 +76,22 @@ pub const HALF_DTYPES: [(&str, &str, &str); 2] =
 /// host kernels do.
 pub const HALF_KERNELS: [&str; 2] = ["unary", "binary"];
 
+/// The float dtypes the casts `cast_<from>_<to>` convert between: (suffix, C type, widening of
+/// `X` to double, rounding of the double `X` to the type). A conversion goes through f64 (exact
+/// from every float), then to the target through f32 for the 16-bit floats, as the host's
+/// `Scalar::of_f64` does; a cast to the same type copies the bits.
+pub const CAST_DTYPES: [(&str, &str, &str, &str); 4] = [
+    ("f32", "float", "(double)X", "(float)X"),
+    ("f64", "double", "X", "X"),
+    ("bf16", "unsigned short", "(double)dt_bf16_to_f32(X)", "dt_f32_to_bf16((float)X)"),
+    ("f16", "unsigned short", "(double)dt_f16_to_f32(X)", "dt_f32_to_f16((float)X)"),
+];
+
 /// [`TYPED_KERNELS`] plus this one: the AdamW update.
 pub const ADAMW: &str = "adamw";
 
 /// Every compiled kernel name: the typed kernels per dtype, the copy kernels of the copy-only
-/// dtypes, and the casts `cast_<from>_<to>`.
+/// dtypes, and the casts `cast_<from>_<to>` between the floats.
 pub fn kernel_names() -> Vec<String> {
     let mut names = Vec::new();
     for (_, sfx) in COPY_DTYPES {
@@ -97,8 +108,10 @@ pub fn kernel_names() -> Vec<String> {
         for k in TYPED_KERNELS.iter().chain([&ADAMW]) {
             names.push(format!("{k}_{sfx}"));
         }
-        for (_, to) in DTYPES {
-            names.push(format!("cast_{sfx}_{to}"));
+    }
+    for (from, ..) in CAST_DTYPES {
+        for (to, ..) in CAST_DTYPES {
+            names.push(format!("cast_{from}_{to}"));
         }
     }
     names
@@ -695,10 +708,11 @@ pub fn module_source() -> String {
             "\n#define SFX {sfx}\n#define WIDEN {widen}\n#define ROUND {round}\n{HALF}\n#undef SFX\n#undef WIDEN\n#undef ROUND\n"
         ));
     }
-    for (from, fsfx) in DTYPES {
-        for (to, tsfx) in DTYPES {
+    for (fsfx, from, widen, _) in CAST_DTYPES {
+        for (tsfx, to, _, round) in CAST_DTYPES {
+            let value = if fsfx == tsfx { "a[i]".to_string() } else { round.replace('X', &widen.replace('X', "a[i]")) };
             s.push_str(&format!(
-                "extern \"C\" __global__ void cast_{fsfx}_{tsfx}(const {from}* a, {to}* o, u64 n) {{ GRID_LOOP(i, n) o[i] = ({to})a[i]; }}\n"
+                "extern \"C\" __global__ void cast_{fsfx}_{tsfx}(const {from}* a, {to}* o, u64 n) {{ GRID_LOOP(i, n) o[i] = {value}; }}\n"
             ));
         }
     }
@@ -721,7 +735,8 @@ mod tests {
             assert!(HALF.contains(&format!("void K({k})(")), "{k} has no 16-bit definition");
         }
         let copies = COPY_DTYPES.len() * COPY_KERNELS.len() + HALF_DTYPES.len() * HALF_KERNELS.len();
-        assert_eq!(kernel_names().len(), DTYPES.len() * (TYPED_KERNELS.len() + 1 + DTYPES.len()) + copies);
+        let casts = CAST_DTYPES.len() * CAST_DTYPES.len();
+        assert_eq!(kernel_names().len(), DTYPES.len() * (TYPED_KERNELS.len() + 1) + casts + copies);
         assert!(src.contains("cast_f64_f32"));
     }
 }

@@ -20,7 +20,8 @@
 //!
 //! Those are f32 and f64 kernels. The 16-bit floats and the integers have the kernels that only
 //! move elements: fills, pack plans (so they redistribute on a device) and `cat`; the 16-bit
-//! floats also every unary and binary op, computed in f32 and rounded once as on the host.
+//! floats also every unary and binary op, computed in f32 and rounded once as on the host, and
+//! the casts between all four floats.
 //! Their other ops are a typed [`Error::Unsupported`] naming the dtype.
 
 use super::op::{AdamWStep, BinaryOp, Distribution, RandomFill, Reduction, SgdStep, SoftmaxKind, UnaryOp};
@@ -102,7 +103,7 @@ cuda_element!(f64, "f64");
 
 /// The 16-bit floats and the integers can live on a device and be communicated (NCCL has
 /// them all), and have the copy kernels (fills, pack plans, `cat`), the 16-bit floats also the
-/// element-wise ones (computed in f32); every other kernel lookup (`crate::cuda::kernels`) and
+/// element-wise ones (computed in f32) and the float casts; every other kernel lookup (`crate::cuda::kernels`) and
 /// gemm is a typed error.
 macro_rules! cuda_half_element {
     ($t:ty, $sfx:literal) => {
