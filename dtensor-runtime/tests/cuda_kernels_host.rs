@@ -34,6 +34,8 @@ extern "C" void dt_emu_set(unsigned grid, unsigned block) {
 #define __shared__ static
 #define __syncthreads() do {} while (0)
 static inline double __longlong_as_double(long long v) { double d; std::memcpy(&d, &v, 8); return d; }
+static inline float __uint_as_float(unsigned int v) { float f; std::memcpy(&f, &v, 4); return f; }
+static inline unsigned int __float_as_uint(float f) { unsigned int v; std::memcpy(&v, &f, 4); return v; }
 static inline int atomicExch(int* p, int v) { int o = *p; *p = v; return o; }
 template <typename T> static inline T atomicAdd(T* p, T v) { T o = *p; *p = o + v; return o; }
 using std::exp; using std::log; using std::tanh; using std::sqrt; using std::floor; using std::frexp;
@@ -122,6 +124,8 @@ fn zeros<T: Element>(shape: &[usize]) -> ArrayD<T> {
 }
 
 type Unary<T> = unsafe extern "C" fn(*const T, *mut T, u64, i32, T, T);
+/// The 16-bit floats' unary kernel takes its scalars in f32.
+type UnaryHalf<T> = unsafe extern "C" fn(*const T, *mut T, u64, i32, f32, f32);
 type Binary<T> = unsafe extern "C" fn(*const T, *const T, *mut T, u64, i32, Strided);
 type ReduceK<T> = unsafe extern "C" fn(*const T, *mut T, u64, u64, i32, i32, T, Reduce);
 type Softmax<T> = unsafe extern "C" fn(*const T, *mut T, u64, u64, u64, i32);
@@ -728,6 +732,128 @@ fn copy_kernels_of_every_dtype_match_the_host() {
         + copies::<i32>(&e)
         + copies::<u8>(&e);
     println!("{cases} fill/pack/cat cases of 7 dtypes match the host");
+}
+
+/// The element-wise kernels of a 16-bit float against the host: every one of the 65536 bit
+/// patterns through the exact ops (so every conversion and rounding case), bit for bit; the
+/// transcendental ones within a rounding step of the type; the binary ops with broadcasting.
+fn half_elementwise<T: Element>(e: &Emu, from_bits: fn(u16) -> T, ulp: f64) -> usize {
+    let s = sfx::<T>();
+    let mut cases = 0;
+    let all = ArrayD::from_shape_vec(IxDyn(&[256, 256]), (0..=u16::MAX).map(from_bits).collect()).unwrap();
+    let un: UnaryHalf<T> = e.kernel(&format!("unary_{s}"));
+    let x = arr::<T>(&[5, 7], 1, 1.0 / 12.0);
+    let exact = [
+        UnaryOp::MulScalar(1.0),
+        UnaryOp::MulScalar(1.0 + 1.0 / 3.0),
+        UnaryOp::MulScalar(1e-3),
+        UnaryOp::MulScalar(300.0),
+        UnaryOp::AddScalar(0.1),
+        UnaryOp::Neg,
+        UnaryOp::Abs,
+        UnaryOp::Relu,
+        UnaryOp::Sign,
+        UnaryOp::Clamp { lo: -0.25, hi: 0.5 },
+        UnaryOp::Sqrt,
+        UnaryOp::DropoutScale(0.3),
+    ];
+    for (op, input, tol) in exact.iter().map(|&op| (op, &all, 0.0)).chain(
+        [UnaryOp::Exp, UnaryOp::Gelu, UnaryOp::Tanh, UnaryOp::Silu, UnaryOp::GeluErf, UnaryOp::Sigmoid]
+            .iter()
+            .map(|&op| (op, &x, ulp)),
+    ) {
+        let want = cpu(Storage::Cpu(input.clone()).unary(op).unwrap());
+        let mut out = zeros::<T>(input.shape());
+        let (n, code) = (input.len() as u64, args::unary_code(op).unwrap());
+        let (sc, tc) = args::unary_scalars(op);
+        // SAFETY: buffers of n elements.
+        e.grid(3, || unsafe { un(input.as_ptr(), out.as_mut_ptr(), n, code, sc as f32, tc as f32) });
+        if tol == 0.0 {
+            assert!(same(&out, &want), "{op} {s} over every bit pattern");
+        } else {
+            assert!(close(&out, &want, tol), "{op} {s}: {out:?} vs {want:?}");
+        }
+        cases += 1;
+    }
+    let bin: Binary<T> = e.kernel(&format!("binary_{s}"));
+    let pairs: [(&[usize], &[usize]); 3] = [(&[2, 3, 4], &[3, 1]), (&[4, 1], &[1, 5]), (&[256, 256], &[256])];
+    for (sa, sb) in pairs {
+        let a = if sa == [256, 256] { all.clone() } else { arr::<T>(sa, 2, 0.125) };
+        let b = arr::<T>(sb, 3, 0.25).mapv(|v| if v == T::zero() { T::of_f64(0.5) } else { v });
+        for op in BINARY_OPS {
+            let want = cpu(Storage::Cpu(a.clone()).binary(op, &Storage::Cpu(b.clone())).unwrap());
+            let g = args::broadcast(op.name(), want.shape(), sa, sb).unwrap();
+            let mut out = zeros::<T>(want.shape());
+            let (n, code) = (want.len() as u64, args::binary_code(op).unwrap());
+            // SAFETY: the strides stay inside a and b (broadcast shapes).
+            e.grid(4, || unsafe { bin(a.as_ptr(), b.as_ptr(), out.as_mut_ptr(), n, code, g) });
+            assert!(same(&out, &want), "{op} {sa:?} {sb:?} {s}");
+            cases += 1;
+        }
+    }
+    cases
+}
+
+#[test]
+fn half_float_elementwise_kernels_match_the_host() {
+    let Some(e) = Emu::build() else { return };
+    let cases = half_elementwise::<dtensor_runtime::bf16>(&e, dtensor_runtime::bf16::from_bits, 1.0 / 128.0)
+        + half_elementwise::<dtensor_runtime::f16>(&e, dtensor_runtime::f16::from_bits, 1.0 / 1024.0);
+    println!("{cases} bf16/f16 unary and binary cases match the host");
+}
+
+/// `cast_<A>_<B>` of `a` against the host's cast.
+fn cast_case<A: Element, B: Element>(e: &Emu, a: &ArrayD<A>) {
+    let k: Cast<A, B> = e.kernel(&format!("cast_{}_{}", A::DTYPE, B::DTYPE));
+    let want = cpu(Storage::Cpu(a.clone()).cast::<B>().unwrap());
+    let mut out = zeros::<B>(a.shape());
+    let n = a.len() as u64;
+    // SAFETY: n elements each.
+    e.grid(3, || unsafe { k(a.as_ptr(), out.as_mut_ptr(), n) });
+    // Bit for bit, but any NaN for a NaN: NaN payloads are not portable (a GPU makes its own).
+    let differs = |(x, y): (&B, &B)| bytemuck::bytes_of(x) != bytemuck::bytes_of(y) && !(x.is_nan() && y.is_nan());
+    let at = out.iter().zip(&want).position(differs);
+    assert!(at.is_none(), "cast {} -> {} differs at {at:?}", A::DTYPE, B::DTYPE);
+}
+
+/// Every cast between the four floats: all 65536 patterns of each 16-bit type, and f32/f64
+/// values at and around every rounding point of the 16-bit types (ties, subnormals, overflow,
+/// NaN, infinities).
+#[test]
+fn float_casts_match_the_host() {
+    use dtensor_runtime::{bf16, f16};
+    let Some(e) = Emu::build() else { return };
+    let b = ArrayD::from_shape_vec(IxDyn(&[65536]), (0..=u16::MAX).map(bf16::from_bits).collect()).unwrap();
+    let h = ArrayD::from_shape_vec(IxDyn(&[65536]), (0..=u16::MAX).map(f16::from_bits).collect()).unwrap();
+    // Every high half with low halves at bf16's rounding points, and every f16 pattern widened
+    // with the f32 bits around f16's rounding point (bit 12) set.
+    let mut w: Vec<u32> = Vec::new();
+    for hi in 0..=u16::MAX as u32 {
+        w.extend([0u32, 1, 0x7fff, 0x8000, 0x8001, 0xffff].map(|lo| (hi << 16) | lo));
+    }
+    for p in 0..=u16::MAX {
+        let x = f16::from_bits(p).to_f32().to_bits();
+        w.extend([x, x | 0x1000, x | 0x0fff, x | 0x1001, x ^ 0x1000]);
+    }
+    let f = ArrayD::from_shape_vec(IxDyn(&[w.len()]), w.iter().map(|&x| f32::from_bits(x)).collect()).unwrap();
+    // f64 values just off f32 values: they round to f32 first, then to the 16-bit type.
+    let d = f.mapv(|x| f64::from(x) * (1.0 + 1e-12));
+    macro_rules! from {
+        ($a:expr, $t:ty) => {
+            cast_case::<$t, f32>(&e, $a);
+            cast_case::<$t, f64>(&e, $a);
+            cast_case::<$t, bf16>(&e, $a);
+            cast_case::<$t, f16>(&e, $a);
+        };
+    }
+    from!(&b, bf16);
+    from!(&h, f16);
+    from!(&f, f32);
+    from!(&d, f64);
+    println!(
+        "16 casts between f32, f64, bf16, f16 bit-exact (NaN payloads aside) over {} values",
+        2 * 65536 + 2 * w.len()
+    );
 }
 
 #[test]

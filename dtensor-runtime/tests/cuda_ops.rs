@@ -483,10 +483,77 @@ fn copy_kernels_of_every_dtype() {
         + copy_cases::<i64>(&dev)
         + copy_cases::<i32>(&dev)
         + copy_cases::<u8>(&dev);
-    // Past the copies, the 16-bit floats and the integers have no kernels: a typed error.
+    // Past the copies (and the 16-bit floats' element-wise ops) there are no kernels yet: a
+    // typed error.
     let b = Storage::Cuda(CudaStorage::from_host(&dev, &global(&[2, 3], 1).mapv(bf16::from_f64)).unwrap());
-    assert!(matches!(b.unary(UnaryOp::Exp), Err(Error::Unsupported { .. })));
-    println!("GPUCHECK copy_kernels_of_every_dtype | PASS | {n} fill/pack/cat cases of f32 f64 bf16 f16 i64 i32 u8 bit-exact vs host, bf16 exp typed Unsupported");
+    assert!(matches!(b.softmax(1, SoftmaxKind::Softmax), Err(Error::Unsupported { .. })));
+    println!("GPUCHECK copy_kernels_of_every_dtype | PASS | {n} fill/pack/cat cases of f32 f64 bf16 f16 i64 i32 u8 bit-exact vs host, bf16 softmax typed Unsupported");
+}
+
+/// The unary and binary ops of a 16-bit float on the device against the host: every bit
+/// pattern through the exact ops bit for bit, the transcendental ones within `ulp`.
+fn half_cases<T: Element>(dev: &Arc<CudaDevice>, from_bits: fn(u16) -> T, ulp: f64) -> usize {
+    let all = ArrayD::from_shape_vec(IxDyn(&[256, 256]), (0..=u16::MAX).map(from_bits).collect()).unwrap();
+    let x = global(&[37, 29], 1).mapv(|v| T::of_f64(v / 12.0));
+    let mut cases = 0;
+    let exact = [UnaryOp::MulScalar(1.0 + 1.0 / 3.0), UnaryOp::AddScalar(0.1), UnaryOp::Abs, UnaryOp::Sqrt];
+    for op in exact {
+        let want = host(Storage::Cpu(all.clone()).unary(op).unwrap());
+        assert!(same_bits(&host(up(dev, &all).unary(op).unwrap()), &want), "{op} {} every bit pattern", T::DTYPE);
+        cases += 1;
+    }
+    for op in [UnaryOp::Exp, UnaryOp::Gelu, UnaryOp::Tanh, UnaryOp::GeluErf] {
+        let want = host(Storage::Cpu(x.clone()).unary(op).unwrap());
+        let err = rel_err(&host(up(dev, &x).unary(op).unwrap()), &want);
+        assert!(err <= ulp, "{op} {} error {err:e}", T::DTYPE);
+        cases += 1;
+    }
+    let b = global(&[256], 3).mapv(|v| T::of_f64(v / 4.0 + 0.5));
+    for op in [BinaryOp::Add, BinaryOp::Mul, BinaryOp::Div, BinaryOp::Lt, BinaryOp::Maximum] {
+        let want = host(Storage::Cpu(all.clone()).binary(op, &Storage::Cpu(b.clone())).unwrap());
+        assert!(same_bits(&host(up(dev, &all).binary(op, &up(dev, &b)).unwrap()), &want), "{op} {}", T::DTYPE);
+        cases += 1;
+    }
+    cases
+}
+
+#[test]
+fn half_float_unary_and_binary() {
+    let Some(dev) = device("half_float_unary_and_binary") else { return };
+    let n = half_cases(&dev, bf16::from_bits, 1.0 / 128.0) + half_cases(&dev, f16::from_bits, 1.0 / 1024.0);
+    println!("GPUCHECK half_float_unary_and_binary | PASS | {n} bf16/f16 cases: exact ops over all 65536 bit patterns bit-exact vs host, transcendental within one rounding step");
+}
+
+/// `a` cast to `B` on the device against the host (NaN-aware bits).
+fn cast_matches<A: Element, B: Element>(dev: &Arc<CudaDevice>, a: &ArrayD<A>) -> usize {
+    let want = host(Storage::Cpu(a.clone()).cast::<B>().unwrap());
+    assert!(same_bits(&host(up(dev, a).cast::<B>().unwrap()), &want), "cast {} -> {}", A::DTYPE, B::DTYPE);
+    1
+}
+
+#[test]
+fn casts_between_every_float() {
+    let Some(dev) = device("casts_between_every_float") else { return };
+    let b = ArrayD::from_shape_vec(IxDyn(&[65536]), (0..=u16::MAX).map(bf16::from_bits).collect()).unwrap();
+    let h = ArrayD::from_shape_vec(IxDyn(&[65536]), (0..=u16::MAX).map(f16::from_bits).collect()).unwrap();
+    // Every high half with low halves at bf16's rounding points, which are also f16's.
+    let w: Vec<f32> = (0..=u16::MAX as u32)
+        .flat_map(|hi| {
+            [0u32, 1, 0x0fff, 0x1000, 0x1001, 0x7fff, 0x8000, 0x8001].map(|lo| f32::from_bits((hi << 16) | lo))
+        })
+        .collect();
+    let f = ArrayD::from_shape_vec(IxDyn(&[w.len()]), w).unwrap();
+    let d = f.mapv(|x| f64::from(x) * (1.0 + 1e-12));
+    macro_rules! from {
+        ($a:expr, $t:ty) => {
+            cast_matches::<$t, f32>(&dev, $a)
+                + cast_matches::<$t, f64>(&dev, $a)
+                + cast_matches::<$t, bf16>(&dev, $a)
+                + cast_matches::<$t, f16>(&dev, $a)
+        };
+    }
+    let n = from!(&b, bf16) + from!(&h, f16) + from!(&f, f32) + from!(&d, f64);
+    println!("GPUCHECK casts_between_every_float | PASS | {n} casts between f32 f64 bf16 f16 bit-exact vs host (NaN payloads aside) over every 16-bit pattern and f32/f64 rounding points");
 }
 
 #[test]

@@ -67,11 +67,31 @@ pub const COPY_DTYPES: [(&str, &str); 5] = [
 /// [`DTYPES`] and [`COPY_DTYPES`], so every dtype redistributes and concatenates on a device.
 pub const COPY_KERNELS: [&str; 3] = ["fill", "pack", "cat"];
 
+/// The 16-bit floats with element-wise kernels ([`HALF_KERNELS`]) besides the copies: (name
+/// suffix, the C functions that widen one to `float` and round a `float` to it).
+pub const HALF_DTYPES: [(&str, &str, &str); 2] =
+    [("bf16", "dt_bf16_to_f32", "dt_f32_to_bf16"), ("f16", "dt_f16_to_f32", "dt_f32_to_f16")];
+
+/// The element-wise kernels of [`HALF_DTYPES`]: they compute in f32 and round once, as the
+/// host kernels do.
+pub const HALF_KERNELS: [&str; 2] = ["unary", "binary"];
+
+/// The float dtypes the casts `cast_<from>_<to>` convert between: (suffix, C type, widening of
+/// `X` to double, rounding of the double `X` to the type). A conversion goes through f64 (exact
+/// from every float), then to the target through f32 for the 16-bit floats, as the host's
+/// `Scalar::of_f64` does; a cast to the same type copies the bits.
+pub const CAST_DTYPES: [(&str, &str, &str, &str); 4] = [
+    ("f32", "float", "(double)X", "(float)X"),
+    ("f64", "double", "X", "X"),
+    ("bf16", "unsigned short", "(double)dt_bf16_to_f32(X)", "dt_f32_to_bf16((float)X)"),
+    ("f16", "unsigned short", "(double)dt_f16_to_f32(X)", "dt_f32_to_f16((float)X)"),
+];
+
 /// [`TYPED_KERNELS`] plus this one: the AdamW update.
 pub const ADAMW: &str = "adamw";
 
 /// Every compiled kernel name: the typed kernels per dtype, the copy kernels of the copy-only
-/// dtypes, and the casts `cast_<from>_<to>`.
+/// dtypes, and the casts `cast_<from>_<to>` between the floats.
 pub fn kernel_names() -> Vec<String> {
     let mut names = Vec::new();
     for (_, sfx) in COPY_DTYPES {
@@ -79,12 +99,19 @@ pub fn kernel_names() -> Vec<String> {
             names.push(format!("{k}_{sfx}"));
         }
     }
+    for (sfx, _, _) in HALF_DTYPES {
+        for k in HALF_KERNELS {
+            names.push(format!("{k}_{sfx}"));
+        }
+    }
     for (_, sfx) in DTYPES {
         for k in TYPED_KERNELS.iter().chain([&ADAMW]) {
             names.push(format!("{k}_{sfx}"));
         }
-        for (_, to) in DTYPES {
-            names.push(format!("cast_{sfx}_{to}"));
+    }
+    for (from, ..) in CAST_DTYPES {
+        for (to, ..) in CAST_DTYPES {
+            names.push(format!("cast_{from}_{to}"));
         }
     }
     names
@@ -312,6 +339,45 @@ DEV i64 dt_index(double v, u64 n) {
 /* Gather and its gradient: the iterated shape, and the row-major strides and shape of the other
    operand (the gathered input, or the gradient a scatter reads). */
 struct Gather { int nd; int dim; i64 shape[MAX_DIMS]; i64 stride[MAX_DIMS]; i64 bound[MAX_DIMS]; };
+
+/* The 16-bit floats as their bits (unsigned short) and f32, both ways; rounding to nearest even,
+   NaN stays NaN (quiet), as the `half` crate converts on the host. */
+DEV float dt_bf16_to_f32(unsigned short h) { return __uint_as_float((unsigned int)h << 16); }
+DEV unsigned short dt_f32_to_bf16(float f) {
+    unsigned int x = __float_as_uint(f);
+    if ((x & 0x7fffffffu) > 0x7f800000u) return (unsigned short)((x >> 16) | 0x40u);
+    unsigned int r = x >> 16;
+    if ((x & 0x8000u) && (x & 0x17fffu)) r += 1; /* above half, or exactly half with r odd */
+    return (unsigned short)r;
+}
+DEV float dt_f16_to_f32(unsigned short h) {
+    unsigned int sign = (unsigned int)(h & 0x8000u) << 16, e = (h >> 10) & 0x1fu, m = h & 0x3ffu;
+    if (e == 0x1fu) return __uint_as_float(sign | 0x7f800000u | (m << 13) | (m ? 0x400000u : 0u));
+    if (e == 0) {
+        if (m == 0) return __uint_as_float(sign);
+        int k = 0; /* subnormal: normalise the mantissa */
+        while (!(m & 0x400u)) { m <<= 1; ++k; }
+        return __uint_as_float(sign | ((unsigned int)(113 - k) << 23) | ((m & 0x3ffu) << 13));
+    }
+    return __uint_as_float(sign | ((e + 112u) << 23) | (m << 13));
+}
+DEV unsigned short dt_f32_to_f16(float f) {
+    unsigned int x = __float_as_uint(f), sign = (x >> 16) & 0x8000u, m = x & 0x7fffffu;
+    int e = (int)((x >> 23) & 0xffu);
+    if (e == 0xff) return (unsigned short)(sign | 0x7c00u | (m ? 0x200u | (m >> 13) : 0u));
+    int he = e - 127 + 15;
+    if (he >= 0x1f) return (unsigned short)(sign | 0x7c00u);
+    if (he <= 0) {
+        if (14 - he > 24) return (unsigned short)sign;
+        m |= 0x800000u;
+        unsigned int hm = m >> (14 - he), round = 1u << (13 - he);
+        if ((m & round) && (m & (3u * round - 1u))) hm += 1;
+        return (unsigned short)(sign | hm);
+    }
+    unsigned int r = sign | ((unsigned int)he << 10) | (m >> 13);
+    if ((x & 0x1000u) && (x & 0x2fffu)) r += 1;
+    return (unsigned short)r;
+}
 
 /* Pack plan table: one row of PACK_ROW u64 per block: src offset, dst offset, dims, first
    element, extents[MAX_DIMS], src strides[MAX_DIMS], dst strides[MAX_DIMS]. */
@@ -585,6 +651,22 @@ extern "C" __global__ void K(cat)(const T* src, T* o, u64 n, u64 width, u64 stri
 }
 "#;
 
+/// The element-wise kernels of a 16-bit float (`SFX`, with `WIDEN` and `ROUND` its
+/// conversions): computed in f32 by the f32 op, rounded once.
+const HALF: &str = r#"
+extern "C" __global__ void K(unary)(const unsigned short* a, unsigned short* o, u64 n, int op, float s, float t) {
+    GRID_LOOP(i, n) o[i] = ROUND(dt_unary<float>(op, WIDEN(a[i]), s, t));
+}
+
+extern "C" __global__ void K(binary)(const unsigned short* a, const unsigned short* b, unsigned short* o, u64 n, int op, Strided g) {
+    GRID_LOOP(i, n) {
+        i64 ia, ib;
+        dt_offsets(g, i, &ia, &ib);
+        o[i] = ROUND(dt_binary<float>(op, WIDEN(a[ia]), WIDEN(b[ib])));
+    }
+}
+"#;
+
 /// Number of terms of the `ln` series of [`RNG_SOURCE`] (also used by `crate::rng`).
 pub const LOG_TERMS: i32 = 12;
 /// Number of terms of the sine and cosine series of [`RNG_SOURCE`].
@@ -621,10 +703,16 @@ pub fn module_source() -> String {
     for (ty, sfx) in COPY_DTYPES {
         s.push_str(&format!("\n#define T {ty}\n#define SFX {sfx}\n{COPY}\n#undef T\n#undef SFX\n"));
     }
-    for (from, fsfx) in DTYPES {
-        for (to, tsfx) in DTYPES {
+    for (sfx, widen, round) in HALF_DTYPES {
+        s.push_str(&format!(
+            "\n#define SFX {sfx}\n#define WIDEN {widen}\n#define ROUND {round}\n{HALF}\n#undef SFX\n#undef WIDEN\n#undef ROUND\n"
+        ));
+    }
+    for (fsfx, from, widen, _) in CAST_DTYPES {
+        for (tsfx, to, _, round) in CAST_DTYPES {
+            let value = if fsfx == tsfx { "a[i]".to_string() } else { round.replace('X', &widen.replace('X', "a[i]")) };
             s.push_str(&format!(
-                "extern \"C\" __global__ void cast_{fsfx}_{tsfx}(const {from}* a, {to}* o, u64 n) {{ GRID_LOOP(i, n) o[i] = ({to})a[i]; }}\n"
+                "extern \"C\" __global__ void cast_{fsfx}_{tsfx}(const {from}* a, {to}* o, u64 n) {{ GRID_LOOP(i, n) o[i] = {value}; }}\n"
             ));
         }
     }
@@ -643,8 +731,12 @@ mod tests {
             assert!(TYPED.contains(&def) != COPY.contains(&def), "{k} is not defined exactly once");
             assert_eq!(COPY.contains(&def), COPY_KERNELS.contains(k), "{k}");
         }
-        let copies = COPY_DTYPES.len() * COPY_KERNELS.len();
-        assert_eq!(kernel_names().len(), DTYPES.len() * (TYPED_KERNELS.len() + 1 + DTYPES.len()) + copies);
+        for k in HALF_KERNELS {
+            assert!(HALF.contains(&format!("void K({k})(")), "{k} has no 16-bit definition");
+        }
+        let copies = COPY_DTYPES.len() * COPY_KERNELS.len() + HALF_DTYPES.len() * HALF_KERNELS.len();
+        let casts = CAST_DTYPES.len() * CAST_DTYPES.len();
+        assert_eq!(kernel_names().len(), DTYPES.len() * (TYPED_KERNELS.len() + 1) + casts + copies);
         assert!(src.contains("cast_f64_f32"));
     }
 }

@@ -19,8 +19,10 @@
 //! or dimensions beyond cuBLAS' 32-bit limit.
 //!
 //! Those are f32 and f64 kernels. The 16-bit floats and the integers have the kernels that only
-//! move elements: fills, pack plans (so they redistribute on a device) and `cat`; their other
-//! ops are a typed [`Error::Unsupported`] naming the dtype.
+//! move elements: fills, pack plans (so they redistribute on a device) and `cat`; the 16-bit
+//! floats also every unary and binary op, computed in f32 and rounded once as on the host, and
+//! the casts between all four floats.
+//! Their other ops are a typed [`Error::Unsupported`] naming the dtype.
 
 use super::op::{AdamWStep, BinaryOp, Distribution, RandomFill, Reduction, SgdStep, SoftmaxKind, UnaryOp};
 use super::Storage;
@@ -41,6 +43,11 @@ use std::sync::Arc;
 pub trait CudaElement: DeviceRepr + ValidAsZeroBits + Copy + 'static {
     /// Kernel name suffix (`f32`, `f64`).
     const SUFFIX: &'static str;
+    /// The type of the scalars the element-wise kernels take: the element type, f32 for the
+    /// 16-bit floats (they compute in f32) and for the integers (which have no such kernels).
+    type Arg: DeviceRepr + Copy;
+    #[doc(hidden)]
+    fn arg(v: f64) -> Self::Arg;
     #[doc(hidden)]
     fn gemm(
         blas: &CudaBlas,
@@ -63,6 +70,10 @@ macro_rules! cuda_element {
     ($t:ty, $sfx:literal) => {
         impl CudaElement for $t {
             const SUFFIX: &'static str = $sfx;
+            type Arg = $t;
+            fn arg(v: f64) -> $t {
+                v as $t
+            }
             fn gemm(
                 blas: &CudaBlas,
                 cfg: GemmConfig<Self>,
@@ -91,12 +102,17 @@ cuda_element!(f32, "f32");
 cuda_element!(f64, "f64");
 
 /// The 16-bit floats and the integers can live on a device and be communicated (NCCL has
-/// them all), and have the copy kernels (fills, pack plans, `cat`); every other kernel lookup
-/// (`crate::cuda::kernels`) and gemm is a typed error.
+/// them all), and have the copy kernels (fills, pack plans, `cat`), the 16-bit floats also the
+/// element-wise ones (computed in f32) and the float casts; every other kernel lookup (`crate::cuda::kernels`) and
+/// gemm is a typed error.
 macro_rules! cuda_half_element {
     ($t:ty, $sfx:literal) => {
         impl CudaElement for $t {
             const SUFFIX: &'static str = $sfx;
+            type Arg = f32;
+            fn arg(v: f64) -> f32 {
+                v as f32
+            }
             fn gemm(
                 _: &CudaBlas,
                 _: GemmConfig<Self>,
@@ -334,7 +350,7 @@ impl<T: Scalar> CudaStorage<T> {
         };
         let (n, code) = (self.len() as u64, unary_code(op)?);
         let (s, t) = args::unary_scalars(op);
-        let (s, t) = (T::of_f64(s), T::of_f64(t));
+        let (s, t) = (T::arg(s), T::arg(t));
         let f = self.device.kernels()?.function("unary", T::SUFFIX)?;
         let mut b = self.device.stream().launch_builder(&f);
         b.arg(&**a).arg(o).arg(&n).arg(&code).arg(&s).arg(&t);
@@ -582,7 +598,8 @@ impl<T: Scalar> CudaStorage<T> {
         Ok(out)
     }
 
-    /// A fresh output whose every element `kernel` writes, launched only when it is not empty.
+    /// A fresh output of `shape` whose every element the kernel `name` writes, launched by
+    /// `build` (output, kernel, element count) only when the output is not empty.
     fn launch_into(
         &self,
         shape: &[usize],
