@@ -157,6 +157,10 @@ pub trait Scalar:
     /// an [`Error::Unsupported`](crate::Error::Unsupported) (only floats have gradients).
     #[doc(hidden)]
     fn with_requires_grad(x: crate::DTensor<Self>, requires_grad: bool) -> crate::Result<crate::DTensor<Self>>;
+    /// The float-only ops the backward rules of ops generic over `Scalar` call; `None` for
+    /// integers, whose tensors never require grad and so never reach a backward.
+    #[doc(hidden)]
+    fn grad_kernels() -> Option<crate::autograd::GradKernels<Self>>;
 }
 
 /// A floating point element usable in a [`DTensor`](crate::DTensor): `f32`, `f64`, and the
@@ -215,6 +219,9 @@ macro_rules! float_redistribute {
         }
         fn with_requires_grad(x: crate::DTensor<Self>, requires_grad: bool) -> crate::Result<crate::DTensor<Self>> {
             Ok(x.requires_grad_(requires_grad))
+        }
+        fn grad_kernels() -> Option<crate::autograd::GradKernels<Self>> {
+            Some(crate::autograd::GradKernels::FLOAT)
         }
     };
 }
@@ -312,6 +319,9 @@ macro_rules! int_scalar {
                     });
                 }
                 Ok(x)
+            }
+            fn grad_kernels() -> Option<crate::autograd::GradKernels<Self>> {
+                None
             }
         }
     };

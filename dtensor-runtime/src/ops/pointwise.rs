@@ -264,12 +264,6 @@ impl<T: Element> DTensor<T> {
         })
     }
 
-    /// 1 where `self == other` (broadcasting), else 0. Not differentiable (no history).
-    pub fn eq_mask(&self, other: &DTensor<T>) -> Result<DTensor<T>> {
-        let no_grad: BinaryBackward<T> = |_, _, _, _| Err(Error::Autograd("eq_mask has no gradient".into()));
-        crate::autograd::no_grad(|| binary(BinaryOp::Eq, "eq_backward", self, other, Linearity::None, no_grad))
-    }
-
     /// `-self`. Keeps Partial(sum/avg).
     pub fn neg(&self) -> Result<DTensor<T>> {
         unary(UnaryOp::Neg, "neg_backward", self, partials_kept(UnaryKind::Neg), |g, _, _| g.neg())
