@@ -3,7 +3,8 @@
 //! One [`Communicator`] trait; backends implement it once:
 //! - [`threads`]: the embedded default, one OS thread per rank in one process (zero setup);
 //! - `mpi` (feature `mpi`): processes and nodes through MPI;
-//! - `nccl` (feature `cuda`): GPUs through NCCL.
+//! - `nccl` (feature `cuda`): GPUs through NCCL;
+//! - [`cuda_threads`]: thread ranks whose shards live on GPUs.
 //!
 //! Redistribution and ops never call a backend directly: they go through the typed collectives of
 //! [`DeviceMesh`](crate::DeviceMesh) (`mesh.rs`),
@@ -13,6 +14,7 @@
 pub mod bootstrap;
 #[cfg(any(feature = "mpi", feature = "cuda"))]
 mod check;
+pub mod cuda_threads;
 pub mod debug;
 pub mod fingerprint;
 mod group;

@@ -34,6 +34,7 @@ use crate::cuda::{cuda_err, require, CudaDevice, CudaLib};
 use crate::element::DType;
 use crate::error::{Error, Result};
 use crate::placement::ReduceOp;
+use crate::storage::Device;
 use cudarc::driver::{CudaSlice, CudaStream, DevicePtr, DevicePtrMut};
 use cudarc::nccl::{result, sys};
 use std::collections::HashMap;
@@ -106,21 +107,59 @@ impl NcclComm {
         }
         let timeout = super::timeout::from_env()?;
         device.context().bind_to_thread().map_err(|e| cuda_err("binding the CUDA context", e))?;
-        let stream = device.context().new_stream().map_err(|e| cuda_err("creating the NCCL stream", e))?;
         let uid = sys::ncclUniqueId { internal: id.map(|b| b as std::ffi::c_char) };
         let mut comm: sys::ncclComm_t = std::ptr::null_mut();
         // SAFETY: `comm` is a valid out-pointer; the id is shared by all ranks.
         unsafe { result::comm_init_rank(&mut comm, size as i32, uid, rank as i32) }
             .map_err(|e| nccl_err("ncclCommInitRank", e))?;
-        Ok(NcclComm {
+        Ok(Self::from_raw(device, rank, size, Raw(comm), timeout))
+    }
+
+    /// One communicator per device of `devices` (rank `i` on `devices[i]`), created together
+    /// by `ncclCommInitAll` in this thread: the thread mode of [`Launch::Nccl`](crate::Launch::Nccl).
+    pub fn init_all(devices: &[Arc<CudaDevice>]) -> Result<Vec<NcclComm>> {
+        require(CudaLib::Nccl)?;
+        let timeout = super::timeout::from_env()?;
+        let n = devices.len();
+        let ordinals: Vec<i32> = devices.iter().map(|d| d.ordinal() as i32).collect();
+        let mut comms: Vec<sys::ncclComm_t> = vec![std::ptr::null_mut(); n];
+        // SAFETY: `comms` has room for `n` handles, `ordinals` holds `n` device ordinals.
+        unsafe { result::comm_init_all(comms.as_mut_ptr(), n as i32, ordinals.as_ptr()) }
+            .map_err(|e| nccl_err("ncclCommInitAll", e))?;
+        Ok(comms.into_iter().enumerate().map(|(r, c)| Self::from_raw(&devices[r], r, n, Raw(c), timeout)).collect())
+    }
+
+    fn from_raw(device: &Arc<CudaDevice>, rank: usize, size: usize, world: Raw, timeout: Duration) -> NcclComm {
+        NcclComm {
             rank,
             size,
             device: Arc::clone(device),
-            stream,
+            // The rank's own stream: collectives on device buffers are ordered with its kernels.
+            stream: Arc::clone(device.stream()),
             timeout,
-            state: Mutex::new(State { world: Some(Raw(comm)), groups: HashMap::new(), failed: None }),
+            state: Mutex::new(State { world: Some(world), groups: HashMap::new(), failed: None }),
             sequences: Default::default(),
-        })
+        }
+    }
+
+    /// Aborts every communicator of this rank (`ncclCommAbort`): called when the rank fails,
+    /// so that NCCL releases its resources; later collectives fail with [`Error::Backend`].
+    pub fn abort(&self, why: &str) {
+        let mut st = self.state.lock().unwrap_or_else(|e| e.into_inner());
+        Self::abort_all(&mut st, why);
+    }
+
+    fn abort_all(st: &mut State, why: &str) {
+        st.failed.get_or_insert_with(|| why.to_string());
+        // The handles are forgotten, not destroyed: ncclCommDestroy on an aborted handle is invalid.
+        let all: Vec<Raw> = st.world.take().into_iter().chain(st.groups.drain().map(|(_, r)| r)).collect();
+        for r in all {
+            // SAFETY: a live handle, aborted once and never used again.
+            unsafe {
+                let _ = result::comm_abort(r.0);
+            }
+            std::mem::forget(r);
+        }
     }
 
     /// A world of one rank on `device` (no bootstrap needed).
@@ -147,7 +186,7 @@ impl NcclComm {
     }
 
     /// The device this rank's collectives run on.
-    pub fn device(&self) -> &Arc<CudaDevice> {
+    pub fn cuda(&self) -> &Arc<CudaDevice> {
         &self.device
     }
 
@@ -180,18 +219,9 @@ impl NcclComm {
         self.device.context().bind_to_thread().map_err(|e| cuda_err("binding the CUDA context", e))?;
         let out = enqueue(comm, me)?;
         if let Err(e) = self.wait(comm, op, group) {
-            st.failed = Some(e.to_string());
             // A failed collective leaves every communicator of this rank in an unknown state:
-            // abort them all (releases NCCL's resources and unblocks its kernels). The handles
-            // are forgotten, not destroyed: ncclCommDestroy on an aborted handle is invalid.
-            let all: Vec<Raw> = st.world.take().into_iter().chain(st.groups.drain().map(|(_, r)| r)).collect();
-            for r in all {
-                // SAFETY: a live handle, aborted once and never used again.
-                unsafe {
-                    let _ = result::comm_abort(r.0);
-                }
-                std::mem::forget(r);
-            }
+            // abort them all (releases NCCL's resources and unblocks its kernels).
+            Self::abort_all(&mut st, &e.to_string());
             return Err(e);
         }
         Ok(out)
@@ -273,6 +303,12 @@ unsafe impl Communicator for NcclComm {
     }
     fn backend(&self) -> &'static str {
         "nccl"
+    }
+    fn device(&self) -> Device {
+        Device::Cuda(self.device.ordinal())
+    }
+    fn cuda_device(&self) -> Option<Arc<CudaDevice>> {
+        Some(Arc::clone(&self.device))
     }
     fn sequences(&self) -> Option<&super::fingerprint::Sequences> {
         Some(&self.sequences)
