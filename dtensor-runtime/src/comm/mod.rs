@@ -22,6 +22,7 @@ mod group;
 pub mod mpi;
 #[cfg(feature = "cuda")]
 pub mod nccl;
+pub mod nccl_version;
 mod recv;
 pub mod reduce;
 pub(crate) mod self_comm;
