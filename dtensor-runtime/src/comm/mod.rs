@@ -3,7 +3,8 @@
 //! One [`Communicator`] trait; backends implement it once:
 //! - [`threads`]: the embedded default, one OS thread per rank in one process (zero setup);
 //! - `mpi` (feature `mpi`): processes and nodes through MPI;
-//! - `nccl` (feature `cuda`): GPUs through NCCL.
+//! - `nccl` (feature `cuda`): GPUs through NCCL;
+//! - [`cuda_threads`]: thread ranks whose shards live on GPUs.
 //!
 //! Redistribution and ops never call a backend directly: they go through the typed collectives of
 //! [`DeviceMesh`](crate::DeviceMesh) (`mesh.rs`),
@@ -12,6 +13,7 @@
 
 pub mod bootstrap;
 mod check;
+pub mod cuda_threads;
 pub mod debug;
 pub mod fingerprint;
 mod group;
@@ -19,6 +21,7 @@ mod group;
 pub mod mpi;
 #[cfg(feature = "cuda")]
 pub mod nccl;
+pub mod nccl_version;
 mod recv;
 pub mod reduce;
 pub(crate) mod self_comm;
