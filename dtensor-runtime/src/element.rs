@@ -173,9 +173,8 @@ pub trait Scalar:
 ///
 /// The 16-bit types store and move as 16 bits, but every kernel whose result depends on
 /// rounding (matmul, reductions, softmax, collectives' reductions) widens them to f32,
-/// computes, and rounds once at the end, as PyTorch's CPU kernels do. Under the `cuda`
-/// feature they can be moved to a device and communicated, but device kernels return
-/// "dtype bf16 has no CUDA kernels yet" ([`Error::Unsupported`](crate::Error::Unsupported)).
+/// computes, and rounds once at the end, as PyTorch's CPU kernels do; the CUDA kernels
+/// (feature `cuda`) do the same.
 #[diagnostic::on_unimplemented(
     message = "`{Self}` is not a floating-point element type: this op needs f32, f64, bf16 or f16",
     label = "needs a floating-point tensor, not `{Self}`",

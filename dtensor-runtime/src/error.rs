@@ -341,6 +341,17 @@ pub enum Error {
         /// Why it is missing (feature off, library not found, no device).
         reason: String,
     },
+    /// More GPU ranks were asked for than this machine has GPUs (checked before NCCL is
+    /// touched: two NCCL ranks on one GPU hang or fail inside NCCL).
+    #[error("{context}: {wanted} rank(s) need {wanted} GPU(s) but {available} are visible")]
+    TooFewDevices {
+        /// The launch mode or variable that asked (`launch(Launch::Nccl)`, `LOCAL_RANK`).
+        context: String,
+        /// GPUs needed.
+        wanted: usize,
+        /// GPUs visible to this process.
+        available: usize,
+    },
 
     // -------------------------------------------------------------- misc
     /// Autograd misuse (backward on a non-scalar, no grad_fn, ...).

@@ -52,10 +52,47 @@ impl DeviceMesh {
     pub fn new(comm: Arc<dyn Communicator>, shape: &[usize], names: &[&str]) -> Result<DeviceMesh> {
         let world = comm.world_size();
         let mesh = Self::build(comm, shape, names, (0..world).collect())?;
-        let mut partitions: Vec<Vec<Vec<usize>>> = (0..mesh.ndim()).map(|d| mesh.all_groups(d)).collect();
-        partitions.push(vec![mesh.ranks().to_vec()]);
-        mesh.inner.comm.prepare_groups(&partitions)?;
+        mesh.inner.comm.prepare_groups(&mesh.prepared_partitions())?;
         Ok(mesh)
+    }
+
+    /// The groups a backend with sub-communicators (MPI, NCCL) must create when the mesh is
+    /// made: every mesh dim's groups, the whole mesh (`Along::All`), and on meshes of 3 or
+    /// more dims the groups spanning every set of 2..ndim-1 dims in mesh order (the
+    /// `Along::All` groups of [`submesh_dims`](Self::submesh_dims) given names in mesh order).
+    pub fn prepared_partitions(&self) -> Vec<Vec<Vec<usize>>> {
+        let n = self.ndim();
+        let mut out: Vec<Vec<Vec<usize>>> = (0..n).map(|d| self.all_groups(d)).collect();
+        for set in 1u32..(1 << n) {
+            let dims: Vec<usize> = (0..n).filter(|d| set & (1 << d) != 0).collect();
+            if dims.len() >= 2 && dims.len() < n {
+                out.push(self.span_groups(&dims));
+            }
+        }
+        out.push(vec![self.ranks().to_vec()]);
+        out
+    }
+
+    /// The partition of the mesh into groups spanning `dims` (each group in row-major order
+    /// over `dims`, as [`submesh_dims`](Self::submesh_dims) orders its ranks).
+    fn span_groups(&self, dims: &[usize]) -> Vec<Vec<usize>> {
+        let shape: Vec<usize> = dims.iter().map(|&d| self.inner.shape[d]).collect();
+        let span: usize = shape.iter().product();
+        (0..self.numel())
+            .map(|pos| unravel(pos, &self.inner.shape))
+            .filter(|c| dims.iter().all(|&d| c[d] == 0))
+            .map(|mut c| {
+                (0..span)
+                    .map(|p| {
+                        let sub = unravel(p, &shape);
+                        for (i, &d) in dims.iter().enumerate() {
+                            c[d] = sub[i];
+                        }
+                        self.inner.ranks[ravel(&c, &self.inner.shape)]
+                    })
+                    .collect()
+            })
+            .collect()
     }
 
     /// Parses `"dp=2,tp=4"` and builds the mesh.

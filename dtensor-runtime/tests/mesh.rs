@@ -99,3 +99,34 @@ fn spec_strings_parse() {
     let out = run(4, |ctx| Ok(DeviceMesh::from_spec(Arc::clone(ctx.comm()), "dp=2,tp=2")?.shape().to_vec())).unwrap();
     assert_eq!(out[3], vec![2, 2]);
 }
+
+/// What `DeviceMesh::new` asks a backend with sub-communicators (NCCL, MPI) to create must
+/// cover every group a collective can run on: each dim's group, the whole mesh, and the
+/// `Along::All` group of every sub-mesh over dims in mesh order (≥ 3-d meshes).
+#[test]
+fn prepared_partitions_cover_every_group_a_3d_mesh_uses() {
+    let names = ["pp", "dp", "tp"];
+    let out = run(12, |ctx| {
+        let mesh = ctx.init_device_mesh(&[2, 3, 2], &names)?;
+        let parts = mesh.prepared_partitions();
+        let mut used: Vec<Vec<usize>> = (0..3).map(|d| mesh.group(d).to_vec()).collect();
+        used.push(mesh.ranks().to_vec());
+        for set in [&["pp", "dp"][..], &["pp", "tp"], &["dp", "tp"], &["tp"]] {
+            used.push(mesh.submesh_dims(set)?.ranks().to_vec());
+        }
+        Ok((ctx.rank(), parts, used))
+    })
+    .unwrap();
+    for (rank, parts, used) in out {
+        assert_eq!(parts.len(), 3 + 3 + 1, "3 dims, 3 pairs of dims, the whole mesh");
+        for p in &parts {
+            let mut all: Vec<usize> = p.concat();
+            all.sort_unstable();
+            assert_eq!(all, (0..12).collect::<Vec<_>>(), "{p:?} is not a partition of the world");
+        }
+        for g in used {
+            assert!(g.contains(&rank), "rank {rank} not in its own group {g:?}");
+            assert!(parts.iter().any(|p| p.contains(&g)), "rank {rank}: group {g:?} is not prepared");
+        }
+    }
+}

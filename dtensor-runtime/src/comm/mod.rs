@@ -3,7 +3,8 @@
 //! One [`Communicator`] trait; backends implement it once:
 //! - [`threads`]: the embedded default, one OS thread per rank in one process (zero setup);
 //! - `mpi` (feature `mpi`): processes and nodes through MPI;
-//! - `nccl` (feature `cuda`): GPUs through NCCL.
+//! - `nccl` (feature `cuda`): GPUs through NCCL;
+//! - [`cuda_threads`]: thread ranks whose shards live on GPUs.
 //!
 //! Redistribution and ops never call a backend directly: they go through the typed collectives of
 //! [`DeviceMesh`](crate::DeviceMesh) (`mesh.rs`),
@@ -11,8 +12,8 @@
 //! [`CommDebugMode`](crate::CommDebugMode).
 
 pub mod bootstrap;
-#[cfg(any(feature = "mpi", feature = "cuda"))]
 mod check;
+pub mod cuda_threads;
 pub mod debug;
 pub mod fingerprint;
 mod group;
@@ -20,6 +21,7 @@ mod group;
 pub mod mpi;
 #[cfg(feature = "cuda")]
 pub mod nccl;
+pub mod nccl_version;
 mod recv;
 pub mod reduce;
 pub(crate) mod self_comm;
@@ -102,12 +104,7 @@ pub unsafe trait Communicator: Send + Sync + fmt::Debug {
         dtype: DType,
         op: ReduceOp,
     ) -> Result<()> {
-        if send.len() != recv.len() {
-            return Err(crate::error::Error::BufferMismatch {
-                op: "all_reduce".into(),
-                reason: format!("send has {} bytes, recv {}", send.len(), recv.len()),
-            });
-        }
+        check::same_len("all_reduce", send.len(), recv.len())?;
         self.all_reduce(group, recv.init_from(send), dtype, op)
     }
     /// [`all_to_all`](Self::all_to_all) whose send blocks are the column blocks of a row-major

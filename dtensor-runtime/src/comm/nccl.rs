@@ -1,26 +1,29 @@
-//! NCCL backend (cargo feature `cuda`): collectives between GPUs, one process per GPU.
+//! NCCL backend (cargo feature `cuda`): collectives between GPUs, one rank per GPU.
 //!
 //! The [`Communicator`] trait moves *host* bytes, so every collective stages them through
-//! device buffers: copy in, run the NCCL collective on the communicator's own stream, wait,
-//! copy out. That is correct for host-resident DTensors and exercises NCCL end to end; a
-//! device-resident DTensor would call NCCL on its buffers directly (no staging).
+//! device buffers: copy in, run the NCCL collective on the rank's stream (the one its
+//! [`CudaDevice`] queues kernels on), wait, copy out.
 //!
-//! * all-reduce, all-gather, reduce-scatter, broadcast: the NCCL collectives (`Avg` = sum,
-//!   then divided by the group size on the host, like every other backend);
+//! * all-reduce, all-gather, reduce-scatter, broadcast: the NCCL collectives (`Avg` is
+//!   `ncclAvg` on NCCL ≥ 2.10, else a sum divided by the group size on the host);
 //! * max/min: a NaN mask is max-reduced alongside, so a NaN operand wins as in PyTorch;
 //! * all-to-all: grouped `ncclSend`/`ncclRecv` (NCCL has no all-to-all);
 //! * scatter: grouped send/recv from the root; barrier: a one-element all-reduce.
 //!
 //! Groups: [`prepare_groups`](Communicator::prepare_groups) (called collectively by
-//! `DeviceMesh::new`) creates one sub-communicator per mesh-dim group with `ncclCommSplit`
-//! (NCCL ≥ 2.18). NCCL cannot create a communicator for only some ranks later, so a group
-//! that was not prepared is an [`Error::Unavailable`].
+//! `DeviceMesh::new`) creates one sub-communicator per group it is given: `ncclCommSplit` on
+//! NCCL ≥ 2.18, else `ncclCommInitRank` per group with an id shared over the world
+//! communicator ([`NcclVersion::group_strategy`]; the version is read with `ncclGetVersion`
+//! first, because cudarc panics on a symbol the library lacks). NCCL cannot create a
+//! communicator for only some ranks later, so a group that was not prepared is an
+//! [`Error::Unavailable`]. cudarc's safe `Comm` is never used: its `Drop` panics on error.
 //!
 //! Bootstrap (the 128-byte NCCL unique id must reach every rank):
 //! * [`NcclComm::from_env`]: `RANK`, `WORLD_SIZE`, `MASTER_ADDR`, `MASTER_PORT` as torchrun
 //!   sets them; rank 0 creates the id and serves it over one TCP connection per peer
 //!   ([`super::bootstrap::Rendezvous`]);
 //! * `NcclComm::from_mpi` (features `cuda` + `mpi`): rank 0's id is broadcast over MPI;
+//! * [`NcclComm::init_all`]: every GPU of this process at once (no id to exchange);
 //! * [`NcclComm::single`]: a world of one GPU.
 //!
 //! Failures: each wait polls the stream and `ncclCommGetAsyncError`; on an NCCL error or after
@@ -28,12 +31,14 @@
 //! [`Error::Backend`] / [`Error::CollectiveTimeout`]; the communicator is unusable afterwards.
 
 use super::bootstrap::Rendezvous;
+use super::nccl_version::{GroupStrategy, NcclVersion};
 use super::{check, group, reduce};
 use super::{Communicator, RecvBuf};
 use crate::cuda::{cuda_err, require, CudaDevice, CudaLib};
 use crate::element::DType;
 use crate::error::{Error, Result};
 use crate::placement::ReduceOp;
+use crate::storage::Device;
 use cudarc::driver::{CudaSlice, CudaStream, DevicePtr, DevicePtrMut};
 use cudarc::nccl::{result, sys};
 use std::collections::HashMap;
@@ -48,6 +53,12 @@ fn nccl_err(what: &str, e: impl fmt::Debug) -> Error {
 
 /// The 128-byte NCCL unique id every rank of one communicator must share.
 pub type NcclId = [u8; 128];
+
+/// The loaded NCCL library's version (`ncclGetVersion`), or [`Error::Unavailable`] without it.
+pub fn version() -> Result<NcclVersion> {
+    require(CudaLib::Nccl)?;
+    result::get_nccl_version().map(NcclVersion).map_err(|e| nccl_err("ncclGetVersion", e))
+}
 
 /// A fresh NCCL unique id (call on one rank, then ship it to the others).
 pub fn unique_id() -> Result<NcclId> {
@@ -81,6 +92,7 @@ pub struct NcclComm {
     device: Arc<CudaDevice>,
     stream: Arc<CudaStream>,
     timeout: Duration,
+    version: NcclVersion,
     state: Mutex<State>,
     sequences: super::fingerprint::Sequences,
 }
@@ -105,22 +117,74 @@ impl NcclComm {
             return Err(Error::RankOutOfRange { rank, world_size: size });
         }
         let timeout = super::timeout::from_env()?;
+        let version = version()?;
         device.context().bind_to_thread().map_err(|e| cuda_err("binding the CUDA context", e))?;
-        let stream = device.context().new_stream().map_err(|e| cuda_err("creating the NCCL stream", e))?;
         let uid = sys::ncclUniqueId { internal: id.map(|b| b as std::ffi::c_char) };
         let mut comm: sys::ncclComm_t = std::ptr::null_mut();
         // SAFETY: `comm` is a valid out-pointer; the id is shared by all ranks.
         unsafe { result::comm_init_rank(&mut comm, size as i32, uid, rank as i32) }
             .map_err(|e| nccl_err("ncclCommInitRank", e))?;
-        Ok(NcclComm {
+        Ok(Self::from_raw(device, rank, size, Raw(comm), timeout, version))
+    }
+
+    /// One communicator per device of `devices` (rank `i` on `devices[i]`), created together
+    /// by `ncclCommInitAll` in this thread: the thread mode of [`Launch::Nccl`](crate::Launch::Nccl).
+    pub fn init_all(devices: &[Arc<CudaDevice>]) -> Result<Vec<NcclComm>> {
+        require(CudaLib::Nccl)?;
+        let timeout = super::timeout::from_env()?;
+        let version = version()?;
+        let n = devices.len();
+        let ordinals: Vec<i32> = devices.iter().map(|d| d.ordinal() as i32).collect();
+        let mut comms: Vec<sys::ncclComm_t> = vec![std::ptr::null_mut(); n];
+        // SAFETY: `comms` has room for `n` handles, `ordinals` holds `n` device ordinals.
+        unsafe { result::comm_init_all(comms.as_mut_ptr(), n as i32, ordinals.as_ptr()) }
+            .map_err(|e| nccl_err("ncclCommInitAll", e))?;
+        Ok(comms
+            .into_iter()
+            .enumerate()
+            .map(|(r, c)| Self::from_raw(&devices[r], r, n, Raw(c), timeout, version))
+            .collect())
+    }
+
+    fn from_raw(
+        device: &Arc<CudaDevice>,
+        rank: usize,
+        size: usize,
+        world: Raw,
+        timeout: Duration,
+        version: NcclVersion,
+    ) -> NcclComm {
+        NcclComm {
             rank,
             size,
             device: Arc::clone(device),
-            stream,
+            // The rank's own stream: collectives on device buffers are ordered with its kernels.
+            stream: Arc::clone(device.stream()),
             timeout,
-            state: Mutex::new(State { world: Some(Raw(comm)), groups: HashMap::new(), failed: None }),
+            version,
+            state: Mutex::new(State { world: Some(world), groups: HashMap::new(), failed: None }),
             sequences: Default::default(),
-        })
+        }
+    }
+
+    /// Aborts every communicator of this rank (`ncclCommAbort`): called when the rank fails,
+    /// so that NCCL releases its resources; later collectives fail with [`Error::Backend`].
+    pub fn abort(&self, why: &str) {
+        let mut st = self.state.lock().unwrap_or_else(|e| e.into_inner());
+        Self::abort_all(&mut st, why);
+    }
+
+    fn abort_all(st: &mut State, why: &str) {
+        st.failed.get_or_insert_with(|| why.to_string());
+        // The handles are forgotten, not destroyed: ncclCommDestroy on an aborted handle is invalid.
+        let all: Vec<Raw> = st.world.take().into_iter().chain(st.groups.drain().map(|(_, r)| r)).collect();
+        for r in all {
+            // SAFETY: a live handle, aborted once and never used again.
+            unsafe {
+                let _ = result::comm_abort(r.0);
+            }
+            std::mem::forget(r);
+        }
     }
 
     /// A world of one rank on `device` (no bootstrap needed).
@@ -147,7 +211,7 @@ impl NcclComm {
     }
 
     /// The device this rank's collectives run on.
-    pub fn device(&self) -> &Arc<CudaDevice> {
+    pub fn cuda(&self) -> &Arc<CudaDevice> {
         &self.device
     }
 
@@ -180,18 +244,9 @@ impl NcclComm {
         self.device.context().bind_to_thread().map_err(|e| cuda_err("binding the CUDA context", e))?;
         let out = enqueue(comm, me)?;
         if let Err(e) = self.wait(comm, op, group) {
-            st.failed = Some(e.to_string());
             // A failed collective leaves every communicator of this rank in an unknown state:
-            // abort them all (releases NCCL's resources and unblocks its kernels). The handles
-            // are forgotten, not destroyed: ncclCommDestroy on an aborted handle is invalid.
-            let all: Vec<Raw> = st.world.take().into_iter().chain(st.groups.drain().map(|(_, r)| r)).collect();
-            for r in all {
-                // SAFETY: a live handle, aborted once and never used again.
-                unsafe {
-                    let _ = result::comm_abort(r.0);
-                }
-                std::mem::forget(r);
-            }
+            // abort them all (releases NCCL's resources and unblocks its kernels).
+            Self::abort_all(&mut st, &e.to_string());
             return Err(e);
         }
         Ok(out)
@@ -234,6 +289,18 @@ impl NcclComm {
         self.stream.memcpy_dtoh(dev, out).map_err(|e| cuda_err("copying the result to the host", e))
     }
 
+    /// The host divide of `Avg` where NCCL summed (no `ncclAvg`).
+    fn finish(&self, dtype: DType, op: ReduceOp, buf: &mut [u8], n: usize) {
+        if !self.version.has_avg() {
+            reduce::finish(dtype, op, buf, n);
+        }
+    }
+
+    /// The NCCL library version this communicator runs on.
+    pub fn nccl_version(&self) -> NcclVersion {
+        self.version
+    }
+
     fn cu_stream(&self) -> sys::cudaStream_t {
         self.stream.cu_stream() as sys::cudaStream_t
     }
@@ -251,8 +318,11 @@ fn nccl_dtype(d: DType) -> sys::ncclDataType_t {
     }
 }
 
-fn nccl_op(op: ReduceOp) -> sys::ncclRedOp_t {
+/// The NCCL reduction of `op`: `Avg` is `ncclAvg` where the library has it, else a sum that
+/// [`NcclComm::finish`] divides on the host.
+fn nccl_op(op: ReduceOp, version: NcclVersion) -> sys::ncclRedOp_t {
     match op {
+        ReduceOp::Avg if version.has_avg() => sys::ncclRedOp_t::ncclAvg,
         ReduceOp::Sum | ReduceOp::Avg => sys::ncclRedOp_t::ncclSum,
         ReduceOp::Min => sys::ncclRedOp_t::ncclMin,
         ReduceOp::Max => sys::ncclRedOp_t::ncclMax,
@@ -274,23 +344,22 @@ unsafe impl Communicator for NcclComm {
     fn backend(&self) -> &'static str {
         "nccl"
     }
+    fn device(&self) -> Device {
+        Device::Cuda(self.device.ordinal())
+    }
+    fn cuda_device(&self) -> Option<Arc<CudaDevice>> {
+        Some(Arc::clone(&self.device))
+    }
     fn sequences(&self) -> Option<&super::fingerprint::Sequences> {
         Some(&self.sequences)
     }
 
     fn prepare_groups(&self, partitions: &[Vec<Vec<usize>>]) -> Result<()> {
-        let mut st = self.state.lock().unwrap_or_else(|e| e.into_inner());
-        let world = st.world.as_ref().map(|r| r.0).ok_or_else(|| nccl_err("prepare_groups", "communicator aborted"))?;
-        for group::Split { colour, key, group } in group::splits(partitions, self.rank, self.size)? {
-            let mut sub: sys::ncclComm_t = std::ptr::null_mut();
-            // SAFETY: collective over the world communicator, called by every rank in order.
-            // (cudarc 0.19's `result::comm_split` is compiled only for cuda-1202x..1205x, the
-            // binding itself exists for every version.)
-            unsafe { sys::ncclCommSplit(world, colour as i32, key as i32, &mut sub, std::ptr::null_mut()).result() }
-                .map_err(|e| nccl_err("ncclCommSplit (needs NCCL >= 2.18)", e))?;
-            st.groups.entry(group).or_insert(Raw(sub));
+        let splits = group::splits(partitions, self.rank, self.size)?;
+        match self.version.group_strategy() {
+            GroupStrategy::Split => self.split_groups(splits),
+            GroupStrategy::InitRank => self.init_groups(splits),
         }
-        Ok(())
     }
 
     fn all_gather(&self, group: &[usize], send: &[u8], mut recv: RecvBuf<'_>) -> Result<()> {
@@ -453,6 +522,49 @@ unsafe impl Communicator for NcclComm {
 }
 
 impl NcclComm {
+    /// One sub-communicator per split with `ncclCommSplit` (NCCL ≥ 2.18; the version was
+    /// checked, so cudarc finds the symbol).
+    fn split_groups(&self, splits: Vec<group::Split>) -> Result<()> {
+        let mut st = self.state.lock().unwrap_or_else(|e| e.into_inner());
+        let world = st.world.as_ref().map(|r| r.0).ok_or_else(|| nccl_err("prepare_groups", "communicator aborted"))?;
+        for group::Split { colour, key, group } in splits {
+            let mut sub: sys::ncclComm_t = std::ptr::null_mut();
+            // SAFETY: collective over the world communicator, called by every rank in order.
+            // (cudarc 0.19's `result::comm_split` is compiled only for cuda-1202x..1205x, the
+            // binding itself exists for every version.)
+            unsafe { sys::ncclCommSplit(world, colour as i32, key as i32, &mut sub, std::ptr::null_mut()).result() }
+                .map_err(|e| nccl_err("ncclCommSplit", e))?;
+            // The split is collective over the world, so it runs even for a group this rank
+            // already has (another group of the partition may be new).
+            st.groups.entry(group).or_insert(Raw(sub));
+        }
+        Ok(())
+    }
+
+    /// One sub-communicator per split with `ncclCommInitRank` (NCCL < 2.18): the first member
+    /// of each group makes its unique id, one all-gather of ids over the world communicator
+    /// per partition hands every rank its group's id, then the members initialise together.
+    fn init_groups(&self, splits: Vec<group::Split>) -> Result<()> {
+        let world: Vec<usize> = (0..self.size).collect();
+        for group::Split { key, group, .. } in splits {
+            let mine: NcclId = if key == 0 { unique_id()? } else { [0; 128] };
+            let mut ids = vec![0u8; 128 * self.size];
+            self.all_gather(&world, &mine, (&mut ids).into())?;
+            let mut st = self.state.lock().unwrap_or_else(|e| e.into_inner());
+            if st.groups.contains_key(&group) {
+                continue; // the initialisation involves only the members, who all have it
+            }
+            let leader = group[0] * 128;
+            let uid = sys::ncclUniqueId { internal: std::array::from_fn(|i| ids[leader + i] as std::ffi::c_char) };
+            let mut sub: sys::ncclComm_t = std::ptr::null_mut();
+            // SAFETY: `sub` is a valid out-pointer; every member passes the leader's id.
+            unsafe { result::comm_init_rank(&mut sub, group.len() as i32, uid, key as i32) }
+                .map_err(|e| nccl_err("ncclCommInitRank (sub-communicator)", e))?;
+            st.groups.insert(group, Raw(sub));
+        }
+        Ok(())
+    }
+
     /// `ncclAllReduce` staged through the device (its max/min may drop NaN operands).
     fn all_reduce_native(&self, group: &[usize], buf: &mut [u8], dtype: DType, op: ReduceOp) -> Result<()> {
         check::whole("all_reduce", buf.len(), dtype)?;
@@ -470,7 +582,7 @@ impl NcclComm {
                     p as *mut c_void,
                     count,
                     nccl_dtype(dtype),
-                    nccl_op(op),
+                    nccl_op(op, self.version),
                     comm,
                     self.cu_stream(),
                 )
@@ -478,7 +590,7 @@ impl NcclComm {
             .map_err(|e| nccl_err("ncclAllReduce", e))
         })?;
         self.download(&d, buf)?;
-        reduce::finish(dtype, op, buf, group.len());
+        self.finish(dtype, op, buf, group.len());
         Ok(())
     }
 
@@ -510,7 +622,7 @@ impl NcclComm {
                     rp as *mut c_void,
                     count,
                     nccl_dtype(dtype),
-                    nccl_op(op),
+                    nccl_op(op, self.version),
                     comm,
                     self.cu_stream(),
                 )
@@ -518,7 +630,7 @@ impl NcclComm {
             .map_err(|e| nccl_err("ncclReduceScatter", e))
         })?;
         self.download(&r, recv)?;
-        reduce::finish(dtype, op, recv, n);
+        self.finish(dtype, op, recv, n);
         Ok(())
     }
 }

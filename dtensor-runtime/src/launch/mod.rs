@@ -14,9 +14,21 @@
 //!   `mpirun -np N prog`; every process runs `f` once as its MPI rank and gets a one-element
 //!   vector with its own result. `world_size` must be `N` (or 0 for "whatever mpirun gave").
 //!   A rank whose closure fails aborts the MPI job (see [`comm::mpi`](crate::comm)).
+//! * [`Launch::Nccl`] (cargo feature `cuda`): one rank per GPU, collectives through NCCL;
+//!   one process per rank under `torchrun` or `mpirun` (the result vector holds this
+//!   process' result), else `world_size` threads of this process, one per GPU (see [`nccl`]).
+//! * [`Launch::CudaThreads`] (cargo feature `cuda`): `world_size` ranks as threads, their
+//!   shards on the visible GPUs round-robin (all on one GPU if there is one), collectives
+//!   through the thread backend (see [`cuda_threads`]).
+//!
+//! Without a GPU (or the feature) `Nccl` and `CudaThreads` fail with [`Error::Unavailable`];
+//! a world that needs more GPUs than are visible fails with [`Error::TooFewDevices`] before
+//! NCCL is touched.
 
+pub mod cuda_threads;
 #[cfg(feature = "mpi")]
 mod mpi;
+pub mod nccl;
 mod threads;
 
 pub use threads::{run, LocalWorld, DEFAULT_STACK_SIZE};
@@ -103,23 +115,36 @@ pub enum Launch {
     Threads,
     /// One process per rank under `mpirun` (cargo feature `mpi`).
     Mpi,
+    /// One rank per GPU with NCCL collectives (cargo feature `cuda`): processes under
+    /// torchrun / mpirun, else one thread per GPU.
+    Nccl,
+    /// Ranks as threads with their shards on the GPUs, several per GPU allowed (cargo
+    /// feature `cuda`).
+    CudaThreads,
 }
 
 impl Launch {
     /// Every backend name [`FromStr`] accepts.
-    pub const NAMES: [&'static str; 2] = ["threads", "mpi"];
+    pub const NAMES: [&'static str; 4] = ["threads", "mpi", "nccl", "cuda-threads"];
 
-    /// Whether this build can run the backend (`Mpi` needs the `mpi` feature).
+    /// Whether this build can run the mode (`Mpi` needs the `mpi` feature, `Nccl` and
+    /// `CudaThreads` the `cuda` feature; a GPU is checked only when launching).
     pub fn is_available(self) -> bool {
         match self {
             Launch::Threads => true,
             Launch::Mpi => cfg!(feature = "mpi"),
+            Launch::Nccl | Launch::CudaThreads => cfg!(feature = "cuda"),
         }
     }
 
-    /// Whether each rank runs in its own process (results of other ranks are not returned).
+    /// Whether each rank runs in its own process (results of other ranks are not returned):
+    /// `Mpi`, and `Nccl` when a launcher set the rank variables ([`nccl::launched_by_env`]).
     pub fn is_multiprocess(self) -> bool {
-        self == Launch::Mpi
+        match self {
+            Launch::Mpi => true,
+            Launch::Nccl => nccl::launched_by_env(),
+            Launch::Threads | Launch::CudaThreads => false,
+        }
     }
 }
 
@@ -128,6 +153,8 @@ impl fmt::Display for Launch {
         f.write_str(match self {
             Launch::Threads => "threads",
             Launch::Mpi => "mpi",
+            Launch::Nccl => "nccl",
+            Launch::CudaThreads => "cuda-threads",
         })
     }
 }
@@ -138,6 +165,8 @@ impl FromStr for Launch {
         match s.trim().to_ascii_lowercase().as_str() {
             "threads" | "thread" | "local" => Ok(Launch::Threads),
             "mpi" => Ok(Launch::Mpi),
+            "nccl" => Ok(Launch::Nccl),
+            "cuda-threads" | "cuda_threads" => Ok(Launch::CudaThreads),
             other => Err(Error::InvalidArgument {
                 context: "launch".into(),
                 reason: format!("unknown launch mode `{other}`; expected one of {:?}", Launch::NAMES),
@@ -149,8 +178,9 @@ impl FromStr for Launch {
 /// Runs the SPMD closure `f` on `world_size` ranks of `backend`; see the [module docs](self)
 /// for what the result vector holds on each backend.
 ///
-/// Errors: [`Error::Unavailable`] for `Mpi` in a build without the `mpi` feature; otherwise
-/// what [`LocalWorld::run`] or the MPI launcher return.
+/// Errors: [`Error::Unavailable`] for a mode this build or machine cannot run (feature off,
+/// no GPU or library), [`Error::TooFewDevices`] for an NCCL world larger than the visible
+/// GPUs; otherwise what [`LocalWorld::run`] or the mode's launcher return.
 pub fn launch<R, F>(backend: Launch, world_size: usize, f: F) -> Result<Vec<R>>
 where
     R: Send,
@@ -165,6 +195,14 @@ where
             what: "the MPI backend".into(),
             reason: "dtensor-runtime was built without the `mpi` cargo feature (build with `--features mpi`)".into(),
         }),
+        #[cfg(feature = "cuda")]
+        Launch::Nccl => nccl::launch(world_size, f),
+        #[cfg(not(feature = "cuda"))]
+        Launch::Nccl => Err(Error::Unavailable {
+            what: "the NCCL launch mode".into(),
+            reason: "dtensor-runtime was built without the `cuda` cargo feature (build with `--features cuda`)".into(),
+        }),
+        Launch::CudaThreads => cuda_threads::launch(world_size, f),
     }
 }
 
@@ -176,7 +214,9 @@ mod tests {
     fn parses_names_and_rejects_unknown() {
         assert_eq!("threads".parse::<Launch>().unwrap(), Launch::Threads);
         assert_eq!(" MPI ".parse::<Launch>().unwrap(), Launch::Mpi);
-        let e = "nccl".parse::<Launch>().unwrap_err();
+        assert_eq!("nccl".parse::<Launch>().unwrap(), Launch::Nccl);
+        assert_eq!("cuda-threads".parse::<Launch>().unwrap(), Launch::CudaThreads);
+        let e = "gloo".parse::<Launch>().unwrap_err();
         assert!(matches!(e, Error::InvalidArgument { .. }), "{e}");
         for n in Launch::NAMES {
             assert_eq!(n.parse::<Launch>().unwrap().to_string(), n);
@@ -187,6 +227,18 @@ mod tests {
     fn threads_launch_returns_every_rank() {
         let r = launch(Launch::Threads, 3, |ctx| Ok(ctx.rank() * 2)).unwrap();
         assert_eq!(r, vec![0, 2, 4]);
+    }
+
+    #[test]
+    fn gpu_modes_are_available_with_the_feature_and_fail_typed_without_a_gpu() {
+        for mode in [Launch::Nccl, Launch::CudaThreads] {
+            assert_eq!(mode.is_available(), cfg!(feature = "cuda"), "{mode}");
+            if crate::cuda::device_count().is_ok() {
+                continue; // a GPU machine runs these modes in tests/cuda_gpu.rs
+            }
+            let e = launch(mode, 1, |ctx| Ok(ctx.rank())).unwrap_err();
+            assert!(matches!(e, Error::Unavailable { .. }), "{mode}: {e}");
+        }
     }
 
     #[cfg(not(feature = "mpi"))]

@@ -1,7 +1,7 @@
 //! [`Launch::Threads`](super::Launch::Threads): every rank is an OS thread of this process.
 
 use super::{panic_message, set_current_mesh, RankCtx};
-use crate::comm::threads::ThreadWorld;
+use crate::comm::threads::{ThreadComm, ThreadWorld};
 use crate::comm::timeout;
 use crate::comm::Communicator;
 use crate::error::{Error, Result};
@@ -58,86 +58,129 @@ impl LocalWorld {
         R: Send,
         F: Fn(RankCtx) -> Result<R> + Sync,
     {
+        self.run_wrapped(|_, comm| Ok(Arc::new(comm)), f)
+    }
+
+    /// [`run`](Self::run) whose ranks get `wrap(rank, thread_comm)` as their communicator
+    /// (called on the rank's own thread): how [`Launch::CudaThreads`](super::Launch::CudaThreads)
+    /// puts a device under the thread backend's rendezvous.
+    pub(crate) fn run_wrapped<R, F, W>(&self, wrap: W, f: F) -> Result<Vec<R>>
+    where
+        R: Send,
+        F: Fn(RankCtx) -> Result<R> + Sync,
+        W: Fn(usize, ThreadComm) -> Result<Arc<dyn Communicator>> + Sync,
+    {
         if self.size == 0 {
-            return Err(Error::InvalidArgument {
-                context: "run".into(),
-                reason: "world size must be at least 1".into(),
-            });
+            return Err(world_of_zero());
         }
         let timeout = match self.timeout {
             Some(t) => timeout::check(t)?,
             None => timeout::from_env()?,
         };
         let world = ThreadWorld::new(self.size, timeout);
-        let f = &f;
-        let (spawn_error, results) = std::thread::scope(|s| {
-            let mut handles = Vec::with_capacity(self.size);
-            let mut spawn_error = None;
-            for rank in 0..self.size {
-                let rank_world = Arc::clone(&world);
-                let spawned = std::thread::Builder::new()
-                    .name(format!("dtensor-rank-{rank}"))
-                    .stack_size(self.stack_size)
-                    .spawn_scoped(s, move || {
-                        let world = rank_world;
-                        let comm: Arc<dyn Communicator> = Arc::new(world.communicator(rank)?);
-                        let out = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| f(RankCtx::new(comm))));
-                        set_current_mesh(None);
-                        match out {
-                            Ok(Ok(v)) => {
-                                world.exit(rank);
-                                Ok(v)
-                            }
-                            Ok(Err(e)) => {
-                                world.fail(rank, e.to_string());
-                                Err(e)
-                            }
-                            Err(p) => {
-                                let message = panic_message(&p);
-                                world.fail(rank, format!("panicked: {message}"));
-                                Err(Error::RankPanicked { rank, message })
-                            }
+        let hooks = RankHooks {
+            make: &|rank| wrap(rank, world.communicator(rank)?),
+            exit: &|rank| world.exit(rank),
+            fail: &|rank, why| world.fail(rank, why),
+        };
+        spawn_ranks(self.size, self.stack_size, &hooks, &f)
+    }
+}
+
+fn world_of_zero() -> Error {
+    Error::InvalidArgument { context: "run".into(), reason: "world size must be at least 1".into() }
+}
+
+/// How [`spawn_ranks`] builds a rank's communicator and tells the world that a rank finished
+/// or failed (so that its peers stop waiting for it).
+pub(crate) struct RankHooks<'a> {
+    /// The communicator of a rank, built on that rank's thread.
+    pub make: &'a (dyn Fn(usize) -> Result<Arc<dyn Communicator>> + Sync),
+    /// The rank returned from its closure.
+    pub exit: &'a (dyn Fn(usize) + Sync),
+    /// The rank failed (error, panic, or its thread could not start), with the reason.
+    pub fail: &'a (dyn Fn(usize, String) + Sync),
+}
+
+/// Runs `f` on `size` scoped threads, one per rank, and returns every rank's result in rank
+/// order, or the first root-cause failure (a rank's own error before the `PeerFailed` errors
+/// it caused). Shared by every thread-based launch mode.
+pub(crate) fn spawn_ranks<R, F>(size: usize, stack_size: usize, hooks: &RankHooks<'_>, f: &F) -> Result<Vec<R>>
+where
+    R: Send,
+    F: Fn(RankCtx) -> Result<R> + Sync,
+{
+    if size == 0 {
+        return Err(world_of_zero());
+    }
+    let (spawn_error, results) = std::thread::scope(|s| {
+        let mut handles = Vec::with_capacity(size);
+        let mut spawn_error = None;
+        for rank in 0..size {
+            let spawned = std::thread::Builder::new()
+                .name(format!("dtensor-rank-{rank}"))
+                .stack_size(stack_size)
+                .spawn_scoped(s, move || {
+                    let comm = match (hooks.make)(rank) {
+                        Ok(c) => c,
+                        Err(e) => {
+                            (hooks.fail)(rank, e.to_string());
+                            return Err(e);
                         }
-                    });
-                match spawned {
-                    Ok(h) => handles.push(h),
-                    Err(e) => {
-                        // The ranks already running must not wait for this one.
-                        world.fail(rank, format!("its thread could not be started: {e}"));
-                        let reason = e.to_string();
-                        spawn_error = Some(Error::ThreadSpawn { rank, world_size: self.size, reason });
-                        break;
+                    };
+                    let out = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| f(RankCtx::new(comm))));
+                    set_current_mesh(None);
+                    match out {
+                        Ok(Ok(v)) => {
+                            (hooks.exit)(rank);
+                            Ok(v)
+                        }
+                        Ok(Err(e)) => {
+                            (hooks.fail)(rank, e.to_string());
+                            Err(e)
+                        }
+                        Err(p) => {
+                            let message = panic_message(&p);
+                            (hooks.fail)(rank, format!("panicked: {message}"));
+                            Err(Error::RankPanicked { rank, message })
+                        }
                     }
+                });
+            match spawned {
+                Ok(h) => handles.push(h),
+                Err(e) => {
+                    // The ranks already running must not wait for this one.
+                    (hooks.fail)(rank, format!("its thread could not be started: {e}"));
+                    let reason = e.to_string();
+                    spawn_error = Some(Error::ThreadSpawn { rank, world_size: size, reason });
+                    break;
                 }
             }
-            let results: Vec<Result<R>> = handles
-                .into_iter()
-                .enumerate()
-                .map(|(rank, h)| {
-                    h.join().unwrap_or_else(|p| Err(Error::RankPanicked { rank, message: panic_message(&p) }))
-                })
-                .collect();
-            (spawn_error, results)
-        });
-        if let Some(e) = spawn_error {
-            return Err(e);
         }
-        // Report the root cause: a rank's own error before the PeerFailed errors it caused.
-        let mut first_peer_failed = None;
-        let mut out = Vec::with_capacity(results.len());
-        for r in results {
-            match r {
-                Ok(v) => out.push(v),
-                Err(e @ Error::PeerFailed { .. }) => {
-                    first_peer_failed.get_or_insert(e);
-                }
-                Err(e) => return Err(e),
+        let results: Vec<Result<R>> = handles
+            .into_iter()
+            .enumerate()
+            .map(|(rank, h)| h.join().unwrap_or_else(|p| Err(Error::RankPanicked { rank, message: panic_message(&p) })))
+            .collect();
+        (spawn_error, results)
+    });
+    if let Some(e) = spawn_error {
+        return Err(e);
+    }
+    let mut first_peer_failed = None;
+    let mut out = Vec::with_capacity(results.len());
+    for r in results {
+        match r {
+            Ok(v) => out.push(v),
+            Err(e @ Error::PeerFailed { .. }) => {
+                first_peer_failed.get_or_insert(e);
             }
+            Err(e) => return Err(e),
         }
-        match first_peer_failed {
-            Some(e) => Err(e),
-            None => Ok(out),
-        }
+    }
+    match first_peer_failed {
+        Some(e) => Err(e),
+        None => Ok(out),
     }
 }
 
