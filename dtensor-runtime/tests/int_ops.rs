@@ -4,7 +4,7 @@
 //! where the layout allows it, the op issues no collective. Integer tensors never record a
 //! gradient.
 
-use dtensor_runtime::ndarray::{ArrayD, IxDyn};
+use dtensor_runtime::ndarray::{self, ArrayD, Axis, IxDyn};
 use dtensor_runtime::storage::op::BinaryOp;
 use dtensor_runtime::{
     cat, distribute_tensor, run, stack, CommDebugMode, DTensor, DType, Error, Partial, Placement, ReduceOp, Replicate,
@@ -134,8 +134,9 @@ fn run_on<T: Scalar>(name: &str, inputs: &Inputs<T>, l: &Layout) -> Vec<ArrayD<T
     .unwrap()
 }
 
-/// `name` on every layout equals its 1-rank result, which equals the op on `f64` cast back.
-fn check<T: Scalar>(name: &str, inputs: &Inputs<T>, layouts: &[Layout]) {
+/// `name` on every layout equals its 1-rank result, which equals the op on `f64` cast back;
+/// returns the 1-rank result.
+fn check<T: Scalar>(name: &str, inputs: &Inputs<T>, layouts: &[Layout]) -> ArrayD<T> {
     let one_layout = Layout {
         mesh: vec![1],
         placements: vec![vec![R]; inputs.xs.len() + inputs.ids.is_some() as usize + inputs.mask.is_some() as usize],
@@ -154,6 +155,24 @@ fn check<T: Scalar>(name: &str, inputs: &Inputs<T>, layouts: &[Layout]) {
             assert_eq!(got, one, "{} {name} on {:?} {:?}, rank {rank}", T::DTYPE, l.mesh, l.placements);
         }
     }
+    one
+}
+
+/// The comparison `name` of `a` and `b` (broadcast to `a`) by Rust's operators: 1 or 0.
+fn compared<T: Scalar>(name: &str, a: &ArrayD<T>, b: &ArrayD<T>) -> ArrayD<T> {
+    let test: fn(T, T) -> bool = match name {
+        "eq" | "compare_mask(eq)" => |x, y| x == y,
+        "ne" => |x, y| x != y,
+        "lt" | "compare_mask(lt)" => |x, y| x < y,
+        "le" => |x, y| x <= y,
+        "gt" => |x, y| x > y,
+        "ge" => |x, y| x >= y,
+        other => panic!("not a comparison: {other}"),
+    };
+    let b = b.broadcast(a.raw_dim()).unwrap();
+    let mut out = a.clone();
+    out.zip_mut_with(&b, |x, &y| *x = if test(*x, y) { T::one() } else { T::zero() });
+    out
 }
 
 fn data<T: Scalar>(shapes: &[&[usize]]) -> Inputs<T> {
@@ -193,12 +212,14 @@ fn check_comparisons<T: Scalar>() {
     for shape in [[5usize, 3], [1, 3]] {
         let inputs = with_ties::<T>(&shape);
         for op in ["eq", "ne", "lt", "le", "gt", "ge", "compare_mask(lt)", "compare_mask(eq)"] {
-            check(op, &inputs, &compare_layouts());
+            let one = check(op, &inputs, &compare_layouts());
+            assert_eq!(one, compared(op, &inputs.xs[0], &inputs.xs[1]), "{} {op}", T::DTYPE);
         }
     }
     // Broadcasting against a [3] row: the row is Replicate, the matrix keeps its shard.
     let b = data::<T>(&[&[5, 3], &[3]]);
-    check("lt", &b, &[lay(&[4], &[&[s(0)], &[R]], true), lay(&[2, 2], &[&[s(0), s(1)], &[R, s(0)]], true)]);
+    let one = check("lt", &b, &[lay(&[4], &[&[s(0)], &[R]], true), lay(&[2, 2], &[&[s(0), s(1)], &[R, s(0)]], true)]);
+    assert_eq!(one, compared("lt", &b.xs[0], &b.xs[1]));
 }
 
 #[test]
@@ -225,7 +246,10 @@ fn check_selection<T: Scalar>() {
         // A Replicate mask against sharded data: no communication either.
         lay(&[2, 2], &[&[s(0), s(1)], &[s(0), s(1)], &[R, R]], true)
     }];
-    check("where_", &full, &layouts);
+    let one = check("where_", &full, &layouts);
+    let (mask, x, y) = (full.mask.as_ref().unwrap(), &full.xs[0], &full.xs[1]);
+    let want = ArrayD::from_shape_fn(x.raw_dim(), |ix| if mask[&ix] != 0 { x[&ix] } else { y[&ix] });
+    assert_eq!(one, want, "{} where_ by hand", T::DTYPE);
     // masked_fill has one data input: its mask placements come second.
     let mut one = data::<T>(&[&[5, 3]]);
     one.mask = Some(byte_mask(&[5, 3]));
@@ -234,7 +258,11 @@ fn check_selection<T: Scalar>() {
         lay(&[2, 2], &[&[s(1), s(0)], &[s(1), s(0)]], true),
         lay(&[2, 2], &[&[s(0), R], &[R, R]], true),
     ];
-    check("masked_fill", &one, &fill);
+    let filled = check("masked_fill", &one, &fill);
+    let mask = one.mask.as_ref().unwrap();
+    let want =
+        ArrayD::from_shape_fn(one.xs[0].raw_dim(), |ix| if mask[&ix] != 0 { T::of_f64(42.0) } else { one.xs[0][&ix] });
+    assert_eq!(filled, want, "{} masked_fill by hand", T::DTYPE);
     // A broadcast [3] mask row.
     one.mask = Some(byte_mask(&[3]));
     check("masked_fill", &one, &[lay(&[3], &[&[s(0)], &[R]], true), lay(&[2, 2], &[&[s(0), s(1)], &[R, s(0)]], true)]);
@@ -247,16 +275,28 @@ fn where_and_masked_fill_match_one_rank_for_every_integer_dtype() {
     check_selection::<u8>();
 }
 
-/// A one-input shape op on `shape`, with layouts that keep the shard (`free`) or not.
-fn check_unary<T: Scalar>(op: &str, shape: &[usize], layouts: &[(&[usize], &[Placement], bool)]) {
+/// A one-input shape op on `shape`, with layouts that keep the shard (`free`) or not: the
+/// input and the 1-rank result.
+fn check_unary<T: Scalar>(
+    op: &str,
+    shape: &[usize],
+    layouts: &[(&[usize], &[Placement], bool)],
+) -> (ArrayD<T>, ArrayD<T>) {
     let inputs = data::<T>(&[shape]);
     let ls: Vec<Layout> = layouts.iter().map(|(m, p, free)| lay(m, &[p], *free)).collect();
-    check(op, &inputs, &ls);
+    let one = check(op, &inputs, &ls);
+    (inputs.xs.into_iter().next().unwrap(), one)
 }
 
 fn check_shape_ops<T: Scalar>() {
     // [4, 6] merges evenly on 2 ranks; [5, 6] does not and is redistributed.
-    check_unary::<T>("reshape", &[4, 6], &[(&[2], &[s(0)], true), (&[2, 2], &[s(0), R], true), (&[4], &[s(1)], false)]);
+    let (x, one) = check_unary::<T>(
+        "reshape",
+        &[4, 6],
+        &[(&[2], &[s(0)], true), (&[2, 2], &[s(0), R], true), (&[4], &[s(1)], false)],
+    );
+    assert_eq!(one.iter().collect::<Vec<_>>(), x.iter().collect::<Vec<_>>());
+    assert_eq!(one.shape(), &[24]);
     check_unary::<T>("reshape", &[5, 6], &[(&[2], &[s(0)], false), (&[4], &[R], true)]);
     check_unary::<T>("view", &[6, 2], &[(&[3], &[s(0)], true), (&[2, 2], &[s(1), R], false)]);
     check_unary::<T>("flatten", &[1, 3], &[(&[4], &[s(1)], false), (&[3], &[R], true)]);
@@ -266,11 +306,19 @@ fn check_shape_ops<T: Scalar>() {
     // [2, 3, 5] with 4 ranks on dim 0 leaves two shards empty.
     let moves: &[(&[usize], &[Placement], bool)] =
         &[(&[4], &[s(0)], true), (&[3], &[s(2)], true), (&[2, 2], &[s(1), s(2)], true), (&[2, 2], &[R, s(0)], true)];
-    check_unary::<T>("permute", &[2, 3, 5], moves);
-    check_unary::<T>("transpose", &[2, 3, 5], moves);
+    // The 1-rank results by hand (ndarray), so that a kernel shared with the floats is checked too.
+    let (x, one) = check_unary::<T>("permute", &[2, 3, 5], moves);
+    assert_eq!(one, x.clone().permuted_axes(IxDyn(&[2, 0, 1])));
+    let (x, one) = check_unary::<T>("transpose", &[2, 3, 5], moves);
+    assert_eq!(one, x.clone().permuted_axes(IxDyn(&[2, 1, 0])));
     check_unary::<T>("contiguous", &[2, 3, 5], moves);
     check_unary::<T>("expand", &[1, 4, 5], &[(&[3], &[s(1)], true), (&[2, 2], &[R, s(2)], true)]);
-    check_unary::<T>("narrow", &[5, 3], &[(&[4], &[s(1)], true), (&[2], &[s(0)], false), (&[2, 2], &[R, s(1)], true)]);
+    let (x, one) = check_unary::<T>(
+        "narrow",
+        &[5, 3],
+        &[(&[4], &[s(1)], true), (&[2], &[s(0)], false), (&[2, 2], &[R, s(1)], true)],
+    );
+    assert_eq!(one, x.slice_axis(Axis(0), (1..3).into()).to_owned());
     check_unary::<T>("slice", &[5, 3], &[(&[4], &[s(0)], true), (&[3], &[s(1)], false)]);
     check_unary::<T>("split", &[5, 3], &[(&[3], &[s(1)], true), (&[2, 2], &[s(0), s(1)], false)]);
     check_unary::<T>("chunk", &[5, 3], &[(&[4], &[s(0)], true), (&[2, 2], &[s(0), R], true)]);
@@ -280,7 +328,8 @@ fn check_shape_ops<T: Scalar>() {
     // cat along dim 0 keeps shards of dim 1; stack along a new dim 1 keeps both.
     let two = data::<T>(&[&[5, 3], &[2, 3]]);
     let cats = [lay(&[3], &[&[s(1)], &[s(1)]], true), lay(&[2, 2], &[&[s(0), s(1)], &[s(0), s(1)]], false)];
-    check("cat", &two, &cats);
+    let one = check("cat", &two, &cats);
+    assert_eq!(one, ndarray::concatenate(Axis(0), &[two.xs[0].view(), two.xs[1].view()]).unwrap());
     let pair = data::<T>(&[&[5, 3], &[5, 3]]);
     let stacks = [lay(&[4], &[&[s(0)], &[s(0)]], true), lay(&[2, 2], &[&[s(0), s(1)], &[s(0), s(1)]], true)];
     check("stack", &pair, &stacks);
@@ -305,7 +354,8 @@ fn check_indexing<T: Scalar>() {
         // A shard of the indexed dim is gathered first.
         lay(&[2], &[&[s(1)], &[R]], false),
     ];
-    check("index_select", &sel, &sel_layouts);
+    let one = check("index_select", &sel, &sel_layouts);
+    assert_eq!(one, sel.xs[0].select(Axis(1), &[3, 0, 3]));
     let mut gat = data::<T>(&[&[5, 4]]);
     gat.ids = Some(ArrayD::from_shape_fn(IxDyn(&[5, 2]), |ix| ((ix[0] * 3 + ix[1]) % 4) as i64));
     let gat_layouts = [
