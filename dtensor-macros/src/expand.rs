@@ -25,7 +25,10 @@ pub(crate) fn krate(args: &Args) -> TokenStream {
 }
 
 /// The type of the mesh: a tuple of dim name types. Predefined names come from the runtime;
-/// others must be declared in scope with `dtensor::mesh_dim!`.
+/// others must be declared in scope with `dtensor::mesh_dim!`. An undeclared one is rustc's
+/// "cannot find type" at the mesh string: a failed name lookup cannot carry a note, and a
+/// generated fallback type with one would shadow, or be ambiguous with, the user's own dims
+/// (a glob import or a block-scoped one outranks them; only a prelude ranks below a glob).
 fn mesh_type(krate: &TokenStream, mesh: &MeshAst) -> TokenStream {
     let span = mesh.lit.span();
     let dims = mesh.names.iter().map(|n| {
@@ -154,18 +157,20 @@ pub(crate) fn expand_struct(krate: &TokenStream, mut item: ItemStruct, plan: Str
             generics.make_where_clause().predicates.push(syn::parse_quote!(for<'__dt> #ty: #params));
         }
         global_fields.push(quote!(#(#docs)* #fvis #fname: #global_ty));
-        init.push(quote_spanned!(span=> #fname: <#ty as #params>::distribute_global(global.#fname, mesh)?));
+        // The field's type is not repeated here (it is inferred from the field): an unknown
+        // mesh dim in it is then one error, at the struct, and not one more per impl.
+        init.push(quote_spanned!(span=> #fname: <_ as #params>::distribute_global(global.#fname, mesh)?));
         collect.push(quote_spanned!(span=>
-            <#ty as #params>::collect_parameters(&self.#fname, &#krate::typed::params::join(prefix, #key), out);
+            <_ as #params>::collect_parameters(&self.#fname, &#krate::typed::params::join(prefix, #key), out);
         ));
         collect_mut.push(quote_spanned!(span=>
-            <#ty as #params>::collect_parameters_mut(&mut self.#fname, &#krate::typed::params::join(prefix, #key), out);
+            <_ as #params>::collect_parameters_mut(&mut self.#fname, &#krate::typed::params::join(prefix, #key), out);
         ));
         placements.push(quote_spanned!(span=>
-            <#ty as #params>::collect_placements(&self.#fname, &#krate::typed::params::join(prefix, #key), out);
+            <_ as #params>::collect_placements(&self.#fname, &#krate::typed::params::join(prefix, #key), out);
         ));
         patterns.push(quote_spanned!(span=>
-            <#ty as #params>::collect_patterns(&#krate::typed::params::join(prefix, #key), out);
+            #krate::typed::params::field_patterns::<#elem, Self, _>(|s: &Self| &s.#fname, &#krate::typed::params::join(prefix, #key), out);
         ));
     }
     let (impl_g, ty_g, where_g) = generics.split_for_impl();
