@@ -106,6 +106,13 @@ pub(crate) fn expand_struct(krate: &TokenStream, mut item: ItemStruct, plan: Str
     // it names no generic and is false (a "trivial bound").
     let mut checks = Vec::new();
     let mut generics = item.generics.clone();
+    // Same for the element type when it is not plainly a float (an alias, a generic without
+    // the `Element` bound): `Parameters<T>` needs `T: Element`.
+    if !ast::is_float_elem(elem) {
+        let span = elem.span();
+        checks.push(quote_spanned!(span=> __dtensor_elem_is_a_float::<#elem>();));
+        generics.make_where_clause().predicates.push(syn::parse_quote!(for<'__dt> #elem: #krate::Element));
+    }
 
     let mut global_fields = Vec::new();
     let mut init = Vec::new();
@@ -188,6 +195,7 @@ pub(crate) fn expand_struct(krate: &TokenStream, mut item: ItemStruct, plan: Str
             #[allow(dead_code, clippy::type_complexity)]
             fn __dtensor_check_fields #check_g () #check_where {
                 fn __dtensor_field_is_a_parameter<__T: #krate::Element, __P: #krate::typed::Parameters<__T>>() {}
+                fn __dtensor_elem_is_a_float<__T: #krate::Element>() {}
                 #(#checks)*
             }
         };
