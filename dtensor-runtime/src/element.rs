@@ -115,8 +115,13 @@ impl DeviceElement for u8 {}
 /// the integers `i64`, `i32`, `u8`.
 ///
 /// What every tensor supports needs only this: storage, factories with a value, moves,
-/// redistribution, collectives, checkpoints, casts. Arithmetic needs [`Element`], so a float
-/// op on an integer tensor is a compile error. Integer reductions in collectives are exact
+/// redistribution, collectives, checkpoints, casts, comparisons (`eq_mask` … `ge_mask`,
+/// `compare_mask`), `where_`/`masked_fill`, the shape ops (views, `permute`, `transpose`,
+/// `cat`/`stack`, `narrow`/`slice`/`split`/`chunk`, `expand`, `repeat`) and `index_select` /
+/// `gather`. These ops are written once for every `Scalar` and record autograd only for the
+/// floats (an integer tensor cannot require grad). Arithmetic needs [`Element`], so a float op
+/// on an integer tensor is a compile error: no integer op that could lose meaning (a
+/// truncating division, an overflowing sum) is offered. Integer reductions in collectives are exact
 /// (integer arithmetic, wrapping on overflow as PyTorch and NCCL do); `Avg` of integers is
 /// an [`Error::Unsupported`](crate::Error::Unsupported), as PyTorch refuses it.
 pub trait Scalar:
@@ -173,7 +178,7 @@ pub trait Scalar:
 #[diagnostic::on_unimplemented(
     message = "`{Self}` is not a floating-point element type: this op needs f32, f64, bf16 or f16",
     label = "needs a floating-point tensor, not `{Self}`",
-    note = "integer tensors (i64, i32, u8) support storage, moves, redistribution, casts and serve as `embedding` ids and `cross_entropy` targets; call `.cast::<f32>()` first for arithmetic"
+    note = "integer tensors (i64, i32, u8) support storage, moves, redistribution, casts, comparisons, `where_`, shape ops and indexing, and serve as `embedding` ids and `cross_entropy` targets; call `.cast::<f32>()` first for arithmetic"
 )]
 pub trait Element:
     IndexElement

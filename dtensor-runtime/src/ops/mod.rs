@@ -21,6 +21,12 @@
 //! | [`attention`] | scaled_dot_product_attention, apply_rotary | batch/head dims sharded alike, or q sequence-sharded with k/v Replicate; local |
 //! | [`loss`] | cross_entropy, mse_loss | composed of the above |
 //!
+//! Comparisons, `where`, `masked_fill`, views, slices, `cat`, `repeat` and indexing are
+//! written once over [`Scalar`](crate::Scalar), so integer tensors (`i64`, `i32`, `u8`) take
+//! them under the same rules; their backward rules reach float-only ops through
+//! `Scalar::grad_kernels`, and an integer tensor never records one. Every other op needs
+//! [`Element`] (floats).
+//!
 //! When the inputs match no rule, the op redistributes them to the strategy that moves the
 //! fewest bytes (see [`strategy`]) and records it ([`implicit_redistributions`]); when no
 //! strategy is reachable it returns [`Error::NoShardingRule`]. Inside a `#[distribute]` function

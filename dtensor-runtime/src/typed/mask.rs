@@ -310,13 +310,15 @@ impl<T: Scalar, M: MeshDims, L: TypedLayout<M>, const R: usize> Dt<T, M, L, R> {
     }
 }
 
-/// Triangles: float tensors only.
-impl<T: Element, M: MeshDims, L: TypedLayout<M>, const R: usize> Dt<T, M, L, R> {
+/// Triangles: float tensors only (`T: Element` on each method, so that an integer tensor gets
+/// the element type's message rather than a missing method).
+impl<T: Scalar, M: MeshDims, L: TypedLayout<M>, const R: usize> Dt<T, M, L, R> {
     /// The lower triangle of the last two dims (PyTorch `tril(diagonal)`); keeps every
     /// `Shard` and `Partial<Sum|Avg>` (see the module).
     #[track_caller]
     pub fn tril<Lx>(&self, diagonal: i64) -> Result<Dt<T, M, <Lx as TriLayout<M>>::Out, R>>
     where
+        T: Element,
         L: SameLayout<Lx>,
         Lx: TriLayout<M>,
     {
@@ -329,6 +331,7 @@ impl<T: Element, M: MeshDims, L: TypedLayout<M>, const R: usize> Dt<T, M, L, R> 
     #[track_caller]
     pub fn triu<Lx>(&self, diagonal: i64) -> Result<Dt<T, M, <Lx as TriLayout<M>>::Out, R>>
     where
+        T: Element,
         L: SameLayout<Lx>,
         Lx: TriLayout<M>,
     {
