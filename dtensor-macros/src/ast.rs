@@ -200,6 +200,32 @@ pub(crate) fn is_plain_data(ty: &Type) -> bool {
     }
 }
 
+/// Is `ty` an integer or `bool` element type (`DTensor<i64>`), which cannot be a parameter?
+pub(crate) fn is_integer_elem(ty: &Type) -> bool {
+    const INTEGER: &[&str] =
+        &["u8", "u16", "u32", "u64", "u128", "usize", "i8", "i16", "i32", "i64", "i128", "isize", "bool"];
+    matches!(ty, Type::Path(p) if p.qself.is_none() && p.path.get_ident().is_some_and(|i| INTEGER.iter().any(|n| i == n)))
+}
+
+/// Does `ty` certainly implement `Parameters` by its syntax: a `DTensor` written out, or a
+/// `Vec`, `Option`, `Box`, `[_; N]` of one? Any other field type is checked by a bound.
+pub(crate) fn surely_parameters(ty: &Type) -> bool {
+    if matches!(tensor_ty(ty), Ok(Some(t)) if t.reference.is_none()) {
+        return true;
+    }
+    match ty {
+        Type::Array(a) => surely_parameters(&a.elem),
+        Type::Path(p) if p.qself.is_none() => {
+            let Some(last) = p.path.segments.last() else { return false };
+            let PathArguments::AngleBracketed(a) = &last.arguments else { return false };
+            let wraps = ["Vec", "Option", "Box"].iter().any(|w| last.ident == w);
+            wraps
+                && matches!(a.args.iter().collect::<Vec<_>>().as_slice(), [GenericArgument::Type(t)] if surely_parameters(t))
+        }
+        _ => false,
+    }
+}
+
 /// A field of a struct or an argument of a function that holds tensors.
 pub(crate) struct TensorSlot {
     /// Field name, or argument pattern as written.

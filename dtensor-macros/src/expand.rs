@@ -94,10 +94,15 @@ pub(crate) fn expand_struct(krate: &TokenStream, mut item: ItemStruct, plan: Str
     let ident = item.ident.clone();
     let vis = item.vis.clone();
     let global_ident = format_ident!("{}Global", ident);
-    let generics = item.generics.clone();
-    let (impl_g, ty_g, where_g) = generics.split_for_impl();
     let params = quote!(#krate::typed::Parameters<#elem>);
     let dynamic = quote!(#krate::DTensor<#elem>);
+    // A field whose type is not a parameter by its syntax (a nested `#[distribute]` struct, or
+    // a type the macro cannot type: an alias, a foreign type) is checked once, at its span;
+    // every generated item assumes the same bound, so a type that fails it is that one error
+    // and not one per generated item. `for<'__dt>` keeps rustc from rejecting the bound when
+    // it names no generic and is false (a "trivial bound").
+    let mut checks = Vec::new();
+    let mut generics = item.generics.clone();
 
     let mut global_fields = Vec::new();
     let mut init = Vec::new();
@@ -111,6 +116,7 @@ pub(crate) fn expand_struct(krate: &TokenStream, mut item: ItemStruct, plan: Str
         let fvis = &f.vis;
         let docs: Vec<_> = f.attrs.iter().filter(|a| a.path().is_ident("doc")).cloned().collect();
         let mut global_ty = f.ty.clone();
+        let surely_parameters = ast::surely_parameters(&f.ty);
         match fplan {
             FieldPlan::Plain => {
                 global_fields.push(quote!(#(#docs)* #fvis #fname: #global_ty));
@@ -118,11 +124,22 @@ pub(crate) fn expand_struct(krate: &TokenStream, mut item: ItemStruct, plan: Str
                 continue;
             }
             FieldPlan::Tensors(markers) => {
+                // The user's `DTensor` import counts as used.
+                let mut written = Vec::new();
+                let _ = ast::find_tensors(&f.ty, &mut written);
+                checks.extend(written.iter().map(|t| {
+                    let dynamic = &t.dynamic;
+                    quote!(let _ = ::core::marker::PhantomData::<#dynamic>;)
+                }));
                 ast::rewrite_tensors(&mut global_ty, &mut |_, t| {
                     let e = &t.elem;
                     quote!(#krate::ndarray::ArrayD<#e>)
                 });
                 ast::rewrite_tensors(&mut f.ty, &mut |k, t| typed_tensor(krate, t, &mesh_ty, &markers[k]));
+                if !surely_parameters {
+                    let ty = &f.ty;
+                    global_ty = syn::parse2(quote!(<#ty as #params>::Global)).expect("projection parses");
+                }
             }
             FieldPlan::Nested => {
                 let ty = &f.ty;
@@ -132,6 +149,10 @@ pub(crate) fn expand_struct(krate: &TokenStream, mut item: ItemStruct, plan: Str
         }
         let ty = &f.ty;
         let span = ty.span();
+        if !surely_parameters {
+            checks.push(quote_spanned!(span=> __dtensor_field_is_a_parameter::<#elem, #ty>();));
+            generics.make_where_clause().predicates.push(syn::parse_quote!(for<'__dt> #ty: #params));
+        }
         global_fields.push(quote!(#(#docs)* #fvis #fname: #global_ty));
         init.push(quote_spanned!(span=> #fname: <#ty as #params>::distribute_global(global.#fname, mesh)?));
         collect.push(quote_spanned!(span=>
@@ -147,6 +168,8 @@ pub(crate) fn expand_struct(krate: &TokenStream, mut item: ItemStruct, plan: Str
             <#ty as #params>::collect_patterns(&#krate::typed::params::join(prefix, #key), out);
         ));
     }
+    let (impl_g, ty_g, where_g) = generics.split_for_impl();
+    let (check_g, _, check_where) = item.generics.split_for_impl();
     let global_doc =
         format!("The global (not yet distributed) parameters of [`{ident}`], for [`{ident}::distribute`].");
     let mesh_names = &plan.mesh.names;
@@ -155,6 +178,14 @@ pub(crate) fn expand_struct(krate: &TokenStream, mut item: ItemStruct, plan: Str
     item.attrs.push(syn::parse_quote!(#[allow(clippy::type_complexity)]));
     quote! {
         #item
+
+        const _: () = {
+            #[allow(dead_code, clippy::type_complexity)]
+            fn __dtensor_check_fields #check_g () #check_where {
+                fn __dtensor_field_is_a_parameter<__T: #krate::Element, __P: #krate::typed::Parameters<__T>>() {}
+                #(#checks)*
+            }
+        };
 
         #[doc = #global_doc]
         #vis struct #global_ident #impl_g #where_g {
@@ -288,7 +319,9 @@ pub(crate) fn fallback_struct(krate: &TokenStream, args: &Args, mut item: ItemSt
         let mut global_ty = f.ty.clone();
         ast::rewrite_tensors(&mut global_ty, &mut |_, t| {
             let e = &t.elem;
-            elem.get_or_insert_with(|| e.clone());
+            if !ast::is_integer_elem(e) {
+                elem.get_or_insert_with(|| e.clone());
+            }
             with_reference(t, quote!(#krate::ndarray::ArrayD<#e>))
         });
         if let Some(fname) = &f.ident {

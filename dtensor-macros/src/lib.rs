@@ -54,8 +54,9 @@ use proc_macro::TokenStream;
 /// struct (or a `Vec`, `Option`, `Box`, `[_; N]` of them) contributes its parameters under
 /// dotted names (`blocks.0.w1`); plain data (numbers, `bool`, `String`) is copied; any other
 /// field must be marked `#[distribute(skip)]` — a field the macro cannot type (a tensor behind
-/// a type alias, a foreign type) is a compile error at the field, never a parameter silently
-/// left out. Generated (impls `#[automatically_derived]`): the `{Name}Global` struct of global
+/// a type alias, a foreign type) is one compile error at the field, never a parameter silently
+/// left out. Parameters are floating point: a `DTensor<i64>` field is an error (integer tensors
+/// are arguments of `#[distribute]` functions). Generated (impls `#[automatically_derived]`): the `{Name}Global` struct of global
 /// arrays, `Name::distribute(global, &mesh)`, `named_parameters`, `named_parameters_mut`,
 /// `parameter_placements`, `MESH_DIMS`, the `Module` and `typed::Parameters` impls, and
 /// `Name::partition` (a `partition_fn` for `distribute_module` that lays out a dynamic module

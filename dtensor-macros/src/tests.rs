@@ -125,6 +125,42 @@ fn raw_identifier_mesh_dims_are_errors_not_panics() {
 }
 
 #[test]
+fn fields_not_parameters_by_syntax_are_checked_once_and_assumed_elsewhere() {
+    let out = expand(
+        quote!(mesh = "tp", placements = [Shard(0)]),
+        quote! {
+            pub struct L {
+                pub w: DTensor<f32>,
+                pub ws: Option<Box<DTensor<f32>>>,
+                pub inner: Vec<Block>,
+            }
+        },
+    );
+    // One check at the field, and the same bound on every generated item (not on fields whose
+    // syntax already makes them parameters).
+    assert_eq!(out.matches("__dtensor_field_is_a_parameter :: < f32 , Vec < Block > >").count(), 1, "{out}");
+    let bound = "for < '__dt > Vec < Block > : :: dtensor :: typed :: Parameters < f32 >";
+    assert_eq!(out.matches(bound).count(), 4, "Global struct, Parameters, inherent and Module impls: {out}");
+    assert!(!out.contains("for < '__dt > Option"), "{out}");
+    assert!(!out.contains("for < '__dt > :: dtensor :: typed :: Dt"), "{out}");
+}
+
+#[test]
+fn integer_tensor_fields_are_one_error_and_the_stubs_stay_float() {
+    let out = expand(
+        quote!(mesh = "tp", placements = [Shard(0)]),
+        quote! {
+            pub struct Tokens {
+                pub ids: DTensor<i64>,
+            }
+        },
+    );
+    assert_eq!(out.matches("compile_error").count(), 1, "{out}");
+    assert!(out.contains("parameters are floating point"), "{out}");
+    assert!(out.contains(":: dtensor :: Module < f32 > for Tokens"), "{out}");
+}
+
+#[test]
 fn invalid_input_falls_back_to_the_plain_item_and_stubs() {
     let out = expand(
         quote!(mesh = "dp,tp"),

@@ -227,7 +227,18 @@ pub(crate) fn validate_struct<'a>(
         plans.push(match f {
             FieldAst::Tensors(slot) => {
                 let e = slot.ty.elem.to_token_stream().to_string();
+                let integer = slot.all.iter().find(|t| crate::ast::is_integer_elem(&t.elem));
+                if let Some(t) = integer {
+                    errs.spanned(
+                        &t.elem,
+                        format!(
+                            "`{}` is a parameter, and parameters are floating point: write `DTensor<f32>` (or f64, bf16, f16); integer tensors (token ids, targets) are arguments of a `#[distribute]` fn, not fields",
+                            slot.name
+                        ),
+                    );
+                }
                 match &first_elem {
+                    _ if integer.is_some() => {}
                     None => first_elem = Some((e, slot.ty.elem.clone())),
                     Some((e0, _)) if *e0 != e => errs.spanned(
                         &slot.ty.elem,

@@ -157,6 +157,10 @@ pub trait Scalar:
     /// an [`Error::Unsupported`](crate::Error::Unsupported) (only floats have gradients).
     #[doc(hidden)]
     fn with_requires_grad(x: crate::DTensor<Self>, requires_grad: bool) -> crate::Result<crate::DTensor<Self>>;
+    /// The float-only ops the backward rules of ops generic over `Scalar` call; `None` for
+    /// integers, whose tensors never require grad and so never reach a backward.
+    #[doc(hidden)]
+    fn grad_kernels() -> Option<crate::autograd::GradKernels<Self>>;
 }
 
 /// A floating point element usable in a [`DTensor`](crate::DTensor): `f32`, `f64`, and the
@@ -164,9 +168,8 @@ pub trait Scalar:
 ///
 /// The 16-bit types store and move as 16 bits, but every kernel whose result depends on
 /// rounding (matmul, reductions, softmax, collectives' reductions) widens them to f32,
-/// computes, and rounds once at the end, as PyTorch's CPU kernels do. Under the `cuda`
-/// feature they can be moved to a device and communicated, but device kernels return
-/// "dtype bf16 has no CUDA kernels yet" ([`Error::Unsupported`](crate::Error::Unsupported)).
+/// computes, and rounds once at the end, as PyTorch's CPU kernels do; the CUDA kernels
+/// (feature `cuda`) do the same.
 #[diagnostic::on_unimplemented(
     message = "`{Self}` is not a floating-point element type: this op needs f32, f64, bf16 or f16",
     label = "needs a floating-point tensor, not `{Self}`",
@@ -216,6 +219,9 @@ macro_rules! float_redistribute {
         }
         fn with_requires_grad(x: crate::DTensor<Self>, requires_grad: bool) -> crate::Result<crate::DTensor<Self>> {
             Ok(x.requires_grad_(requires_grad))
+        }
+        fn grad_kernels() -> Option<crate::autograd::GradKernels<Self>> {
+            Some(crate::autograd::GradKernels::FLOAT)
         }
     };
 }
@@ -313,6 +319,9 @@ macro_rules! int_scalar {
                     });
                 }
                 Ok(x)
+            }
+            fn grad_kernels() -> Option<crate::autograd::GradKernels<Self>> {
+                None
             }
         }
     };

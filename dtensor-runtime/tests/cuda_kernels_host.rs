@@ -98,6 +98,31 @@ impl Emu {
     }
 }
 
+/// A float's device view: the type its kernels compute in and take scalars in (f32 for the
+/// 16-bit floats) and the tolerance of its inexact results against the host's (a rounding step
+/// of the 16-bit types, whose f32 intermediates may round the other way).
+trait Dev: Element {
+    type A: Copy + std::ops::Div<Output = Self::A>;
+    const TOL: f64;
+    fn a(v: f64) -> Self::A;
+}
+
+macro_rules! dev {
+    ($t:ty, $a:ty, $tol:expr) => {
+        impl Dev for $t {
+            type A = $a;
+            const TOL: f64 = $tol;
+            fn a(v: f64) -> $a {
+                v as $a
+            }
+        }
+    };
+}
+dev!(f32, f32, 1e-6);
+dev!(f64, f64, 1e-6);
+dev!(dtensor_runtime::bf16, f32, 1.0 / 128.0);
+dev!(dtensor_runtime::f16, f32, 1.0 / 1024.0);
+
 fn sfx<T: Element>() -> String {
     T::DTYPE.to_string()
 }
@@ -123,20 +148,20 @@ fn zeros<T: Element>(shape: &[usize]) -> ArrayD<T> {
     ArrayD::zeros(IxDyn(shape))
 }
 
-type Unary<T> = unsafe extern "C" fn(*const T, *mut T, u64, i32, T, T);
-/// The 16-bit floats' unary kernel takes its scalars in f32.
-type UnaryHalf<T> = unsafe extern "C" fn(*const T, *mut T, u64, i32, f32, f32);
+type Unary<T> = unsafe extern "C" fn(*const T, *mut T, u64, i32, <T as Dev>::A, <T as Dev>::A);
 type Binary<T> = unsafe extern "C" fn(*const T, *const T, *mut T, u64, i32, Strided);
-type ReduceK<T> = unsafe extern "C" fn(*const T, *mut T, u64, u64, i32, i32, T, Reduce);
+type ReduceK<T> = unsafe extern "C" fn(*const T, *mut T, u64, u64, i32, i32, <T as Dev>::A, Reduce);
 type Softmax<T> = unsafe extern "C" fn(*const T, *mut T, u64, u64, u64, i32);
 type SoftmaxBwd<T> = unsafe extern "C" fn(*const T, *const T, *mut T, u64, u64, u64, i32);
 type Pack<T> = unsafe extern "C" fn(*const T, *mut T, *const u64, u64, u64);
 type Embed<T> = unsafe extern "C" fn(*const T, *const T, *mut T, u64, u64, u64, u64, u64, *mut i32);
 type OneHot<T> = unsafe extern "C" fn(*const T, *mut T, u64, u64, *mut i32);
 type Random<T> = unsafe extern "C" fn(*mut T, u64, Strided, u64, u32, u32, u64, i32);
-type SgdK<T> = unsafe extern "C" fn(*mut T, *const T, u64, T, T);
-type SgdMomentum<T> = unsafe extern "C" fn(*mut T, *const T, *mut T, u64, T, T, T, i32);
-type AdamWK<T> = unsafe extern "C" fn(*mut T, *const T, *mut T, *mut T, u64, T, T, T, T, T, T, T);
+type Arg<T> = <T as Dev>::A;
+type SgdK<T> = unsafe extern "C" fn(*mut T, *const T, u64, Arg<T>, Arg<T>);
+type SgdMomentum<T> = unsafe extern "C" fn(*mut T, *const T, *mut T, u64, Arg<T>, Arg<T>, Arg<T>, i32);
+type AdamWK<T> =
+    unsafe extern "C" fn(*mut T, *const T, *mut T, *mut T, u64, Arg<T>, Arg<T>, Arg<T>, Arg<T>, Arg<T>, Arg<T>, Arg<T>);
 type Fill<T> = unsafe extern "C" fn(*mut T, u64, T);
 type Cast<A, B> = unsafe extern "C" fn(*const A, *mut B, u64);
 type Where<T> = unsafe extern "C" fn(*const T, *const T, *const T, *mut T, u64, Strided, Strided);
@@ -147,7 +172,7 @@ type CheckIds<T> = unsafe extern "C" fn(*const T, u64, u64, *mut i32);
 type IndexK<T> = unsafe extern "C" fn(*const T, *const T, *mut T, u64, u64, u64, u64);
 type GatherK<T> = unsafe extern "C" fn(*const T, *const T, *mut T, u64, u64, Gather);
 
-fn elementwise<T: Element>(e: &Emu) {
+fn elementwise<T: Dev>(e: &Emu) {
     let s = sfx::<T>();
     let x = arr::<T>(&[5, 7], 1, 1.0 / 12.0);
     let pos = x.mapv(|v| v.abs() + T::of_f64(0.25));
@@ -195,10 +220,10 @@ fn elementwise<T: Element>(e: &Emu) {
         let mut out = zeros::<T>(&[5, 7]);
         let (n, code) = (35u64, args::unary_code(op).unwrap());
         let (sc, tc) = args::unary_scalars(op);
-        let (sc, tc) = (T::of_f64(sc), T::of_f64(tc));
+        let (sc, tc) = (T::a(sc), T::a(tc));
         // SAFETY: buffers of n elements.
         e.grid(3, || unsafe { un(input.as_ptr(), out.as_mut_ptr(), n, code, sc, tc) });
-        assert!(close(&out, &cpu(Storage::Cpu(input.clone()).unary(op).unwrap()), 1e-6), "{op} {s}");
+        assert!(close(&out, &cpu(Storage::Cpu(input.clone()).unary(op).unwrap()), T::TOL), "{op} {s}");
     }
     // NaN, ±0 and ±∞ through the ops with special cases (sign, clamp, abs, comparisons below).
     let special = ArrayD::from_shape_vec(
@@ -217,7 +242,7 @@ fn elementwise<T: Element>(e: &Emu) {
         let mut out = zeros::<T>(&[6]);
         let code = args::unary_code(op).unwrap();
         let (sc, tc) = args::unary_scalars(op);
-        let (sc, tc) = (T::of_f64(sc), T::of_f64(tc));
+        let (sc, tc) = (T::a(sc), T::a(tc));
         // SAFETY: 6 elements.
         e.grid(2, || unsafe { un(special.as_ptr(), out.as_mut_ptr(), 6, code, sc, tc) });
         let want = cpu(Storage::Cpu(special.clone()).unary(op).unwrap());
@@ -275,7 +300,7 @@ const BINARY_OPS: [BinaryOp; 12] = [
     BinaryOp::Minimum,
 ];
 
-fn reductions_and_softmax<T: Element>(e: &Emu) {
+fn reductions_and_softmax<T: Dev>(e: &Emu) {
     let s = sfx::<T>();
     let a = arr::<T>(&[3, 4, 5], 4, 1.0 / 3.0);
     let red: ReduceK<T> = e.kernel(&format!("reduce_{s}"));
@@ -287,14 +312,14 @@ fn reductions_and_softmax<T: Element>(e: &Emu) {
                 let (g, shape, nred) = args::reduce(kind.name(), a.shape(), d, keep).unwrap();
                 assert_eq!(shape, want.shape());
                 let (code, mean) = args::reduce_code(kind);
-                let scale = T::one() / T::of_f64(nred as f64);
+                let scale = T::a(1.0) / T::a(nred as f64);
                 let mut out = zeros::<T>(&shape);
                 let (nout, nr, m) = (out.len() as u64, nred as u64, i32::from(mean));
                 // SAFETY: the reduce struct indexes inside a.
                 e.grid(nout.min(5) as u32, || unsafe {
                     red(a.as_ptr(), out.as_mut_ptr(), nout, nr, code, m, scale, g)
                 });
-                assert!(close(&out, &want, 1e-6), "{kind:?} {d:?} keepdim {keep} {s}: {out:?} vs {want:?}");
+                assert!(close(&out, &want, T::TOL), "{kind:?} {d:?} keepdim {keep} {s}: {out:?} vs {want:?}");
             }
         }
     }
@@ -307,7 +332,7 @@ fn reductions_and_softmax<T: Element>(e: &Emu) {
         let mut out = zeros::<T>(&shape);
         let nout = out.len() as u64;
         // SAFETY: as above.
-        e.grid(2, || unsafe { red(nan.as_ptr(), out.as_mut_ptr(), nout, nred as u64, code, 0, T::one(), g) });
+        e.grid(2, || unsafe { red(nan.as_ptr(), out.as_mut_ptr(), nout, nred as u64, code, 0, T::a(1.0), g) });
         assert!(same(&out, &want) && out[[1, 2]].is_nan(), "{kind:?} NaN {s}");
     }
     let sm: Softmax<T> = e.kernel(&format!("softmax_{s}"));
@@ -322,15 +347,15 @@ fn reductions_and_softmax<T: Element>(e: &Emu) {
             let (mut out, mut back) = (zeros::<T>(a.shape()), zeros::<T>(a.shape()));
             // SAFETY: lanes·len elements.
             e.grid(3, || unsafe { sm(a.as_ptr(), out.as_mut_ptr(), lanes, len, inner, log) });
-            assert!(close(&out, y.as_cpu().unwrap(), 1e-6), "{kind:?} dim {dim} {s}");
+            assert!(close(&out, y.as_cpu().unwrap(), T::TOL), "{kind:?} dim {dim} {s}");
             // SAFETY: as above.
             e.grid(3, || unsafe { smb(out.as_ptr(), g.as_ptr(), back.as_mut_ptr(), lanes, len, inner, log) });
-            assert!(close(&back, &gx, 1e-6), "{kind:?} backward dim {dim} {s}");
+            assert!(close(&back, &gx, T::TOL), "{kind:?} backward dim {dim} {s}");
         }
     }
 }
 
-fn pack_embedding_random<T: Element>(e: &Emu) {
+fn pack_embedding_random<T: Dev>(e: &Emu) {
     let s = sfx::<T>();
     let a = arr::<T>(&[5, 6, 7], 10, 1.0);
     let pk: Pack<T> = e.kernel(&format!("pack_{s}"));
@@ -366,7 +391,6 @@ fn pack_embedding_random<T: Element>(e: &Emu) {
     let ids = ArrayD::from_shape_vec(IxDyn(&[2, 4]), [3.0, 0.0, 7.0, 3.0, 9.0, 2.0, 3.0, 8.0].map(T::of_f64).to_vec())
         .unwrap();
     let emb: Embed<T> = e.kernel(&format!("embedding_{s}"));
-    let embb: Embed<T> = e.kernel(&format!("embedding_bwd_{s}"));
     let oh: OneHot<T> = e.kernel(&format!("one_hot_{s}"));
     let mut bad = 0i32;
     let mut out = zeros::<T>(&[2, 4, 5]);
@@ -375,11 +399,9 @@ fn pack_embedding_random<T: Element>(e: &Emu) {
     let st = Storage::Cpu(table.clone());
     assert!(bad == 0 && same(&out, &cpu(st.embedding(&Storage::Cpu(ids.clone()), 2, 10).unwrap())), "embedding {s}");
     let g = arr::<T>(&[2, 4, 5], 13, 1.0 / 7.0);
-    let mut gt = zeros::<T>(&[6, 5]);
-    // SAFETY: as above.
-    e.grid(3, || unsafe { embb(g.as_ptr(), ids.as_ptr(), gt.as_mut_ptr(), 8, 5, 6, 2, 10, &mut bad) });
+    let gt = embedding_bwd(e, &g, &ids, &mut bad);
     let want = cpu(Storage::Cpu(g.clone()).embedding_backward(&Storage::Cpu(ids.clone()), 6, 2, 10).unwrap());
-    assert!(bad == 0 && close(&gt, &want, 1e-6), "embedding_backward {s}");
+    assert!(bad == 0 && close(&gt, &want, T::TOL), "embedding_backward {s}");
     let mut o = zeros::<T>(&[2, 4, 10]);
     // SAFETY: 8 ids, 10 classes.
     e.grid(3, || unsafe { oh(ids.as_ptr(), o.as_mut_ptr(), 8, 10, &mut bad) });
@@ -408,7 +430,38 @@ fn pack_embedding_random<T: Element>(e: &Emu) {
     }
 }
 
-fn optimizers_cast_fill<T: Element>(e: &Emu) {
+/// The device's embedding backward of the 8 ids into a 6-row shard at row 2 of a vocab of 10:
+/// the atomic kernel for f32 and f64; for the 16-bit floats the same steps as
+/// `CudaStorage::embedding_backward`, which widens to f32 around it.
+fn embedding_bwd<T: Dev>(e: &Emu, g: &ArrayD<T>, ids: &ArrayD<T>, bad: &mut i32) -> ArrayD<T> {
+    let s = sfx::<T>();
+    if !T::DTYPE.is_half() {
+        let embb: Embed<T> = e.kernel(&format!("embedding_bwd_{s}"));
+        let mut gt = zeros::<T>(&[6, 5]);
+        // SAFETY: 8 ids, 5 columns, a 6-row shard.
+        e.grid(3, || unsafe { embb(g.as_ptr(), ids.as_ptr(), gt.as_mut_ptr(), 8, 5, 6, 2, 10, bad) });
+        return gt;
+    }
+    let widen = |a: &ArrayD<T>| {
+        let k: Cast<T, f32> = e.kernel(&format!("cast_{s}_f32"));
+        let mut o = zeros::<f32>(a.shape());
+        // SAFETY: as many elements each.
+        e.grid(2, || unsafe { k(a.as_ptr(), o.as_mut_ptr(), a.len() as u64) });
+        o
+    };
+    let (g32, ids32) = (widen(g), widen(ids));
+    let embb: Embed<f32> = e.kernel("embedding_bwd_f32");
+    let mut gt = zeros::<f32>(&[6, 5]);
+    // SAFETY: 8 ids, 5 columns, a 6-row shard.
+    e.grid(3, || unsafe { embb(g32.as_ptr(), ids32.as_ptr(), gt.as_mut_ptr(), 8, 5, 6, 2, 10, bad) });
+    let round: Cast<f32, T> = e.kernel(&format!("cast_f32_{s}"));
+    let mut out = zeros::<T>(&[6, 5]);
+    // SAFETY: 30 elements each.
+    e.grid(2, || unsafe { round(gt.as_ptr(), out.as_mut_ptr(), 30) });
+    out
+}
+
+fn optimizers_cast_fill<T: Dev>(e: &Emu) {
     let s = sfx::<T>();
     let w0 = arr::<T>(&[4, 6], 15, 0.1);
     let g = arr::<T>(&[4, 6], 16, 0.05);
@@ -424,7 +477,7 @@ fn optimizers_cast_fill<T: Element>(e: &Emu) {
         SgdStep { lr: 0.05, momentum: 0.9, weight_decay: 0.01, first: true },
         SgdStep { lr: 0.05, momentum: 0.9, weight_decay: 0.0, first: false },
     ] {
-        let (lr, m, wd) = (T::of_f64(st.lr), T::of_f64(st.momentum), T::of_f64(st.weight_decay));
+        let (lr, m, wd) = (T::a(st.lr), T::a(st.momentum), T::a(st.weight_decay));
         if st.momentum == 0.0 {
             hw.sgd_step(&hg, None, &st).unwrap();
             // SAFETY: 24 elements each.
@@ -442,7 +495,7 @@ fn optimizers_cast_fill<T: Element>(e: &Emu) {
     for t in 1..=3 {
         let p = adamw_step_at(t);
         hw.adamw_step(&hg, &mut hm, &mut hv, &p).unwrap();
-        let c = T::of_f64;
+        let c = T::a;
         let (lr, b1, b2, eps, wd, c1, c2) = (
             c(p.lr),
             c(p.beta1),
@@ -475,7 +528,7 @@ fn ids_below<T: Element>(shape: &[usize], n: usize, seed: u64) -> ArrayD<T> {
     global(shape, seed).mapv(|v| T::of_f64((v + 48.0).rem_euclid(n.max(1) as f64)))
 }
 
-fn where_tri_arg<T: Element>(e: &Emu) -> usize {
+fn where_tri_arg<T: Dev>(e: &Emu) -> usize {
     let s = sfx::<T>();
     let mut cases = 0;
     let wh: Where<T> = e.kernel(&format!("where_{s}"));
@@ -548,7 +601,7 @@ fn where_tri_arg<T: Element>(e: &Emu) -> usize {
     cases
 }
 
-fn cat_index_gather<T: Element>(e: &Emu) -> usize {
+fn cat_index_gather<T: Dev>(e: &Emu) -> usize {
     let s = sfx::<T>();
     let mut cases = 0;
     let ck: CatK<T> = e.kernel(&format!("cat_{s}"));
@@ -737,11 +790,11 @@ fn copy_kernels_of_every_dtype_match_the_host() {
 /// The element-wise kernels of a 16-bit float against the host: every one of the 65536 bit
 /// patterns through the exact ops (so every conversion and rounding case), bit for bit; the
 /// transcendental ones within a rounding step of the type; the binary ops with broadcasting.
-fn half_elementwise<T: Element>(e: &Emu, from_bits: fn(u16) -> T, ulp: f64) -> usize {
+fn half_elementwise<T: Dev>(e: &Emu, from_bits: fn(u16) -> T) -> usize {
     let s = sfx::<T>();
     let mut cases = 0;
     let all = ArrayD::from_shape_vec(IxDyn(&[256, 256]), (0..=u16::MAX).map(from_bits).collect()).unwrap();
-    let un: UnaryHalf<T> = e.kernel(&format!("unary_{s}"));
+    let un: Unary<T> = e.kernel(&format!("unary_{s}"));
     let x = arr::<T>(&[5, 7], 1, 1.0 / 12.0);
     let exact = [
         UnaryOp::MulScalar(1.0),
@@ -760,14 +813,14 @@ fn half_elementwise<T: Element>(e: &Emu, from_bits: fn(u16) -> T, ulp: f64) -> u
     for (op, input, tol) in exact.iter().map(|&op| (op, &all, 0.0)).chain(
         [UnaryOp::Exp, UnaryOp::Gelu, UnaryOp::Tanh, UnaryOp::Silu, UnaryOp::GeluErf, UnaryOp::Sigmoid]
             .iter()
-            .map(|&op| (op, &x, ulp)),
+            .map(|&op| (op, &x, T::TOL)),
     ) {
         let want = cpu(Storage::Cpu(input.clone()).unary(op).unwrap());
         let mut out = zeros::<T>(input.shape());
         let (n, code) = (input.len() as u64, args::unary_code(op).unwrap());
         let (sc, tc) = args::unary_scalars(op);
         // SAFETY: buffers of n elements.
-        e.grid(3, || unsafe { un(input.as_ptr(), out.as_mut_ptr(), n, code, sc as f32, tc as f32) });
+        e.grid(3, || unsafe { un(input.as_ptr(), out.as_mut_ptr(), n, code, T::a(sc), T::a(tc)) });
         if tol == 0.0 {
             assert!(same(&out, &want), "{op} {s} over every bit pattern");
         } else {
@@ -797,23 +850,32 @@ fn half_elementwise<T: Element>(e: &Emu, from_bits: fn(u16) -> T, ulp: f64) -> u
 #[test]
 fn half_float_elementwise_kernels_match_the_host() {
     let Some(e) = Emu::build() else { return };
-    let cases = half_elementwise::<dtensor_runtime::bf16>(&e, dtensor_runtime::bf16::from_bits, 1.0 / 128.0)
-        + half_elementwise::<dtensor_runtime::f16>(&e, dtensor_runtime::f16::from_bits, 1.0 / 1024.0);
+    let cases = half_elementwise::<dtensor_runtime::bf16>(&e, dtensor_runtime::bf16::from_bits)
+        + half_elementwise::<dtensor_runtime::f16>(&e, dtensor_runtime::f16::from_bits);
     println!("{cases} bf16/f16 unary and binary cases match the host");
 }
 
 /// `cast_<A>_<B>` of `a` against the host's cast.
-fn cast_case<A: Element, B: Element>(e: &Emu, a: &ArrayD<A>) {
+fn cast_case<A: Scalar, B: Scalar>(e: &Emu, a: &ArrayD<A>) {
     let k: Cast<A, B> = e.kernel(&format!("cast_{}_{}", A::DTYPE, B::DTYPE));
-    let want = cpu(Storage::Cpu(a.clone()).cast::<B>().unwrap());
-    let mut out = zeros::<B>(a.shape());
+    let want = Storage::Cpu(a.clone()).cast::<B>().unwrap().into_host().unwrap();
+    let mut out = ArrayD::<B>::zeros(a.raw_dim());
     let n = a.len() as u64;
     // SAFETY: n elements each.
     e.grid(3, || unsafe { k(a.as_ptr(), out.as_mut_ptr(), n) });
     // Bit for bit, but any NaN for a NaN: NaN payloads are not portable (a GPU makes its own).
-    let differs = |(x, y): (&B, &B)| bytemuck::bytes_of(x) != bytemuck::bytes_of(y) && !(x.is_nan() && y.is_nan());
+    let nan = |x: &B| x.as_f64().is_nan();
+    let differs = |(x, y): (&B, &B)| bytemuck::bytes_of(x) != bytemuck::bytes_of(y) && !(nan(x) && nan(y));
     let at = out.iter().zip(&want).position(differs);
-    assert!(at.is_none(), "cast {} -> {} differs at {at:?}", A::DTYPE, B::DTYPE);
+    assert!(
+        at.is_none(),
+        "cast {} -> {} differs at {at:?}: {} from {} (host {})",
+        A::DTYPE,
+        B::DTYPE,
+        at.map(|i| out.as_slice().unwrap()[i].to_string()).unwrap_or_default(),
+        at.map(|i| a.as_slice().unwrap()[i].to_string()).unwrap_or_default(),
+        at.map(|i| want.as_slice().unwrap()[i].to_string()).unwrap_or_default(),
+    );
 }
 
 /// Every cast between the four floats: all 65536 patterns of each 16-bit type, and f32/f64
@@ -886,4 +948,111 @@ fn kernel_source_matches_the_host_kernels() {
     // SAFETY: 21 elements.
     e.grid(2, || unsafe { to64(y.as_ptr(), z.as_mut_ptr(), 21) });
     assert!(same(&z, &y.mapv(f64::from)));
+}
+
+/// `cast_<A>_<B>` for `A` into every dtype.
+fn casts_from<A: Scalar>(e: &Emu, a: &ArrayD<A>) -> usize {
+    use dtensor_runtime::{bf16, f16};
+    cast_case::<A, f32>(e, a);
+    cast_case::<A, f64>(e, a);
+    cast_case::<A, bf16>(e, a);
+    cast_case::<A, f16>(e, a);
+    cast_case::<A, i64>(e, a);
+    cast_case::<A, i32>(e, a);
+    cast_case::<A, u8>(e, a);
+    7
+}
+
+/// Every cast from and to the integers, bit for bit against the host (Rust's `as`): floats at
+/// and around every integer type's bounds (saturation), fractions of both signs (truncation),
+/// NaN and infinities (0 and the bounds), beyond 2⁵³; integers at the bounds of every type
+/// (wrapping), beyond 2²⁴ and 2⁵³ (rounding to the floats), and spread over the whole range.
+#[test]
+fn integer_casts_match_the_host() {
+    use dtensor_runtime::{bf16, f16};
+    let Some(e) = Emu::build() else { return };
+    let p = |k: i32| 2f64.powi(k);
+    let mut fv = vec![
+        f64::NAN,
+        f64::INFINITY,
+        f64::NEG_INFINITY,
+        0.0,
+        -0.0,
+        0.5,
+        -0.5,
+        0.999,
+        -0.999,
+        1.5,
+        -1.5,
+        -1.0,
+        127.5,
+        128.0,
+        254.9,
+        255.0,
+        255.5,
+        256.0,
+        -128.5,
+        -129.0,
+        65504.0,
+        65520.0,
+        p(24) + 1.0,
+        p(31) - 1.0,
+        p(31) - 0.5,
+        p(31),
+        p(31) + 1.0,
+        -p(31),
+        -p(31) - 1.0,
+        -p(31) + 0.5,
+        p(53) + 2.0,
+        -p(53) - 2.0,
+        p(63),
+        -p(63),
+        p(63) * (1.0 - f64::EPSILON),
+        1e19,
+        -1e19,
+        1e30,
+        -1e30,
+        3.4e38,
+        1e-40,
+    ];
+    fv.extend(global(&[200], 70).iter().map(|v| v * 1e3));
+    fv.extend(global(&[200], 71).iter().map(|v| v * 1e8));
+    let f64s = ArrayD::from_shape_vec(IxDyn(&[fv.len()]), fv.clone()).unwrap();
+    let mut cases = casts_from::<f64>(&e, &f64s);
+    cases += casts_from::<f32>(&e, &f64s.mapv(|v| v as f32));
+    cases += casts_from::<bf16>(&e, &f64s.mapv(bf16::from_f64));
+    cases += casts_from::<f16>(&e, &f64s.mapv(f16::from_f64));
+    let mut iv: Vec<i64> = vec![0, 1, -1, 127, 128, 255, 256, -128, -129, -256, 65504, 65520];
+    for b in [i32::MAX as i64, i32::MIN as i64, i64::MAX, i64::MIN, 1 << 24, 1 << 53, 1 << 62] {
+        iv.extend([b.wrapping_sub(1), b, b.wrapping_add(1), b.wrapping_add(1).wrapping_neg()]);
+    }
+    // Spread over the whole range: every bit of a 64-bit word set at random.
+    iv.extend((0..300u64).map(|k| rand_philox::splitmix64(k.wrapping_mul(0x9E37_79B9)) as i64));
+    let ints = ArrayD::from_shape_vec(IxDyn(&[iv.len()]), iv).unwrap();
+    cases += casts_from::<i64>(&e, &ints);
+    cases += casts_from::<i32>(&e, &ints.mapv(|v| v as i32));
+    cases += casts_from::<u8>(&e, &ints.mapv(|v| v as u8));
+    println!("{cases} casts from every dtype to every dtype bit-exact (NaN payloads aside)");
+}
+
+/// The arithmetic kernels of the 16-bit floats (computed in f32, rounded once) against the
+/// host's, on the same cases as f32 and f64: exact results bit for bit, the others within a
+/// rounding step of the type.
+#[test]
+fn half_float_kernels_match_the_host() {
+    use dtensor_runtime::{bf16, f16};
+    let Some(e) = Emu::build() else { return };
+    elementwise::<bf16>(&e);
+    elementwise::<f16>(&e);
+    reductions_and_softmax::<bf16>(&e);
+    reductions_and_softmax::<f16>(&e);
+    pack_embedding_random::<bf16>(&e);
+    pack_embedding_random::<f16>(&e);
+    optimizers_cast_fill::<bf16>(&e);
+    optimizers_cast_fill::<f16>(&e);
+    let cases = where_tri_arg::<bf16>(&e)
+        + where_tri_arg::<f16>(&e)
+        + cat_index_gather::<bf16>(&e)
+        + cat_index_gather::<f16>(&e);
+    println!("elementwise/reduce/softmax/embedding/random/optimizers and {cases} indexing cases of bf16 and f16 match the host");
 }

@@ -430,8 +430,11 @@ fn indexing_cases<T: Element>(dev: &Arc<CudaDevice>) -> usize {
 #[test]
 fn indexing_ops_match_the_host() {
     let Some(dev) = device("indexing_ops_match_the_host") else { return };
-    let n = indexing_cases::<f64>(&dev) + indexing_cases::<f32>(&dev);
-    println!("GPUCHECK indexing_ops_match_the_host | PASS | {n} cases of where, tril/triu, argmax/argmin, cat, index_select, index_add, gather, scatter_add (uneven, empty, bad ids) bit-exact or the same typed error, f32/f64");
+    let n = indexing_cases::<f64>(&dev)
+        + indexing_cases::<f32>(&dev)
+        + indexing_cases::<bf16>(&dev)
+        + indexing_cases::<f16>(&dev);
+    println!("GPUCHECK indexing_ops_match_the_host | PASS | {n} cases of where, tril/triu, argmax/argmin, cat, index_select, index_add, gather, scatter_add (uneven, empty, bad ids) bit-exact or the same typed error, f32/f64/bf16/f16");
 }
 
 /// The copy kernels of one dtype on the device against the host, bit for bit.
@@ -483,11 +486,7 @@ fn copy_kernels_of_every_dtype() {
         + copy_cases::<i64>(&dev)
         + copy_cases::<i32>(&dev)
         + copy_cases::<u8>(&dev);
-    // Past the copies (and the 16-bit floats' element-wise ops) there are no kernels yet: a
-    // typed error.
-    let b = Storage::Cuda(CudaStorage::from_host(&dev, &global(&[2, 3], 1).mapv(bf16::from_f64)).unwrap());
-    assert!(matches!(b.softmax(1, SoftmaxKind::Softmax), Err(Error::Unsupported { .. })));
-    println!("GPUCHECK copy_kernels_of_every_dtype | PASS | {n} fill/pack/cat cases of f32 f64 bf16 f16 i64 i32 u8 bit-exact vs host, bf16 softmax typed Unsupported");
+    println!("GPUCHECK copy_kernels_of_every_dtype | PASS | {n} fill/pack/cat cases of f32 f64 bf16 f16 i64 i32 u8 bit-exact vs host");
 }
 
 /// The unary and binary ops of a 16-bit float on the device against the host: every bit
@@ -524,10 +523,15 @@ fn half_float_unary_and_binary() {
     println!("GPUCHECK half_float_unary_and_binary | PASS | {n} bf16/f16 cases: exact ops over all 65536 bit patterns bit-exact vs host, transcendental within one rounding step");
 }
 
-/// `a` cast to `B` on the device against the host (NaN-aware bits).
-fn cast_matches<A: Element, B: Element>(dev: &Arc<CudaDevice>, a: &ArrayD<A>) -> usize {
-    let want = host(Storage::Cpu(a.clone()).cast::<B>().unwrap());
-    assert!(same_bits(&host(up(dev, a).cast::<B>().unwrap()), &want), "cast {} -> {}", A::DTYPE, B::DTYPE);
+/// `a` cast to `B` on the device against the host (bit for bit, NaN payloads aside).
+fn cast_matches<A: Scalar, B: Scalar>(dev: &Arc<CudaDevice>, a: &ArrayD<A>) -> usize {
+    let want = Storage::Cpu(a.clone()).cast::<B>().unwrap().into_host().unwrap();
+    let src = Storage::Cuda(CudaStorage::from_host(dev, a).unwrap());
+    let got = src.cast::<B>().unwrap().into_host().unwrap();
+    let nan = |x: &B| x.as_f64().is_nan();
+    let differs = |(x, y): (&B, &B)| bytemuck::bytes_of(x) != bytemuck::bytes_of(y) && !(nan(x) && nan(y));
+    let at = got.iter().zip(&want).position(differs);
+    assert!(at.is_none(), "cast {} -> {} differs at {at:?}", A::DTYPE, B::DTYPE);
     1
 }
 
@@ -609,7 +613,9 @@ fn optimizer_updates_bit_exact() {
     }
     run::<f64>(&dev);
     run::<f32>(&dev);
-    println!("GPUCHECK optimizer_updates_bit_exact | PASS | sgd (plain, momentum, first/later) and 3 adamw steps, f32+f64 bit-exact");
+    run::<bf16>(&dev);
+    run::<f16>(&dev);
+    println!("GPUCHECK optimizer_updates_bit_exact | PASS | sgd (plain, momentum, first/later) and 3 adamw steps, f32/f64/bf16/f16 bit-exact");
 }
 
 #[test]
@@ -628,11 +634,14 @@ fn philox_fills_bit_identical_to_host() {
                 let h32 = Storage::<f32>::random(&Target::Cpu, &fill, &global_shape, &off, &shape).unwrap();
                 let d32 = Storage::<f32>::random(&target, &fill, &global_shape, &off, &shape).unwrap();
                 assert!(same_bits(&host(d32), &host(h32)), "f32 {fill:?} at {off:?}");
-                n += 2;
+                let hb = Storage::<bf16>::random(&Target::Cpu, &fill, &global_shape, &off, &shape).unwrap();
+                let db = Storage::<bf16>::random(&target, &fill, &global_shape, &off, &shape).unwrap();
+                assert!(same_bits(&host(db), &host(hb)), "bf16 {fill:?} at {off:?}");
+                n += 3;
             }
         }
     }
-    println!("GPUCHECK philox_fills_bit_identical_to_host | PASS | {n} fills (3 seeds/offsets x uniform/normal x 3 shards x f32/f64) bit-identical");
+    println!("GPUCHECK philox_fills_bit_identical_to_host | PASS | {n} fills (3 seeds/offsets x uniform/normal x 3 shards x f32/f64/bf16) bit-identical");
 }
 
 /// A one-rank mesh on `dev` and one on the host.
@@ -732,4 +741,166 @@ fn each_rank_handle_owns_a_stream() {
     let s2 = up(&other, &x).matmul(&up(&other, &x)).unwrap();
     assert_eq!(host(s1), host(s2));
     println!("GPUCHECK each_rank_handle_owns_a_stream | PASS | two handles on device 0: distinct non-null streams, same results");
+}
+
+/// The arithmetic kernels of a 16-bit float on the device (f32 inside, one rounding) against the
+/// host's: max/min, gathers and one-hot bit for bit, sums, softmax, matmul and the atomic
+/// embedding backward within `ulp` (summation orders differ), bad ids the host's typed error.
+fn half_kernel_cases<T: Element>(dev: &Arc<CudaDevice>, ulp: f64) -> usize {
+    let v = |shape: &[usize], seed: u64, scale: f64| global(shape, seed).mapv(|x| T::of_f64(x * scale));
+    let mut n = 0;
+    let mut a = v(&[3, 4, 70], 4, 1.0 / 3.0);
+    let dims: [&[usize]; 5] = [&[0], &[2], &[0, 2], &[0, 1, 2], &[]];
+    for kind in [Reduction::Sum, Reduction::Mean, Reduction::Max, Reduction::Min] {
+        for d in dims {
+            let want = host(Storage::Cpu(a.clone()).reduce(kind, d, false).unwrap());
+            let got = host(up(dev, &a).reduce(kind, d, false).unwrap());
+            let exact = matches!(kind, Reduction::Max | Reduction::Min);
+            assert!(if exact { same_bits(&got, &want) } else { rel_err(&got, &want) <= ulp }, "{kind:?} {d:?}");
+            n += 1;
+        }
+    }
+    a[[1, 2, 3]] = T::nan();
+    for kind in [Reduction::Max, Reduction::Min] {
+        let got = host(up(dev, &a).reduce(kind, &[2], false).unwrap());
+        assert!(
+            got[[1, 2]].is_nan() && same_bits(&got, &host(Storage::Cpu(a.clone()).reduce(kind, &[2], false).unwrap()))
+        );
+        n += 1;
+    }
+    for shape in [&[3usize, 5, 7][..], &[2, 1000]] {
+        let (x, g) = (v(shape, 6, 0.1), v(shape, 7, 1.0 / 30.0));
+        for dim in 0..shape.len() {
+            for kind in [SoftmaxKind::Softmax, SoftmaxKind::LogSoftmax] {
+                let y = Storage::Cpu(x.clone()).softmax(dim, kind).unwrap();
+                let gx = host(y.softmax_backward(&Storage::Cpu(g.clone()), dim, kind).unwrap());
+                let dy = up(dev, &x).softmax(dim, kind).unwrap();
+                // The backward from the host's output: a rounding step of the 16-bit output
+                // would be amplified by the backward's formula.
+                let dgx = host(up(dev, y.as_cpu().unwrap()).softmax_backward(&up(dev, &g), dim, kind).unwrap());
+                let (ef, eb) = (rel_err(&host(dy), y.as_cpu().unwrap()), rel_err(&dgx, &gx));
+                assert!(ef <= ulp && eb <= ulp, "{kind:?} dim {dim} of {shape:?}: {ef:e} {eb:e}");
+                n += 2;
+            }
+        }
+    }
+    let cases: [(&[usize], &[usize]); 4] =
+        [(&[5, 7], &[7, 3]), (&[2, 5, 7], &[7, 3]), (&[3, 2, 64, 48], &[3, 2, 48, 40]), (&[3, 0], &[0, 4])];
+    for (sa, sb) in cases {
+        let (x, y) = (v(sa, 8, 1.0 / 16.0), v(sb, 9, 1.0 / 16.0));
+        let want = host(Storage::Cpu(x.clone()).matmul(&Storage::Cpu(y.clone())).unwrap());
+        let e = rel_err(&host(up(dev, &x).matmul(&up(dev, &y)).unwrap()), &want);
+        assert!(e <= ulp, "matmul {sa:?}@{sb:?}: {e:e}");
+        n += 1;
+    }
+    let table = v(&[6, 5], 12, 1.0);
+    let ids = ArrayD::from_shape_vec(IxDyn(&[2, 4]), [3.0, 0.0, 7.0, 3.0, 9.0, 2.0, 3.0, 8.0].map(T::of_f64).to_vec())
+        .unwrap();
+    let g = v(&[2, 4, 5], 13, 1.0 / 7.0);
+    let (ct, dt, ci, di) = (Storage::Cpu(table.clone()), up(dev, &table), Storage::Cpu(ids.clone()), up(dev, &ids));
+    assert!(same_bits(&host(dt.embedding(&di, 2, 10).unwrap()), &host(ct.embedding(&ci, 2, 10).unwrap())));
+    let want = host(Storage::Cpu(g.clone()).embedding_backward(&ci, 6, 2, 10).unwrap());
+    assert!(rel_err(&host(up(dev, &g).embedding_backward(&di, 6, 2, 10).unwrap()), &want) <= ulp);
+    assert!(same_bits(&host(di.one_hot(10).unwrap()), &host(ci.one_hot(10).unwrap())));
+    for bad in [1.5, -1.0, 10.0, f64::NAN] {
+        let b = up(dev, &ArrayD::from_elem(IxDyn(&[1]), T::of_f64(bad)));
+        assert!(matches!(dt.embedding(&b, 2, 10), Err(Error::InvalidArgument { .. })), "{bad}");
+        let g1 = up(dev, &v(&[1, 5], 0, 1.0));
+        assert!(matches!(g1.embedding_backward(&b, 6, 2, 10), Err(Error::InvalidArgument { .. })), "{bad}");
+        assert!(matches!(b.one_hot(10), Err(Error::InvalidArgument { .. })), "{bad}");
+    }
+    n + 15
+}
+
+#[test]
+fn half_float_kernels() {
+    let Some(dev) = device("half_float_kernels") else { return };
+    let n = half_kernel_cases::<bf16>(&dev, 1.0 / 128.0) + half_kernel_cases::<f16>(&dev, 1.0 / 1024.0);
+    println!("GPUCHECK half_float_kernels | PASS | {n} bf16/f16 cases: reductions (max/min exact, NaN), softmax fwd+bwd, matmul (cublasGemmEx, f32 compute), embedding (+ backward, one_hot, 4 bad ids typed) within one rounding step of the host");
+}
+
+/// Every cast from and to the integers on the device against the host, bit for bit: floats at
+/// the integer types' bounds, fractions, NaN and infinities (saturating truncation); integers
+/// at every type's bounds and beyond 2²⁴ / 2⁵³ (wrapping, rounding to the floats).
+#[test]
+fn integer_casts() {
+    let Some(dev) = device("integer_casts") else { return };
+    let p = |k: i32| 2f64.powi(k);
+    let mut fv =
+        vec![f64::NAN, f64::INFINITY, f64::NEG_INFINITY, 0.0, -0.0, 0.5, -0.5, -0.999, 1.5, -1.5, 255.5, 256.0];
+    fv.extend([-129.0, 65520.0, p(31) - 0.5, p(31), -p(31) - 1.0, p(53) + 2.0, p(63), -p(63), 1e19, -1e30, 1e-40]);
+    fv.extend(global(&[300], 72).iter().map(|x| x * 1e7 + 0.25));
+    let f = ArrayD::from_shape_vec(IxDyn(&[fv.len()]), fv).unwrap();
+    let mut iv: Vec<i64> = vec![0, 1, -1, 127, 128, 255, 256, -128, -129];
+    for b in [i32::MAX as i64, i32::MIN as i64, i64::MAX, i64::MIN, 1 << 24, 1 << 53] {
+        iv.extend([b.wrapping_sub(1), b, b.wrapping_add(1), b.wrapping_add(1).wrapping_neg()]);
+    }
+    iv.extend((0..300u64).map(|k| rand_philox::splitmix64(k) as i64));
+    let i = ArrayD::from_shape_vec(IxDyn(&[iv.len()]), iv).unwrap();
+    macro_rules! from {
+        ($a:expr, $t:ty) => {
+            cast_matches::<$t, f32>(&dev, $a)
+                + cast_matches::<$t, f64>(&dev, $a)
+                + cast_matches::<$t, bf16>(&dev, $a)
+                + cast_matches::<$t, f16>(&dev, $a)
+                + cast_matches::<$t, i64>(&dev, $a)
+                + cast_matches::<$t, i32>(&dev, $a)
+                + cast_matches::<$t, u8>(&dev, $a)
+        };
+    }
+    let n = from!(&f, f64)
+        + from!(&f.mapv(|x| x as f32), f32)
+        + from!(&f.mapv(bf16::from_f64), bf16)
+        + from!(&f.mapv(f16::from_f64), f16)
+        + from!(&i, i64)
+        + from!(&i.mapv(|x| x as i32), i32)
+        + from!(&i.mapv(|x| x as u8), u8);
+    println!("GPUCHECK integer_casts | PASS | {n} casts between all 7 dtypes bit-exact vs host (saturating, wrapping, NaN -> 0)");
+}
+
+/// The ops that read integer tensors, on a one-rank CUDA mesh against a host mesh: embedding
+/// with i64 and i32 ids, cross-entropy with i64 targets (and their gradients), a `u8` mask from
+/// `compare_mask` into `where_` and `masked_fill`, `arange` of i64, and a bad id's typed error.
+#[test]
+fn integer_ids_masks_and_targets_on_a_cuda_mesh() {
+    let Some(dev) = device("integer_ids_masks_and_targets_on_a_cuda_mesh") else { return };
+    let (cuda, cpu) = meshes(&dev);
+    let run = |mesh: &DeviceMesh| -> Vec<ArrayD<f64>> {
+        let dt = |a: ArrayD<f64>| distribute_tensor(a, mesh, &[Replicate], None).unwrap();
+        let table = dt(global(&[10, 4], 30).mapv(|x| x / 8.0)).requires_grad_(true);
+        let ids64 = ArrayD::from_shape_vec(IxDyn(&[2, 3]), vec![3i64, 0, 9, 3, 7, 1]).unwrap();
+        let ids64 = distribute_tensor(ids64, mesh, &[Replicate], None).unwrap();
+        let ids32 = ids64.cast::<i32>().unwrap();
+        let e64 = table.embedding(&ids64).unwrap();
+        let e32 = table.embedding(&ids32).unwrap();
+        let target =
+            distribute_tensor(ArrayD::from_shape_vec(IxDyn(&[2]), vec![1i64, 3]).unwrap(), mesh, &[Replicate], None)
+                .unwrap();
+        let logits = e64.sum_dim(1, false).unwrap();
+        let loss = logits.cross_entropy(&target).unwrap();
+        loss.backward().unwrap();
+        let mask = e32.compare_mask(BinaryOp::Gt, &e64.mul_scalar(0.5).unwrap()).unwrap();
+        assert_eq!(mask.device(), mesh.device());
+        let picked = e32.where_(&mask, &e64.neg().unwrap()).unwrap();
+        let filled = e32.masked_fill(&mask, -7.0).unwrap();
+        let r = dtensor_runtime::arange::<i64>(-5, 1 << 40, 1 << 37, &TensorOptions::new().mesh(mesh)).unwrap();
+        let bad = distribute_tensor(ArrayD::from_elem(IxDyn(&[1]), -1i64), mesh, &[Replicate], None).unwrap();
+        assert!(matches!(table.embedding(&bad), Err(Error::InvalidArgument { .. })));
+        vec![
+            e64.full_tensor().unwrap(),
+            e32.full_tensor().unwrap(),
+            loss.full_tensor().unwrap(),
+            table.grad().unwrap().full_tensor().unwrap(),
+            mask.full_tensor().unwrap().mapv(f64::from),
+            picked.full_tensor().unwrap(),
+            filled.full_tensor().unwrap(),
+            r.full_tensor().unwrap().mapv(|x| x as f64),
+        ]
+    };
+    let (d, h) = (run(&cuda), run(&cpu));
+    for (k, (a, b)) in d.iter().zip(&h).enumerate() {
+        // Exact but for the loss and its gradient (exp/log of the math libraries).
+        assert!(rel_err(a, b) <= 1e-14, "output {k}: {a:?} vs {b:?}");
+    }
+    println!("GPUCHECK integer_ids_masks_and_targets_on_a_cuda_mesh | PASS | embedding (i64, i32 ids, bad id typed), cross_entropy (i64 targets) + backward, u8 compare_mask -> where_/masked_fill, arange i64 vs host");
 }

@@ -14,17 +14,32 @@ use dtensor_runtime::typed::Dt;
 use dtensor_runtime::{run, CommDebugMode, Error};
 use typed_util::*;
 
-/// `softmax(q kᵀ · scale) v` over the last two dims, `causal` hiding keys after each query.
-fn sdpa_ref(q: &ArrayD<f64>, k: &ArrayD<f64>, v: &ArrayD<f64>, causal: bool) -> ArrayD<f64> {
+/// `softmax(q kᵀ · scale + mask) v` over the last two dims: `causal` hides keys after each
+/// query, `mask` (additive) is broadcast to the scores `[.., Lq, Lk]`.
+fn sdpa_ref(
+    q: &ArrayD<f64>,
+    k: &ArrayD<f64>,
+    v: &ArrayD<f64>,
+    causal: bool,
+    mask: Option<&ArrayD<f64>>,
+) -> ArrayD<f64> {
     let nd = q.ndim();
     let (lq, e, lk, ev) = (q.shape()[nd - 2], q.shape()[nd - 1], k.shape()[nd - 2], v.shape()[nd - 1]);
     let n: usize = q.shape()[..nd - 2].iter().product();
     let flat = |x: &ArrayD<f64>, a, b| x.as_standard_layout().into_owned().into_shape_with_order((n, a, b)).unwrap();
     let (q3, k3, v3) = (flat(q, lq, e), flat(k, lk, e), flat(v, lk, ev));
+    let m3 = mask.map(|m| {
+        let mut scores_shape = q.shape()[..nd - 1].to_vec();
+        scores_shape.push(lk);
+        flat(&m.broadcast(IxDyn(&scores_shape)).unwrap().to_owned(), lq, lk)
+    });
     let scale = 1.0 / (e as f64).sqrt();
     let mut out = ArrayD::zeros(IxDyn(&[n, lq, ev])).into_dimensionality::<Ix3>().unwrap();
     for b in 0..n {
         let mut sc: Array2<f64> = q3.slice(s![b, .., ..]).dot(&k3.slice(s![b, .., ..]).t()) * scale;
+        if let Some(m3) = &m3 {
+            sc += &m3.slice(s![b, .., ..]);
+        }
         for ((i, j), x) in sc.indexed_iter_mut() {
             if causal && j > i {
                 *x = f64::NEG_INFINITY;
@@ -74,9 +89,9 @@ fn attention_rules_match_dynamic() {
     let (q1, k1, v1) =
         (global(&[1, 3, 5, 4], 4, false), global(&[1, 3, 5, 4], 5, false), global(&[1, 3, 5, 4], 6, false));
     let (q3, k3, v3) = (global(&[3, 5, 4], 7, false), global(&[3, 5, 4], 8, false), global(&[3, 5, 4], 9, false));
-    let plain = sdpa_ref(&q, &k, &v, false);
-    let (causal1, causal3) = (sdpa_ref(&q1, &k1, &v1, true), sdpa_ref(&q3, &k3, &v3, true));
-    let causal = sdpa_ref(&q, &k, &v, true);
+    let plain = sdpa_ref(&q, &k, &v, false, None);
+    let (causal1, causal3) = (sdpa_ref(&q1, &k1, &v1, true, None), sdpa_ref(&q3, &k3, &v3, true, None));
+    let causal = sdpa_ref(&q, &k, &v, true, None);
     on_meshes(
         |mesh, fails| {
             each1!(attention_case [(tp,), 4, &q, &k, &v, false, &plain, mesh, fails]; (R, R) (S0, S0) (S1, S1) (S2, R));
@@ -88,7 +103,7 @@ fn attention_rules_match_dynamic() {
         |mesh, fails| {
             // Megatron: batch on dp, heads on tp; and sequence-parallel queries.
             product2!(attention_case [(dp, tp), 4, &q, &k, &v, true, &causal, mesh, fails]; (R, R) (S0, S0) (S1, S1) (S2, R));
-            product2!(attention_case [(dp, tp), 4, &q1, &k1, &v1, false, &sdpa_ref(&q1, &k1, &v1, false), mesh, fails]; (S0, S0) (S1, S1));
+            product2!(attention_case [(dp, tp), 4, &q1, &k1, &v1, false, &sdpa_ref(&q1, &k1, &v1, false, None), mesh, fails]; (S0, S0) (S1, S1));
             Ok(())
         },
     );
@@ -255,34 +270,6 @@ fn loss_parallel_cross_entropy_runs_and_backpropagates_without_implicit_redistri
     }
 }
 
-/// `softmax(q kᵀ · scale + mask) v`, the mask broadcast to the scores `[.., Lq, Lk]`.
-fn sdpa_mask_ref(q: &ArrayD<f64>, k: &ArrayD<f64>, v: &ArrayD<f64>, mask: &ArrayD<f64>) -> ArrayD<f64> {
-    let nd = q.ndim();
-    let (lq, e, lk, ev) = (q.shape()[nd - 2], q.shape()[nd - 1], k.shape()[nd - 2], v.shape()[nd - 1]);
-    let mut scores_shape = q.shape()[..nd - 1].to_vec();
-    scores_shape.push(lk);
-    let m = mask.broadcast(IxDyn(&scores_shape)).unwrap().to_owned();
-    let n: usize = q.shape()[..nd - 2].iter().product();
-    let flat = |x: &ArrayD<f64>, a, b| x.as_standard_layout().into_owned().into_shape_with_order((n, a, b)).unwrap();
-    let (q3, k3, v3, m3) = (flat(q, lq, e), flat(k, lk, e), flat(v, lk, ev), flat(&m, lq, lk));
-    let scale = 1.0 / (e as f64).sqrt();
-    let mut out = ArrayD::zeros(IxDyn(&[n, lq, ev])).into_dimensionality::<Ix3>().unwrap();
-    for b in 0..n {
-        let mut sc: Array2<f64> = q3.slice(s![b, .., ..]).dot(&k3.slice(s![b, .., ..]).t()) * scale;
-        sc += &m3.slice(s![b, .., ..]);
-        for mut row in sc.rows_mut() {
-            let mx = row.fold(f64::NEG_INFINITY, |a, &b| a.max(b));
-            row.mapv_inplace(|x| (x - mx).exp());
-            let z = row.sum();
-            row.mapv_inplace(|x| x / z);
-        }
-        out.slice_mut(s![b, .., ..]).assign(&sc.dot(&v3.slice(s![b, .., ..])));
-    }
-    let mut shape = q.shape()[..nd - 1].to_vec();
-    shape.push(ev);
-    out.into_shape_with_order(IxDyn(&shape)).unwrap()
-}
-
 /// One masked attention case: q `$lq`, k and v `$lkv`, mask `$lm` of rank `$rm`.
 macro_rules! masked_case {
     ([$m:ty, $qkv:expr, $mask:expr, $rm:literal, $expect:expr, $mesh:expr, $fails:expr]; ($lq:ty, $lkv:ty, $lm:ty)) => {{
@@ -322,8 +309,11 @@ fn masked_attention_rules_match_dynamic() {
     let (qa, ka, va) =
         (global(&[2, 3, 5, 4], 11, false), global(&[2, 3, 6, 4], 12, false), global(&[2, 3, 6, 4], 13, false));
     let (m2, mh, mf) = (global(&[5, 6], 14, false), global(&[3, 1, 6], 15, false), global(&[2, 3, 5, 6], 16, false));
-    let (e2, eh, ef) =
-        (sdpa_mask_ref(&qa, &ka, &va, &m2), sdpa_mask_ref(&qa, &ka, &va, &mh), sdpa_mask_ref(&qa, &ka, &va, &mf));
+    let (e2, eh, ef) = (
+        sdpa_ref(&qa, &ka, &va, false, Some(&m2)),
+        sdpa_ref(&qa, &ka, &va, false, Some(&mh)),
+        sdpa_ref(&qa, &ka, &va, false, Some(&mf)),
+    );
     on_meshes(
         |mesh, fails| {
             masked_case!([(tp,), (&qa, &ka, &va), &m2, 2, &e2, mesh, fails]; ((R,), (R,), (R,)));

@@ -7,7 +7,7 @@
 //! directly. Without the `cuda` feature the `Cuda` arms hold an uninhabited type, so the API
 //! is the same in every build and the arm is statically unreachable.
 
-use crate::error::{Error, Result};
+use crate::error::Result;
 
 #[cfg(not(feature = "cuda"))]
 pub use absent::{CudaBytes, CudaBytesMut};
@@ -79,20 +79,11 @@ impl BufMut<'_> {
     }
 }
 
-/// `Ok` when `recv` has `want` bytes, else [`Error::BufferMismatch`] (checked before any copy:
-/// cudarc asserts on lengths).
-pub(crate) fn check_len(op: &str, what: &str, got: usize, want: usize) -> Result<()> {
-    if got == want {
-        Ok(())
-    } else {
-        Err(Error::BufferMismatch { op: op.into(), reason: format!("{what} has {got} bytes, expected {want}") })
-    }
-}
-
 /// The default `*_buf` collectives: device data staged through the host around the host
 /// collective (every backend without a device path; NCCL for buffers it cannot take directly).
 pub mod staged {
-    use super::{check_len, Buf, BufMut};
+    use super::{Buf, BufMut};
+    use crate::comm::check;
     use crate::comm::Communicator;
     use crate::element::DType;
     use crate::error::Result;
@@ -154,7 +145,7 @@ pub mod staged {
         mut recv: BufMut<'_>,
         root: usize,
     ) -> Result<()> {
-        check_len("broadcast", "recv", recv.len(), send.len())?;
+        check::same_len("broadcast", send.len(), recv.len())?;
         let send = send.to_host()?;
         recv.stage(|r| {
             r.copy_from_slice(&send);
@@ -227,7 +218,7 @@ mod device {
         }
         /// Overwritten with `host` (same length, checked by the caller).
         pub fn copy_from_host(&mut self, host: &[u8]) -> Result<()> {
-            super::check_len("staging", "host data", host.len(), self.view.len())?;
+            crate::comm::check::same_len("staging", host.len(), self.view.len())?;
             self.device.stream().memcpy_htod(host, &mut self.view).map_err(|e| cuda_err("copying to the device", e))
         }
     }
@@ -288,6 +279,7 @@ mod absent {
 mod tests {
     use super::*;
     use crate::element::DType;
+    use crate::error::Error;
     use crate::placement::ReduceOp;
 
     /// The host arms of the `*_buf` collectives give what the host collectives give, on the

@@ -1,10 +1,11 @@
-//! Local argument checks shared by the process backends (MPI, NCCL): a bad call fails the
+//! Local argument checks shared by every backend (threads, MPI, NCCL): a bad call fails the
 //! same way on every rank, before any message moves.
 
 use crate::element::DType;
 use crate::error::{Error, Result};
 
-fn mismatch(op: &str, reason: String) -> Error {
+/// A buffer of the wrong size for collective `op`.
+pub(crate) fn mismatch(op: &str, reason: String) -> Error {
     Error::BufferMismatch { op: op.into(), reason }
 }
 
@@ -29,6 +30,14 @@ pub(crate) fn whole(op: &str, len: usize, dtype: DType) -> Result<()> {
 pub(crate) fn blocks(op: &str, which: &str, big: usize, n: usize, block: usize) -> Result<()> {
     if big != n * block {
         return Err(mismatch(op, format!("{which} has {big} bytes, expected {n} x {block}")));
+    }
+    Ok(())
+}
+
+/// All-reduce into a separate output: `send` and `recv` have the same length.
+pub(crate) fn same_len(op: &str, send: usize, recv: usize) -> Result<()> {
+    if send != recv {
+        return Err(mismatch(op, format!("send has {send} bytes, recv {recv}")));
     }
     Ok(())
 }

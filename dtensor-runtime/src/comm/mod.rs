@@ -13,7 +13,6 @@
 
 pub mod bootstrap;
 pub mod buf;
-#[cfg(any(feature = "mpi", feature = "cuda"))]
 mod check;
 pub mod cuda_threads;
 pub mod debug;
@@ -107,12 +106,7 @@ pub unsafe trait Communicator: Send + Sync + fmt::Debug {
         dtype: DType,
         op: ReduceOp,
     ) -> Result<()> {
-        if send.len() != recv.len() {
-            return Err(crate::error::Error::BufferMismatch {
-                op: "all_reduce".into(),
-                reason: format!("send has {} bytes, recv {}", send.len(), recv.len()),
-            });
-        }
+        check::same_len("all_reduce", send.len(), recv.len())?;
         self.all_reduce(group, recv.init_from(send), dtype, op)
     }
     /// [`all_to_all`](Self::all_to_all) whose send blocks are the column blocks of a row-major

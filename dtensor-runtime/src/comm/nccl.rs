@@ -33,7 +33,7 @@
 //! [`Error::Backend`] / [`Error::CollectiveTimeout`]; the communicator is unusable afterwards.
 
 use super::bootstrap::Rendezvous;
-use super::buf::{check_len, staged, CudaBytes, CudaBytesMut};
+use super::buf::{staged, CudaBytes, CudaBytesMut};
 use super::nccl_version::{GroupStrategy, NcclVersion};
 use super::{check, group, reduce};
 use super::{Buf, BufMut, Communicator, RecvBuf};
@@ -543,7 +543,7 @@ unsafe impl Communicator for NcclComm {
             return staged::all_reduce(self, group, send, recv, dtype, op);
         };
         reduce::check_op(dtype, op)?;
-        check_len("all_reduce", "recv", r.len(), s.len())?;
+        check::same_len("all_reduce", s.len(), r.len())?;
         check::whole("all_reduce", s.len(), dtype)?;
         if s.is_empty() {
             return self.my_index("all_reduce", group).map(|_| ());
@@ -630,7 +630,7 @@ unsafe impl Communicator for NcclComm {
             return staged::broadcast(self, group, send, recv, root);
         };
         check::root(root, group.len())?;
-        check_len("broadcast", "recv", r.len(), s.len())?;
+        check::same_len("broadcast", s.len(), r.len())?;
         if s.is_empty() {
             return self.my_index("broadcast", group).map(|_| ());
         }

@@ -75,6 +75,13 @@ impl CudaDevice {
         require(CudaLib::Cublas)?;
         let h =
             Arc::new(CudaBlas::new(Arc::clone(&self.stream)).map_err(|e| cuda_err("creating the cuBLAS handle", e))?);
+        // The 16-bit gemms accumulate in f32 (their compute type): without this flag cuBLAS may
+        // round split-k partial sums to the 16-bit output type, unlike the host's matmul.
+        use cudarc::cublas::sys::{cublasMath_t, cublasSetMathMode};
+        // SAFETY: a valid handle just created, and a mode of the enum.
+        unsafe { cublasSetMathMode(*h.handle(), cublasMath_t::CUBLAS_MATH_DISALLOW_REDUCED_PRECISION_REDUCTION) }
+            .result()
+            .map_err(|e| cuda_err("setting the cuBLAS math mode", e))?;
         *b = Some(Arc::clone(&h));
         Ok(h)
     }

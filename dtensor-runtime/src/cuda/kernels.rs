@@ -1,7 +1,7 @@
 //! The device kernels of [`source`](super::source), compiled with NVRTC once per device and
 //! cached on the [`CudaDevice`](super::CudaDevice).
 
-use super::source::{module_source, CAST_DTYPES, COPY_DTYPES, COPY_KERNELS, HALF_DTYPES, HALF_KERNELS};
+use super::source::{has_kernel, module_source};
 use super::{cuda_err, require, CudaLib};
 use crate::error::Result;
 use cudarc::driver::{CudaContext, CudaFunction, CudaModule};
@@ -97,19 +97,11 @@ impl Kernels {
         Ok(Kernels { module, functions: Mutex::new(HashMap::new()) })
     }
 
-    /// The kernel `name` for element type suffix `sfx` (`f32` / `f64`).
+    /// The kernel `name` for element type suffix `sfx` (`f32`, `bf16`, `i64`, ...), or the
+    /// typed error of a dtype without it (see [`has_kernel`]).
     pub(crate) fn function(&self, name: &str, sfx: &str) -> Result<CudaFunction> {
-        // The 16-bit floats and the integers have only the copy kernels (and the 16-bit floats
-        // the element-wise ones and the casts between floats): no other kernel as the element
-        // type (`sfx`), and no other cast from them (`cast_<from>`).
-        let float = |t: &str| CAST_DTYPES.iter().any(|c| c.0 == t);
-        let float_cast = name.strip_prefix("cast_").is_some_and(float) && float(sfx);
-        let half = HALF_DTYPES.iter().any(|(t, _, _)| *t == sfx) && HALF_KERNELS.contains(&name);
-        for &(_, t) in COPY_DTYPES.iter().filter(|_| !float_cast) {
-            let cast_from = name.strip_suffix(t).is_some_and(|n| n.ends_with('_'));
-            if (sfx == t && !COPY_KERNELS.contains(&name) && !half) || cast_from {
-                return Err(super::no_kernels(name, t));
-            }
+        if !has_kernel(name, sfx) {
+            return Err(super::no_kernels(name, sfx));
         }
         let full = format!("{name}_{sfx}");
         let mut f = self.functions.lock().unwrap_or_else(|e| e.into_inner());

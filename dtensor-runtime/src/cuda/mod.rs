@@ -131,9 +131,9 @@ pub(crate) fn cuda_err(what: &str, e: impl std::fmt::Debug) -> Error {
     Error::Backend { backend: "cuda".into(), message: format!("{what}: {e:?}") }
 }
 
-/// The error of a device op on an element type without its CUDA kernel (the 16-bit floats
-/// and the integers have only the copy kernels: fills, pack plans, concatenation).
+/// The error of a device op on an element type without its CUDA kernel (the integers have
+/// only the copy kernels and the casts).
 #[cfg(feature = "cuda")]
 pub(crate) fn no_kernels(op: &str, dtype: &str) -> Error {
-    Error::Unsupported { op: op.into(), reason: format!("dtype {dtype} has no CUDA kernels yet") }
+    Error::Unsupported { op: op.into(), reason: format!("dtype {dtype} has no CUDA kernel `{op}`") }
 }

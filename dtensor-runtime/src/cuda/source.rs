@@ -2,9 +2,11 @@
 //! CUDA toolkit at build time), and, for its random-number part, by the host C compiler in a
 //! CPU test that checks it against [`crate::rng`] bit for bit.
 //!
-//! The typed kernels are written once over `T` / `SFX` and instantiated for each row of
-//! [`DTYPES`] (kernel `name_f32`, `name_f64`); the kernels that only move elements also for
-//! each row of [`COPY_DTYPES`] (the 16-bit floats and the integers). Kernels take raw element
+//! The kernels are written once and instantiated per dtype: the copy kernels ([`COPY_KERNELS`])
+//! over `T` for every dtype, the arithmetic kernels ([`FLOAT_KERNELS`]) over a storage type `S`
+//! and a compute type `T` for each row of [`FLOATS`] (the 16-bit floats load into f32 and round
+//! once on store), and the casts between all dtypes from the [`CASTS`] table. Kernels are named
+//! `name_<dtype>` (`reduce_bf16`). Kernels take raw element
 //! counts, a grid-stride loop covers any grid, and index arithmetic is 64-bit. Op codes are the `*_CODE` functions
 //! of `storage::cuda`, which the `switch`es here must agree with (the device tests check every
 //! code against the host kernels).
@@ -17,8 +19,20 @@
 
 use crate::storage::op::{GELU_A, GELU_C};
 
-/// The element types kernels are instantiated for: (CUDA C type, kernel name suffix).
-pub const DTYPES: [(&str, &str); 2] = [("float", "f32"), ("double", "f64")];
+/// The floats: (kernel name suffix, C storage type, C compute type, `LD(x)` widening a
+/// stored element to the compute type, `ST(x)` rounding a computed value to the storage type).
+/// f32 and f64 compute in themselves; the 16-bit floats are stored as their bits and compute
+/// in f32, rounding once per result, as the host kernels do.
+pub const FLOATS: [(&str, &str, &str, &str, &str); 4] = [
+    ("f32", "float", "float", "(x)", "(x)"),
+    ("f64", "double", "double", "(x)", "(x)"),
+    ("bf16", "unsigned short", "float", "dt_bf16_to_f32(x)", "dt_f32_to_bf16(x)"),
+    ("f16", "unsigned short", "float", "dt_f16_to_f32(x)", "dt_f32_to_f16(x)"),
+];
+
+/// The integers: (kernel name suffix, C type). They have the copy kernels and the casts (every
+/// other op needs a float tensor, so an integer tensor reaches no other kernel).
+pub const INTS: [(&str, &str); 3] = [("i64", "long long"), ("i32", "int"), ("u8", "unsigned char")];
 
 /// Most dims a strided kernel indexes (more is a typed error before launch).
 pub const MAX_DIMS: usize = 8;
@@ -26,25 +40,26 @@ pub const MAX_DIMS: usize = 8;
 /// Threads per block of every launch (the block reductions assume this power of two).
 pub const BLOCK: u32 = 256;
 
-/// Per-dtype kernels (base names; the compiled names end in `_f32` / `_f64`).
-pub const TYPED_KERNELS: [&str; 22] = [
-    "fill",
+/// The kernels that only move elements (fills, pack plans, concatenation): instantiated for
+/// every dtype, so every dtype redistributes and concatenates on a device.
+pub const COPY_KERNELS: [&str; 3] = ["fill", "pack", "cat"];
+
+/// The arithmetic kernels of every float ([`FLOATS`]; base names, compiled as `name_<sfx>`).
+pub const FLOAT_KERNELS: [&str; 19] = [
     "unary",
     "binary",
     "reduce",
     "softmax",
     "softmax_bwd",
-    "pack",
     "embedding",
-    "embedding_bwd",
     "one_hot",
     "random",
     "sgd",
     "sgd_momentum",
+    "adamw",
     "where",
     "tri",
     "arg_reduce",
-    "cat",
     "check_ids",
     "index_select",
     "index_add",
@@ -52,69 +67,73 @@ pub const TYPED_KERNELS: [&str; 22] = [
     "scatter_add",
 ];
 
-/// The element types that have only the copy kernels ([`COPY_KERNELS`]): the 16-bit floats
-/// and the integers, as a C type of their width (a copy moves bits, so `unsigned short`
-/// serves bf16 and f16 alike).
-pub const COPY_DTYPES: [(&str, &str); 5] = [
-    ("unsigned short", "bf16"),
-    ("unsigned short", "f16"),
-    ("long long", "i64"),
-    ("int", "i32"),
-    ("unsigned char", "u8"),
+/// The kernels that add with `atomicAdd`, so only for the floats with a native one (f32, f64):
+/// the 16-bit floats widen to f32 around them (the host accumulates them in f32 too).
+pub const ATOMIC_KERNELS: [&str; 1] = ["embedding_bwd"];
+
+/// The floats with [`ATOMIC_KERNELS`].
+pub const ATOMIC_DTYPES: [&str; 2] = ["f32", "f64"];
+
+/// How `cast_<from>_<to>` converts, per dtype: (suffix, C type, whether an integer, `X`
+/// widened to double (a float) or to long long (an integer), a double `X` converted to the
+/// type, a long long `X` converted to the type). As the host's casts (Rust's `as`): from a
+/// float through f64 (exact), to an integer truncating toward zero and saturating (NaN to 0);
+/// from an integer through i64 (exact), to a narrower integer wrapping, to a float rounding to
+/// nearest; to a 16-bit float through f32. A cast to the same type copies the bits.
+pub const CASTS: [(&str, &str, bool, &str, &str, &str); 7] = [
+    ("f32", "float", false, "(double)X", "(float)X", "(float)X"),
+    ("f64", "double", false, "X", "X", "(double)X"),
+    (
+        "bf16",
+        "unsigned short",
+        false,
+        "(double)dt_bf16_to_f32(X)",
+        "dt_f32_to_bf16((float)X)",
+        "dt_f32_to_bf16((float)X)",
+    ),
+    ("f16", "unsigned short", false, "(double)dt_f16_to_f32(X)", "dt_f32_to_f16((float)X)", "dt_f32_to_f16((float)X)"),
+    ("i64", "long long", true, "(long long)X", "dt_f64_to_i64(X)", "(long long)X"),
+    ("i32", "int", true, "(long long)X", "dt_f64_to_i32(X)", "(int)X"),
+    ("u8", "unsigned char", true, "(long long)X", "dt_f64_to_u8(X)", "(unsigned char)X"),
 ];
 
-/// The kernels that only move elements (fills, pack plans, concatenation): instantiated for
-/// [`DTYPES`] and [`COPY_DTYPES`], so every dtype redistributes and concatenates on a device.
-pub const COPY_KERNELS: [&str; 3] = ["fill", "pack", "cat"];
-
-/// The 16-bit floats with element-wise kernels ([`HALF_KERNELS`]) besides the copies: (name
-/// suffix, the C functions that widen one to `float` and round a `float` to it).
-pub const HALF_DTYPES: [(&str, &str, &str); 2] =
-    [("bf16", "dt_bf16_to_f32", "dt_f32_to_bf16"), ("f16", "dt_f16_to_f32", "dt_f32_to_f16")];
-
-/// The element-wise kernels of [`HALF_DTYPES`]: they compute in f32 and round once, as the
-/// host kernels do.
-pub const HALF_KERNELS: [&str; 2] = ["unary", "binary"];
-
-/// The float dtypes the casts `cast_<from>_<to>` convert between: (suffix, C type, widening of
-/// `X` to double, rounding of the double `X` to the type). A conversion goes through f64 (exact
-/// from every float), then to the target through f32 for the 16-bit floats, as the host's
-/// `Scalar::of_f64` does; a cast to the same type copies the bits.
-pub const CAST_DTYPES: [(&str, &str, &str, &str); 4] = [
-    ("f32", "float", "(double)X", "(float)X"),
-    ("f64", "double", "X", "X"),
-    ("bf16", "unsigned short", "(double)dt_bf16_to_f32(X)", "dt_f32_to_bf16((float)X)"),
-    ("f16", "unsigned short", "(double)dt_f16_to_f32(X)", "dt_f32_to_f16((float)X)"),
-];
-
-/// [`TYPED_KERNELS`] plus this one: the AdamW update.
-pub const ADAMW: &str = "adamw";
-
-/// Every compiled kernel name: the typed kernels per dtype, the copy kernels of the copy-only
-/// dtypes, and the casts `cast_<from>_<to>` between the floats.
+/// Every compiled kernel name: the copy kernels of every dtype, the arithmetic kernels of the
+/// floats, the atomic ones of f32/f64, and the casts `cast_<from>_<to>` between all dtypes.
 pub fn kernel_names() -> Vec<String> {
     let mut names = Vec::new();
-    for (_, sfx) in COPY_DTYPES {
+    for (sfx, ..) in CASTS {
         for k in COPY_KERNELS {
             names.push(format!("{k}_{sfx}"));
         }
     }
-    for (sfx, _, _) in HALF_DTYPES {
-        for k in HALF_KERNELS {
+    for (sfx, ..) in FLOATS {
+        for k in FLOAT_KERNELS {
             names.push(format!("{k}_{sfx}"));
         }
     }
-    for (_, sfx) in DTYPES {
-        for k in TYPED_KERNELS.iter().chain([&ADAMW]) {
+    for sfx in ATOMIC_DTYPES {
+        for k in ATOMIC_KERNELS {
             names.push(format!("{k}_{sfx}"));
         }
     }
-    for (from, ..) in CAST_DTYPES {
-        for (to, ..) in CAST_DTYPES {
+    for (from, ..) in CASTS {
+        for (to, ..) in CASTS {
             names.push(format!("cast_{from}_{to}"));
         }
     }
     names
+}
+
+/// Whether the module has kernel `name` for element type suffix `sfx` (`cast_<from>` for the
+/// casts to `sfx`).
+pub fn has_kernel(name: &str, sfx: &str) -> bool {
+    let dtype = |t: &str| CASTS.iter().any(|c| c.0 == t);
+    if let Some(from) = name.strip_prefix("cast_") {
+        return dtype(from) && dtype(sfx);
+    }
+    (dtype(sfx) && COPY_KERNELS.contains(&name))
+        || (FLOATS.iter().any(|f| f.0 == sfx) && FLOAT_KERNELS.contains(&name))
+        || (ATOMIC_DTYPES.contains(&sfx) && ATOMIC_KERNELS.contains(&name))
 }
 
 /// The counter-based random numbers: Philox4x32-10 and the conversions to uniform and normal
@@ -379,46 +398,58 @@ DEV unsigned short dt_f32_to_f16(float f) {
     return (unsigned short)r;
 }
 
+/* Rust's `as` from a double to an integer: truncation toward zero, saturating at the type's
+   bounds, NaN to 0 (explicit, since C leaves out-of-range conversions undefined). */
+DEV long long dt_f64_to_i64(double v) {
+    return v != v ? 0 : v >= 9223372036854775808.0 ? 0x7fffffffffffffffLL : v <= -9223372036854775808.0 ? (-0x7fffffffffffffffLL - 1) : (long long)v;
+}
+DEV int dt_f64_to_i32(double v) {
+    return v != v ? 0 : v >= 2147483647.0 ? 2147483647 : v <= -2147483648.0 ? (-2147483647 - 1) : (int)v;
+}
+DEV unsigned char dt_f64_to_u8(double v) { return v != v ? 0 : v >= 255.0 ? 255 : v <= 0.0 ? 0 : (unsigned char)v; }
+
 /* Pack plan table: one row of PACK_ROW u64 per block: src offset, dst offset, dims, first
    element, extents[MAX_DIMS], src strides[MAX_DIMS], dst strides[MAX_DIMS]. */
 #define PACK_ROW (4 + 3 * MAX_DIMS)
 "#;
 
-/// The per-dtype kernels (`T` and `SFX` defined in front).
+/// The arithmetic kernels of a float ([`FLOAT_KERNELS`]; `SFX`, the storage type `S`, the
+/// compute type `T` and the conversions `LD` / `ST` defined in front): elements are widened
+/// with `LD` on load, computed in `T`, and rounded once with `ST` on store.
 const TYPED: &str = r#"
 
-extern "C" __global__ void K(unary)(const T* a, T* o, u64 n, int op, T s, T t) {
-    GRID_LOOP(i, n) o[i] = dt_unary<T>(op, a[i], s, t);
+extern "C" __global__ void K(unary)(const S* a, S* o, u64 n, int op, T s, T t) {
+    GRID_LOOP(i, n) o[i] = ST(dt_unary<T>(op, LD(a[i]), s, t));
 }
 
-extern "C" __global__ void K(binary)(const T* a, const T* b, T* o, u64 n, int op, Strided g) {
+extern "C" __global__ void K(binary)(const S* a, const S* b, S* o, u64 n, int op, Strided g) {
     GRID_LOOP(i, n) {
         i64 ia, ib;
         dt_offsets(g, i, &ia, &ib);
-        o[i] = dt_binary<T>(op, a[ia], b[ib]);
+        o[i] = ST(dt_binary<T>(op, LD(a[ia]), LD(b[ib])));
     }
 }
 
 /* One block per output element; `scale` multiplies the result when op is a mean. */
-extern "C" __global__ void K(reduce)(const T* a, T* o, u64 nout, u64 nred, int op, int mean, T scale, Reduce g) {
+extern "C" __global__ void K(reduce)(const S* a, S* o, u64 nout, u64 nred, int op, int mean, T scale, Reduce g) {
     __shared__ T sh[BLOCK];
     for (u64 out = blockIdx.x; out < nout; out += gridDim.x) {
         i64 base = dt_offset_of(out, g.nk, g.kshape, g.kstride);
         T acc = dt_reduce_init<T>(op);
-        for (u64 j = threadIdx.x; j < nred; j += blockDim.x) acc = dt_combine(op, acc, a[base + dt_offset_of(j, g.nr, g.rshape, g.rstride)]);
+        for (u64 j = threadIdx.x; j < nred; j += blockDim.x) acc = dt_combine(op, acc, LD(a[base + dt_offset_of(j, g.nr, g.rshape, g.rstride)]));
         T r = dt_block_reduce(sh, acc, op);
-        if (threadIdx.x == 0) o[out] = mean ? r * scale : r;
+        if (threadIdx.x == 0) o[out] = ST(mean ? r * scale : r);
     }
 }
 
 /* Rows of `len` elements `inner` apart: lane l starts at (l / inner) len inner + l % inner.
    The maximum ignores NaN (as the host kernel does); the sum then carries it. */
-extern "C" __global__ void K(softmax)(const T* x, T* o, u64 lanes, u64 len, u64 inner, int log_out) {
+extern "C" __global__ void K(softmax)(const S* x, S* o, u64 lanes, u64 len, u64 inner, int log_out) {
     __shared__ T sh[BLOCK];
     for (u64 l = blockIdx.x; l < lanes; l += gridDim.x) {
         u64 base = (l / inner) * len * inner + l % inner;
         T m = (T)(-dt_inf());
-        for (u64 j = threadIdx.x; j < len; j += blockDim.x) { T v = x[base + j * inner]; m = v > m ? v : m; }
+        for (u64 j = threadIdx.x; j < len; j += blockDim.x) { T v = LD(x[base + j * inner]); m = v > m ? v : m; }
         sh[threadIdx.x] = m;
         __syncthreads();
         for (unsigned w = blockDim.x / 2; w > 0; w >>= 1) {
@@ -428,134 +459,124 @@ extern "C" __global__ void K(softmax)(const T* x, T* o, u64 lanes, u64 len, u64 
         m = sh[0];
         __syncthreads();
         T s = (T)0;
-        for (u64 j = threadIdx.x; j < len; j += blockDim.x) s += exp(x[base + j * inner] - m);
+        for (u64 j = threadIdx.x; j < len; j += blockDim.x) s += exp(LD(x[base + j * inner]) - m);
         s = dt_block_reduce(sh, s, 0);
         T ls = log(s);
         for (u64 j = threadIdx.x; j < len; j += blockDim.x) {
-            T v = x[base + j * inner];
-            o[base + j * inner] = log_out ? v - m - ls : exp(v - m) / s;
+            T v = LD(x[base + j * inner]);
+            o[base + j * inner] = ST(log_out ? v - m - ls : exp(v - m) / s);
         }
     }
 }
 
 /* Softmax: g_in = y (g - sum g y); log-softmax: g_in = g - e^y sum g. */
-extern "C" __global__ void K(softmax_bwd)(const T* y, const T* g, T* o, u64 lanes, u64 len, u64 inner, int log_out) {
+extern "C" __global__ void K(softmax_bwd)(const S* y, const S* g, S* o, u64 lanes, u64 len, u64 inner, int log_out) {
     __shared__ T sh[BLOCK];
     for (u64 l = blockIdx.x; l < lanes; l += gridDim.x) {
         u64 base = (l / inner) * len * inner + l % inner;
         T s = (T)0;
         for (u64 j = threadIdx.x; j < len; j += blockDim.x) {
             u64 k = base + j * inner;
-            s += log_out ? g[k] : g[k] * y[k];
+            s += log_out ? LD(g[k]) : LD(g[k]) * LD(y[k]);
         }
         s = dt_block_reduce(sh, s, 0);
         for (u64 j = threadIdx.x; j < len; j += blockDim.x) {
             u64 k = base + j * inner;
-            o[k] = log_out ? g[k] - exp(y[k]) * s : y[k] * (g[k] - s);
+            o[k] = ST(log_out ? LD(g[k]) - exp(LD(y[k])) * s : LD(y[k]) * (LD(g[k]) - s));
         }
     }
 }
 
 /* Rows ids - row0 of a [rows, cols] table shard, zeros for other ids; *bad = 1 on an invalid id. */
-extern "C" __global__ void K(embedding)(const T* table, const T* ids, T* o, u64 nids, u64 cols, u64 rows, u64 row0, u64 vocab, int* bad) {
+extern "C" __global__ void K(embedding)(const S* table, const S* ids, S* o, u64 nids, u64 cols, u64 rows, u64 row0, u64 vocab, int* bad) {
     GRID_LOOP(i, nids * cols) {
         u64 k = i / cols, c = i % cols;
-        i64 v = dt_index((double)ids[k], vocab);
-        if (v < 0) { atomicExch(bad, 1); o[i] = (T)0; continue; }
-        o[i] = ((u64)v >= row0 && (u64)v < row0 + rows) ? table[((u64)v - row0) * cols + c] : (T)0;
-    }
-}
-
-/* Scatter-add of the gradient rows into a zeroed [rows, cols] shard. */
-extern "C" __global__ void K(embedding_bwd)(const T* g, const T* ids, T* o, u64 nids, u64 cols, u64 rows, u64 row0, u64 vocab, int* bad) {
-    GRID_LOOP(i, nids * cols) {
-        u64 k = i / cols, c = i % cols;
-        i64 v = dt_index((double)ids[k], vocab);
-        if (v < 0) { atomicExch(bad, 1); continue; }
-        if ((u64)v >= row0 && (u64)v < row0 + rows) atomicAdd(&o[((u64)v - row0) * cols + c], g[i]);
+        i64 v = dt_index((double)LD(ids[k]), vocab);
+        if (v < 0) { atomicExch(bad, 1); o[i] = ST((T)0); continue; }
+        o[i] = ((u64)v >= row0 && (u64)v < row0 + rows) ? table[((u64)v - row0) * cols + c] : ST((T)0);
     }
 }
 
 /* Ones at ids in a zeroed [nids, classes] output. */
-extern "C" __global__ void K(one_hot)(const T* ids, T* o, u64 nids, u64 classes, int* bad) {
+extern "C" __global__ void K(one_hot)(const S* ids, S* o, u64 nids, u64 classes, int* bad) {
     GRID_LOOP(k, nids) {
-        i64 v = dt_index((double)ids[k], classes);
+        i64 v = dt_index((double)LD(ids[k]), classes);
         if (v < 0) { atomicExch(bad, 1); continue; }
-        o[k * classes + (u64)v] = (T)1;
+        o[k * classes + (u64)v] = ST((T)1);
     }
 }
 
 /* A shard of a random tensor: local element i sits at global flat index base + sum_d i_d g.s0[d]. */
-extern "C" __global__ void K(random)(T* o, u64 n, Strided g, u64 base, unsigned int k0, unsigned int k1, u64 offset, int normal) {
+extern "C" __global__ void K(random)(S* o, u64 n, Strided g, u64 base, unsigned int k0, unsigned int k1, u64 offset, int normal) {
     GRID_LOOP(i, n) {
         i64 rel, unused;
         dt_offsets(g, i, &rel, &unused);
-        o[i] = (T)dt_random(base + (u64)rel, k0, k1, offset, normal);
+        o[i] = ST((T)dt_random(base + (u64)rel, k0, k1, offset, normal));
     }
 }
 
 /* a where cond is non-zero (NaN counts), else b; g holds the strides of cond and a, h those of b. */
-extern "C" __global__ void K(where)(const T* c, const T* a, const T* b, T* o, u64 n, Strided g, Strided h) {
+extern "C" __global__ void K(where)(const S* c, const S* a, const S* b, S* o, u64 n, Strided g, Strided h) {
     GRID_LOOP(i, n) {
         i64 ic, ia, ib, unused;
         dt_offsets(g, i, &ic, &ia);
         dt_offsets(h, i, &ib, &unused);
-        o[i] = c[ic] != (T)0 ? a[ia] : b[ib];
+        o[i] = LD(c[ic]) != (T)0 ? a[ia] : b[ib];
     }
 }
 
 /* tril (lower) or triu relative to `diagonal` of the last two dims [rows, cols] of a shard whose
    last two dims start at global (row0, col0): a causal mask's local block. */
-extern "C" __global__ void K(tri)(const T* a, T* o, u64 n, u64 rows, u64 cols, int lower, i64 diagonal, i64 row0, i64 col0) {
+extern "C" __global__ void K(tri)(const S* a, S* o, u64 n, u64 rows, u64 cols, int lower, i64 diagonal, i64 row0, i64 col0) {
     GRID_LOOP(i, n) {
         i64 j = (i64)(i % cols) + col0, r = (i64)((i / cols) % rows) + row0;
         int keep = lower ? j - r <= diagonal : j - r >= diagonal;
-        o[i] = keep ? a[i] : (T)0;
+        o[i] = keep ? a[i] : ST((T)0);
     }
 }
 
 /* First index of the maximum (max) or minimum of each lane (softmax's lane layout), one thread
    per lane; a NaN counts as the extreme, so the scan stops at the first one (PyTorch). */
-extern "C" __global__ void K(arg_reduce)(const T* a, T* o, u64 lanes, u64 len, u64 inner, int max) {
+extern "C" __global__ void K(arg_reduce)(const S* a, S* o, u64 lanes, u64 len, u64 inner, int max) {
     GRID_LOOP(l, lanes) {
         u64 base = (l / inner) * len * inner + l % inner, at = 0;
-        T best = a[base];
+        T best = LD(a[base]);
         for (u64 k = 1; k < len && best == best; ++k) {
-            T v = a[base + k * inner];
+            T v = LD(a[base + k * inner]);
             if (v != v || (max ? v > best : v < best)) { best = v; at = k; }
         }
-        o[l] = (T)at;
+        o[l] = ST((T)at);
     }
 }
 
 /* *bad = 1 when an id is not a whole number in [0, bound). */
-extern "C" __global__ void K(check_ids)(const T* ids, u64 n, u64 bound, int* bad) {
-    GRID_LOOP(i, n) if (dt_index((double)ids[i], bound) < 0) atomicExch(bad, 1);
+extern "C" __global__ void K(check_ids)(const S* ids, u64 n, u64 bound, int* bad) {
+    GRID_LOOP(i, n) if (dt_index((double)LD(ids[i]), bound) < 0) atomicExch(bad, 1);
 }
 
 /* [outer, nids, inner] from [outer, len, inner] at ids (checked before, skipped if bad). */
-extern "C" __global__ void K(index_select)(const T* a, const T* ids, T* o, u64 n, u64 len, u64 nids, u64 inner) {
+extern "C" __global__ void K(index_select)(const S* a, const S* ids, S* o, u64 n, u64 len, u64 nids, u64 inner) {
     GRID_LOOP(i, n) {
         u64 c = i % inner, k = (i / inner) % nids, outer = i / (inner * nids);
-        i64 v = dt_index((double)ids[k], len);
-        o[i] = v < 0 ? (T)0 : a[(outer * len + (u64)v) * inner + c];
+        i64 v = dt_index((double)LD(ids[k]), len);
+        o[i] = v < 0 ? ST((T)0) : a[(outer * len + (u64)v) * inner + c];
     }
 }
 
 /* Gradient of index_select, [outer, len, inner] from g [outer, nids, inner]. Each output sums
    its ids' slices in id order (no atomics): deterministic and bit-identical to the host. */
-extern "C" __global__ void K(index_add)(const T* g, const T* ids, T* o, u64 n, u64 len, u64 nids, u64 inner) {
+extern "C" __global__ void K(index_add)(const S* g, const S* ids, S* o, u64 n, u64 len, u64 nids, u64 inner) {
     GRID_LOOP(i, n) {
         u64 c = i % inner, j = (i / inner) % len, outer = i / (inner * len);
         T acc = (T)0;
         for (u64 k = 0; k < nids; ++k)
-            if (dt_index((double)ids[k], len) == (i64)j) acc += g[(outer * nids + k) * inner + c];
-        o[i] = acc;
+            if (dt_index((double)LD(ids[k]), len) == (i64)j) acc += LD(g[(outer * nids + k) * inner + c]);
+        o[i] = ST(acc);
     }
 }
 
 /* out[ix] = a[ix with ix[dim] = ids[ix]]: g iterates the ids' shape over a's strides. */
-extern "C" __global__ void K(gather)(const T* a, const T* ids, T* o, u64 n, u64 len, Gather g) {
+extern "C" __global__ void K(gather)(const S* a, const S* ids, S* o, u64 n, u64 len, Gather g) {
     GRID_LOOP(i, n) {
         i64 src = 0;
         u64 r = i;
@@ -564,15 +585,15 @@ extern "C" __global__ void K(gather)(const T* a, const T* ids, T* o, u64 n, u64 
             r /= (u64)g.shape[d];
             if (d != g.dim) src += k * g.stride[d];
         }
-        i64 v = dt_index((double)ids[i], len);
-        o[i] = v < 0 ? (T)0 : a[src + v * g.stride[g.dim]];
+        i64 v = dt_index((double)LD(ids[i]), len);
+        o[i] = v < 0 ? ST((T)0) : a[src + v * g.stride[g.dim]];
     }
 }
 
 /* Gradient of gather: g iterates the output's shape over the gradient's strides and shape; each
    output sums the gradient entries of its lane whose id names it, in lane order (no atomics):
    deterministic and bit-identical to the host. */
-extern "C" __global__ void K(scatter_add)(const T* gr, const T* ids, T* o, u64 n, u64 len, Gather g) {
+extern "C" __global__ void K(scatter_add)(const S* gr, const S* ids, S* o, u64 n, u64 len, Gather g) {
     GRID_LOOP(i, n) {
         i64 base = 0, at = 0;
         u64 r = i;
@@ -586,36 +607,52 @@ extern "C" __global__ void K(scatter_add)(const T* gr, const T* ids, T* o, u64 n
         T acc = (T)0;
         for (i64 k = 0; inside && k < g.bound[g.dim]; ++k) {
             i64 p = base + k * g.stride[g.dim];
-            if (dt_index((double)ids[p], len) == at) acc += gr[p];
+            if (dt_index((double)LD(ids[p]), len) == at) acc += LD(gr[p]);
         }
-        o[i] = acc;
+        o[i] = ST(acc);
     }
 }
 
 /* The optimizer updates, operation for operation as the host kernels (see --fmad=false). */
-extern "C" __global__ void K(sgd)(T* w, const T* g, u64 n, T lr, T wd) {
+extern "C" __global__ void K(sgd)(S* w, const S* g, u64 n, T lr, T wd) {
     GRID_LOOP(i, n) {
-        T d = wd != (T)0 ? g[i] + wd * w[i] : g[i];
-        w[i] -= lr * d;
+        T wi = LD(w[i]), gi = LD(g[i]);
+        T d = wd != (T)0 ? gi + wd * wi : gi;
+        w[i] = ST(wi - lr * d);
     }
 }
 
-extern "C" __global__ void K(sgd_momentum)(T* w, const T* g, T* b, u64 n, T lr, T m, T wd, int first) {
+extern "C" __global__ void K(sgd_momentum)(S* w, const S* g, S* b, u64 n, T lr, T m, T wd, int first) {
     GRID_LOOP(i, n) {
-        T d = wd != (T)0 ? g[i] + wd * w[i] : g[i];
-        b[i] = first ? d : m * b[i] + d;
-        w[i] -= lr * b[i];
+        T wi = LD(w[i]), gi = LD(g[i]);
+        T d = wd != (T)0 ? gi + wd * wi : gi;
+        T bi = first ? d : m * LD(b[i]) + d;
+        b[i] = ST(bi);
+        w[i] = ST(wi - lr * bi);
     }
 }
 
-extern "C" __global__ void K(adamw)(T* w, const T* g, T* m, T* v, u64 n, T lr, T b1, T b2, T eps, T wd, T c1, T c2) {
+extern "C" __global__ void K(adamw)(S* w, const S* g, S* m, S* v, u64 n, T lr, T b1, T b2, T eps, T wd, T c1, T c2) {
     GRID_LOOP(i, n) {
-        T wi = w[i], gi = g[i];
+        T wi = LD(w[i]), gi = LD(g[i]);
         wi -= lr * wd * wi;
-        T mi = b1 * m[i] + ((T)1 - b1) * gi;
-        T vi = b2 * v[i] + ((T)1 - b2) * gi * gi;
+        T mi = b1 * LD(m[i]) + ((T)1 - b1) * gi;
+        T vi = b2 * LD(v[i]) + ((T)1 - b2) * gi * gi;
         wi -= lr * (mi / c1) / (sqrt(vi / c2) + eps);
-        m[i] = mi; v[i] = vi; w[i] = wi;
+        m[i] = ST(mi); v[i] = ST(vi); w[i] = ST(wi);
+    }
+}
+"#;
+
+/// The kernels of [`ATOMIC_KERNELS`] (`T` and `SFX` defined in front, f32 and f64 only).
+const ATOMIC: &str = r#"
+/* Scatter-add of the gradient rows into a zeroed [rows, cols] shard. */
+extern "C" __global__ void K(embedding_bwd)(const T* g, const T* ids, T* o, u64 nids, u64 cols, u64 rows, u64 row0, u64 vocab, int* bad) {
+    GRID_LOOP(i, nids * cols) {
+        u64 k = i / cols, c = i % cols;
+        i64 v = dt_index((double)ids[k], vocab);
+        if (v < 0) { atomicExch(bad, 1); continue; }
+        if ((u64)v >= row0 && (u64)v < row0 + rows) atomicAdd(&o[((u64)v - row0) * cols + c], g[i]);
     }
 }
 "#;
@@ -651,22 +688,6 @@ extern "C" __global__ void K(cat)(const T* src, T* o, u64 n, u64 width, u64 stri
 }
 "#;
 
-/// The element-wise kernels of a 16-bit float (`SFX`, with `WIDEN` and `ROUND` its
-/// conversions): computed in f32 by the f32 op, rounded once.
-const HALF: &str = r#"
-extern "C" __global__ void K(unary)(const unsigned short* a, unsigned short* o, u64 n, int op, float s, float t) {
-    GRID_LOOP(i, n) o[i] = ROUND(dt_unary<float>(op, WIDEN(a[i]), s, t));
-}
-
-extern "C" __global__ void K(binary)(const unsigned short* a, const unsigned short* b, unsigned short* o, u64 n, int op, Strided g) {
-    GRID_LOOP(i, n) {
-        i64 ia, ib;
-        dt_offsets(g, i, &ia, &ib);
-        o[i] = ROUND(dt_binary<float>(op, WIDEN(a[ia]), WIDEN(b[ib])));
-    }
-}
-"#;
-
 /// Number of terms of the `ln` series of [`RNG_SOURCE`] (also used by `crate::rng`).
 pub const LOG_TERMS: i32 = 12;
 /// Number of terms of the sine and cosine series of [`RNG_SOURCE`].
@@ -688,8 +709,8 @@ pub fn rng_defines() -> String {
     )
 }
 
-/// The whole CUDA C module: constants, prelude, random numbers, the typed kernels for each
-/// dtype and the casts between dtypes.
+/// The whole CUDA C module: constants, prelude, random numbers, the kernels of every dtype
+/// and the casts between dtypes.
 pub fn module_source() -> String {
     let mut s = format!(
         "#define MAX_DIMS {MAX_DIMS}\n#define BLOCK {BLOCK}\n#define GELU_C {GELU_C:?}\n#define GELU_A {GELU_A:?}\n{}",
@@ -697,19 +718,21 @@ pub fn module_source() -> String {
     );
     s.push_str(PRELUDE);
     s.push_str(RNG_SOURCE);
-    for (ty, sfx) in DTYPES {
-        s.push_str(&format!("\n#define T {ty}\n#define SFX {sfx}\n{COPY}{TYPED}\n#undef T\n#undef SFX\n"));
-    }
-    for (ty, sfx) in COPY_DTYPES {
+    for (sfx, ty, ..) in CASTS {
         s.push_str(&format!("\n#define T {ty}\n#define SFX {sfx}\n{COPY}\n#undef T\n#undef SFX\n"));
     }
-    for (sfx, widen, round) in HALF_DTYPES {
+    for (sfx, store, compute, ld, st) in FLOATS {
         s.push_str(&format!(
-            "\n#define SFX {sfx}\n#define WIDEN {widen}\n#define ROUND {round}\n{HALF}\n#undef SFX\n#undef WIDEN\n#undef ROUND\n"
+            "\n#define SFX {sfx}\n#define S {store}\n#define T {compute}\n#define LD(x) {ld}\n#define ST(x) {st}\n{TYPED}\n"
         ));
+        if ATOMIC_DTYPES.contains(&sfx) {
+            s.push_str(ATOMIC);
+        }
+        s.push_str("#undef SFX\n#undef S\n#undef T\n#undef LD\n#undef ST\n");
     }
-    for (fsfx, from, widen, _) in CAST_DTYPES {
-        for (tsfx, to, _, round) in CAST_DTYPES {
+    for (fsfx, from, fint, widen, ..) in CASTS {
+        for (tsfx, to, _, _, of_f64, of_i64) in CASTS {
+            let round = if fint { of_i64 } else { of_f64 };
             let value = if fsfx == tsfx { "a[i]".to_string() } else { round.replace('X', &widen.replace('X', "a[i]")) };
             s.push_str(&format!(
                 "extern \"C\" __global__ void cast_{fsfx}_{tsfx}(const {from}* a, {to}* o, u64 n) {{ GRID_LOOP(i, n) o[i] = {value}; }}\n"
@@ -726,17 +749,25 @@ mod tests {
     #[test]
     fn every_kernel_name_is_defined_once_per_dtype() {
         let src = module_source();
-        for k in TYPED_KERNELS.iter().chain([&ADAMW]) {
-            let def = format!("void K({k})(");
-            assert!(TYPED.contains(&def) != COPY.contains(&def), "{k} is not defined exactly once");
-            assert_eq!(COPY.contains(&def), COPY_KERNELS.contains(k), "{k}");
+        let defined = |block: &str, k: &str| block.contains(&format!("void K({k})("));
+        for k in COPY_KERNELS.iter().chain(&FLOAT_KERNELS).chain(&ATOMIC_KERNELS) {
+            let homes = [COPY, TYPED, ATOMIC].iter().filter(|b| defined(b, k)).count();
+            assert_eq!(homes, 1, "{k} is not defined exactly once");
         }
-        for k in HALF_KERNELS {
-            assert!(HALF.contains(&format!("void K({k})(")), "{k} has no 16-bit definition");
+        let names = kernel_names();
+        let casts = CASTS.len() * CASTS.len();
+        let per_dtype = CASTS.len() * COPY_KERNELS.len()
+            + FLOATS.len() * FLOAT_KERNELS.len()
+            + ATOMIC_DTYPES.len() * ATOMIC_KERNELS.len();
+        assert_eq!(names.len(), per_dtype + casts);
+        for n in &names {
+            let (name, sfx) = match n.strip_prefix("cast_") {
+                Some(pair) => pair.split_once('_').map(|(f, t)| (format!("cast_{f}"), t)).unwrap(),
+                None => n.rsplit_once('_').map(|(k, s)| (k.to_string(), s)).unwrap(),
+            };
+            assert!(has_kernel(&name, sfx), "{n}");
         }
-        let copies = COPY_DTYPES.len() * COPY_KERNELS.len() + HALF_DTYPES.len() * HALF_KERNELS.len();
-        let casts = CAST_DTYPES.len() * CAST_DTYPES.len();
-        assert_eq!(kernel_names().len(), DTYPES.len() * (TYPED_KERNELS.len() + 1) + casts + copies);
-        assert!(src.contains("cast_f64_f32"));
+        assert!(!has_kernel("embedding_bwd", "bf16") && !has_kernel("unary", "i64") && !has_kernel("cast_u8", "x"));
+        assert!(src.contains("cast_f64_f32") && src.contains("cast_i64_u8"));
     }
 }

@@ -11,13 +11,13 @@ use super::strategy::{partial_ops, select, DimRule, Select};
 use super::{new_output, norm_dim};
 use crate::autograd::record;
 use crate::dtensor::DTensor;
-use crate::element::Element;
+use crate::element::Scalar;
 use crate::error::{Error, Result};
 use crate::placement::Placement;
 use crate::storage::Storage;
 
 /// Concatenates `tensors` along `dim` (PyTorch `torch.cat`).
-pub fn cat<T: Element>(tensors: &[&DTensor<T>], dim: isize) -> Result<DTensor<T>> {
+pub fn cat<T: Scalar>(tensors: &[&DTensor<T>], dim: isize) -> Result<DTensor<T>> {
     let Some(first) = tensors.first() else {
         return Err(Error::InvalidArgument { context: "cat".into(), reason: "no tensors to concatenate".into() });
     };
@@ -60,7 +60,7 @@ pub fn cat<T: Element>(tensors: &[&DTensor<T>], dim: isize) -> Result<DTensor<T>
 }
 
 /// Stacks same-shape `tensors` along a new `dim` (PyTorch `torch.stack`).
-pub fn stack<T: Element>(tensors: &[&DTensor<T>], dim: isize) -> Result<DTensor<T>> {
+pub fn stack<T: Scalar>(tensors: &[&DTensor<T>], dim: isize) -> Result<DTensor<T>> {
     let Some(first) = tensors.first() else {
         return Err(Error::InvalidArgument { context: "stack".into(), reason: "no tensors to stack".into() });
     };

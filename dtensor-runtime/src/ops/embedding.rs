@@ -10,7 +10,7 @@ use super::new_output;
 use super::strategy::{partial_ops, select, DimRule, Select};
 use crate::autograd::{record, recording};
 use crate::dtensor::DTensor;
-use crate::element::{Element, IndexElement};
+use crate::element::{Element, IndexElement, Scalar};
 use crate::error::{Error, Result};
 use crate::layout::local_shape_and_offset;
 use crate::placement::{Placement, ReduceOp};
@@ -51,7 +51,7 @@ fn embedding_backward<T: Element>(
 /// `ids` as a tensor of the table's element type `T`: the tensor itself when it already is
 /// one, else a cast whose every value must convert back unchanged (an id `T` cannot hold
 /// exactly is an [`Error::InvalidArgument`] naming `op`; range checks are the kernels').
-pub(crate) fn ids_as<'a, T: Element, I: IndexElement>(op: &str, ids: &'a DTensor<I>) -> Result<Cow<'a, DTensor<T>>> {
+pub(crate) fn ids_as<'a, T: Scalar, I: IndexElement>(op: &str, ids: &'a DTensor<I>) -> Result<Cow<'a, DTensor<T>>> {
     let t = super::in_type::<T, I>(ids)?;
     if I::DTYPE != T::DTYPE && t.local.cast::<I>()? != ids.local {
         return Err(Error::InvalidArgument {

@@ -1,6 +1,7 @@
 //! Indexing by tensors of ids: `index_select` and `gather`.
 //!
-//! Ids are whole numbers held in the element type (as `embedding`'s). Rules per mesh dim:
+//! Ids are whole numbers of `i64`/`i32` or the element type (as `embedding`'s); every element
+//! type can be indexed, integers included. Rules per mesh dim:
 //! `index_select(dim, index)` — the indexed dim of the input must be Replicate; other shards
 //! of the input are kept; a sharded (1-D) index with a replicated input shards the output on
 //! `dim`; Partial inputs stay Partial (linear). `gather(dim, index)` — input and index sharded
@@ -9,12 +10,13 @@
 //! Partial. The gradients scatter-add the output's gradient back, under the mirrored rules
 //! (an output sharded on `dim` gives a Partial(sum) gradient).
 
+use super::embedding::ids_as;
 use super::slice::ALL_OPS;
 use super::strategy::{partial_ops, select, DimRule, Select};
 use super::{new_output, norm_dim};
-use crate::autograd::record;
+use crate::autograd::{grad_kernels, record};
 use crate::dtensor::DTensor;
-use crate::element::Element;
+use crate::element::{Element, IndexElement, Scalar};
 use crate::error::{Error, Result};
 use crate::layout::local_shape_and_offset;
 use crate::placement::{Placement, ReduceOp};
@@ -32,7 +34,7 @@ fn sh(d: usize) -> Placement {
 }
 
 /// Gradient of index_select: `g`'s slices added at `ids` along `d` into zeros of `shape`.
-fn index_add<T: Element>(g: &DTensor<T>, ids: &DTensor<T>, d: usize, shape: &[usize]) -> Result<DTensor<T>> {
+pub(crate) fn index_add<T: Element>(g: &DTensor<T>, ids: &DTensor<T>, d: usize, shape: &[usize]) -> Result<DTensor<T>> {
     let mut rs = vec![DimRule::new(&[R, R], R)];
     rs.extend((0..g.ndim()).filter(|&e| e != d).map(|e| DimRule::new(&[sh(e), R], sh(e))));
     rs.push(DimRule::new(&[sh(d), sh(0)], Placement::PARTIAL_SUM));
@@ -46,7 +48,12 @@ fn index_add<T: Element>(g: &DTensor<T>, ids: &DTensor<T>, d: usize, shape: &[us
 }
 
 /// Gradient of gather: `g` added at the gathered positions of zeros of `shape`.
-fn scatter_add<T: Element>(g: &DTensor<T>, ids: &DTensor<T>, d: usize, shape: &[usize]) -> Result<DTensor<T>> {
+pub(crate) fn scatter_add<T: Element>(
+    g: &DTensor<T>,
+    ids: &DTensor<T>,
+    d: usize,
+    shape: &[usize],
+) -> Result<DTensor<T>> {
     let mut rs = vec![DimRule::new(&[R, R], R)];
     rs.extend(
         (0..g.ndim()).filter(|&e| e != d && g.shape[e] == shape[e]).map(|e| DimRule::new(&[sh(e), sh(e)], sh(e))),
@@ -62,10 +69,14 @@ fn scatter_add<T: Element>(g: &DTensor<T>, ids: &DTensor<T>, d: usize, shape: &[
     Ok(new_output(local, &gi.mesh, c.output, shape.to_vec()))
 }
 
-impl<T: Element> DTensor<T> {
+/// Indexing, for every element type (integer tensors never record a gradient).
+impl<T: Scalar> DTensor<T> {
     /// The slices of `dim` at the whole-number ids of the 1-D `index` (PyTorch
-    /// `index_select`); the gradient flows to `self`.
-    pub fn index_select(&self, dim: isize, index: &DTensor<T>) -> Result<DTensor<T>> {
+    /// `index_select`); the gradient flows to `self`. `index` may be `i64`/`i32` or `T`
+    /// itself; an id `T` cannot hold exactly (e.g. 300 for a `u8` tensor) is an
+    /// [`Error::InvalidArgument`], and so is a negative or out-of-range one.
+    pub fn index_select<I: IndexElement>(&self, dim: isize, index: &DTensor<I>) -> Result<DTensor<T>> {
+        let index = &*ids_as::<T, I>("index_select", index)?;
         let d = norm_dim("index_select", dim, self.ndim())?;
         if index.ndim() != 1 {
             return Err(Error::ShapeMismatch {
@@ -86,12 +97,16 @@ impl<T: Element> DTensor<T> {
         shape[d] = index.shape[0];
         let out = new_output(xi.local.index_select(d, &ii.local)?, &xi.mesh, c.output, shape);
         let (ids, in_shape) = (ii.detach(), xi.shape.clone());
-        Ok(record("index_select_backward", out, &[xi], move |g| Ok(vec![Some(index_add(g, &ids, d, &in_shape)?)])))
+        Ok(record("index_select_backward", out, &[xi], move |g| {
+            Ok(vec![Some((grad_kernels::<T>()?.index_add)(g, &ids, d, &in_shape)?)])
+        }))
     }
 
     /// PyTorch `gather(dim, index)`: `out[i][j] = self[i][index[i][j]]` for `dim = 1`, of the
-    /// shape of `index` (same rank; other dims no larger than `self`'s).
-    pub fn gather(&self, dim: isize, index: &DTensor<T>) -> Result<DTensor<T>> {
+    /// shape of `index` (same rank; other dims no larger than `self`'s). `index` may be
+    /// `i64`/`i32` or `T` itself, as for [`index_select`](DTensor::index_select).
+    pub fn gather<I: IndexElement>(&self, dim: isize, index: &DTensor<I>) -> Result<DTensor<T>> {
+        let index = &*ids_as::<T, I>("gather", index)?;
         let d = norm_dim("gather", dim, self.ndim())?;
         let fits = index.ndim() == self.ndim() && (0..self.ndim()).all(|e| e == d || index.shape[e] <= self.shape[e]);
         if !fits {
@@ -115,6 +130,8 @@ impl<T: Element> DTensor<T> {
         let (xi, ii) = (&*c.inputs[0], &*c.inputs[1]);
         let out = new_output(xi.local.gather(d, &ii.local)?, &xi.mesh, c.output, index.shape.clone());
         let (ids, in_shape) = (ii.detach(), xi.shape.clone());
-        Ok(record("gather_backward", out, &[xi], move |g| Ok(vec![Some(scatter_add(g, &ids, d, &in_shape)?)])))
+        Ok(record("gather_backward", out, &[xi], move |g| {
+            Ok(vec![Some((grad_kernels::<T>()?.scatter_add)(g, &ids, d, &in_shape)?)])
+        }))
     }
 }

@@ -3,6 +3,8 @@
 //! Masks hold 1 (true) and 0 (false): tensors of the same element type (`lt_mask`, ...) or
 //! byte masks (`DTensor<u8>`, from [`DTensor::compare_mask`]); any non-zero value counts as
 //! true where a mask is read, and `where_`/`masked_fill` read a mask of any element type.
+//! Comparisons, `where_` and `masked_fill` work on every element type (integer tensors
+//! included; they never record a gradient), `tril`/`triu` on floats.
 //!
 //! Rules per mesh dim: comparisons and `where` follow the element-wise rule of
 //! [`pointwise`](super::pointwise) with no Partial strategy (a Partial input is reduced first,
@@ -11,30 +13,48 @@
 //! shard of the matrix dims masks its own part without communication (PyTorch replicates the
 //! two matrix dims instead); they are linear, so Partial(sum/avg) stays.
 
-use super::pointwise::{binary, rules, BinaryBackward, Linearity};
+use super::new_output;
+use super::pointwise::{rules, Linearity};
 use super::strategy::{partial_ops, select, DimRule, Select};
-use super::{new_output, sum_to};
-use crate::autograd::{input_needs_grad, no_grad, record, recording};
+use crate::autograd::{grad_kernels, input_needs_grad, no_grad, record, recording};
 use crate::dtensor::DTensor;
 use crate::element::{Element, Scalar};
 use crate::error::{Error, Result};
 use crate::placement::{contains_op, Placement, ReduceOp};
 use crate::storage::broadcast_shape;
 use crate::storage::op::BinaryOp;
+use std::borrow::Cow;
 
 /// A 0-d replicated tensor of value `v` on `like`'s mesh and device (no history).
-pub(crate) fn scalar_like<T: Element>(like: &DTensor<T>, v: T) -> Result<DTensor<T>> {
+pub(crate) fn scalar_like<T: Scalar>(like: &DTensor<T>, v: T) -> Result<DTensor<T>> {
     let local = like.local.new_full(&[], v)?;
     Ok(DTensor::new_unchecked(local, like.mesh.clone(), vec![Placement::Replicate; like.mesh.ndim()], vec![], None))
 }
 
-fn compare<T: Element>(op: BinaryOp, a: &DTensor<T>, b: &DTensor<T>) -> Result<DTensor<T>> {
-    let no_grad_bwd: BinaryBackward<T> = |_, _, _, _| Err(Error::Autograd("a comparison has no gradient".into()));
-    no_grad(|| binary(op, "compare_backward", a, b, Linearity::None, no_grad_bwd))
+/// The comparison `op` of `a` and `b` (broadcasting) as a 0/1 mask of their element type, with
+/// no history (a Partial input is reduced first, unrecorded).
+fn compare<T: Scalar>(op: BinaryOp, a: &DTensor<T>, b: &DTensor<T>) -> Result<DTensor<T>> {
+    let out_shape = broadcast_shape(op.name(), &a.shape, &b.shape)?;
+    let rs = rules(&[&a.shape, &b.shape], &out_shape, Linearity::None, &[]);
+    no_grad(|| {
+        let c = select(op.name(), &[a, b], &rs, Select::default())?;
+        let (x, y) = (&*c.inputs[0], &*c.inputs[1]);
+        Ok(new_output(x.local.compare(op, &y.local)?, &x.mesh, c.output, out_shape))
+    })
+}
+
+/// The mask `m` as a 0/1 mask of `T` (what `where_impl` reads): `m` itself when it is one of
+/// `T`, else its non-zero test cast to `T` (a plain cast would read 0.5 as an integer 0 and 256
+/// as a `u8` 0).
+fn mask_as<T: Scalar, M: Scalar>(m: &DTensor<M>) -> Result<Cow<'_, DTensor<T>>> {
+    if M::DTYPE == T::DTYPE {
+        return super::in_type::<T, M>(m);
+    }
+    compare(BinaryOp::Ne, m, &scalar_like(m, M::zero())?)?.cast::<T>().map(Cow::Owned)
 }
 
 /// `a` where `cond` is non-zero, else `b`, broadcasting all three.
-fn where_impl<T: Element>(cond: &DTensor<T>, a: &DTensor<T>, b: &DTensor<T>) -> Result<DTensor<T>> {
+fn where_impl<T: Scalar>(cond: &DTensor<T>, a: &DTensor<T>, b: &DTensor<T>) -> Result<DTensor<T>> {
     let out_shape = broadcast_shape("where", &broadcast_shape("where", &cond.shape, &a.shape)?, &b.shape)?;
     let rs = rules(&[&cond.shape, &a.shape, &b.shape], &out_shape, Linearity::None, &[]);
     let c = select("where", &[cond, a, b], &rs, Select::default())?;
@@ -46,9 +66,10 @@ fn where_impl<T: Element>(cond: &DTensor<T>, a: &DTensor<T>, b: &DTensor<T>) -> 
     let (sc, sa_shape, sb_shape) = (ci.detach(), ai.shape.clone(), bi.shape.clone());
     // The mask is no differentiable input: its slot gets no gradient.
     Ok(record("where_backward", out, &[&ci.detach(), ai, bi], move |g| {
+        let k = grad_kernels::<T>()?;
         let zero = scalar_like(g, T::zero())?;
-        let ga = if input_needs_grad(1) { Some(sum_to(where_impl(&sc, g, &zero)?, &sa_shape)?) } else { None };
-        let gb = if input_needs_grad(2) { Some(sum_to(where_impl(&sc, &zero, g)?, &sb_shape)?) } else { None };
+        let ga = if input_needs_grad(1) { Some((k.sum_to)(where_impl(&sc, g, &zero)?, &sa_shape)?) } else { None };
+        let gb = if input_needs_grad(2) { Some((k.sum_to)(where_impl(&sc, &zero, g)?, &sb_shape)?) } else { None };
         Ok(vec![None, ga, gb])
     }))
 }
@@ -83,7 +104,13 @@ fn tri<T: Element>(x: &DTensor<T>, lower: bool, diagonal: i64) -> Result<DTensor
     Ok(record("tri_backward", out, &[xi], move |g| Ok(vec![Some(tri(g, lower, diagonal)?)])))
 }
 
-impl<T: Element> DTensor<T> {
+/// Comparisons and selection, for every element type (integers included).
+impl<T: Scalar> DTensor<T> {
+    /// 1 where `self == other` (broadcasting), else 0; no gradient.
+    pub fn eq_mask(&self, other: &DTensor<T>) -> Result<DTensor<T>> {
+        compare(BinaryOp::Eq, self, other)
+    }
+
     /// 1 where `self != other` (broadcasting), else 0; no gradient.
     pub fn ne_mask(&self, other: &DTensor<T>) -> Result<DTensor<T>> {
         compare(BinaryOp::Ne, self, other)
@@ -110,7 +137,7 @@ impl<T: Element> DTensor<T> {
     }
 
     /// The comparison `op` (`Eq`, `Ne`, `Lt`, `Le`, `Gt`, `Ge`) of `self` and `other`
-    /// (broadcasting) as a byte mask: 1 where it holds, else 0; no gradient. Any other op is
+    /// (broadcasting; any element type, integers compare exactly) as a byte mask: 1 where it holds, else 0; no gradient. Any other op is
     /// an [`Error::InvalidArgument`].
     ///
     /// Why `u8` and not `bool`: PyTorch's `torch.bool` mask maps to this `u8` 0/1 mask. Every
@@ -133,14 +160,14 @@ impl<T: Element> DTensor<T> {
     /// `other` (broadcasting all three). The mask may be of any element type (a `u8` byte
     /// mask, or `T`). Gradients flow to `self` and `other`, not the mask.
     pub fn where_<M: Scalar>(&self, condition: &DTensor<M>, other: &DTensor<T>) -> Result<DTensor<T>> {
-        where_impl(&*super::in_type::<T, M>(condition)?, self, other)
+        where_impl(&*mask_as::<T, M>(condition)?, self, other)
     }
 
     /// `value` where `mask` is non-zero, else `self` (PyTorch `masked_fill`; `mask`
     /// broadcasts to `self`). `value` may be infinite (e.g. `-inf` before a softmax).
     /// The mask may be of any element type (a `u8` byte mask, or `T`).
     pub fn masked_fill<M: Scalar>(&self, mask: &DTensor<M>, value: T) -> Result<DTensor<T>> {
-        let mask = &*super::in_type::<T, M>(mask)?;
+        let mask = &*mask_as::<T, M>(mask)?;
         let out = broadcast_shape("masked_fill", &mask.shape, &self.shape)?;
         if out != self.shape {
             return Err(Error::ShapeMismatch {
@@ -151,7 +178,10 @@ impl<T: Element> DTensor<T> {
         }
         where_impl(mask, &scalar_like(self, value)?, self)
     }
+}
 
+/// Triangles: float tensors only (their kernels are the float ones).
+impl<T: Element> DTensor<T> {
     /// The lower triangle of the last two dims (PyTorch `tril(diagonal)`), zeros above.
     pub fn tril(&self, diagonal: i64) -> Result<DTensor<T>> {
         tri(self, true, diagonal)

@@ -62,7 +62,7 @@ use crate::placement::Placement;
 use crate::storage::Storage;
 
 /// Assembles an op's output (no history yet).
-pub(crate) fn new_output<T: Element>(
+pub(crate) fn new_output<T: Scalar>(
     local: Storage<T>,
     mesh: &DeviceMesh,
     placements: Vec<Placement>,
@@ -79,7 +79,7 @@ pub(crate) fn new_output<T: Element>(
 /// Resolves a possibly negative dim against `ndim`.
 /// `x` in the element type `T` of the op reading it (ids, masks): `x` itself when it already
 /// is a `DTensor<T>`, else a cast (no history).
-pub(crate) fn in_type<T: Element, I: Scalar>(x: &DTensor<I>) -> Result<std::borrow::Cow<'_, DTensor<T>>> {
+pub(crate) fn in_type<T: Scalar, I: Scalar>(x: &DTensor<I>) -> Result<std::borrow::Cow<'_, DTensor<T>>> {
     match (x as &dyn std::any::Any).downcast_ref::<DTensor<T>>() {
         Some(same) => Ok(std::borrow::Cow::Borrowed(same)),
         None => x.cast::<T>().map(std::borrow::Cow::Owned),

@@ -21,46 +21,63 @@ const R: Placement = Placement::Replicate;
 /// Partial reduce ops a linear op keeps.
 const LINEAR: [ReduceOp; 2] = [ReduceOp::Sum, ReduceOp::Avg];
 
-/// The one-input element-wise ops (and softmax, dropout), for their table of kept Partials.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum UnaryKind {
-    /// `-x`.
-    Neg,
-    /// `e^x`.
-    Exp,
-    /// Natural logarithm `ln x`.
-    Log,
-    /// `max(x, 0)`.
-    Relu,
-    /// Gaussian error linear unit (tanh approximation).
-    Gelu,
-    /// Hyperbolic tangent.
-    Tanh,
-    /// Square root.
-    Sqrt,
-    /// `x + c` for a scalar `c`.
-    AddScalar,
-    /// `x * c` for a scalar `c`.
-    MulScalar,
-    /// Softmax along one tensor dim.
-    Softmax,
-    /// `x·σ(x)`.
-    Silu,
-    /// Logistic sigmoid `σ(x)`.
-    Sigmoid,
-    /// `ln(1 + e^(βx)) / β`.
-    Softplus,
-    /// `xᵖ` for a scalar `p`.
-    Pow,
-    /// `1 / √x`.
-    Rsqrt,
-    /// `|x|`.
-    Abs,
-    /// `x` clamped to `[lo, hi]`.
-    Clamp,
-    /// Dropout (zeros and a `1/(1-p)` scale).
-    Dropout,
+/// Calls `$then!` with the list of one-input op kinds (doc, name). The one list of these
+/// kinds: [`UnaryKind`] here and the typed layer's marker types and rules are generated from it.
+macro_rules! with_unary_kinds {
+    ($then:ident) => {
+        $then! {
+            /// `-x`.
+            Neg,
+            /// `e^x`.
+            Exp,
+            /// Natural logarithm `ln x`.
+            Log,
+            /// `max(x, 0)`.
+            Relu,
+            /// Gaussian error linear unit (tanh approximation).
+            Gelu,
+            /// Hyperbolic tangent.
+            Tanh,
+            /// Square root.
+            Sqrt,
+            /// `x + c` for a scalar `c` (`add_scalar` / `sub_scalar`).
+            AddScalar,
+            /// `x * c` for a scalar `c` (`mul_scalar` / `div_scalar`).
+            MulScalar,
+            /// Softmax (and log-softmax) along one tensor dim.
+            Softmax,
+            /// `x·σ(x)`.
+            Silu,
+            /// Logistic sigmoid `σ(x)`.
+            Sigmoid,
+            /// `ln(1 + e^(βx)) / β`.
+            Softplus,
+            /// `xᵖ` for a scalar `p`.
+            Pow,
+            /// `1 / √x`.
+            Rsqrt,
+            /// `|x|`.
+            Abs,
+            /// `x` clamped to `[lo, hi]`.
+            Clamp,
+            /// Dropout (zeros and a `1/(1-p)` scale).
+            Dropout
+        }
+    };
 }
+pub(crate) use with_unary_kinds;
+
+macro_rules! unary_kind_enum {
+    ($($(#[$doc:meta])* $name:ident),*) => {
+        /// The one-input element-wise ops (and softmax, dropout), for their table of kept Partials.
+        #[derive(Debug, Clone, Copy, PartialEq, Eq)]
+        pub enum UnaryKind {$(
+            $(#[$doc])*
+            $name,
+        )*}
+    };
+}
+with_unary_kinds!(unary_kind_enum);
 
 /// The Partial reduce ops a one-input op keeps, because it commutes with that reduction
 /// (`-Σx = Σ-x`, `mean(x) + c = mean(x + c)`); any other Partial input is reduced first.
@@ -245,12 +262,6 @@ impl<T: Element> DTensor<T> {
         binary(BinaryOp::Div, "div_backward", self, other, Linearity::First, |g, a, b, n| {
             Ok((when(n[0], || g.div(b))?, when(n[1], || g.mul(a)?.div(&b.mul(b)?)?.neg())?))
         })
-    }
-
-    /// 1 where `self == other` (broadcasting), else 0. Not differentiable (no history).
-    pub fn eq_mask(&self, other: &DTensor<T>) -> Result<DTensor<T>> {
-        let no_grad: BinaryBackward<T> = |_, _, _, _| Err(Error::Autograd("eq_mask has no gradient".into()));
-        crate::autograd::no_grad(|| binary(BinaryOp::Eq, "eq_backward", self, other, Linearity::None, no_grad))
     }
 
     /// `-self`. Keeps Partial(sum/avg).

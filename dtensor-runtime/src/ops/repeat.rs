@@ -11,10 +11,10 @@
 use super::norm_dim;
 use super::slice::unshard_dim;
 use crate::dtensor::DTensor;
-use crate::element::Element;
+use crate::element::Scalar;
 use crate::error::{Error, Result};
 
-impl<T: Element> DTensor<T> {
+impl<T: Scalar> DTensor<T> {
     /// Tiles the tensor `repeats[i]` times along dim `i` (PyTorch `repeat`; extra leading
     /// entries add leading dims).
     pub fn repeat(&self, repeats: &[usize]) -> Result<DTensor<T>> {

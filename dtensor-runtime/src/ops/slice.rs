@@ -8,9 +8,9 @@
 
 use super::strategy::{partial_ops, select, DimRule, Select};
 use super::{new_output, norm_dim};
-use crate::autograd::{record, redistribute_op};
+use crate::autograd::record;
 use crate::dtensor::DTensor;
-use crate::element::Element;
+use crate::element::Scalar;
 use crate::error::{Error, Result};
 use crate::layout::local_shape_and_offset;
 use crate::placement::{Placement, ReduceOp};
@@ -27,7 +27,7 @@ pub const fn slice_keeps_shard(shard_dim: usize, dim: usize) -> bool {
 }
 
 /// Rules of an op that keeps every placement except shards of `dim` (unless `dim_ok`).
-pub(crate) fn keep_except_dim<T: Element>(x: &DTensor<T>, dim: usize, dim_ok: bool, pops: &[ReduceOp]) -> Vec<DimRule> {
+pub(crate) fn keep_except_dim<T: Scalar>(x: &DTensor<T>, dim: usize, dim_ok: bool, pops: &[ReduceOp]) -> Vec<DimRule> {
     let mut rs = vec![DimRule::new(&[Placement::Replicate], Placement::Replicate)];
     rs.extend(
         (0..x.ndim())
@@ -41,17 +41,17 @@ pub(crate) fn keep_except_dim<T: Element>(x: &DTensor<T>, dim: usize, dim_ok: bo
 }
 
 /// `x` with every shard of `dim` redistributed to Replicate (recorded for autograd).
-pub(crate) fn unshard_dim<T: Element>(x: &DTensor<T>, dim: usize, op: &'static str) -> Result<DTensor<T>> {
+pub(crate) fn unshard_dim<T: Scalar>(x: &DTensor<T>, dim: usize, op: &'static str) -> Result<DTensor<T>> {
     if !x.placements.iter().any(|p| p.is_shard_on(dim)) {
         return Ok(x.clone());
     }
     let to: Vec<Placement> =
         x.placements.iter().map(|p| if p.is_shard_on(dim) { Placement::Replicate } else { *p }).collect();
     super::implicit::check(op, 0, &x.placements, &to)?;
-    redistribute_op(x, &to, op, None)
+    T::redistribute_recorded(x, &to, op)
 }
 
-fn narrow_impl<T: Element>(x: &DTensor<T>, d: usize, start: usize, len: usize) -> Result<DTensor<T>> {
+fn narrow_impl<T: Scalar>(x: &DTensor<T>, d: usize, start: usize, len: usize) -> Result<DTensor<T>> {
     let full = x.shape[d];
     if start.checked_add(len).is_none_or(|end| end > full) {
         return Err(Error::InvalidArgument {
@@ -74,7 +74,7 @@ fn narrow_impl<T: Element>(x: &DTensor<T>, d: usize, start: usize, len: usize) -
 }
 
 /// The gradient of a narrow: `g` placed at `start` of zeros whose `dim` has size `full`.
-fn pad_dim<T: Element>(g: &DTensor<T>, d: usize, start: usize, full: usize) -> Result<DTensor<T>> {
+fn pad_dim<T: Scalar>(g: &DTensor<T>, d: usize, start: usize, full: usize) -> Result<DTensor<T>> {
     let rs = keep_except_dim(g, d, start == 0 && g.shape[d] == full, &ALL_OPS);
     let c = select("narrow_backward", &[g], &rs, Select::default())?;
     let gi = &*c.inputs[0];
@@ -88,7 +88,7 @@ fn pad_dim<T: Element>(g: &DTensor<T>, d: usize, start: usize, full: usize) -> R
     Ok(new_output(gi.local.pad_into(&local_shape, &at)?, &gi.mesh, c.output, shape))
 }
 
-impl<T: Element> DTensor<T> {
+impl<T: Scalar> DTensor<T> {
     /// `length` elements of `dim` from `start` (PyTorch `narrow`).
     pub fn narrow(&self, dim: isize, start: usize, length: usize) -> Result<DTensor<T>> {
         let d = norm_dim("narrow", dim, self.ndim())?;

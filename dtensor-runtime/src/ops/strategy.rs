@@ -8,9 +8,8 @@
 //! one), then by the number of collectives and steps; the cheapest wins, the inputs are
 //! redistributed (recorded in [`implicit_redistributions`]) and the op runs.
 
-use crate::autograd::redistribute_op;
 use crate::dtensor::DTensor;
-use crate::element::Element;
+use crate::element::Scalar;
 use crate::error::{Error, Result};
 use crate::placement::{fmt_placements, Placement, ReduceOp};
 use crate::redistribute::plan_redistribute_at;
@@ -93,19 +92,19 @@ pub(crate) struct Select<'a> {
 }
 
 /// The inputs, redistributed to the chosen strategy, and the output placements.
-pub(crate) struct Chosen<'a, T: Element> {
+pub(crate) struct Chosen<'a, T: Scalar> {
     /// Borrowed when an input needed no redistribution.
     pub inputs: Vec<Cow<'a, DTensor<T>>>,
     pub output: Vec<Placement>,
 }
 
 /// Placements of several tensors, for error messages.
-pub(crate) fn fmt_inputs<T: Element>(inputs: &[&DTensor<T>]) -> String {
+pub(crate) fn fmt_inputs<T: Scalar>(inputs: &[&DTensor<T>]) -> String {
     inputs.iter().map(|x| fmt_placements(&x.placements)).collect::<Vec<_>>().join(" and ")
 }
 
 /// Checks that every input lives on the mesh (and device) of the first.
-pub(crate) fn same_mesh<T: Element>(op: &str, inputs: &[&DTensor<T>]) -> Result<()> {
+pub(crate) fn same_mesh<T: Scalar>(op: &str, inputs: &[&DTensor<T>]) -> Result<()> {
     let first = &inputs[0].mesh;
     for x in &inputs[1..] {
         first.check_compatible(&x.mesh, op)?;
@@ -114,7 +113,7 @@ pub(crate) fn same_mesh<T: Element>(op: &str, inputs: &[&DTensor<T>]) -> Result<
 }
 
 /// Reduce ops of the Partial placements found on the inputs, restricted to `allowed`.
-pub(crate) fn partial_ops<T: Element>(inputs: &[&DTensor<T>], allowed: &[ReduceOp]) -> Vec<ReduceOp> {
+pub(crate) fn partial_ops<T: Scalar>(inputs: &[&DTensor<T>], allowed: &[ReduceOp]) -> Vec<ReduceOp> {
     let mut out = Vec::new();
     for x in inputs {
         for p in &x.placements {
@@ -143,7 +142,7 @@ pub(crate) fn reduce_partials(placements: &[Placement], kept: &[ReduceOp]) -> Ve
 
 /// Output placements of the strategy the inputs already match on every mesh dim (the one
 /// closest to `knobs.prefer_output` when several match), if any.
-fn exact_strategy<T: Element>(inputs: &[&DTensor<T>], rules: &[DimRule], knobs: &Select<'_>) -> Option<Vec<Placement>> {
+fn exact_strategy<T: Scalar>(inputs: &[&DTensor<T>], rules: &[DimRule], knobs: &Select<'_>) -> Option<Vec<Placement>> {
     let m = inputs[0].mesh.ndim();
     // Per mesh dim, the rules whose inputs are exactly the current placements.
     let fits: Vec<Vec<usize>> = (0..m)
@@ -191,7 +190,7 @@ fn exact_strategy<T: Element>(inputs: &[&DTensor<T>], rules: &[DimRule], knobs: 
 
 /// Picks the cheapest strategy for `inputs` from `rules` (the same rules on every mesh dim)
 /// and redistributes the inputs to it. Collectives are attributed to `op`.
-pub(crate) fn select<'a, T: Element>(
+pub(crate) fn select<'a, T: Scalar>(
     op: &'static str,
     inputs: &[&'a DTensor<T>],
     rules: &[DimRule],
@@ -275,7 +274,7 @@ pub(crate) fn select<'a, T: Element>(
             super::implicit::check(op, j, &x.placements, &want)?;
             let bytes = plan_redistribute_at::<T>(&x.shape, &mesh, &zero, &x.placements, &want)?.wire_bytes();
             log(ImplicitRedistribute { op, input: j, from: x.placements.clone(), to: want.clone(), bytes });
-            moved.push(Cow::Owned(redistribute_op(x, &want, op, None)?));
+            moved.push(Cow::Owned(T::redistribute_recorded(x, &want, op)?));
         }
     }
     Ok(Chosen { inputs: moved, output })

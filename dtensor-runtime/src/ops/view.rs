@@ -9,16 +9,16 @@
 
 use super::slice::ALL_OPS;
 use super::strategy::{partial_ops, select, DimRule, Select};
-use super::{new_output, norm_dim, sum_to};
-use crate::autograd::record;
+use super::{new_output, norm_dim};
+use crate::autograd::{grad_kernels, record};
 use crate::dtensor::DTensor;
-use crate::element::Element;
+use crate::element::Scalar;
 use crate::error::{Error, Result};
 use crate::layout::local_shape_and_offset;
 use crate::placement::{Placement, ReduceOp};
 
 /// Rules that map `Shard(d)` to `Shard(f(d))` and keep R and every Partial.
-fn remap_rules<T: Element>(x: &DTensor<T>, pairs: &[(usize, usize)]) -> Vec<DimRule> {
+fn remap_rules<T: Scalar>(x: &DTensor<T>, pairs: &[(usize, usize)]) -> Vec<DimRule> {
     let mut rs = vec![DimRule::new(&[Placement::Replicate], Placement::Replicate)];
     for &(i, o) in pairs {
         rs.push(DimRule::new(&[Placement::Shard(i as isize)], Placement::Shard(o as isize)));
@@ -147,7 +147,7 @@ pub fn reshape_keeps(input: &[usize], out: &[usize], mesh_shape: &[usize], ps: &
         .collect()
 }
 
-impl<T: Element> DTensor<T> {
+impl<T: Scalar> DTensor<T> {
     /// Swaps two dims. Shard dims are swapped with them; never communicates.
     pub fn transpose(&self, dim0: isize, dim1: isize) -> Result<DTensor<T>> {
         let nd = self.ndim();
@@ -327,7 +327,7 @@ pub const fn expand_keeps_partial(op: ReduceOp) -> bool {
     crate::placement::contains_op(&EXPAND_KEEPS, op)
 }
 
-fn expand_impl<T: Element>(x: &DTensor<T>, shape: &[usize], prefer: Option<&[Placement]>) -> Result<DTensor<T>> {
+fn expand_impl<T: Scalar>(x: &DTensor<T>, shape: &[usize], prefer: Option<&[Placement]>) -> Result<DTensor<T>> {
     let bad = || Error::ShapeMismatch { context: "expand".into(), expected: shape.to_vec(), actual: x.shape.clone() };
     if x.ndim() > shape.len() {
         return Err(bad());
@@ -357,7 +357,9 @@ fn expand_impl<T: Element>(x: &DTensor<T>, shape: &[usize], prefer: Option<&[Pla
     let local = xi.local.broadcast_to(&local_shape)?;
     let out = new_output(local, &xi.mesh, c.output, shape.to_vec());
     let in_shape = xi.shape.clone();
-    Ok(record("expand_backward", out, &[xi], move |g| Ok(vec![Some(sum_to(g.clone(), &in_shape)?)])))
+    Ok(record("expand_backward", out, &[xi], move |g| {
+        Ok(vec![Some((grad_kernels::<T>()?.sum_to)(g.clone(), &in_shape)?)])
+    }))
 }
 
 #[cfg(test)]

@@ -188,19 +188,39 @@ pub(super) fn binary<T: Element>(a: &ArrayD<T>, b: &ArrayD<T>, op: BinaryOp, sha
         BinaryOp::Sub => z.map_collect(|&x, &y| x - y),
         BinaryOp::Mul => z.map_collect(|&x, &y| x * y),
         BinaryOp::Div => z.map_collect(|&x, &y| x / y),
-        BinaryOp::Eq => z.map_collect(|&x, &y| mask(x == y)),
-        BinaryOp::Ne => z.map_collect(|&x, &y| mask(x != y)),
-        BinaryOp::Lt => z.map_collect(|&x, &y| mask(x < y)),
-        BinaryOp::Le => z.map_collect(|&x, &y| mask(x <= y)),
-        BinaryOp::Gt => z.map_collect(|&x, &y| mask(x > y)),
-        BinaryOp::Ge => z.map_collect(|&x, &y| mask(x >= y)),
+        BinaryOp::Eq | BinaryOp::Ne | BinaryOp::Lt | BinaryOp::Le | BinaryOp::Gt | BinaryOp::Ge => {
+            return compare(a, b, op, shape)
+        }
         BinaryOp::Maximum => z.map_collect(|&x, &y| if x.is_nan() || x > y { x } else { y }),
         BinaryOp::Minimum => z.map_collect(|&x, &y| if x.is_nan() || x < y { x } else { y }),
     })
 }
 
+/// The comparison `op` of `a` and `b` broadcast to `shape`: 1 where it holds, else 0 (any
+/// element type; a NaN compares false except under `Ne`). `op` is a comparison (checked by
+/// the callers).
+pub(super) fn compare<T: Scalar>(a: &ArrayD<T>, b: &ArrayD<T>, op: BinaryOp, shape: &[usize]) -> Result<ArrayD<T>> {
+    let bad = || Error::ShapeMismatch {
+        context: format!("{op}: local shards do not broadcast"),
+        expected: a.shape().to_vec(),
+        actual: b.shape().to_vec(),
+    };
+    let av = a.broadcast(IxDyn(shape)).ok_or_else(bad)?;
+    let bv = b.broadcast(IxDyn(shape)).ok_or_else(bad)?;
+    let test: fn(&T, &T) -> bool = match op {
+        BinaryOp::Eq => |x, y| x == y,
+        BinaryOp::Ne => |x, y| x != y,
+        BinaryOp::Lt => |x, y| x < y,
+        BinaryOp::Le => |x, y| x <= y,
+        BinaryOp::Gt => |x, y| x > y,
+        BinaryOp::Ge => |x, y| x >= y,
+        _ => return Err(Error::InvalidArgument { context: op.name().into(), reason: "not a comparison".into() }),
+    };
+    Ok(Zip::from(&av).and(&bv).map_collect(|x, y| mask(test(x, y))))
+}
+
 /// A mask element: 1 for true, 0 for false.
-fn mask<T: Element>(b: bool) -> T {
+fn mask<T: Scalar>(b: bool) -> T {
     if b {
         T::one()
     } else {
@@ -209,7 +229,7 @@ fn mask<T: Element>(b: bool) -> T {
 }
 
 /// `a` where `cond` is non-zero, else `b` (all three broadcast to `shape`).
-pub(super) fn where_<T: Element>(cond: &ArrayD<T>, a: &ArrayD<T>, b: &ArrayD<T>, shape: &[usize]) -> Result<ArrayD<T>> {
+pub(super) fn where_<T: Scalar>(cond: &ArrayD<T>, a: &ArrayD<T>, b: &ArrayD<T>, shape: &[usize]) -> Result<ArrayD<T>> {
     let bad = |what: &[usize]| Error::ShapeMismatch {
         context: "where: local shards do not broadcast".into(),
         expected: shape.to_vec(),
@@ -275,12 +295,12 @@ pub(super) fn cat<T: Scalar>(parts: &[&ArrayD<T>], dim: usize) -> Result<ArrayD<
 }
 
 /// Whole-number element values of `ids` as indices below `n`.
-fn indices<T: Element>(op: &str, ids: &ArrayD<T>, n: usize) -> Result<Vec<usize>> {
+fn indices<T: Scalar>(op: &str, ids: &ArrayD<T>, n: usize) -> Result<Vec<usize>> {
     row_major(ids).iter().map(|&v| index_of(op, v, n)).collect()
 }
 
 /// The slices `ids` (1-D) of `a` along `dim`.
-pub(super) fn index_select<T: Element>(a: &ArrayD<T>, dim: usize, ids: &ArrayD<T>) -> Result<ArrayD<T>> {
+pub(super) fn index_select<T: Scalar>(a: &ArrayD<T>, dim: usize, ids: &ArrayD<T>) -> Result<ArrayD<T>> {
     let idx = indices("index_select", ids, a.shape()[dim])?;
     Ok(into_standard(a.select(Axis(dim), &idx)))
 }
@@ -304,7 +324,7 @@ pub(super) fn index_add<T: Element>(g: &ArrayD<T>, dim: usize, ids: &ArrayD<T>, 
 }
 
 /// `out[ix] = a[ix with ix[dim] = ids[ix]]` (PyTorch `gather`): the shape of `ids`.
-pub(super) fn gather<T: Element>(a: &ArrayD<T>, dim: usize, ids: &ArrayD<T>) -> Result<ArrayD<T>> {
+pub(super) fn gather<T: Scalar>(a: &ArrayD<T>, dim: usize, ids: &ArrayD<T>) -> Result<ArrayD<T>> {
     let n = a.shape()[dim];
     let mut out = ArrayD::<T>::zeros(ids.raw_dim());
     let mut src = vec![0usize; a.ndim()];
@@ -569,7 +589,7 @@ fn copy_block<T: Copy, D>(src: &[T], dst: &mut [D], b: &CopyBlock, put: impl Fn(
 }
 
 /// Checks one id and converts it to an index.
-fn index_of<T: Element>(op: &str, id: T, n: usize) -> Result<usize> {
+fn index_of<T: Scalar>(op: &str, id: T, n: usize) -> Result<usize> {
     let v = id.as_f64();
     if v.fract() != 0.0 || v < 0.0 || v >= n as f64 {
         return Err(Error::InvalidArgument {

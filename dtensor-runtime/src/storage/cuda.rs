@@ -18,11 +18,12 @@
 //! cannot index are typed errors: more than [`MAX_DIMS`](crate::cuda::source::MAX_DIMS) dims,
 //! or dimensions beyond cuBLAS' 32-bit limit.
 //!
-//! Those are f32 and f64 kernels. The 16-bit floats and the integers have the kernels that only
-//! move elements: fills, pack plans (so they redistribute on a device) and `cat`; the 16-bit
-//! floats also every unary and binary op, computed in f32 and rounded once as on the host, and
-//! the casts between all four floats.
-//! Their other ops are a typed [`Error::Unsupported`] naming the dtype.
+//! The floats all have these kernels: f32 and f64 compute in themselves, bf16 and f16 load
+//! into f32, compute, and round each result once, as the host kernels do (matmul through
+//! `cublasGemmEx` with f32 accumulation; the embedding backward, which adds with atomics,
+//! through an f32 copy). The integers have the kernels that move elements (fills, pack plans,
+//! `cat`) and the casts to and from every dtype (Rust's `as`, as on the host); every other op
+//! needs a float tensor, so they reach no other kernel.
 
 use super::op::{AdamWStep, BinaryOp, Distribution, RandomFill, Reduction, SgdStep, SoftmaxKind, UnaryOp};
 use super::Storage;
@@ -42,13 +43,14 @@ use std::fmt;
 use std::sync::Arc;
 
 /// What an element type needs to live on a CUDA device: cudarc's device traits, a kernel
-/// name suffix and cuBLAS gemms (implemented for f32 and f64; the 16-bit floats have none yet).
+/// name suffix and cuBLAS gemms (the floats; the 16-bit ones accumulate in f32).
 pub trait CudaElement: DeviceRepr + ValidAsZeroBits + Copy + 'static {
-    /// Kernel name suffix (`f32`, `f64`).
+    /// Kernel name suffix (`f32`, `bf16`, `i64`, ...).
     const SUFFIX: &'static str;
-    /// The type of the scalars the element-wise kernels take: the element type, f32 for the
-    /// 16-bit floats (they compute in f32) and for the integers (which have no such kernels).
-    type Arg: DeviceRepr + Copy;
+    /// The type the arithmetic kernels compute in and take their scalars in: the element type
+    /// for f32 and f64, f32 for the 16-bit floats and for the integers (which have no such
+    /// kernels).
+    type Arg: DeviceRepr + Copy + std::ops::Div<Output = Self::Arg>;
     #[doc(hidden)]
     fn arg(v: f64) -> Self::Arg;
     #[doc(hidden)]
@@ -69,13 +71,15 @@ pub trait CudaElement: DeviceRepr + ValidAsZeroBits + Copy + 'static {
     ) -> Result<()>;
 }
 
-macro_rules! cuda_element {
-    ($t:ty, $sfx:literal) => {
+/// A float: cudarc's cuBLAS gemms (for bf16 and f16 `cublasGemmEx` with `CUBLAS_COMPUTE_32F`:
+/// products accumulated in f32 and rounded once, as the host's 16-bit matmul).
+macro_rules! cuda_float {
+    ($t:ty, $sfx:literal, $arg:ty) => {
         impl CudaElement for $t {
             const SUFFIX: &'static str = $sfx;
-            type Arg = $t;
-            fn arg(v: f64) -> $t {
-                v as $t
+            type Arg = $arg;
+            fn arg(v: f64) -> $arg {
+                v as $arg
             }
             fn gemm(
                 blas: &CudaBlas,
@@ -101,14 +105,15 @@ macro_rules! cuda_element {
         }
     };
 }
-cuda_element!(f32, "f32");
-cuda_element!(f64, "f64");
+cuda_float!(f32, "f32", f32);
+cuda_float!(f64, "f64", f64);
+cuda_float!(half::bf16, "bf16", f32);
+cuda_float!(half::f16, "f16", f32);
 
-/// The 16-bit floats and the integers can live on a device and be communicated (NCCL has
-/// them all), and have the copy kernels (fills, pack plans, `cat`), the 16-bit floats also the
-/// element-wise ones (computed in f32) and the float casts; every other kernel lookup (`crate::cuda::kernels`) and
-/// gemm is a typed error.
-macro_rules! cuda_half_element {
+/// An integer: it lives on a device, is communicated (NCCL has them all), filled, moved (pack
+/// plans, `cat`) and cast; arithmetic needs a float tensor, so no other kernel is reached, and
+/// a gemm is a typed error.
+macro_rules! cuda_int {
     ($t:ty, $sfx:literal) => {
         impl CudaElement for $t {
             const SUFFIX: &'static str = $sfx;
@@ -137,11 +142,9 @@ macro_rules! cuda_half_element {
         }
     };
 }
-cuda_half_element!(half::bf16, "bf16");
-cuda_half_element!(half::f16, "f16");
-cuda_half_element!(i64, "i64");
-cuda_half_element!(i32, "i32");
-cuda_half_element!(u8, "u8");
+cuda_int!(i64, "i64");
+cuda_int!(i32, "i32");
+cuda_int!(u8, "u8");
 
 // SAFETY: plain old data with the layout of the C struct (repr(C), same field order).
 unsafe impl DeviceRepr for Strided {}
@@ -442,7 +445,8 @@ impl<T: Element> CudaStorage<T> {
     pub(super) fn reduce(&self, kind: Reduction, dims: &[usize], keepdim: bool) -> Result<Self> {
         let (g, out_shape, nred) = args::reduce(kind.name(), &self.shape, dims, keepdim)?;
         let (code, mean) = reduce_code(kind);
-        let scale = T::one() / T::of_f64(nred as f64);
+        // In the compute type, as the host (which widens the 16-bit floats to f32).
+        let scale = T::arg(1.0) / T::arg(nred as f64);
         let mut out = Self::uninit(&self.device, &out_shape)?;
         let nout = out.len() as u64;
         let Some(o) = out.data_mut()? else { return Ok(out) };
@@ -566,6 +570,12 @@ impl<T: Scalar> CudaStorage<T> {
 
     pub(super) fn embedding_backward(&self, ids: &Self, rows: usize, row0: usize, vocab: usize) -> Result<Self> {
         self.same_device(ids, "embedding_backward")?;
+        if T::DTYPE.is_half() {
+            // The 16-bit floats have no atomicAdd of their own: accumulate in f32 and round
+            // once, as the host does (ids are exact in f32).
+            let (g, i) = (self.cast::<f32>()?, ids.cast::<f32>()?);
+            return g.embedding_backward(&i, rows, row0, vocab)?.cast::<T>();
+        }
         let cols = *self.shape.last().unwrap_or(&0);
         let mut out = Self::zeros(&self.device, &[rows, cols])?;
         let nids = ids.len() as u64;
@@ -807,7 +817,7 @@ impl<T: Scalar> CudaStorage<T> {
     pub(super) fn sgd_step(&mut self, g: &Self, buf: Option<&mut Storage<T>>, step: &SgdStep) -> Result<()> {
         self.same_device(g, "sgd")?;
         let n = self.len() as u64;
-        let (lr, m, wd) = (T::of_f64(step.lr), T::of_f64(step.momentum), T::of_f64(step.weight_decay));
+        let (lr, m, wd) = (T::arg(step.lr), T::arg(step.momentum), T::arg(step.weight_decay));
         let first = i32::from(step.first);
         let dev = Arc::clone(&self.device);
         let buf = match buf {
@@ -848,7 +858,7 @@ impl<T: Scalar> CudaStorage<T> {
         self.same_device(m, "adamw: first moment")?;
         self.same_device(v, "adamw: second moment")?;
         let n = self.len() as u64;
-        let c = |x: f64| T::of_f64(x);
+        let c = T::arg;
         let (lr, b1, b2, eps) = (c(step.lr), c(step.beta1), c(step.beta2), c(step.eps));
         let (wd, c1, c2) = (c(step.weight_decay), c(step.bias_correction1), c(step.bias_correction2));
         let dev = Arc::clone(&self.device);

@@ -497,19 +497,6 @@ impl<T: Element> Storage<T> {
         }
     }
 
-    /// `a` where this mask is non-zero, else `b` (numpy broadcasting of all three).
-    pub fn where_(&self, a: &Storage<T>, b: &Storage<T>) -> Result<Storage<T>> {
-        let shape = broadcast_shape("where", &broadcast_shape("where", self.shape(), a.shape())?, b.shape())?;
-        match (self, a, b) {
-            (Storage::Cpu(c), Storage::Cpu(x), Storage::Cpu(y)) => cpu::where_(c, x, y, &shape).map(Storage::Cpu),
-            (Storage::Cuda(c), Storage::Cuda(x), Storage::Cuda(y)) => {
-                on_cuda!(c, x, y => c.where_(x, y, &shape).map(Storage::Cuda))
-            }
-            _ if self.device() != a.device() => Err(device_mismatch("where", self.device(), a.device())),
-            _ => Err(device_mismatch("where", a.device(), b.device())),
-        }
-    }
-
     /// The lower (`lower`) or upper triangle of the last two dims relative to `diagonal`
     /// (PyTorch `tril`/`triu`), for a shard whose last two dims start at global row `row0`
     /// and column `col0`; zeros elsewhere.
@@ -537,19 +524,6 @@ impl<T: Element> Storage<T> {
         }
     }
 
-    /// The slices at whole-number `ids` (1-D) along `dim` (PyTorch `index_select`).
-    pub fn index_select(&self, dim: usize, ids: &Storage<T>) -> Result<Storage<T>> {
-        self.check_dim("index_select", dim)?;
-        if ids.ndim() != 1 {
-            return Err(shape_mismatch("index_select: index must be 1-D".into(), &[0], ids.shape()));
-        }
-        match (self, ids) {
-            (Storage::Cpu(a), Storage::Cpu(i)) => cpu::index_select(a, dim, i).map(Storage::Cpu),
-            (Storage::Cuda(a), Storage::Cuda(i)) => on_cuda!(a, i => a.index_select(dim, i).map(Storage::Cuda)),
-            _ => Err(device_mismatch("index_select", self.device(), ids.device())),
-        }
-    }
-
     /// Gradient of [`Storage::index_select`]: this gradient's slices added at `ids` along `dim`
     /// of zeros whose `dim` has size `n`.
     pub fn index_add(&self, dim: usize, ids: &Storage<T>, n: usize) -> Result<Storage<T>> {
@@ -561,21 +535,6 @@ impl<T: Element> Storage<T> {
             (Storage::Cpu(g), Storage::Cpu(i)) => cpu::index_add(g, dim, i, n).map(Storage::Cpu),
             (Storage::Cuda(g), Storage::Cuda(i)) => on_cuda!(g, i => g.index_add(dim, i, n).map(Storage::Cuda)),
             _ => Err(device_mismatch("index_select_backward", self.device(), ids.device())),
-        }
-    }
-
-    /// PyTorch `gather` along `dim` at whole-number `ids` (same rank; every other dim of `ids`
-    /// no larger than this tensor's): the shape of `ids`.
-    pub fn gather(&self, dim: usize, ids: &Storage<T>) -> Result<Storage<T>> {
-        self.check_dim("gather", dim)?;
-        let fits = ids.ndim() == self.ndim() && (0..self.ndim()).all(|d| d == dim || ids.shape()[d] <= self.shape()[d]);
-        if !fits {
-            return Err(shape_mismatch("gather: index vs input".into(), self.shape(), ids.shape()));
-        }
-        match (self, ids) {
-            (Storage::Cpu(a), Storage::Cpu(i)) => cpu::gather(a, dim, i).map(Storage::Cpu),
-            (Storage::Cuda(a), Storage::Cuda(i)) => on_cuda!(a, i => a.gather(dim, i).map(Storage::Cuda)),
-            _ => Err(device_mismatch("gather", self.device(), ids.device())),
         }
     }
 
@@ -657,6 +616,57 @@ impl<T: Element> Storage<T> {
 
 /// Moves and copies: every element type.
 impl<T: Scalar> Storage<T> {
+    /// The comparison `op` (`Eq`, `Ne`, `Lt`, `Le`, `Gt`, `Ge`; checked by the caller) of
+    /// `self` and `other` with numpy broadcasting: 1 where it holds, else 0.
+    pub fn compare(&self, op: BinaryOp, other: &Storage<T>) -> Result<Storage<T>> {
+        let shape = broadcast_shape(op.name(), self.shape(), other.shape())?;
+        match (self, other) {
+            (Storage::Cpu(a), Storage::Cpu(b)) => cpu::compare(a, b, op, &shape).map(Storage::Cpu),
+            (Storage::Cuda(a), Storage::Cuda(b)) => on_cuda!(a, b => a.binary(op, b, &shape).map(Storage::Cuda)),
+            _ => Err(device_mismatch(op.name(), self.device(), other.device())),
+        }
+    }
+
+    /// `a` where this mask is non-zero, else `b` (numpy broadcasting of all three).
+    pub fn where_(&self, a: &Storage<T>, b: &Storage<T>) -> Result<Storage<T>> {
+        let shape = broadcast_shape("where", &broadcast_shape("where", self.shape(), a.shape())?, b.shape())?;
+        match (self, a, b) {
+            (Storage::Cpu(c), Storage::Cpu(x), Storage::Cpu(y)) => cpu::where_(c, x, y, &shape).map(Storage::Cpu),
+            (Storage::Cuda(c), Storage::Cuda(x), Storage::Cuda(y)) => {
+                on_cuda!(c, x, y => c.where_(x, y, &shape).map(Storage::Cuda))
+            }
+            _ if self.device() != a.device() => Err(device_mismatch("where", self.device(), a.device())),
+            _ => Err(device_mismatch("where", a.device(), b.device())),
+        }
+    }
+
+    /// The slices at whole-number `ids` (1-D) along `dim` (PyTorch `index_select`).
+    pub fn index_select(&self, dim: usize, ids: &Storage<T>) -> Result<Storage<T>> {
+        self.check_dim("index_select", dim)?;
+        if ids.ndim() != 1 {
+            return Err(shape_mismatch("index_select: index must be 1-D".into(), &[0], ids.shape()));
+        }
+        match (self, ids) {
+            (Storage::Cpu(a), Storage::Cpu(i)) => cpu::index_select(a, dim, i).map(Storage::Cpu),
+            (Storage::Cuda(a), Storage::Cuda(i)) => on_cuda!(a, i => a.index_select(dim, i).map(Storage::Cuda)),
+            _ => Err(device_mismatch("index_select", self.device(), ids.device())),
+        }
+    }
+
+    /// PyTorch `gather` along `dim` at whole-number `ids` (same rank; every other dim of `ids`
+    /// no larger than this tensor's): the shape of `ids`.
+    pub fn gather(&self, dim: usize, ids: &Storage<T>) -> Result<Storage<T>> {
+        self.check_dim("gather", dim)?;
+        let fits = ids.ndim() == self.ndim() && (0..self.ndim()).all(|d| d == dim || ids.shape()[d] <= self.shape()[d]);
+        if !fits {
+            return Err(shape_mismatch("gather: index vs input".into(), self.shape(), ids.shape()));
+        }
+        match (self, ids) {
+            (Storage::Cpu(a), Storage::Cpu(i)) => cpu::gather(a, dim, i).map(Storage::Cpu),
+            (Storage::Cuda(a), Storage::Cuda(i)) => on_cuda!(a, i => a.gather(dim, i).map(Storage::Cuda)),
+            _ => Err(device_mismatch("gather", self.device(), ids.device())),
+        }
+    }
     fn same_device(&self, other: &Self, op: &str) -> Result<()> {
         if self.device() == other.device() {
             Ok(())

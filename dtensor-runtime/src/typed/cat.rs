@@ -14,11 +14,11 @@ use super::reduce::Dim;
 use super::slice::{AlongLayout, Cat};
 use super::view::{Unsqueeze, ViewLayout};
 use super::{Dt, MeshDims, TypedLayout};
-use crate::element::Element;
+use crate::element::Scalar;
 use crate::error::Result;
 use crate::ops::cat::{cat, stack};
 
-impl<T: Element, M: MeshDims, L: TypedLayout<M>, const R: usize> Dt<T, M, L, R> {
+impl<T: Scalar, M: MeshDims, L: TypedLayout<M>, const R: usize> Dt<T, M, L, R> {
     /// Concatenates `tensors` (at least one, all of this type) along dim `D` (PyTorch
     /// `torch.cat`); the layout is kept.
     ///

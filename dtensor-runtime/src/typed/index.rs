@@ -21,7 +21,7 @@ use super::markers::{Partial, ReduceMarker, Replicate, Shard};
 use super::redistribute::Verdict;
 use super::reduce::Dim;
 use super::{Dt, MeshDims, TypedLayout};
-use crate::element::Element;
+use crate::element::{IndexElement, Scalar};
 use crate::error::{Error, Result};
 use crate::ops::index::index_keeps_shard;
 use crate::placement::{fmt_placements, Placement};
@@ -102,9 +102,10 @@ shard_rules!([0 1 2 3 4 5] at [0 1 2 3 4 5]);
 /// The output layout of indexing a `L` input at a `Li` index (`Ctx`: the op and dim).
 pub type IndexOut<L, Li, M, Ctx> = <L as IndexLayout<Li, M, Ctx>>::Out;
 
-impl<T: Element, M: MeshDims, L: TypedLayout<M>, const R: usize> Dt<T, M, L, R> {
+impl<T: Scalar, M: MeshDims, L: TypedLayout<M>, const R: usize> Dt<T, M, L, R> {
     /// The slices of dim `D` at the whole-number ids of the rank-1 `index` (PyTorch
-    /// `index_select(D, index)`); see the module for the layouts. No communication.
+    /// `index_select(D, index)`); see the module for the layouts. No communication. Any
+    /// element type can be indexed; `index` holds `i64`/`i32` ids or ids of `T` itself.
     ///
     /// ```
     /// use dtensor_runtime::typed::{dims::tp, Dim, Dt, Replicate, Shard};
@@ -121,10 +122,10 @@ impl<T: Element, M: MeshDims, L: TypedLayout<M>, const R: usize> Dt<T, M, L, R> 
     /// ```
     #[allow(clippy::type_complexity)] // the output layout is a projection, spelled out once
     #[track_caller]
-    pub fn index_select<const D: usize, Li>(
+    pub fn index_select<const D: usize, I: IndexElement, Li>(
         &self,
         _dim: Dim<D>,
-        index: &Dt<T, M, Li, 1>,
+        index: &Dt<I, M, Li, 1>,
     ) -> Result<Dt<T, M, IndexOut<L, Li, M, IndexSelect<D>>, R>>
     where
         L: IndexLayout<Li, M, IndexSelect<D>>,
@@ -139,10 +140,10 @@ impl<T: Element, M: MeshDims, L: TypedLayout<M>, const R: usize> Dt<T, M, L, R> 
     /// equal size (checked at run time, before the op); see the module for the layouts.
     #[allow(clippy::type_complexity)] // the output layout is a projection, spelled out once
     #[track_caller]
-    pub fn gather<const D: usize, Li>(
+    pub fn gather<const D: usize, I: IndexElement, Li>(
         &self,
         _dim: Dim<D>,
-        index: &Dt<T, M, Li, R>,
+        index: &Dt<I, M, Li, R>,
     ) -> Result<Dt<T, M, IndexOut<L, Li, M, Gather<D>>, R>>
     where
         L: IndexLayout<Li, M, Gather<D>>,

@@ -21,10 +21,11 @@ use super::markers::{Avg, Max, Min, Never, Partial, Product, Replicate, Shard, S
 use super::redistribute::Verdict;
 use super::same::SameLayout;
 use super::{Dt, MeshDims, TypedLayout};
-use crate::element::Element;
+use crate::element::{Element, Scalar};
 use crate::error::{Error, Result};
 use crate::ops::mask::tri_keeps_partial;
 use crate::placement::{Placement, ReduceOp};
+use crate::storage::op::BinaryOp;
 
 /// A hidden, uninhabited impl of `$Rule` for `Shard` and `Replicate` (see `markers::Never`).
 /// `Partial` gets none: it has no legal impl here, and a single hidden one would make rustc
@@ -176,7 +177,7 @@ pub(super) fn check_mask(
 /// The comparison methods: each checks the shapes, then wraps the dynamic op.
 macro_rules! compare_methods {
     ($($(#[$doc:meta])* $name:ident;)+) => {
-        impl<T: Element, M: MeshDims, L: TypedLayout<M>, const R: usize> Dt<T, M, L, R> {$(
+        impl<T: Scalar, M: MeshDims, L: TypedLayout<M>, const R: usize> Dt<T, M, L, R> {$(
             $(#[$doc])*
             #[track_caller]
             pub fn $name<L2, Lx>(&self, other: &Dt<T, M, L2, R>) -> Result<Dt<T, M, <Lx as CompareLayout<L2, M>>::Out, R>>
@@ -220,15 +221,48 @@ compare_methods! {
     ge_mask;
 }
 
-impl<T: Element, M: MeshDims, L: TypedLayout<M>, const R: usize> Dt<T, M, L, R> {
+impl<T: Scalar, M: MeshDims, L: TypedLayout<M>, const R: usize> Dt<T, M, L, R> {
+    /// The comparison `op` (`Eq`, `Ne`, `Lt`, `Le`, `Gt`, `Ge`) of `self` and `other` (same
+    /// shape) as a `u8` byte mask, 1 where it holds; the layouts of [`eq_mask`](Dt::eq_mask).
+    /// Any element type (integers compare exactly); no gradient.
+    ///
+    /// ```
+    /// use dtensor_runtime::typed::{dims::tp, Dt, Shard};
+    /// use dtensor_runtime::storage::op::BinaryOp;
+    /// let out = dtensor_runtime::run(2, |ctx| {
+    ///     let mesh = ctx.init_device_mesh(&[2], &["tp"])?;
+    ///     let a: Dt<i64, (tp,), (Shard<0>,), 1> = Dt::distribute(&ndarray::arr1(&[1, 5, 3]).into_dyn(), &mesh)?;
+    ///     let b: Dt<i64, (tp,), (Shard<0>,), 1> = Dt::distribute(&ndarray::arr1(&[2, 5, 1]).into_dyn(), &mesh)?;
+    ///     let m: Dt<u8, (tp,), (Shard<0>,), 1> = a.compare_mask(BinaryOp::Le, &b)?;
+    ///     m.full_tensor()
+    /// })
+    /// .unwrap();
+    /// assert_eq!(out[0].as_slice().unwrap(), &[1, 1, 0]);
+    /// ```
+    #[track_caller]
+    pub fn compare_mask<L2, Lx>(
+        &self,
+        op: BinaryOp,
+        other: &Dt<T, M, L2, R>,
+    ) -> Result<Dt<u8, M, <Lx as CompareLayout<L2, M>>::Out, R>>
+    where
+        L: SameLayout<Lx>,
+        Lx: CompareLayout<L2, M>,
+        L2: TypedLayout<M>,
+    {
+        check_same_shape("compare_mask", "the right operand", self.shape(), other.shape())?;
+        Dt::from_op("compare_mask", self.as_dtensor().compare_mask(op, other.as_dtensor()))
+    }
+
     /// PyTorch `self.where(condition, other)`: `self` where `condition` is non-zero, else
-    /// `other` (which has `self`'s layout and shape). The condition is sharded like `self`
+    /// `other` (which has `self`'s layout and shape); any element type, and the condition of
+    /// any element type too (a `u8` byte mask, or `T`). The condition is sharded like `self`
     /// (same shape) or `Replicate` and broadcast (see the module); a `Partial` does not
     /// compile.
     #[track_caller]
-    pub fn where_<Lc, Lo, Lx, const RC: usize>(
+    pub fn where_<C: Scalar, Lc, Lo, Lx, const RC: usize>(
         &self,
-        condition: &Dt<T, M, Lc, RC>,
+        condition: &Dt<C, M, Lc, RC>,
         other: &Dt<T, M, Lo, R>,
     ) -> Result<Dt<T, M, <Lx as MaskLayout<Lc, M>>::Out, R>>
     where
@@ -244,7 +278,7 @@ impl<T: Element, M: MeshDims, L: TypedLayout<M>, const R: usize> Dt<T, M, L, R> 
     }
 
     /// `value` where `mask` is non-zero, else `self` (PyTorch `masked_fill`); `value` may be
-    /// infinite. The mask is sharded like `self` (same shape) or `Replicate` and broadcast
+    /// infinite. Any element type, and a mask of any element type. The mask is sharded like `self` (same shape) or `Replicate` and broadcast
     /// (see the module); a `Partial` does not compile.
     ///
     /// ```
@@ -260,9 +294,9 @@ impl<T: Element, M: MeshDims, L: TypedLayout<M>, const R: usize> Dt<T, M, L, R> 
     /// assert!(out[0].index_axis(ndarray::Axis(1), 1).iter().all(|v| v.is_infinite()));
     /// ```
     #[track_caller]
-    pub fn masked_fill<Lm, Lx, const RM: usize>(
+    pub fn masked_fill<C: Scalar, Lm, Lx, const RM: usize>(
         &self,
-        mask: &Dt<T, M, Lm, RM>,
+        mask: &Dt<C, M, Lm, RM>,
         value: T,
     ) -> Result<Dt<T, M, <Lx as MaskLayout<Lm, M>>::Out, R>>
     where
@@ -274,7 +308,10 @@ impl<T: Element, M: MeshDims, L: TypedLayout<M>, const R: usize> Dt<T, M, L, R> 
         check_mask("masked_fill", self.shape(), self.placements(), mask.shape(), mask.placements())?;
         Dt::from_op("masked_fill", self.as_dtensor().masked_fill(mask.as_dtensor(), value))
     }
+}
 
+/// Triangles: float tensors only.
+impl<T: Element, M: MeshDims, L: TypedLayout<M>, const R: usize> Dt<T, M, L, R> {
     /// The lower triangle of the last two dims (PyTorch `tril(diagonal)`); keeps every
     /// `Shard` and `Partial<Sum|Avg>` (see the module).
     #[track_caller]

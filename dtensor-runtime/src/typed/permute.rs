@@ -10,7 +10,7 @@ use super::markers::{Partial, ReduceMarker, Replicate, Shard};
 use super::reduce::Dim;
 use super::same::SameLayout;
 use super::{Dt, MeshDims, TypedLayout};
-use crate::element::Element;
+use crate::element::Scalar;
 use crate::error::Result;
 use crate::ops::view::permuted_dim;
 
@@ -87,7 +87,7 @@ permutations! {
     4: [0 1 2 3];
 }
 
-impl<T: Element, M: MeshDims, L: TypedLayout<M>, const R: usize> Dt<T, M, L, R> {
+impl<T: Scalar, M: MeshDims, L: TypedLayout<M>, const R: usize> Dt<T, M, L, R> {
     /// Reorders the dims (PyTorch `permute`): output dim `k` is input dim `order[k]`, e.g.
     /// `[b, s, nh, hd]` → `[b, nh, s, hd]` with `x.permute((Dim::<0>, Dim::<2>, Dim::<1>,
     /// Dim::<3>))`. Shards move with their dims; never communicates.

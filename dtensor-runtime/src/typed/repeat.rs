@@ -18,7 +18,7 @@ use super::redistribute::Verdict;
 use super::reduce::Dim;
 use super::view::inserted_dim;
 use super::{Dt, MeshDims, TypedLayout};
-use crate::element::Element;
+use crate::element::Scalar;
 use crate::error::{Error, Result};
 use crate::ops::view::{expand_keeps_partial, reshape_keeps};
 use crate::placement::{fmt_placements, Placement, ReduceOp};
@@ -67,7 +67,7 @@ macro_rules! partial_rules {
 }
 partial_rules!(Sum Avg Min Max Product);
 
-impl<T: Element, M: MeshDims, L: TypedLayout<M>, const R: usize> Dt<T, M, L, R> {
+impl<T: Scalar, M: MeshDims, L: TypedLayout<M>, const R: usize> Dt<T, M, L, R> {
     /// Tiles the tensor `repeats[i]` times along dim `i` (PyTorch `repeat` with one count per
     /// dim); the layout is kept. A sharded dim repeated more than once is a run-time error
     /// naming the caller's line (the runtime would replicate it first).

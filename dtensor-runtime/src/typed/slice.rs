@@ -9,7 +9,7 @@ use super::markers::{Partial, ReduceMarker, Replicate, Shard};
 use super::redistribute::Verdict;
 use super::reduce::Dim;
 use super::{Dt, MeshDims, TypedLayout};
-use crate::element::Element;
+use crate::element::Scalar;
 use crate::error::Result;
 use crate::ops::slice::slice_keeps_shard;
 
@@ -80,7 +80,7 @@ macro_rules! shard_rules {
 }
 shard_rules!([0 1 2 3 4 5] for [Narrow Split Cat]);
 
-impl<T: Element, M: MeshDims, L: TypedLayout<M>, const R: usize> Dt<T, M, L, R> {
+impl<T: Scalar, M: MeshDims, L: TypedLayout<M>, const R: usize> Dt<T, M, L, R> {
     /// `length` elements of dim `D` from `start` (PyTorch `narrow`); the layout is kept, a
     /// `Shard<D>` does not compile.
     #[track_caller]

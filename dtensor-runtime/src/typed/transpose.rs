@@ -5,7 +5,7 @@ use super::markers::{Partial, ReduceMarker, Replicate, Shard};
 use super::reduce::Dim;
 use super::same::SameLayout;
 use super::{Dt, MeshDims, TypedLayout};
-use crate::element::Element;
+use crate::element::Scalar;
 use crate::error::Result;
 
 /// Context of the transpose rule: the two swapped dims.
@@ -65,7 +65,7 @@ macro_rules! shard_transpose_rules {
 }
 shard_transpose_rules!(0 1 2 3 4 5);
 
-impl<T: Element, M: MeshDims, L: TypedLayout<M>, const R: usize> Dt<T, M, L, R> {
+impl<T: Scalar, M: MeshDims, L: TypedLayout<M>, const R: usize> Dt<T, M, L, R> {
     /// Swaps tensor dims `D0` and `D1`: `x.transpose(Dim::<0>, Dim::<1>)`; a `Shard` on either
     /// follows its dim. Dims ≥ `R` fail at `cargo build`.
     #[track_caller]

@@ -25,44 +25,7 @@ pub mod kinds {
             pub enum $name {}
         )*};
     }
-    kinds!(
-        /// `neg`.
-        Neg,
-        /// `exp`.
-        Exp,
-        /// `log`.
-        Log,
-        /// `relu`.
-        Relu,
-        /// `gelu`.
-        Gelu,
-        /// `tanh`.
-        Tanh,
-        /// `sqrt`.
-        Sqrt,
-        /// `add_scalar` / `sub_scalar`.
-        AddScalar,
-        /// `mul_scalar` / `div_scalar`.
-        MulScalar,
-        /// `softmax` / `log_softmax`.
-        Softmax,
-        /// `silu`.
-        Silu,
-        /// `sigmoid`.
-        Sigmoid,
-        /// `softplus` / `softplus_with`.
-        Softplus,
-        /// `pow` with a scalar exponent.
-        Pow,
-        /// `rsqrt`.
-        Rsqrt,
-        /// `abs`.
-        Abs,
-        /// `clamp`.
-        Clamp,
-        /// `dropout`.
-        Dropout
-    );
+    crate::ops::pointwise::with_unary_kinds!(kinds);
 }
 
 /// Holds when the op `Kind` keeps the Partial `From` (implemented for `Verdict<true>`).
@@ -107,11 +70,11 @@ macro_rules! partial_rules {
             type Out = Partial<$op>;
         }
     )*};
-    ($($k:ident)*) => {$(
+    ($($(#[$doc:meta])* $k:ident),*) => {$(
         partial_rules!(@op $k; Sum Avg Min Max Product);
     )*};
 }
-partial_rules!(Neg Exp Log Relu Gelu Tanh Sqrt AddScalar MulScalar Softmax Silu Sigmoid Softplus Pow Rsqrt Abs Clamp Dropout);
+crate::ops::pointwise::with_unary_kinds!(partial_rules);
 
 /// Typed methods over the dynamic op of the same name.
 macro_rules! unary_methods {

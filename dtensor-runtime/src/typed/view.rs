@@ -28,7 +28,7 @@ use super::reduce::Dim;
 use super::same::SameLayout;
 use super::{Dt, MeshDims, TypedLayout};
 use crate::dtensor::DTensor;
-use crate::element::Element;
+use crate::element::Scalar;
 use crate::error::{Error, Result};
 use crate::ops::view::reshape_keeps;
 use crate::placement::fmt_placements;
@@ -179,7 +179,7 @@ macro_rules! shard_rules {
 }
 shard_rules!([0 1 2 3 4 5] at [0 1 2 3 4 5 6]);
 
-impl<T: Element, M: MeshDims, L: TypedLayout<M>, const R: usize> Dt<T, M, L, R> {
+impl<T: Scalar, M: MeshDims, L: TypedLayout<M>, const R: usize> Dt<T, M, L, R> {
     /// The run-time half of a view rule: the dynamic reshape of `self` to `out` must keep
     /// exactly `want` without communication (a merged or split shard divides evenly);
     /// otherwise an error naming the caller's line, before anything runs. Then the dynamic op.

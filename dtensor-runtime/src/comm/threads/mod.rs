@@ -24,8 +24,8 @@ mod loom_tests;
 mod rendezvous;
 mod sync;
 
-use super::group;
 use super::reduce;
+use super::{check, group};
 use super::{Communicator, RecvBuf};
 use crate::element::DType;
 use crate::error::{Error, Result};
@@ -344,14 +344,6 @@ impl ThreadComm {
     }
 }
 
-/// `len` bytes are a whole number of `dtype` elements.
-fn check_whole(op: &str, len: usize, dtype: DType) -> Result<()> {
-    if !len.is_multiple_of(dtype.size_of()) {
-        return Err(size_err(op, format!("{len} bytes is not a whole number of {dtype}")));
-    }
-    Ok(())
-}
-
 /// Which of a member's published buffers to view.
 #[derive(Clone, Copy)]
 enum Side {
@@ -370,7 +362,7 @@ fn peer<'a>(op: &str, b: &Bufs, side: Side, r: Range<usize>) -> Result<&'a [u8]>
         Side::Recv => (b.recv, b.recv_len),
     };
     if r.start > r.end || r.end > len {
-        return Err(size_err(op, format!("a peer published {len} bytes, bytes {r:?} were expected")));
+        return Err(check::mismatch(op, format!("a peer published {len} bytes, bytes {r:?} were expected")));
     }
     if r.is_empty() {
         return Ok(&[]);
@@ -398,10 +390,6 @@ unsafe fn own_mut<'a>(ptr: *mut MaybeUninit<u8>, len: usize, r: Range<usize>) ->
     std::slice::from_raw_parts_mut(ptr.add(r.start), r.len())
 }
 
-fn size_err(op: &str, reason: String) -> Error {
-    Error::BufferMismatch { op: op.into(), reason }
-}
-
 /// Every member published `len` bytes on `side` (every member sees the same verdict).
 fn same_len(op: &str, all: &[Bufs], side: Side, len: usize, group: &[usize]) -> Result<()> {
     let of = |b: &Bufs| match side {
@@ -409,7 +397,7 @@ fn same_len(op: &str, all: &[Bufs], side: Side, len: usize, group: &[usize]) -> 
         Side::Recv => b.recv_len,
     };
     if let Some(i) = all.iter().position(|b| of(b) != of(&all[0])) {
-        return Err(size_err(
+        return Err(check::mismatch(
             op,
             format!("rank {} has {} bytes but rank {} has {}", group[i], of(&all[i]), group[0], of(&all[0])),
         ));
@@ -441,9 +429,7 @@ unsafe impl Communicator for ThreadComm {
     fn all_gather(&self, group: &[usize], send: &[u8], mut recv: RecvBuf<'_>) -> Result<()> {
         let n = group.len();
         let l = send.len();
-        if recv.len() != l * n {
-            return Err(size_err("all_gather", format!("recv has {} bytes, expected {n} x {l}", recv.len())));
-        }
+        check::blocks("all_gather", "recv", recv.len(), n, l)?;
         let mine = Bufs { send: send.as_ptr() as usize, send_len: l, ..Bufs::default() };
         self.rendezvous("all_gather", group, mine, |all, _| {
             same_len("all_gather", all, Side::Send, l, group)?;
@@ -457,7 +443,7 @@ unsafe impl Communicator for ThreadComm {
     }
 
     fn all_reduce(&self, group: &[usize], buf: &mut [u8], dtype: DType, op: ReduceOp) -> Result<()> {
-        check_whole("all_reduce", buf.len(), dtype)?;
+        check::whole("all_reduce", buf.len(), dtype)?;
         if buf.len() <= SMALL_ALL_REDUCE {
             // Peers read a private copy of the input, never the buffer its owner writes.
             let copy = buf.to_vec();
@@ -476,10 +462,8 @@ unsafe impl Communicator for ThreadComm {
         dtype: DType,
         op: ReduceOp,
     ) -> Result<()> {
-        if send.len() != recv.len() {
-            return Err(size_err("all_reduce", format!("send has {} bytes, recv {}", send.len(), recv.len())));
-        }
-        check_whole("all_reduce", send.len(), dtype)?;
+        check::same_len("all_reduce", send.len(), recv.len())?;
+        check::whole("all_reduce", send.len(), dtype)?;
         if send.len() <= SMALL_ALL_REDUCE {
             return self.reduce_small(group, send, recv, dtype, op);
         }
@@ -496,12 +480,8 @@ unsafe impl Communicator for ThreadComm {
     ) -> Result<()> {
         let n = group.len();
         let l = recv.len();
-        if send.len() != l * n {
-            return Err(size_err("reduce_scatter", format!("send has {} bytes, expected {n} x {l}", send.len())));
-        }
-        if !l.is_multiple_of(dtype.size_of()) {
-            return Err(size_err("reduce_scatter", format!("{l} bytes is not a whole number of {dtype}")));
-        }
+        check::blocks("reduce_scatter", "send", send.len(), n, l)?;
+        check::whole("reduce_scatter", l, dtype)?;
         let mine = Bufs { send: send.as_ptr() as usize, send_len: send.len(), ..Bufs::default() };
         self.rendezvous("reduce_scatter", group, mine, |all, me| {
             same_len("reduce_scatter", all, Side::Send, send.len(), group)?;
@@ -517,12 +497,7 @@ unsafe impl Communicator for ThreadComm {
 
     fn all_to_all(&self, group: &[usize], send: &[u8], mut recv: RecvBuf<'_>) -> Result<()> {
         let n = group.len();
-        if send.len() != recv.len() || !send.len().is_multiple_of(n) {
-            return Err(size_err(
-                "all_to_all",
-                format!("send ({}) and recv ({}) must be equal and divisible by {n}", send.len(), recv.len()),
-            ));
-        }
+        check::all_to_all(send.len(), recv.len(), n)?;
         let l = send.len() / n;
         let mine = Bufs { send: send.as_ptr() as usize, send_len: send.len(), ..Bufs::default() };
         self.rendezvous("all_to_all", group, mine, |all, me| {
@@ -546,7 +521,7 @@ unsafe impl Communicator for ThreadComm {
         let n = group.len();
         let len = send.len();
         if rows.checked_mul(run).and_then(|b| b.checked_mul(n)) != Some(len) || recv.len() != len {
-            return Err(size_err(
+            return Err(check::mismatch(
                 "all_to_all",
                 format!("send ({len}) and recv ({}) must both be {rows} rows x {n} x {run} bytes", recv.len()),
             ));
@@ -571,9 +546,7 @@ unsafe impl Communicator for ThreadComm {
     }
 
     fn broadcast(&self, group: &[usize], buf: &mut [u8], root: usize) -> Result<()> {
-        if root >= group.len() {
-            return Err(Error::RankOutOfRange { rank: root, world_size: group.len() });
-        }
+        check::root(root, group.len())?;
         let len = buf.len();
         let me = group::index_of("broadcast", self.rank, group)?;
         // Only the root's buffer is read by peers (and the root does not write it); the others
@@ -594,13 +567,11 @@ unsafe impl Communicator for ThreadComm {
 
     fn scatter(&self, group: &[usize], send: &[u8], recv: &mut [u8], root: usize) -> Result<()> {
         let n = group.len();
-        if root >= n {
-            return Err(Error::RankOutOfRange { rank: root, world_size: n });
-        }
+        check::root(root, n)?;
         let me = group::index_of("scatter", self.rank, group)?;
         let l = recv.len();
-        if me == root && send.len() != l * n {
-            return Err(size_err("scatter", format!("root send has {} bytes, expected {n} x {l}", send.len())));
+        if me == root {
+            check::blocks("scatter", "root send", send.len(), n, l)?;
         }
         let mine = if me == root {
             Bufs { send: send.as_ptr() as usize, send_len: send.len(), recv_len: l, ..Bufs::default() }
