@@ -535,6 +535,17 @@ fn cast_matches<A: Scalar, B: Scalar>(dev: &Arc<CudaDevice>, a: &ArrayD<A>) -> u
     1
 }
 
+/// `a` cast to every dtype on the device against the host.
+fn casts_from<A: Scalar>(dev: &Arc<CudaDevice>, a: &ArrayD<A>) -> usize {
+    cast_matches::<A, f32>(dev, a)
+        + cast_matches::<A, f64>(dev, a)
+        + cast_matches::<A, bf16>(dev, a)
+        + cast_matches::<A, f16>(dev, a)
+        + cast_matches::<A, i64>(dev, a)
+        + cast_matches::<A, i32>(dev, a)
+        + cast_matches::<A, u8>(dev, a)
+}
+
 #[test]
 fn casts_between_every_float() {
     let Some(dev) = device("casts_between_every_float") else { return };
@@ -548,16 +559,8 @@ fn casts_between_every_float() {
         .collect();
     let f = ArrayD::from_shape_vec(IxDyn(&[w.len()]), w).unwrap();
     let d = f.mapv(|x| f64::from(x) * (1.0 + 1e-12));
-    macro_rules! from {
-        ($a:expr, $t:ty) => {
-            cast_matches::<$t, f32>(&dev, $a)
-                + cast_matches::<$t, f64>(&dev, $a)
-                + cast_matches::<$t, bf16>(&dev, $a)
-                + cast_matches::<$t, f16>(&dev, $a)
-        };
-    }
-    let n = from!(&b, bf16) + from!(&h, f16) + from!(&f, f32) + from!(&d, f64);
-    println!("GPUCHECK casts_between_every_float | PASS | {n} casts between f32 f64 bf16 f16 bit-exact vs host (NaN payloads aside) over every 16-bit pattern and f32/f64 rounding points");
+    let n = casts_from(&dev, &b) + casts_from(&dev, &h) + casts_from(&dev, &f) + casts_from(&dev, &d);
+    println!("GPUCHECK casts_between_every_float | PASS | {n} casts from f32 f64 bf16 f16 to every dtype bit-exact vs host (NaN payloads aside) over every 16-bit pattern and f32/f64 rounding points");
 }
 
 #[test]
@@ -837,24 +840,13 @@ fn integer_casts() {
     }
     iv.extend((0..300u64).map(|k| rand_philox::splitmix64(k) as i64));
     let i = ArrayD::from_shape_vec(IxDyn(&[iv.len()]), iv).unwrap();
-    macro_rules! from {
-        ($a:expr, $t:ty) => {
-            cast_matches::<$t, f32>(&dev, $a)
-                + cast_matches::<$t, f64>(&dev, $a)
-                + cast_matches::<$t, bf16>(&dev, $a)
-                + cast_matches::<$t, f16>(&dev, $a)
-                + cast_matches::<$t, i64>(&dev, $a)
-                + cast_matches::<$t, i32>(&dev, $a)
-                + cast_matches::<$t, u8>(&dev, $a)
-        };
-    }
-    let n = from!(&f, f64)
-        + from!(&f.mapv(|x| x as f32), f32)
-        + from!(&f.mapv(bf16::from_f64), bf16)
-        + from!(&f.mapv(f16::from_f64), f16)
-        + from!(&i, i64)
-        + from!(&i.mapv(|x| x as i32), i32)
-        + from!(&i.mapv(|x| x as u8), u8);
+    let n = casts_from(&dev, &f)
+        + casts_from(&dev, &f.mapv(|x| x as f32))
+        + casts_from(&dev, &f.mapv(bf16::from_f64))
+        + casts_from(&dev, &f.mapv(f16::from_f64))
+        + casts_from(&dev, &i)
+        + casts_from(&dev, &i.mapv(|x| x as i32))
+        + casts_from(&dev, &i.mapv(|x| x as u8));
     println!("GPUCHECK integer_casts | PASS | {n} casts between all 7 dtypes bit-exact vs host (saturating, wrapping, NaN -> 0)");
 }
 
