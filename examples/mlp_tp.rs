@@ -7,6 +7,10 @@
 //! cargo run --example mlp_tp -- --steps 5                     # what CI runs
 //! cargo build --example mlp_tp --features mpi
 //! mpirun -np 4 target/debug/examples/mlp_tp --backend mpi      # one process per rank
+//! cargo build --release --example mlp_tp --features cuda       # GPUs:
+//! target/release/examples/mlp_tp --backend cuda-threads --mesh 2x2   # 4 thread ranks on the GPU(s)
+//! target/release/examples/mlp_tp --backend nccl --mesh 1x2     # 2 threads, one per GPU, NCCL
+//! torchrun --nproc-per-node 4 --no-python target/release/examples/mlp_tp --backend nccl
 //! ```
 //!
 //! Each block is `x + gelu(x @ w1) @ w2`, declared with `#[distribute(mesh = "dp,tp")]` (see
@@ -20,7 +24,9 @@
 //! so the loss really goes down. At the end the loss curve and every weight are compared with
 //! a 1-rank run of the same seed.
 //!
-//! Exit status: 0 on PASS, 1 on FAIL, 2 on a bad argument or runtime error.
+//! Exit status: 0 on PASS, 1 on FAIL, 2 on a bad argument or runtime error; a backend this
+//! build or machine cannot run (no `cuda` feature, no GPU, too few GPUs) prints
+//! `SKIP: <reason>` and exits 0.
 
 #[path = "mlp_tp/model.rs"]
 mod model;
@@ -64,8 +70,9 @@ struct Args {
     /// Seed of the student's initialisation and of the data.
     #[arg(long, default_value_t = 0)]
     seed: u64,
-    /// Communication backend: `threads` (in-process ranks), or `mpi` (build with
-    /// `--features mpi`, start with `mpirun -np DP*TP`).
+    /// Launch mode: `threads` (in-process ranks), `mpi` (build with `--features mpi`, start
+    /// with `mpirun -np DP*TP`), `nccl` (build with `--features cuda`; one GPU per rank, under
+    /// torchrun / mpirun or as threads) or `cuda-threads` (thread ranks sharing the GPUs).
     #[arg(long, default_value = "threads", value_parser = parse_backend)]
     backend: Launch,
     /// Largest relative difference to the 1-rank run that still passes.

@@ -19,7 +19,9 @@
 //! `cat examples/transformer_tp.rs examples/transformer_tp/model.rs | grep -vE '^\s*//' |
 //! grep -cE 'as_dtensor|try_from|from_dtensor|into_dtensor|implicit'`.
 //!
-//! Exit status: 0 on PASS, 1 on FAIL, 2 on a bad argument or runtime error.
+//! Exit status: 0 on PASS, 1 on FAIL, 2 on a bad argument or runtime error; a backend this
+//! build or machine cannot run (no `cuda` feature, no GPU, too few GPUs) prints
+//! `SKIP: <reason>` and exits 0.
 
 #[path = "transformer_tp/model.rs"]
 mod model;
@@ -75,8 +77,9 @@ struct Args {
     /// Seed of the initialisation and of the data.
     #[arg(long, default_value_t = 0)]
     seed: u64,
-    /// Communication backend: `threads` (in-process ranks), or `mpi` (build with
-    /// `--features mpi`, start with `mpirun -np DP*TP`).
+    /// Launch mode: `threads` (in-process ranks), `mpi` (build with `--features mpi`, start
+    /// with `mpirun -np DP*TP`), `nccl` (build with `--features cuda`; one GPU per rank, under
+    /// torchrun / mpirun or as threads) or `cuda-threads` (thread ranks sharing the GPUs).
     #[arg(long, default_value = "threads", value_parser = parse_backend)]
     backend: Launch,
     /// Largest relative difference to the 1-rank run that still passes (f64 throughout).

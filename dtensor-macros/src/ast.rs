@@ -207,6 +207,11 @@ pub(crate) fn is_integer_elem(ty: &Type) -> bool {
     matches!(ty, Type::Path(p) if p.qself.is_none() && p.path.get_ident().is_some_and(|i| INTEGER.iter().any(|n| i == n)))
 }
 
+/// Is `ty` written as `f32` or `f64` (certainly an `Element`)?
+pub(crate) fn is_float_elem(ty: &Type) -> bool {
+    matches!(ty, Type::Path(p) if p.qself.is_none() && p.path.get_ident().is_some_and(|i| i == "f32" || i == "f64"))
+}
+
 /// Does `ty` certainly implement `Parameters` by its syntax: a `DTensor` written out, or a
 /// `Vec`, `Option`, `Box`, `[_; N]` of one? Any other field type is checked by a bound.
 pub(crate) fn surely_parameters(ty: &Type) -> bool {

@@ -25,7 +25,10 @@ pub(crate) fn krate(args: &Args) -> TokenStream {
 }
 
 /// The type of the mesh: a tuple of dim name types. Predefined names come from the runtime;
-/// others must be declared in scope with `dtensor::mesh_dim!`.
+/// others must be declared in scope with `dtensor::mesh_dim!`. An undeclared one is rustc's
+/// "cannot find type" at the mesh string: a failed name lookup cannot carry a note, and a
+/// generated fallback type with one would shadow, or be ambiguous with, the user's own dims
+/// (a glob import or a block-scoped one outranks them; only a prelude ranks below a glob).
 fn mesh_type(krate: &TokenStream, mesh: &MeshAst) -> TokenStream {
     let span = mesh.lit.span();
     let dims = mesh.names.iter().map(|n| {
@@ -103,6 +106,13 @@ pub(crate) fn expand_struct(krate: &TokenStream, mut item: ItemStruct, plan: Str
     // it names no generic and is false (a "trivial bound").
     let mut checks = Vec::new();
     let mut generics = item.generics.clone();
+    // Same for the element type when it is not plainly a float (an alias, a generic without
+    // the `Element` bound): `Parameters<T>` needs `T: Element`.
+    if !ast::is_float_elem(elem) {
+        let span = elem.span();
+        checks.push(quote_spanned!(span=> __dtensor_elem_is_a_float::<#elem>();));
+        generics.make_where_clause().predicates.push(syn::parse_quote!(for<'__dt> #elem: #krate::Element));
+    }
 
     let mut global_fields = Vec::new();
     let mut init = Vec::new();
@@ -154,18 +164,20 @@ pub(crate) fn expand_struct(krate: &TokenStream, mut item: ItemStruct, plan: Str
             generics.make_where_clause().predicates.push(syn::parse_quote!(for<'__dt> #ty: #params));
         }
         global_fields.push(quote!(#(#docs)* #fvis #fname: #global_ty));
-        init.push(quote_spanned!(span=> #fname: <#ty as #params>::distribute_global(global.#fname, mesh)?));
+        // The field's type is not repeated here (it is inferred from the field): an unknown
+        // mesh dim in it is then one error, at the struct, and not one more per impl.
+        init.push(quote_spanned!(span=> #fname: <_ as #params>::distribute_global(global.#fname, mesh)?));
         collect.push(quote_spanned!(span=>
-            <#ty as #params>::collect_parameters(&self.#fname, &#krate::typed::params::join(prefix, #key), out);
+            <_ as #params>::collect_parameters(&self.#fname, &#krate::typed::params::join(prefix, #key), out);
         ));
         collect_mut.push(quote_spanned!(span=>
-            <#ty as #params>::collect_parameters_mut(&mut self.#fname, &#krate::typed::params::join(prefix, #key), out);
+            <_ as #params>::collect_parameters_mut(&mut self.#fname, &#krate::typed::params::join(prefix, #key), out);
         ));
         placements.push(quote_spanned!(span=>
-            <#ty as #params>::collect_placements(&self.#fname, &#krate::typed::params::join(prefix, #key), out);
+            <_ as #params>::collect_placements(&self.#fname, &#krate::typed::params::join(prefix, #key), out);
         ));
         patterns.push(quote_spanned!(span=>
-            <#ty as #params>::collect_patterns(&#krate::typed::params::join(prefix, #key), out);
+            #krate::typed::params::field_patterns::<#elem, Self, _>(|s: &Self| &s.#fname, &#krate::typed::params::join(prefix, #key), out);
         ));
     }
     let (impl_g, ty_g, where_g) = generics.split_for_impl();
@@ -183,6 +195,7 @@ pub(crate) fn expand_struct(krate: &TokenStream, mut item: ItemStruct, plan: Str
             #[allow(dead_code, clippy::type_complexity)]
             fn __dtensor_check_fields #check_g () #check_where {
                 fn __dtensor_field_is_a_parameter<__T: #krate::Element, __P: #krate::typed::Parameters<__T>>() {}
+                fn __dtensor_elem_is_a_float<__T: #krate::Element>() {}
                 #(#checks)*
             }
         };

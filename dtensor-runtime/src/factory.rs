@@ -5,13 +5,12 @@ use crate::dtensor::DTensor;
 use crate::element::{Element, Scalar};
 use crate::error::{Error, Result};
 use crate::launch::current_mesh;
-use crate::layout::{contiguous_strides, local_shape_and_offset};
+use crate::layout::{local_shape_and_offset, shard_from_global_index};
 use crate::mesh::DeviceMesh;
 use crate::placement::{normalize_placements, Placement};
 use crate::rng;
 use crate::storage::op::{Distribution, RandomFill};
 use crate::storage::{Storage, Target};
-use ndarray::{ArrayD, IxDyn};
 
 /// Options of every factory (PyTorch's keyword arguments; the dtype is the element type).
 ///
@@ -89,13 +88,7 @@ fn build<T: Scalar>(op: &str, size: &[usize], opts: &TensorOptions, fill: Fill<'
     let local = match fill {
         Fill::Value(v) => Storage::full(mesh.target(), &shape, v)?,
         Fill::Random(f) => f(mesh.target(), &shape, &offset)?,
-        Fill::Host(f) => {
-            let strides = contiguous_strides(size);
-            let host = ArrayD::from_shape_fn(IxDyn(&shape), |ix| {
-                f((0..shape.len()).map(|d| (ix[d] + offset[d]) * strides[d]).sum())
-            });
-            Storage::from_host(host, mesh.target())?
-        }
+        Fill::Host(f) => Storage::from_host(shard_from_global_index(size, &offset, &shape, f), mesh.target())?,
     };
     let dt = DTensor::new_unchecked(local, mesh, placements, size.to_vec(), None);
     T::with_requires_grad(dt, opts.requires_grad)

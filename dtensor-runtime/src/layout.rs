@@ -178,9 +178,66 @@ pub(crate) fn contiguous_strides(shape: &[usize]) -> Vec<usize> {
     strides
 }
 
+/// The shard of `shape` at `offset` inside a row-major tensor of shape `global`, element `i`
+/// set to `f(i)` for its flat index `i` in the global tensor, in row-major order.
+///
+/// Walks the shard row by row (the last dim is contiguous in `global`), so the per-element
+/// cost is one call of `f`, not a dynamic-rank index computation: this builds every random and
+/// position-valued factory shard.
+pub(crate) fn shard_from_global_index<T>(
+    global: &[usize],
+    offset: &[usize],
+    shape: &[usize],
+    mut f: impl FnMut(usize) -> T,
+) -> ndarray::ArrayD<T> {
+    let strides = contiguous_strides(global);
+    let n: usize = shape.iter().product();
+    let mut data = Vec::with_capacity(n);
+    if n > 0 {
+        let lead = shape.len().saturating_sub(1);
+        let row = shape.get(lead).copied().unwrap_or(1);
+        let mut ix = vec![0usize; lead];
+        for _ in 0..n / row {
+            let base: usize =
+                (0..shape.len()).map(|d| (ix.get(d).copied().unwrap_or(0) + offset[d]) * strides[d]).sum();
+            data.extend((base..base + row).map(&mut f));
+            // The next row: an odometer over the leading dims.
+            for d in (0..lead).rev() {
+                ix[d] += 1;
+                if ix[d] < shape[d] {
+                    break;
+                }
+                ix[d] = 0;
+            }
+        }
+    }
+    ndarray::ArrayD::from_shape_vec(ndarray::IxDyn(shape), data)
+        .unwrap_or_else(|_| unreachable!("{n} elements were generated for shape {shape:?}"))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn shard_from_global_index_matches_the_per_element_formula() {
+        // (global, offset, shard): rank 0..3, empty dims, a 0-d tensor, an offset on every dim.
+        let cases: [(&[usize], &[usize], &[usize]); 6] = [
+            (&[5, 7, 3], &[2, 1, 0], &[2, 4, 3]),
+            (&[5, 7, 3], &[0, 3, 1], &[5, 2, 2]),
+            (&[4, 0], &[1, 0], &[2, 0]),
+            (&[3, 4], &[3, 0], &[0, 4]),
+            (&[], &[], &[]),
+            (&[9], &[4], &[3]),
+        ];
+        for (global, offset, shape) in cases {
+            let strides = contiguous_strides(global);
+            let want = ndarray::ArrayD::from_shape_fn(ndarray::IxDyn(shape), |ix| {
+                (0..shape.len()).map(|d| (ix[d] + offset[d]) * strides[d]).sum::<usize>()
+            });
+            assert_eq!(shard_from_global_index(global, offset, shape, |i| i), want, "{global:?} {offset:?} {shape:?}");
+        }
+    }
     use crate::placement::Placement::*;
 
     #[test]

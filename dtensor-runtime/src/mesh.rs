@@ -377,6 +377,38 @@ impl DeviceMesh {
         fingerprint::agree(comm.as_ref(), g, Fingerprint { seq, kind, dtype, count, root, op })
     }
 
+    /// Runs `run` (a `*_buf` collective on host or device buffers) on the group of `along`,
+    /// recorded for `CommDebugMode` and, with the fingerprint check on, agreed first, as every
+    /// typed collective below. `count` elements of `dtype` (`bytes` bytes) go in.
+    // Only device storage takes this path (comm/storage.rs, feature `cuda`).
+    #[cfg_attr(not(feature = "cuda"), allow(dead_code))]
+    #[allow(clippy::too_many_arguments)]
+    pub(crate) fn run_buf(
+        &self,
+        kind: CollectiveKind,
+        along: Along,
+        dtype: DType,
+        count: usize,
+        root: Option<usize>,
+        op: Option<ReduceOp>,
+        bytes: usize,
+        run: impl FnOnce(&dyn Communicator, &[usize]) -> Result<()>,
+    ) -> Result<()> {
+        let (g, _) = self.group_of(along)?;
+        if let Some(op) = op {
+            crate::comm::reduce::check_op(dtype, op)?;
+        }
+        self.note(kind, along, bytes);
+        self.agree(g, kind, Some(dtype), count, root, op)?;
+        run(self.comm().as_ref(), g)
+    }
+
+    /// The number of ranks a collective along `along` spans.
+    #[cfg_attr(not(feature = "cuda"), allow(dead_code))]
+    pub(crate) fn group_len(&self, along: Along) -> Result<usize> {
+        self.group_of(along).map(|(g, _)| g.len())
+    }
+
     /// All-gather equal-sized blocks; returns `n * send.len()` elements in group order.
     pub fn all_gather<T: Scalar>(&self, along: Along, send: &[T]) -> Result<Vec<T>> {
         let (g, _) = self.group_of(along)?;

@@ -236,3 +236,60 @@ fn dtensors_live_on_the_mesh_device() {
     assert!((x.sum().unwrap().full_tensor().unwrap().sum() - a.sum()).abs() <= 1e-9);
     println!("GPUCHECK dtensors_live_on_the_mesh_device | PASS | distribute/from_local/zeros on the device, matmul+gelu vs host, typed errors");
 }
+
+/// Every redistribution of a 2-d mesh of `launch` ranks against the expected shard, and the
+/// ranks' device; `None` with a printed SKIP row when the mode cannot run here.
+fn launch_redistributes(test: &str, mode: dtensor_runtime::Launch, world: usize, mesh: [usize; 2]) -> Option<String> {
+    let g = global(&[7, 5], 31);
+    let lists = [[Shard(0), Replicate], [Replicate, Shard(1)], [Shard(1), Shard(0)], [Replicate, Replicate]];
+    let out = dtensor_runtime::launch(mode, world, |ctx| {
+        let m = ctx.init_device_mesh(&mesh, &["dp", "tp"])?;
+        let mut n = 0;
+        for from in &lists {
+            let dt = distribute_tensor(&g, &m, from, Some(0))?;
+            assert!(matches!(dt.device(), Device::Cuda(_)), "{test}: {:?}", dt.device());
+            for to in &lists {
+                let r = dt.redistribute(to)?;
+                let want = expected_shard(&g, &mesh, &coord_of(ctx.rank(), &mesh), to);
+                assert_eq!(r.to_host()?, want, "{test}: {from:?} -> {to:?} on rank {}", ctx.rank());
+                n += 1;
+            }
+            assert_eq!(dt.full_tensor()?, g);
+        }
+        // Avg through the backend (ncclAvg where NCCL has it): the mean of the ranks' values.
+        let mut v = [ctx.rank() as f32 + 1.0, -2.0 * ctx.rank() as f32];
+        m.all_reduce(dtensor_runtime::Along::All, &mut v, ReduceOp::Avg)?;
+        let w = world as f32;
+        assert_eq!(v, [(w + 1.0) / 2.0, -(w - 1.0)], "{test}: Avg");
+        Ok((ctx.device(), n))
+    });
+    match out {
+        Ok(v) => Some(format!("{} rank(s) on {:?}, {} redistributions each", v.len(), v[0].0, v[0].1)),
+        Err(e) => {
+            assert!(matches!(e, Error::Unavailable { .. } | Error::TooFewDevices { .. }), "{test}: {e:?}");
+            println!("GPUCHECK {test} | SKIP | {e}");
+            None
+        }
+    }
+}
+
+#[test]
+fn launch_nccl_world1_thread_mode() {
+    let test = "launch_nccl_world1_thread_mode";
+    if dtensor_runtime::launch::nccl::launched_by_env() {
+        println!("GPUCHECK {test} | SKIP | a launcher's rank variables are set: this is process mode");
+        return;
+    }
+    if let Some(detail) = launch_redistributes(test, dtensor_runtime::Launch::Nccl, 1, [1, 1]) {
+        let v = dtensor_runtime::comm::nccl::version().unwrap();
+        println!("GPUCHECK {test} | PASS | {detail}, NCCL {v} ({:?})", v.group_strategy());
+    }
+}
+
+#[test]
+fn launch_cuda_threads_2x2() {
+    let test = "launch_cuda_threads_2x2";
+    if let Some(detail) = launch_redistributes(test, dtensor_runtime::Launch::CudaThreads, 4, [2, 2]) {
+        println!("GPUCHECK {test} | PASS | {detail}");
+    }
+}

@@ -878,7 +878,7 @@ fn cast_case<A: Scalar, B: Scalar>(e: &Emu, a: &ArrayD<A>) {
     );
 }
 
-/// Every cast between the four floats: all 65536 patterns of each 16-bit type, and f32/f64
+/// Every cast from the four floats: all 65536 patterns of each 16-bit type, and f32/f64
 /// values at and around every rounding point of the 16-bit types (ties, subnormals, overflow,
 /// NaN, infinities).
 #[test]
@@ -900,20 +900,9 @@ fn float_casts_match_the_host() {
     let f = ArrayD::from_shape_vec(IxDyn(&[w.len()]), w.iter().map(|&x| f32::from_bits(x)).collect()).unwrap();
     // f64 values just off f32 values: they round to f32 first, then to the 16-bit type.
     let d = f.mapv(|x| f64::from(x) * (1.0 + 1e-12));
-    macro_rules! from {
-        ($a:expr, $t:ty) => {
-            cast_case::<$t, f32>(&e, $a);
-            cast_case::<$t, f64>(&e, $a);
-            cast_case::<$t, bf16>(&e, $a);
-            cast_case::<$t, f16>(&e, $a);
-        };
-    }
-    from!(&b, bf16);
-    from!(&h, f16);
-    from!(&f, f32);
-    from!(&d, f64);
+    let n = casts_from(&e, &b) + casts_from(&e, &h) + casts_from(&e, &f) + casts_from(&e, &d);
     println!(
-        "16 casts between f32, f64, bf16, f16 bit-exact (NaN payloads aside) over {} values",
+        "{n} casts from f32, f64, bf16, f16 to every dtype bit-exact (NaN payloads aside) over {} values",
         2 * 65536 + 2 * w.len()
     );
 }
@@ -926,17 +915,19 @@ fn indexing_kernels_match_the_host_kernels() {
     println!("{cases} where/tri/arg_reduce/cat/index_select/index_add/gather/scatter_add cases match the host");
 }
 
+/// The element-wise, reduction, softmax, pack, embedding, random and optimizer cases of a float.
+fn arithmetic<T: Dev>(e: &Emu) {
+    elementwise::<T>(e);
+    reductions_and_softmax::<T>(e);
+    pack_embedding_random::<T>(e);
+    optimizers_cast_fill::<T>(e);
+}
+
 #[test]
 fn kernel_source_matches_the_host_kernels() {
     let Some(e) = Emu::build() else { return };
-    elementwise::<f64>(&e);
-    elementwise::<f32>(&e);
-    reductions_and_softmax::<f64>(&e);
-    reductions_and_softmax::<f32>(&e);
-    pack_embedding_random::<f64>(&e);
-    pack_embedding_random::<f32>(&e);
-    optimizers_cast_fill::<f64>(&e);
-    optimizers_cast_fill::<f32>(&e);
+    arithmetic::<f64>(&e);
+    arithmetic::<f32>(&e);
     let x = arr::<f64>(&[7, 3], 20, 1.0 / 3.0 + 1e-9);
     let to32: Cast<f64, f32> = e.kernel("cast_f64_f32");
     let mut y = zeros::<f32>(&[7, 3]);
@@ -1042,14 +1033,8 @@ fn integer_casts_match_the_host() {
 fn half_float_kernels_match_the_host() {
     use dtensor_runtime::{bf16, f16};
     let Some(e) = Emu::build() else { return };
-    elementwise::<bf16>(&e);
-    elementwise::<f16>(&e);
-    reductions_and_softmax::<bf16>(&e);
-    reductions_and_softmax::<f16>(&e);
-    pack_embedding_random::<bf16>(&e);
-    pack_embedding_random::<f16>(&e);
-    optimizers_cast_fill::<bf16>(&e);
-    optimizers_cast_fill::<f16>(&e);
+    arithmetic::<bf16>(&e);
+    arithmetic::<f16>(&e);
     let cases = where_tri_arg::<bf16>(&e)
         + where_tri_arg::<f16>(&e)
         + cat_index_gather::<bf16>(&e)

@@ -535,6 +535,17 @@ fn cast_matches<A: Scalar, B: Scalar>(dev: &Arc<CudaDevice>, a: &ArrayD<A>) -> u
     1
 }
 
+/// `a` cast to every dtype on the device against the host.
+fn casts_from<A: Scalar>(dev: &Arc<CudaDevice>, a: &ArrayD<A>) -> usize {
+    cast_matches::<A, f32>(dev, a)
+        + cast_matches::<A, f64>(dev, a)
+        + cast_matches::<A, bf16>(dev, a)
+        + cast_matches::<A, f16>(dev, a)
+        + cast_matches::<A, i64>(dev, a)
+        + cast_matches::<A, i32>(dev, a)
+        + cast_matches::<A, u8>(dev, a)
+}
+
 #[test]
 fn casts_between_every_float() {
     let Some(dev) = device("casts_between_every_float") else { return };
@@ -548,16 +559,8 @@ fn casts_between_every_float() {
         .collect();
     let f = ArrayD::from_shape_vec(IxDyn(&[w.len()]), w).unwrap();
     let d = f.mapv(|x| f64::from(x) * (1.0 + 1e-12));
-    macro_rules! from {
-        ($a:expr, $t:ty) => {
-            cast_matches::<$t, f32>(&dev, $a)
-                + cast_matches::<$t, f64>(&dev, $a)
-                + cast_matches::<$t, bf16>(&dev, $a)
-                + cast_matches::<$t, f16>(&dev, $a)
-        };
-    }
-    let n = from!(&b, bf16) + from!(&h, f16) + from!(&f, f32) + from!(&d, f64);
-    println!("GPUCHECK casts_between_every_float | PASS | {n} casts between f32 f64 bf16 f16 bit-exact vs host (NaN payloads aside) over every 16-bit pattern and f32/f64 rounding points");
+    let n = casts_from(&dev, &b) + casts_from(&dev, &h) + casts_from(&dev, &f) + casts_from(&dev, &d);
+    println!("GPUCHECK casts_between_every_float | PASS | {n} casts from f32 f64 bf16 f16 to every dtype bit-exact vs host (NaN payloads aside) over every 16-bit pattern and f32/f64 rounding points");
 }
 
 #[test]
@@ -728,6 +731,41 @@ fn training_on_a_cuda_mesh_matches_the_host() {
     println!("GPUCHECK training_on_a_cuda_mesh_matches_the_host | PASS | MLP (linear, gelu, tanh, cross-entropy) fwd+bwd, 5 sgd + 5 adamw steps f64; weights rel err {worst:.1e}");
 }
 
+/// Losses and final weights of 3 steps of a bf16 linear classifier (gelu, cross-entropy with
+/// i64 targets) trained by SGD with momentum on f32 master weights (the AMP recipe) on `mesh`.
+fn train_bf16(mesh: &DeviceMesh) -> (Vec<f64>, Vec<ArrayD<bf16>>) {
+    manual_seed(78);
+    let mut m = distribute_module(Linear::<bf16>::new(6, 4, true).unwrap(), mesh, None, None, None).unwrap();
+    let x = randn::<bf16>(&[11, 6], &TensorOptions::new().mesh(mesh)).unwrap();
+    let y = ArrayD::from_shape_fn(IxDyn(&[11]), |i| (i[0] % 4) as i64);
+    let y = distribute_tensor(y, mesh, &[Replicate], None).unwrap();
+    let mut sgd = Sgd::<bf16>::new(0.1).momentum(0.9).master_weights(true);
+    let mut losses = vec![];
+    for _ in 0..3 {
+        m.zero_grad();
+        let loss = m.forward(&x).unwrap().gelu().unwrap().cross_entropy(&y).unwrap();
+        loss.backward().unwrap();
+        sgd.step(&mut m).unwrap();
+        losses.push(loss.full_tensor().unwrap().iter().map(|v| v.to_f64()).sum());
+    }
+    (losses, m.named_parameters().into_iter().map(|(_, p)| p.full_tensor().unwrap()).collect())
+}
+
+#[test]
+fn bf16_training_with_master_weights_on_a_cuda_mesh() {
+    let Some(dev) = device("bf16_training_with_master_weights_on_a_cuda_mesh") else { return };
+    let (cuda, cpu) = meshes(&dev);
+    let ((ld, wd), (lh, wh)) = (train_bf16(&cuda), train_bf16(&cpu));
+    // Both compute in f32 and round to bf16; the orders of their sums differ, so a result may
+    // round one bf16 step (2^-8) the other way.
+    for (a, b) in ld.iter().zip(&lh) {
+        assert!((a - b).abs() <= 2e-2 * b.abs(), "losses {ld:?} vs {lh:?}");
+    }
+    let worst = wd.iter().zip(&wh).map(|(a, b)| rel_err(a, b)).fold(0.0, f64::max);
+    assert!(worst <= 1.0 / 32.0, "weights differ by {worst:e}");
+    println!("GPUCHECK bf16_training_with_master_weights_on_a_cuda_mesh | PASS | bf16 linear+gelu+cross_entropy(i64 targets), 3 sgd steps on f32 master weights vs host: losses {ld:?} vs {lh:?}, weights rel err {worst:.1e}");
+}
+
 #[test]
 fn each_rank_handle_owns_a_stream() {
     let Some(dev) = device("each_rank_handle_owns_a_stream") else { return };
@@ -837,24 +875,13 @@ fn integer_casts() {
     }
     iv.extend((0..300u64).map(|k| rand_philox::splitmix64(k) as i64));
     let i = ArrayD::from_shape_vec(IxDyn(&[iv.len()]), iv).unwrap();
-    macro_rules! from {
-        ($a:expr, $t:ty) => {
-            cast_matches::<$t, f32>(&dev, $a)
-                + cast_matches::<$t, f64>(&dev, $a)
-                + cast_matches::<$t, bf16>(&dev, $a)
-                + cast_matches::<$t, f16>(&dev, $a)
-                + cast_matches::<$t, i64>(&dev, $a)
-                + cast_matches::<$t, i32>(&dev, $a)
-                + cast_matches::<$t, u8>(&dev, $a)
-        };
-    }
-    let n = from!(&f, f64)
-        + from!(&f.mapv(|x| x as f32), f32)
-        + from!(&f.mapv(bf16::from_f64), bf16)
-        + from!(&f.mapv(f16::from_f64), f16)
-        + from!(&i, i64)
-        + from!(&i.mapv(|x| x as i32), i32)
-        + from!(&i.mapv(|x| x as u8), u8);
+    let n = casts_from(&dev, &f)
+        + casts_from(&dev, &f.mapv(|x| x as f32))
+        + casts_from(&dev, &f.mapv(bf16::from_f64))
+        + casts_from(&dev, &f.mapv(f16::from_f64))
+        + casts_from(&dev, &i)
+        + casts_from(&dev, &i.mapv(|x| x as i32))
+        + casts_from(&dev, &i.mapv(|x| x as u8));
     println!("GPUCHECK integer_casts | PASS | {n} casts between all 7 dtypes bit-exact vs host (saturating, wrapping, NaN -> 0)");
 }
 

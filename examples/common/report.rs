@@ -3,7 +3,7 @@
 use dtensor::{CollectiveKind, CommDebugMode, Error, Launch, Result};
 use std::process::ExitCode;
 
-/// `--backend`: `threads` or `mpi`.
+/// `--backend`: `threads`, `mpi`, `nccl` or `cuda-threads`.
 pub fn parse_backend(s: &str) -> std::result::Result<Launch, String> {
     s.parse::<Launch>().map_err(|e| e.to_string())
 }
@@ -33,10 +33,18 @@ pub fn check_lr(example: &str, lr: f64) -> Result<()> {
 /// The exit status of a checked run: 0 on PASS, 1 on FAIL, 2 on a bad argument or runtime
 /// error (printed on stderr after the example's name), so scripts can tell a wrong result
 /// from a run that could not start.
+///
+/// A backend this build or machine cannot run ([`Error::Unavailable`]: feature off, no GPU,
+/// no NCCL; [`Error::TooFewDevices`]) is not a failure of the program: it prints
+/// `SKIP: <reason>` on stdout and exits 0, so a check script tells it from PASS by the line.
 pub fn exit_code(example: &str, outcome: Result<bool>) -> ExitCode {
     match outcome {
         Ok(true) => ExitCode::SUCCESS,
         Ok(false) => ExitCode::from(1),
+        Err(e @ (Error::Unavailable { .. } | Error::TooFewDevices { .. })) => {
+            println!("{example}: SKIP: {e}");
+            ExitCode::SUCCESS
+        }
         Err(e) => {
             eprintln!("{example}: {e}");
             ExitCode::from(2)

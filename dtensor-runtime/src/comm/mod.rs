@@ -12,6 +12,7 @@
 //! [`CommDebugMode`](crate::CommDebugMode).
 
 pub mod bootstrap;
+pub mod buf;
 mod check;
 pub mod cuda_threads;
 pub mod debug;
@@ -37,6 +38,7 @@ use crate::storage::Device;
 use std::fmt;
 use std::sync::Arc;
 
+pub use buf::{Buf, BufMut};
 pub(crate) use recv::filled;
 pub use recv::RecvBuf;
 
@@ -143,4 +145,44 @@ pub unsafe trait Communicator: Send + Sync + fmt::Debug {
     fn scatter(&self, group: &[usize], send: &[u8], recv: &mut [u8], root: usize) -> Result<()>;
     /// Returns once every member has entered.
     fn barrier(&self, group: &[usize]) -> Result<()>;
+
+    // Collectives on buffers that may live on the rank's device ([`Buf`], [`BufMut`]). The
+    // defaults stage device data through the host and run the host collectives above
+    // (threads, MPI); NCCL overrides them to run on device buffers directly.
+
+    /// [`all_gather`](Self::all_gather) on host or device buffers.
+    fn all_gather_buf(&self, group: &[usize], send: Buf<'_>, recv: BufMut<'_>) -> Result<()> {
+        buf::staged::all_gather(self, group, send, recv)
+    }
+    /// Out-of-place [`all_reduce_into`](Self::all_reduce_into) on host or device buffers.
+    fn all_reduce_buf(
+        &self,
+        group: &[usize],
+        send: Buf<'_>,
+        recv: BufMut<'_>,
+        dtype: DType,
+        op: ReduceOp,
+    ) -> Result<()> {
+        buf::staged::all_reduce(self, group, send, recv, dtype, op)
+    }
+    /// [`reduce_scatter`](Self::reduce_scatter) on host or device buffers.
+    fn reduce_scatter_buf(
+        &self,
+        group: &[usize],
+        send: Buf<'_>,
+        recv: BufMut<'_>,
+        dtype: DType,
+        op: ReduceOp,
+    ) -> Result<()> {
+        buf::staged::reduce_scatter(self, group, send, recv, dtype, op)
+    }
+    /// [`all_to_all`](Self::all_to_all) on host or device buffers.
+    fn all_to_all_buf(&self, group: &[usize], send: Buf<'_>, recv: BufMut<'_>) -> Result<()> {
+        buf::staged::all_to_all(self, group, send, recv)
+    }
+    /// Out-of-place [`broadcast`](Self::broadcast): every member's `recv` (as long as its
+    /// `send`) receives the root's `send`.
+    fn broadcast_buf(&self, group: &[usize], send: Buf<'_>, recv: BufMut<'_>, root: usize) -> Result<()> {
+        buf::staged::broadcast(self, group, send, recv, root)
+    }
 }

@@ -1,8 +1,10 @@
 //! NCCL backend (cargo feature `cuda`): collectives between GPUs, one rank per GPU.
 //!
-//! The [`Communicator`] trait moves *host* bytes, so every collective stages them through
-//! device buffers: copy in, run the NCCL collective on the rank's stream (the one its
-//! [`CudaDevice`] queues kernels on), wait, copy out.
+//! Every collective runs on the rank's stream (the one its [`CudaDevice`] queues kernels on).
+//! The `*_buf` collectives on device buffers ([`Buf::Cuda`]) of this rank's device call NCCL on
+//! them directly; host buffers are staged through device buffers (copy in, run, wait, copy
+//! out), so host DTensors on an NCCL mesh keep working. Max/min of floats (NaN mask) and `Avg`
+//! without `ncclAvg` (host divide) stage device buffers through the host instead.
 //!
 //! * all-reduce, all-gather, reduce-scatter, broadcast: the NCCL collectives (`Avg` is
 //!   `ncclAvg` on NCCL ≥ 2.10, else a sum divided by the group size on the host);
@@ -31,9 +33,10 @@
 //! [`Error::Backend`] / [`Error::CollectiveTimeout`]; the communicator is unusable afterwards.
 
 use super::bootstrap::Rendezvous;
+use super::buf::{staged, CudaBytes, CudaBytesMut};
 use super::nccl_version::{GroupStrategy, NcclVersion};
 use super::{check, group, reduce};
-use super::{Communicator, RecvBuf};
+use super::{Buf, BufMut, Communicator, RecvBuf};
 use crate::cuda::{cuda_err, require, CudaDevice, CudaLib};
 use crate::element::DType;
 use crate::error::{Error, Result};
@@ -377,6 +380,7 @@ unsafe impl Communicator for NcclComm {
             unsafe {
                 result::all_gather(sp as *const c_void, rp as *mut c_void, send.len(), U8, comm, self.cu_stream())
             }
+            .map(|_| ())
             .map_err(|e| nccl_err("ncclAllGather", e))
         })?;
         self.download(&r, recv)
@@ -427,20 +431,7 @@ unsafe impl Communicator for NcclComm {
         self.run("all_to_all", group, |comm, _| {
             let (sp, _g1) = s.device_ptr(&self.stream);
             let (rp, _g2) = r.device_ptr_mut(&self.stream);
-            result::group_start().map_err(|e| nccl_err("ncclGroupStart", e))?;
-            let mut res = Ok(());
-            for j in 0..n {
-                let off = (j * l) as u64;
-                // SAFETY: block j of both buffers is l bytes inside their allocations.
-                let r1 = unsafe { result::send((sp + off) as *const c_void, l, U8, j as i32, comm, self.cu_stream()) };
-                let r2 = unsafe { result::recv((rp + off) as *mut c_void, l, U8, j as i32, comm, self.cu_stream()) };
-                if let Err(e) = r1.and(r2) {
-                    res = Err(nccl_err("ncclSend/ncclRecv", e));
-                    break;
-                }
-            }
-            let end = result::group_end().map_err(|e| nccl_err("ncclGroupEnd", e));
-            res.and(end.map(|_| ()))
+            self.grouped_exchange(comm, sp, rp, n, l)
         })?;
         self.download(&r, recv)
     }
@@ -465,6 +456,7 @@ unsafe impl Communicator for NcclComm {
                     self.cu_stream(),
                 )
             }
+            .map(|_| ())
             .map_err(|e| nccl_err("ncclBroadcast", e))
         })?;
         self.download(&d, buf)
@@ -519,9 +511,193 @@ unsafe impl Communicator for NcclComm {
         let mut one = 1f32.to_ne_bytes();
         self.all_reduce(group, &mut one, DType::F32, ReduceOp::Sum)
     }
+
+    fn all_gather_buf(&self, group: &[usize], send: Buf<'_>, mut recv: BufMut<'_>) -> Result<()> {
+        let Some((s, r)) = self.on_device(&send, &mut recv) else {
+            return staged::all_gather(self, group, send, recv);
+        };
+        check::blocks("all_gather", "recv", r.len(), group.len(), s.len())?;
+        if s.is_empty() {
+            return self.my_index("all_gather", group).map(|_| ());
+        }
+        self.run("all_gather", group, |comm, _| {
+            let (sp, _g1) = s.view.device_ptr(&self.stream);
+            let (rp, _g2) = r.view.device_ptr_mut(&self.stream);
+            // SAFETY: device buffers of s.len() and n * s.len() bytes (checked above).
+            unsafe { result::all_gather(sp as *const c_void, rp as *mut c_void, s.len(), U8, comm, self.cu_stream()) }
+                .map(|_| ())
+                .map_err(|e| nccl_err("ncclAllGather", e))
+        })
+    }
+
+    fn all_reduce_buf(
+        &self,
+        group: &[usize],
+        send: Buf<'_>,
+        mut recv: BufMut<'_>,
+        dtype: DType,
+        op: ReduceOp,
+    ) -> Result<()> {
+        let direct = self.reduces_on_device(dtype, op);
+        let Some((s, r)) = self.on_device(&send, &mut recv).filter(|_| direct) else {
+            return staged::all_reduce(self, group, send, recv, dtype, op);
+        };
+        reduce::check_op(dtype, op)?;
+        check::same_len("all_reduce", s.len(), r.len())?;
+        check::whole("all_reduce", s.len(), dtype)?;
+        if s.is_empty() {
+            return self.my_index("all_reduce", group).map(|_| ());
+        }
+        let count = s.len() / dtype.size_of();
+        self.run("all_reduce", group, |comm, _| {
+            let (sp, _g1) = s.view.device_ptr(&self.stream);
+            let (rp, _g2) = r.view.device_ptr_mut(&self.stream);
+            // SAFETY: out-of-place reduction of `count` elements; both buffers hold them.
+            unsafe {
+                result::all_reduce(
+                    sp as *const c_void,
+                    rp as *mut c_void,
+                    count,
+                    nccl_dtype(dtype),
+                    nccl_op(op, self.version),
+                    comm,
+                    self.cu_stream(),
+                )
+            }
+            .map(|_| ())
+            .map_err(|e| nccl_err("ncclAllReduce", e))
+        })
+    }
+
+    fn reduce_scatter_buf(
+        &self,
+        group: &[usize],
+        send: Buf<'_>,
+        mut recv: BufMut<'_>,
+        dtype: DType,
+        op: ReduceOp,
+    ) -> Result<()> {
+        let direct = self.reduces_on_device(dtype, op);
+        let Some((s, r)) = self.on_device(&send, &mut recv).filter(|_| direct) else {
+            return staged::reduce_scatter(self, group, send, recv, dtype, op);
+        };
+        reduce::check_op(dtype, op)?;
+        check::blocks("reduce_scatter", "send", s.len(), group.len(), r.len())?;
+        check::whole("reduce_scatter", r.len(), dtype)?;
+        if r.is_empty() {
+            return self.my_index("reduce_scatter", group).map(|_| ());
+        }
+        let count = r.len() / dtype.size_of();
+        self.run("reduce_scatter", group, |comm, _| {
+            let (sp, _g1) = s.view.device_ptr(&self.stream);
+            let (rp, _g2) = r.view.device_ptr_mut(&self.stream);
+            // SAFETY: send holds n * count elements, recv count (checked above).
+            unsafe {
+                result::reduce_scatter(
+                    sp as *const c_void,
+                    rp as *mut c_void,
+                    count,
+                    nccl_dtype(dtype),
+                    nccl_op(op, self.version),
+                    comm,
+                    self.cu_stream(),
+                )
+            }
+            .map(|_| ())
+            .map_err(|e| nccl_err("ncclReduceScatter", e))
+        })
+    }
+
+    fn all_to_all_buf(&self, group: &[usize], send: Buf<'_>, mut recv: BufMut<'_>) -> Result<()> {
+        let Some((s, r)) = self.on_device(&send, &mut recv) else {
+            return staged::all_to_all(self, group, send, recv);
+        };
+        let n = group.len();
+        check::all_to_all(s.len(), r.len(), n)?;
+        if s.is_empty() {
+            return self.my_index("all_to_all", group).map(|_| ());
+        }
+        let l = s.len() / n;
+        self.run("all_to_all", group, |comm, _| {
+            let (sp, _g1) = s.view.device_ptr(&self.stream);
+            let (rp, _g2) = r.view.device_ptr_mut(&self.stream);
+            self.grouped_exchange(comm, sp, rp, n, l)
+        })
+    }
+
+    fn broadcast_buf(&self, group: &[usize], send: Buf<'_>, mut recv: BufMut<'_>, root: usize) -> Result<()> {
+        let Some((s, r)) = self.on_device(&send, &mut recv) else {
+            return staged::broadcast(self, group, send, recv, root);
+        };
+        check::root(root, group.len())?;
+        check::same_len("broadcast", s.len(), r.len())?;
+        if s.is_empty() {
+            return self.my_index("broadcast", group).map(|_| ());
+        }
+        self.run("broadcast", group, |comm, _| {
+            let (sp, _g1) = s.view.device_ptr(&self.stream);
+            let (rp, _g2) = r.view.device_ptr_mut(&self.stream);
+            // SAFETY: out-of-place broadcast of s.len() bytes into a buffer as long.
+            unsafe {
+                result::broadcast(
+                    sp as *const c_void,
+                    rp as *mut c_void,
+                    s.len(),
+                    U8,
+                    root as i32,
+                    comm,
+                    self.cu_stream(),
+                )
+            }
+            .map(|_| ())
+            .map_err(|e| nccl_err("ncclBroadcast", e))
+        })
+    }
 }
 
 impl NcclComm {
+    /// Both buffers on this rank's device (same handle, so the same stream orders them), or
+    /// `None`: then the collective is staged through the host.
+    fn on_device<'s, 'a, 'b>(
+        &self,
+        send: &'s Buf<'a>,
+        recv: &'s mut BufMut<'b>,
+    ) -> Option<(&'s CudaBytes<'a>, &'s mut CudaBytesMut<'b>)> {
+        match (send, recv) {
+            (Buf::Cuda(s), BufMut::Cuda(r))
+                if Arc::ptr_eq(s.device, &self.device) && Arc::ptr_eq(r.device, &self.device) =>
+            {
+                Some((s, r))
+            }
+            _ => None,
+        }
+    }
+
+    /// Whether NCCL alone computes `op` as PyTorch does: not max/min of floats (NaN operands,
+    /// handled by a host mask), not `Avg` without `ncclAvg` (a host divide).
+    fn reduces_on_device(&self, dtype: DType, op: ReduceOp) -> bool {
+        !reduce::drops_nan(dtype, op) && (op != ReduceOp::Avg || self.version.has_avg())
+    }
+
+    /// Grouped `ncclSend`/`ncclRecv` of block `j` (`l` bytes) of `sp` to member `j` and from
+    /// member `j` into block `j` of `rp`: NCCL's all-to-all.
+    fn grouped_exchange(&self, comm: sys::ncclComm_t, sp: u64, rp: u64, n: usize, l: usize) -> Result<()> {
+        result::group_start().map_err(|e| nccl_err("ncclGroupStart", e))?;
+        let mut res = Ok(());
+        for j in 0..n {
+            let off = (j * l) as u64;
+            // SAFETY: block j of both buffers is l bytes inside their allocations (checked by callers).
+            let r1 = unsafe { result::send((sp + off) as *const c_void, l, U8, j as i32, comm, self.cu_stream()) };
+            let r2 = unsafe { result::recv((rp + off) as *mut c_void, l, U8, j as i32, comm, self.cu_stream()) };
+            if let Err(e) = r1.and(r2) {
+                res = Err(nccl_err("ncclSend/ncclRecv", e));
+                break;
+            }
+        }
+        let end = result::group_end().map_err(|e| nccl_err("ncclGroupEnd", e));
+        res.and(end.map(|_| ()))
+    }
+
     /// One sub-communicator per split with `ncclCommSplit` (NCCL ≥ 2.18; the version was
     /// checked, so cudarc finds the symbol).
     fn split_groups(&self, splits: Vec<group::Split>) -> Result<()> {
@@ -587,6 +763,7 @@ impl NcclComm {
                     self.cu_stream(),
                 )
             }
+            .map(|_| ())
             .map_err(|e| nccl_err("ncclAllReduce", e))
         })?;
         self.download(&d, buf)?;
@@ -627,6 +804,7 @@ impl NcclComm {
                     self.cu_stream(),
                 )
             }
+            .map(|_| ())
             .map_err(|e| nccl_err("ncclReduceScatter", e))
         })?;
         self.download(&r, recv)?;

@@ -1,10 +1,10 @@
 //! Collectives on [`Storage`]: what redistribution and `from_local` call with local shards.
 //!
-//! The [`Communicator`](super::Communicator) trait moves host bytes, so host storage goes
-//! through the mesh's typed collectives directly (borrowed when row-major) and device
-//! storage is staged through the host: copied out, reduced or exchanged, copied back to the
-//! same device. Results are flat (`[n]`) storages on the input's device; callers reshape or
-//! unpack them with a pack plan.
+//! Host storage goes through the mesh's typed collectives directly (borrowed when row-major).
+//! Device storage goes through the `*_buf` collectives of the communicator on device buffers
+//! (module `device`): NCCL runs on them directly, the other backends stage them through the
+//! host. Results are flat (`[n]`) storages on the input's device; callers reshape or unpack
+//! them with a pack plan.
 
 use crate::element::Scalar;
 use crate::error::Result;
@@ -15,6 +15,10 @@ use crate::storage::Storage;
 
 /// [`all_gather`](DeviceMesh::all_gather) of a shard: every member's data, in group order.
 pub(crate) fn all_gather<T: Scalar>(mesh: &DeviceMesh, along: Along, send: &Storage<T>) -> Result<Storage<T>> {
+    #[cfg(feature = "cuda")]
+    if let Storage::Cuda(c) = send {
+        return device::all_gather(mesh, along, c);
+    }
     let out = mesh.all_gather(along, &send.host_data()?)?;
     send.with_host_data(&[out.len()], out)
 }
@@ -26,6 +30,10 @@ pub(crate) fn all_reduce<T: Scalar>(
     mut buf: Storage<T>,
     op: ReduceOp,
 ) -> Result<Storage<T>> {
+    #[cfg(feature = "cuda")]
+    if let Storage::Cuda(c) = &buf {
+        return device::all_reduce_into(mesh, along, c, op);
+    }
     if let Some(data) = buf.host_data_mut() {
         mesh.all_reduce(along, data, op)?;
         return Ok(buf);
@@ -43,6 +51,10 @@ pub(crate) fn all_reduce_into<T: Scalar>(
     send: &Storage<T>,
     op: ReduceOp,
 ) -> Result<Storage<T>> {
+    #[cfg(feature = "cuda")]
+    if let Storage::Cuda(c) = send {
+        return device::all_reduce_into(mesh, along, c, op);
+    }
     let out = mesh.all_reduce_into(along, &send.host_data()?, op)?;
     send.with_host_data(send.shape(), out)
 }
@@ -54,12 +66,20 @@ pub(crate) fn reduce_scatter<T: Scalar>(
     send: &Storage<T>,
     op: ReduceOp,
 ) -> Result<Storage<T>> {
+    #[cfg(feature = "cuda")]
+    if let Storage::Cuda(c) = send {
+        return device::reduce_scatter(mesh, along, c, op);
+    }
     let out = mesh.reduce_scatter(along, &send.host_data()?, op)?;
     send.with_host_data(&[out.len()], out)
 }
 
 /// [`all_to_all`](DeviceMesh::all_to_all) of `n` equal blocks.
 pub(crate) fn all_to_all<T: Scalar>(mesh: &DeviceMesh, along: Along, send: &Storage<T>) -> Result<Storage<T>> {
+    #[cfg(feature = "cuda")]
+    if let Storage::Cuda(c) = send {
+        return device::all_to_all(mesh, along, c);
+    }
     let out = mesh.all_to_all(along, &send.host_data()?)?;
     send.with_host_data(&[out.len()], out)
 }
@@ -72,6 +92,10 @@ pub(crate) fn broadcast<T: Scalar>(
     mut buf: Storage<T>,
     root: usize,
 ) -> Result<Storage<T>> {
+    #[cfg(feature = "cuda")]
+    if let Storage::Cuda(c) = &buf {
+        return device::broadcast(mesh, along, c, root);
+    }
     if let Some(data) = buf.host_data_mut() {
         mesh.broadcast(along, data, root)?;
         return Ok(buf);
@@ -92,4 +116,111 @@ pub(crate) fn all_to_all_strided<T: Scalar>(
 ) -> Result<Storage<T>> {
     let out = mesh.all_to_all_strided(along, &send.host_data()?, rows, run)?;
     send.with_host_data(&[out.len()], out)
+}
+
+/// The device path: flat device outputs written by the communicator's `*_buf` collectives.
+#[cfg(feature = "cuda")]
+mod device {
+    use crate::comm::buf::{CudaBytes, CudaBytesMut};
+    use crate::comm::debug::CollectiveKind;
+    use crate::comm::{Buf, BufMut};
+    use crate::element::Scalar;
+    use crate::error::Result;
+    use crate::mesh::{Along, DeviceMesh};
+    use crate::placement::ReduceOp;
+    use crate::storage::{CudaStorage, Storage};
+
+    fn send_of<T: Scalar>(c: &CudaStorage<T>) -> Buf<'_> {
+        match c.bytes() {
+            Some(view) => Buf::Cuda(CudaBytes { view, device: c.device() }),
+            None => Buf::Host(&[]),
+        }
+    }
+
+    /// A fresh flat device shard of `n` elements and the collective that writes all of it.
+    fn output<T: Scalar>(
+        like: &CudaStorage<T>,
+        n: usize,
+        write: impl FnOnce(BufMut<'_>) -> Result<()>,
+    ) -> Result<Storage<T>> {
+        let mut out = CudaStorage::<T>::zeros(like.device(), &[n])?;
+        let device = std::sync::Arc::clone(like.device());
+        let recv = match out.bytes_mut()? {
+            Some(view) => BufMut::Cuda(CudaBytesMut { view, device: &device }),
+            None => BufMut::Host(&mut []),
+        };
+        write(recv)?;
+        Ok(Storage::Cuda(out))
+    }
+
+    fn len<T: Scalar>(c: &CudaStorage<T>) -> usize {
+        c.shape().iter().product()
+    }
+
+    pub(super) fn all_gather<T: Scalar>(mesh: &DeviceMesh, along: Along, c: &CudaStorage<T>) -> Result<Storage<T>> {
+        let (l, n) = (len(c), mesh.group_len(along)?);
+        output(c, n * l, |recv| {
+            let bytes = l * std::mem::size_of::<T>();
+            mesh.run_buf(CollectiveKind::AllGather, along, T::DTYPE, l, None, None, bytes, |comm, g| {
+                comm.all_gather_buf(g, send_of(c), recv)
+            })
+        })
+    }
+
+    pub(super) fn all_reduce_into<T: Scalar>(
+        mesh: &DeviceMesh,
+        along: Along,
+        c: &CudaStorage<T>,
+        op: ReduceOp,
+    ) -> Result<Storage<T>> {
+        let l = len(c);
+        let out = output(c, l, |recv| {
+            let bytes = l * std::mem::size_of::<T>();
+            mesh.run_buf(CollectiveKind::AllReduce, along, T::DTYPE, l, None, Some(op), bytes, |comm, g| {
+                comm.all_reduce_buf(g, send_of(c), recv, T::DTYPE, op)
+            })
+        })?;
+        out.reshape(c.shape())
+    }
+
+    pub(super) fn reduce_scatter<T: Scalar>(
+        mesh: &DeviceMesh,
+        along: Along,
+        c: &CudaStorage<T>,
+        op: ReduceOp,
+    ) -> Result<Storage<T>> {
+        let (l, n) = (len(c), mesh.group_len(along)?);
+        output(c, l / n.max(1), |recv| {
+            let bytes = l * std::mem::size_of::<T>();
+            mesh.run_buf(CollectiveKind::ReduceScatter, along, T::DTYPE, l, None, Some(op), bytes, |comm, g| {
+                comm.reduce_scatter_buf(g, send_of(c), recv, T::DTYPE, op)
+            })
+        })
+    }
+
+    pub(super) fn all_to_all<T: Scalar>(mesh: &DeviceMesh, along: Along, c: &CudaStorage<T>) -> Result<Storage<T>> {
+        let l = len(c);
+        output(c, l, |recv| {
+            let bytes = l * std::mem::size_of::<T>();
+            mesh.run_buf(CollectiveKind::AllToAll, along, T::DTYPE, l, None, None, bytes, |comm, g| {
+                comm.all_to_all_buf(g, send_of(c), recv)
+            })
+        })
+    }
+
+    pub(super) fn broadcast<T: Scalar>(
+        mesh: &DeviceMesh,
+        along: Along,
+        c: &CudaStorage<T>,
+        root: usize,
+    ) -> Result<Storage<T>> {
+        let l = len(c);
+        let out = output(c, l, |recv| {
+            let bytes = l * std::mem::size_of::<T>();
+            mesh.run_buf(CollectiveKind::Broadcast, along, T::DTYPE, l, Some(root), None, bytes, |comm, g| {
+                comm.broadcast_buf(g, send_of(c), recv, root)
+            })
+        })?;
+        out.reshape(c.shape())
+    }
 }

@@ -12,8 +12,8 @@ use super::op::{
 use super::vmath::{self, Fast};
 use crate::element::{DType, Element, Scalar};
 use crate::error::{Error, Result};
-use crate::layout::contiguous_strides;
 use crate::layout::pack::{CopyBlock, PackPlan};
+use crate::layout::shard_from_global_index;
 use crate::rng::Stream;
 use ndarray::{ArrayD, ArrayViewD, Axis, Dimension, IxDyn, Zip};
 use std::borrow::Cow;
@@ -679,14 +679,10 @@ pub(super) fn cast<T: Scalar, U: Scalar>(a: &ArrayD<T>) -> ArrayD<U> {
 /// The shard (`shape` at `offset`) of a random tensor of `global` shape.
 pub(super) fn random<T: Element>(fill: &RandomFill, global: &[usize], offset: &[usize], shape: &[usize]) -> ArrayD<T> {
     let mut s = Stream::new(fill.seed, fill.offset);
-    let strides = contiguous_strides(global);
-    ArrayD::from_shape_fn(IxDyn(shape), |ix| {
-        let flat: usize = (0..shape.len()).map(|d| (ix[d] + offset[d]) * strides[d]).sum();
-        match fill.dist {
-            Distribution::Uniform => s.uniform(flat),
-            Distribution::Normal => s.normal(flat),
-        }
-    })
+    match fill.dist {
+        Distribution::Uniform => shard_from_global_index(global, offset, shape, |i| s.uniform(i)),
+        Distribution::Normal => shard_from_global_index(global, offset, shape, |i| s.normal(i)),
+    }
 }
 
 pub(super) fn sgd_step<T: Element>(w: &mut ArrayD<T>, g: &ArrayD<T>, buf: Option<&mut ArrayD<T>>, p: &SgdStep) {

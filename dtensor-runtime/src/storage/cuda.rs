@@ -34,7 +34,10 @@ use crate::element::{Element, Scalar};
 use crate::error::{Error, Result};
 use crate::layout::pack::PackPlan;
 use cudarc::cublas::{sys::cublasOperation_t, CudaBlas, Gemm, GemmConfig, StridedBatchedConfig};
-use cudarc::driver::{CudaFunction, CudaSlice, DeviceRepr, LaunchArgs, LaunchConfig, PushKernelArg, ValidAsZeroBits};
+use cudarc::driver::{
+    CudaFunction, CudaSlice, CudaView, CudaViewMut, DeviceRepr, LaunchArgs, LaunchConfig, PushKernelArg,
+    ValidAsZeroBits,
+};
 use ndarray::{ArrayD, IxDyn};
 use std::fmt;
 use std::sync::Arc;
@@ -258,6 +261,21 @@ impl<T: Scalar> CudaStorage<T> {
 
     fn len(&self) -> usize {
         self.shape.iter().product()
+    }
+
+    /// The shard's bytes, for a collective on the device (`None` when empty).
+    pub(crate) fn bytes(&self) -> Option<CudaView<'_, u8>> {
+        let d = self.data.as_ref()?;
+        // SAFETY: every element type is plain old data, so its bytes may be read as bytes.
+        unsafe { d.transmute::<u8>(d.len() * std::mem::size_of::<T>()) }
+    }
+
+    /// The shard's bytes, writable (copied first when shared), for a collective's output.
+    pub(crate) fn bytes_mut(&mut self) -> Result<Option<CudaViewMut<'_, u8>>> {
+        let Some(d) = self.data_mut()? else { return Ok(None) };
+        let n = d.len() * std::mem::size_of::<T>();
+        // SAFETY: every element type is plain old data: any bytes written are a valid value.
+        Ok(unsafe { d.transmute_mut::<u8>(n) })
     }
 
     /// The buffer, mutably: copied first when shared with another storage.

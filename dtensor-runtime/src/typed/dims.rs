@@ -34,13 +34,17 @@ macro_rules! mesh_dim {
     )+};
 }
 
-/// Names the `#[distribute]` macro maps to the predefined types (kept in sync with the list
-/// below; the macro refers to any other name in the user's scope).
-pub const PREDEFINED: &[&str] = &["dp", "tp", "pp", "cp", "sp", "ep", "fsdp", "dim0", "dim1", "dim2", "dim3"];
-
-mesh_dim!(
-    pub dp, pub tp, pub pp, pub cp, pub sp, pub ep, pub fsdp, pub dim0, pub dim1, pub dim2, pub dim3
-);
+/// The predefined names: their types and the list the `#[distribute]` macro maps to them,
+/// from one list.
+macro_rules! predefined {
+    ($($name:ident),+) => {
+        /// Names the `#[distribute]` macro maps to the predefined types (the macro refers to
+        /// any other name in the user's scope).
+        pub const PREDEFINED: &[&str] = &[$(stringify!($name)),+];
+        mesh_dim!($(pub $name),+);
+    };
+}
+predefined!(dp, tp, pp, cp, sp, ep, fsdp, dim0, dim1, dim2, dim3);
 
 /// A mesh at the type level: a tuple of [`MeshDim`] names, one per mesh dimension.
 #[diagnostic::on_unimplemented(

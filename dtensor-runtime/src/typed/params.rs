@@ -52,6 +52,17 @@ pub fn join(prefix: &str, name: &str) -> String {
     }
 }
 
+/// `P::collect_patterns` for the type `P` of the struct field that `field` projects to, so
+/// that generated code need not repeat the field's type.
+#[doc(hidden)]
+pub fn field_patterns<T: Element, S, P: Parameters<T>>(
+    _field: fn(&S) -> &P,
+    prefix: &str,
+    out: &mut Vec<(String, Vec<Placement>)>,
+) {
+    P::collect_patterns(prefix, out);
+}
+
 /// Does `name` match `pattern`, where a `*` segment matches any one segment?
 #[doc(hidden)]
 pub fn matches_pattern(pattern: &str, name: &str) -> bool {

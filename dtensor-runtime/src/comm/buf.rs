@@ -1,0 +1,337 @@
+//! Collective buffers that may live on a device: [`Buf`] (read) and [`BufMut`] (written), each
+//! host bytes or a view into the rank's CUDA memory.
+//!
+//! The `*_buf` collectives of [`Communicator`](super::Communicator) take them. Their default
+//! implementations (threads, MPI) stage device data through the host: copy in, run the host
+//! collective, copy out on the rank's stream. NCCL overrides them to run on device buffers
+//! directly. Without the `cuda` feature the `Cuda` arms hold an uninhabited type, so the API
+//! is the same in every build and the arm is statically unreachable.
+
+use crate::error::Result;
+
+#[cfg(not(feature = "cuda"))]
+pub use absent::{CudaBytes, CudaBytesMut};
+#[cfg(feature = "cuda")]
+pub use device::{CudaBytes, CudaBytesMut};
+
+/// A collective's input: host bytes or device bytes.
+#[derive(Debug)]
+pub enum Buf<'a> {
+    /// Host memory.
+    Host(&'a [u8]),
+    /// Device memory of the rank's CUDA device.
+    Cuda(CudaBytes<'a>),
+}
+
+/// A collective's output: host bytes or device bytes, every byte written on `Ok`.
+#[derive(Debug)]
+pub enum BufMut<'a> {
+    /// Host memory.
+    Host(&'a mut [u8]),
+    /// Device memory of the rank's CUDA device.
+    Cuda(CudaBytesMut<'a>),
+}
+
+impl Buf<'_> {
+    /// Length in bytes.
+    pub fn len(&self) -> usize {
+        match self {
+            Buf::Host(b) => b.len(),
+            Buf::Cuda(d) => d.len(),
+        }
+    }
+    /// Whether it holds no bytes.
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+    /// The bytes on the host: borrowed, or copied from the device.
+    pub fn to_host(&self) -> Result<std::borrow::Cow<'_, [u8]>> {
+        match self {
+            Buf::Host(b) => Ok(std::borrow::Cow::Borrowed(b)),
+            Buf::Cuda(d) => d.to_host().map(std::borrow::Cow::Owned),
+        }
+    }
+}
+
+impl BufMut<'_> {
+    /// Length in bytes.
+    pub fn len(&self) -> usize {
+        match self {
+            BufMut::Host(b) => b.len(),
+            BufMut::Cuda(d) => d.len(),
+        }
+    }
+    /// Whether it holds no bytes.
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+    /// Runs the host collective `run` on a host buffer of this length, then copies its bytes
+    /// here (directly when this buffer is on the host).
+    pub fn stage(&mut self, run: impl FnOnce(&mut [u8]) -> Result<()>) -> Result<()> {
+        match self {
+            BufMut::Host(b) => run(b),
+            BufMut::Cuda(d) => {
+                let mut host = vec![0u8; d.len()];
+                run(&mut host)?;
+                d.copy_from_host(&host)
+            }
+        }
+    }
+}
+
+/// The default `*_buf` collectives: device data staged through the host around the host
+/// collective (every backend without a device path; NCCL for buffers it cannot take directly).
+pub mod staged {
+    use super::{Buf, BufMut};
+    use crate::comm::check;
+    use crate::comm::Communicator;
+    use crate::element::DType;
+    use crate::error::Result;
+    use crate::placement::ReduceOp;
+
+    /// [`Communicator::all_gather_buf`] through the host.
+    pub fn all_gather<C: Communicator + ?Sized>(
+        c: &C,
+        group: &[usize],
+        send: Buf<'_>,
+        mut recv: BufMut<'_>,
+    ) -> Result<()> {
+        let send = send.to_host()?;
+        recv.stage(|r| c.all_gather(group, &send, r.into()))
+    }
+
+    /// [`Communicator::all_reduce_buf`] through the host.
+    pub fn all_reduce<C: Communicator + ?Sized>(
+        c: &C,
+        group: &[usize],
+        send: Buf<'_>,
+        mut recv: BufMut<'_>,
+        dtype: DType,
+        op: ReduceOp,
+    ) -> Result<()> {
+        let send = send.to_host()?;
+        recv.stage(|r| c.all_reduce_into(group, &send, r.into(), dtype, op))
+    }
+
+    /// [`Communicator::reduce_scatter_buf`] through the host.
+    pub fn reduce_scatter<C: Communicator + ?Sized>(
+        c: &C,
+        group: &[usize],
+        send: Buf<'_>,
+        mut recv: BufMut<'_>,
+        dtype: DType,
+        op: ReduceOp,
+    ) -> Result<()> {
+        let send = send.to_host()?;
+        recv.stage(|r| c.reduce_scatter(group, &send, r.into(), dtype, op))
+    }
+
+    /// [`Communicator::all_to_all_buf`] through the host.
+    pub fn all_to_all<C: Communicator + ?Sized>(
+        c: &C,
+        group: &[usize],
+        send: Buf<'_>,
+        mut recv: BufMut<'_>,
+    ) -> Result<()> {
+        let send = send.to_host()?;
+        recv.stage(|r| c.all_to_all(group, &send, r.into()))
+    }
+
+    /// [`Communicator::broadcast_buf`] through the host.
+    pub fn broadcast<C: Communicator + ?Sized>(
+        c: &C,
+        group: &[usize],
+        send: Buf<'_>,
+        mut recv: BufMut<'_>,
+        root: usize,
+    ) -> Result<()> {
+        check::same_len("broadcast", send.len(), recv.len())?;
+        let send = send.to_host()?;
+        recv.stage(|r| {
+            r.copy_from_slice(&send);
+            c.broadcast(group, r, root)
+        })
+    }
+}
+
+#[cfg(feature = "cuda")]
+mod device {
+    use crate::cuda::{cuda_err, CudaDevice};
+    use crate::error::Result;
+    use cudarc::driver::{CudaView, CudaViewMut};
+    use std::fmt;
+    use std::sync::Arc;
+
+    /// Bytes of device memory and the device handle whose stream orders work on them.
+    pub struct CudaBytes<'a> {
+        /// The bytes.
+        pub view: CudaView<'a, u8>,
+        /// The rank's device (its stream orders the copies).
+        pub device: &'a Arc<CudaDevice>,
+    }
+
+    /// Writable bytes of device memory and the device handle whose stream orders work on them.
+    pub struct CudaBytesMut<'a> {
+        /// The bytes.
+        pub view: CudaViewMut<'a, u8>,
+        /// The rank's device (its stream orders the copies).
+        pub device: &'a Arc<CudaDevice>,
+    }
+
+    impl fmt::Debug for CudaBytes<'_> {
+        fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+            write!(f, "CudaBytes({} B on {:?})", self.view.len(), self.device)
+        }
+    }
+
+    impl fmt::Debug for CudaBytesMut<'_> {
+        fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+            write!(f, "CudaBytesMut({} B on {:?})", self.view.len(), self.device)
+        }
+    }
+
+    impl CudaBytes<'_> {
+        /// Length in bytes.
+        pub fn len(&self) -> usize {
+            self.view.len()
+        }
+        /// Whether it holds no bytes.
+        pub fn is_empty(&self) -> bool {
+            self.view.len() == 0
+        }
+        /// Copied to the host (a device-to-pageable copy returns once it is complete).
+        pub fn to_host(&self) -> Result<Vec<u8>> {
+            let mut out = vec![0u8; self.view.len()];
+            self.device.stream().memcpy_dtoh(&self.view, &mut out).map_err(|e| cuda_err("staging device bytes", e))?;
+            Ok(out)
+        }
+    }
+
+    impl CudaBytesMut<'_> {
+        /// Length in bytes.
+        pub fn len(&self) -> usize {
+            self.view.len()
+        }
+        /// Whether it holds no bytes.
+        pub fn is_empty(&self) -> bool {
+            self.view.len() == 0
+        }
+        /// Overwritten with `host` (same length, checked by the caller).
+        pub fn copy_from_host(&mut self, host: &[u8]) -> Result<()> {
+            crate::comm::check::same_len("staging", host.len(), self.view.len())?;
+            self.device.stream().memcpy_htod(host, &mut self.view).map_err(|e| cuda_err("copying to the device", e))
+        }
+    }
+}
+
+#[cfg(not(feature = "cuda"))]
+mod absent {
+    use crate::error::Result;
+    use std::convert::Infallible;
+    use std::marker::PhantomData;
+
+    /// Device bytes; the `cuda` feature is off, so none exist.
+    #[derive(Debug)]
+    pub struct CudaBytes<'a> {
+        never: Infallible,
+        _borrow: PhantomData<&'a [u8]>,
+    }
+
+    /// Writable device bytes; the `cuda` feature is off, so none exist.
+    #[derive(Debug)]
+    pub struct CudaBytesMut<'a> {
+        never: Infallible,
+        _borrow: PhantomData<&'a mut [u8]>,
+    }
+
+    impl CudaBytes<'_> {
+        /// Length in bytes.
+        pub fn len(&self) -> usize {
+            match self.never {}
+        }
+        /// Whether it holds no bytes.
+        pub fn is_empty(&self) -> bool {
+            match self.never {}
+        }
+        /// Copied to the host.
+        pub fn to_host(&self) -> Result<Vec<u8>> {
+            match self.never {}
+        }
+    }
+
+    impl CudaBytesMut<'_> {
+        /// Length in bytes.
+        pub fn len(&self) -> usize {
+            match self.never {}
+        }
+        /// Whether it holds no bytes.
+        pub fn is_empty(&self) -> bool {
+            match self.never {}
+        }
+        /// Overwritten with `host`.
+        pub fn copy_from_host(&mut self, _host: &[u8]) -> Result<()> {
+            match self.never {}
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::element::DType;
+    use crate::error::Error;
+    use crate::placement::ReduceOp;
+
+    /// The host arms of the `*_buf` collectives give what the host collectives give, on the
+    /// thread backend (uneven values, 3 ranks).
+    #[test]
+    fn host_buffers_match_the_host_collectives() {
+        let out = crate::launch::run(3, |ctx| {
+            let c = ctx.comm();
+            let g = [0usize, 1, 2];
+            let me = ctx.rank() as f32;
+            let xs: Vec<f32> = (0..6).map(|i| me * 10.0 + i as f32 * 0.5).collect();
+            let send: &[u8] = bytemuck::cast_slice(&xs);
+            let f32s = |b: &[u8]| bytemuck::pod_collect_to_vec::<u8, f32>(b);
+
+            let mut a = vec![0u8; 3 * send.len()];
+            c.all_gather_buf(&g, Buf::Host(send), BufMut::Host(&mut a))?;
+            let mut b = vec![0u8; 3 * send.len()];
+            c.all_gather(&g, send, (&mut b).into())?;
+            assert_eq!(a, b, "all_gather");
+
+            let mut a = vec![0u8; send.len()];
+            c.all_reduce_buf(&g, Buf::Host(send), BufMut::Host(&mut a), DType::F32, ReduceOp::Sum)?;
+            let mut b = send.to_vec();
+            c.all_reduce(&g, &mut b, DType::F32, ReduceOp::Sum)?;
+            assert_eq!(f32s(&a), f32s(&b), "all_reduce");
+
+            let mut a = vec![0u8; send.len() / 3];
+            c.reduce_scatter_buf(&g, Buf::Host(send), BufMut::Host(&mut a), DType::F32, ReduceOp::Max)?;
+            let mut b = vec![0u8; send.len() / 3];
+            c.reduce_scatter(&g, send, (&mut b).into(), DType::F32, ReduceOp::Max)?;
+            assert_eq!(f32s(&a), f32s(&b), "reduce_scatter");
+
+            let mut a = vec![0u8; send.len()];
+            c.all_to_all_buf(&g, Buf::Host(send), BufMut::Host(&mut a))?;
+            let mut b = vec![0u8; send.len()];
+            c.all_to_all(&g, send, (&mut b).into())?;
+            assert_eq!(a, b, "all_to_all");
+
+            let mut a = vec![0u8; send.len()];
+            c.broadcast_buf(&g, Buf::Host(send), BufMut::Host(&mut a), 2)?;
+            let mut b = send.to_vec();
+            c.broadcast(&g, &mut b, 2)?;
+            assert_eq!(a, b, "broadcast");
+
+            // A receive buffer of the wrong length is a typed error, never a panic.
+            let mut short = vec![0u8; 3];
+            let e = c.broadcast_buf(&g, Buf::Host(send), BufMut::Host(&mut short), 0).unwrap_err();
+            assert!(matches!(e, Error::BufferMismatch { .. }), "{e:?}");
+            Ok(f32s(&a))
+        })
+        .unwrap();
+        let root: Vec<f32> = (0..6).map(|i| 20.0 + i as f32 * 0.5).collect();
+        assert!(out.iter().all(|v| *v == root));
+    }
+}
