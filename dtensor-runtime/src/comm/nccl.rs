@@ -335,6 +335,15 @@ fn nccl_op(op: ReduceOp, version: NcclVersion) -> sys::ncclRedOp_t {
 
 const U8: sys::ncclDataType_t = sys::ncclDataType_t::ncclUint8;
 
+/// The two NCCL reductions.
+#[derive(Clone, Copy)]
+enum Reduce {
+    /// `ncclAllReduce`: every member gets the whole reduction.
+    All,
+    /// `ncclReduceScatter`: member `i` gets block `i` of it.
+    Scatter,
+}
+
 // SAFETY: results come back through host copies into initialised memory, so every
 // `RecvBuf` is zero-filled first (`RecvBuf::zeroed`) and then overwritten.
 unsafe impl Communicator for NcclComm {
@@ -552,20 +561,8 @@ unsafe impl Communicator for NcclComm {
         self.run("all_reduce", group, |comm, _| {
             let (sp, _g1) = s.view.device_ptr(&self.stream);
             let (rp, _g2) = r.view.device_ptr_mut(&self.stream);
-            // SAFETY: out-of-place reduction of `count` elements; both buffers hold them.
-            unsafe {
-                result::all_reduce(
-                    sp as *const c_void,
-                    rp as *mut c_void,
-                    count,
-                    nccl_dtype(dtype),
-                    nccl_op(op, self.version),
-                    comm,
-                    self.cu_stream(),
-                )
-            }
-            .map(|_| ())
-            .map_err(|e| nccl_err("ncclAllReduce", e))
+            // SAFETY: both buffers hold `count` elements (checked above).
+            unsafe { self.enqueue_reduce(Reduce::All, comm, sp, rp, count, dtype, op) }
         })
     }
 
@@ -592,19 +589,7 @@ unsafe impl Communicator for NcclComm {
             let (sp, _g1) = s.view.device_ptr(&self.stream);
             let (rp, _g2) = r.view.device_ptr_mut(&self.stream);
             // SAFETY: send holds n * count elements, recv count (checked above).
-            unsafe {
-                result::reduce_scatter(
-                    sp as *const c_void,
-                    rp as *mut c_void,
-                    count,
-                    nccl_dtype(dtype),
-                    nccl_op(op, self.version),
-                    comm,
-                    self.cu_stream(),
-                )
-            }
-            .map(|_| ())
-            .map_err(|e| nccl_err("ncclReduceScatter", e))
+            unsafe { self.enqueue_reduce(Reduce::Scatter, comm, sp, rp, count, dtype, op) }
         })
     }
 
@@ -677,6 +662,39 @@ impl NcclComm {
     /// handled by a host mask), not `Avg` without `ncclAvg` (a host divide).
     fn reduces_on_device(&self, dtype: DType, op: ReduceOp) -> bool {
         !reduce::drops_nan(dtype, op) && (op != ReduceOp::Avg || self.version.has_avg())
+    }
+
+    /// Enqueues `ncclAllReduce` or `ncclReduceScatter` of `count` output elements of `dtype`
+    /// from `sp` into `rp` (which may be `sp` for an all-reduce) on this rank's stream.
+    ///
+    /// # Safety
+    /// `rp` holds `count` elements and `sp` `count` (all-reduce) or `n * count` (reduce-scatter
+    /// over `n` members), in device memory that stays alive until the stream has passed.
+    #[allow(clippy::too_many_arguments)]
+    unsafe fn enqueue_reduce(
+        &self,
+        kind: Reduce,
+        comm: sys::ncclComm_t,
+        sp: u64,
+        rp: u64,
+        count: usize,
+        dtype: DType,
+        op: ReduceOp,
+    ) -> Result<()> {
+        let (s, r, t, o, st) =
+            (sp as *const c_void, rp as *mut c_void, nccl_dtype(dtype), nccl_op(op, self.version), self.cu_stream());
+        // SAFETY: the caller's contract.
+        let res = unsafe {
+            match kind {
+                Reduce::All => result::all_reduce(s, r, count, t, o, comm, st),
+                Reduce::Scatter => result::reduce_scatter(s, r, count, t, o, comm, st),
+            }
+        };
+        let name = match kind {
+            Reduce::All => "ncclAllReduce",
+            Reduce::Scatter => "ncclReduceScatter",
+        };
+        res.map(|_| ()).map_err(|e| nccl_err(name, e))
     }
 
     /// Grouped `ncclSend`/`ncclRecv` of block `j` (`l` bytes) of `sp` to member `j` and from
@@ -752,19 +770,7 @@ impl NcclComm {
         self.run("all_reduce", group, |comm, _| {
             let (p, _g) = d.device_ptr_mut(&self.stream);
             // SAFETY: in-place reduction over `count` elements of `dtype`.
-            unsafe {
-                result::all_reduce(
-                    p as *const c_void,
-                    p as *mut c_void,
-                    count,
-                    nccl_dtype(dtype),
-                    nccl_op(op, self.version),
-                    comm,
-                    self.cu_stream(),
-                )
-            }
-            .map(|_| ())
-            .map_err(|e| nccl_err("ncclAllReduce", e))
+            unsafe { self.enqueue_reduce(Reduce::All, comm, p, p, count, dtype, op) }
         })?;
         self.download(&d, buf)?;
         self.finish(dtype, op, buf, group.len());
@@ -793,19 +799,7 @@ impl NcclComm {
             let (sp, _g1) = s.device_ptr(&self.stream);
             let (rp, _g2) = r.device_ptr_mut(&self.stream);
             // SAFETY: send holds n * count elements, recv count.
-            unsafe {
-                result::reduce_scatter(
-                    sp as *const c_void,
-                    rp as *mut c_void,
-                    count,
-                    nccl_dtype(dtype),
-                    nccl_op(op, self.version),
-                    comm,
-                    self.cu_stream(),
-                )
-            }
-            .map(|_| ())
-            .map_err(|e| nccl_err("ncclReduceScatter", e))
+            unsafe { self.enqueue_reduce(Reduce::Scatter, comm, sp, rp, count, dtype, op) }
         })?;
         self.download(&r, recv)?;
         self.finish(dtype, op, recv, n);
