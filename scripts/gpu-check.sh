@@ -101,13 +101,15 @@ for t in "$dir"/tests/*; do
   rc=$?
   echo "   $name: exit $rc in $(( $(date +%s) - t0 )) s ($(grep -c 'GPUCHECK ' "$logs/$name.log") checks)"
   grep -o 'GPUCHECK .*' "$logs/$name.log" | sed 's/^GPUCHECK //' >>"$rows"
-  # Tests that failed before printing their row: the panic message is the detail.
-  for f in $(sed -n 's/^test \(.*\) \.\.\. FAILED$/\1/p' "$logs/$name.log"); do
+  # Failed tests, from the harness's closing `failures:` list (with --nocapture a test's own
+  # output splits its `test X ... FAILED` line); the panic message is the detail.
+  failed=$(sed -n '/^failures:$/,/^test result/p' "$logs/$name.log" | sed -n 's/^    \([A-Za-z0-9_:]*\)$/\1/p' | sort -u)
+  for f in $failed; do
     msg=$(grep -A1 "thread '$f'.*panicked" "$logs/$name.log" | tail -1 | cut -c1-160)
     row "$name::$f" FAIL "${msg:-see the log}"
   done
   if [ "$rc" -eq 124 ]; then row "$name" FAIL "timed out (budget)"; fi
-  if [ "$rc" -ne 0 ] && ! grep -q '^test result' "$logs/$name.log"; then
+  if [ "$rc" -ne 0 ] && [ "$rc" -ne 124 ] && [ -z "$failed" ]; then
     row "$name" FAIL "exit $rc: $(tail -1 "$logs/$name.log" | cut -c1-160)"
   fi
 done

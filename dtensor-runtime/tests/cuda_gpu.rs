@@ -29,7 +29,8 @@ fn max_err(a: &ArrayD<f64>, b: &ArrayD<f64>) -> f64 {
 fn cpu_matmul(a: &ArrayD<f64>, b: &ArrayD<f64>) -> ArrayD<f64> {
     let k = *a.shape().last().unwrap();
     let lead: Vec<usize> = a.shape()[..a.ndim() - 1].to_vec();
-    let a2 = a.to_shape((a.len() / k.max(1), k)).unwrap().into_owned();
+    // Rows from the leading dims, not len / k: with k = 0 that would be 0 rows.
+    let a2 = a.to_shape((lead.iter().product::<usize>(), k)).unwrap().into_owned();
     let b2 = b.clone().into_dimensionality::<Ix2>().unwrap();
     let c = a2.dot(&b2);
     let mut shape = lead;

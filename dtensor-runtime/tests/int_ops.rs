@@ -400,6 +400,41 @@ fn partial_integers_through_comparisons_and_views() {
     }
 }
 
+/// An integer mask selecting in a float tensor is read as "non-zero", whatever its layout: a
+/// sharded `u8`/`i64` mask (cast straight to the float, every non-zero integer staying
+/// non-zero) and a Partial `u8` mask whose wrapping sum is 0 on some elements (200 + 56 = 256
+/// wraps to 0: those must select `other`, as the reduced mask says).
+#[test]
+fn integer_masks_select_in_float_tensors_by_their_reduced_value() {
+    let outs = run(2, |ctx| {
+        let m = ctx.init_device_mesh(&[2], &["x"])?;
+        let x = distribute_tensor(ArrayD::from_shape_fn(IxDyn(&[5]), |ix| ix[0] as f32 + 1.0), &m, &[s(0)], None)?;
+        let y = distribute_tensor(ArrayD::from_elem(IxDyn(&[5]), -1.0f32), &m, &[s(0)], None)?;
+        let sharded = ArrayD::from_shape_vec(IxDyn(&[5]), vec![0u8, 255, 1, 0, 128]).unwrap();
+        let wide = ArrayD::from_shape_vec(IxDyn(&[5]), vec![1i64 << 40, 0, -3, 0, 1]).unwrap();
+        let by_u8 = x.where_(&distribute_tensor(sharded, &m, &[s(0)], None)?, &y)?;
+        let by_i64 = x.where_(&distribute_tensor(wide, &m, &[R], None)?, &y)?;
+        // Rank 0 holds 200 on elements 0-1, rank 1 holds 56 there: their u8 sum wraps to 0.
+        let part = if ctx.rank() == 0 { vec![200u8, 200, 1, 0, 0] } else { vec![56u8, 56, 0, 0, 2] };
+        let pm = dtensor_runtime::from_local(
+            ArrayD::from_shape_vec(IxDyn(&[5]), part).unwrap(),
+            &m,
+            &[Partial(ReduceOp::Sum)],
+            Default::default(),
+        )?;
+        let by_partial = x.where_(&pm, &y)?;
+        let filled = x.masked_fill(&pm, 9.0)?;
+        Ok([by_u8, by_i64, by_partial, filled].map(|t| t.full_tensor().unwrap().into_raw_vec_and_offset().0))
+    })
+    .unwrap();
+    for [by_u8, by_i64, by_partial, filled] in outs {
+        assert_eq!(by_u8, vec![-1.0, 2.0, 3.0, -1.0, 5.0]);
+        assert_eq!(by_i64, vec![1.0, -1.0, 3.0, -1.0, 5.0]);
+        assert_eq!(by_partial, vec![-1.0, -1.0, 3.0, -1.0, 5.0]);
+        assert_eq!(filled, vec![1.0, 2.0, 9.0, 4.0, 9.0]);
+    }
+}
+
 #[test]
 fn integer_index_and_mask_edge_cases_are_typed() {
     run(2, |ctx| {

@@ -43,12 +43,18 @@ fn compare<T: Scalar>(op: BinaryOp, a: &DTensor<T>, b: &DTensor<T>) -> Result<DT
     })
 }
 
-/// The mask `m` as a 0/1 mask of `T` (what `where_impl` reads): `m` itself when it is one of
-/// `T`, else its non-zero test cast to `T` (a plain cast would read 0.5 as an integer 0 and 256
-/// as a `u8` 0).
+/// The mask `m` as a mask of `T` (what `where_impl` reads: zero or not): `m` itself when it is
+/// one of `T`; a plain cast when `m` is an integer mask and `T` a float, since every non-zero
+/// integer casts to a non-zero float (this also keeps a `u8` mask off the integer comparison
+/// kernels CUDA lacks), unless `m` is Partial (a wrapping integer sum of the partials is not
+/// the float sum of their casts); else its non-zero test cast to `T` (a plain cast would read
+/// 0.5 as an integer 0, 256 as a `u8` 0 and a tiny f64 as an f32 0).
 fn mask_as<T: Scalar, M: Scalar>(m: &DTensor<M>) -> Result<Cow<'_, DTensor<T>>> {
     if M::DTYPE == T::DTYPE {
         return super::in_type::<T, M>(m);
+    }
+    if !M::DTYPE.is_float() && T::DTYPE.is_float() && !m.placements.iter().any(Placement::is_partial) {
+        return no_grad(|| m.cast::<T>()).map(Cow::Owned);
     }
     compare(BinaryOp::Ne, m, &scalar_like(m, M::zero())?)?.cast::<T>().map(Cow::Owned)
 }
