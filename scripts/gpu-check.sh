@@ -17,7 +17,7 @@
 # 2 on bad usage.
 set -uo pipefail
 
-usage() { sed -n '2,18p' "$0" | sed 's/^# \{0,1\}//'; }
+usage() { sed -n '2,17p' "$0" | sed 's/^# \{0,1\}//'; }
 dir=""
 while [ $# -gt 0 ]; do
   case "$1" in
