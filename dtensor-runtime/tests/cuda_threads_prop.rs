@@ -22,7 +22,7 @@ const TEST: &str = "cuda_threads_redistribute_prop";
 
 /// At most this many cases (`PROPTEST_CASES` overrides) ...
 fn max_cases() -> usize {
-    std::env::var("PROPTEST_CASES").ok().and_then(|v| v.parse().ok()).unwrap_or(2000)
+    std::env::var("PROPTEST_CASES").ok().and_then(|v| v.parse().ok()).unwrap_or(6000)
 }
 
 /// ... and no new case after this long (`GPU_PROP_SECONDS` overrides).
