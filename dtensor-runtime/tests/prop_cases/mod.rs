@@ -122,7 +122,7 @@ pub fn run_chain(ctx: &RankCtx, case: &Case) -> dtensor_runtime::Result<RankOutp
     Ok((locals, dt.full_tensor()?))
 }
 
-/// Runs `case` on `world` in-process ranks of `mode` (every rank's result comes back) and
+/// Runs `case` on in-process ranks of `mode`, one per mesh position (every rank's result comes back), and
 /// checks them against the global tensor.
 pub fn check_case(mode: Launch, case: &Case) -> Result<(), String> {
     let world: usize = case.mesh.iter().product();
