@@ -10,12 +10,14 @@
 # examples' GPU runs, and ends with one `name | result | detail` table built from the
 # `GPUCHECK name | result | detail` lines the tests print (a test that fails before printing
 # shows up as FAIL with its panic message). The whole run stays under 4 minutes
-# (GPU_CHECK_BUDGET_S, default 210 s).
+# (GPU_CHECK_BUDGET_S, default 210 s). A second table follows with the `BANDWIDTH` lines the
+# tests print (tests/cuda_bandwidth.rs: redistribution vs device memcpy).
+# GPU_CHECK_LOGS=DIR writes the per-binary logs to DIR (created) instead of a temporary folder.
 # Exit status: 0 when nothing failed (a SKIP fails too unless ALLOW_SKIP=1), 1 otherwise,
 # 2 on bad usage.
 set -uo pipefail
 
-usage() { sed -n '2,16p' "$0" | sed 's/^# \{0,1\}//'; }
+usage() { sed -n '2,17p' "$0" | sed 's/^# \{0,1\}//'; }
 dir=""
 while [ $# -gt 0 ]; do
   case "$1" in
@@ -87,7 +89,12 @@ else
 fi
 
 rows=$(mktemp)
-logs=$(mktemp -d)
+if [ -n "${GPU_CHECK_LOGS:-}" ]; then
+  logs=$GPU_CHECK_LOGS
+  mkdir -p "$logs" || { echo "gpu-check: cannot create GPU_CHECK_LOGS=$logs" >&2; exit 2; }
+else
+  logs=$(mktemp -d)
+fi
 row() { printf '%s | %s | %s\n' "$1" "$2" "$3" >>"$rows"; }
 
 echo "== device tests"
@@ -146,6 +153,17 @@ printf '%-56s-+-%-6s-+-%s\n' "$(printf -- '-%.0s' {1..56})" ------ "$(printf -- 
 while IFS='|' read -r n r d; do
   printf '%-56s | %-6s | %s\n' "$(echo "$n" | xargs)" "$(echo "$r" | xargs)" "$(echo "$d" | sed 's/^ *//')"
 done <"$rows"
+# The bandwidth table: `BANDWIDTH transition | ranks | size | ms | GB/s | x memcpy` lines, the
+# first of which is the header.
+bw=$(cat "$logs"/*.log 2>/dev/null | grep -o 'BANDWIDTH .*' | sed 's/^BANDWIDTH //')
+if [ -n "$bw" ]; then
+  echo
+  echo "$bw" | awk -F'|' '{
+    for (i = 1; i <= NF; i++) { gsub(/^ +| +$/, "", $i) }
+    printf "%-30s | %5s | %-7s | %9s | %8s | %8s\n", $1, $2, $3, $4, $5, $6
+    if (NR == 1) printf "%s-+-%s-+-%s-+-%s-+-%s-+-%s\n", "------------------------------", "-----", "-------", "---------", "--------", "--------"
+  }'
+fi
 fails=$(awk -F'|' '$2 ~ /FAIL/' "$rows" | wc -l)
 skips=$(awk -F'|' '$2 ~ /SKIP/' "$rows" | wc -l)
 passes=$(awk -F'|' '$2 ~ /PASS/' "$rows" | wc -l)

@@ -5,15 +5,9 @@
 mod common;
 mod prop_cases;
 
-use dtensor_runtime::run;
-use prop_cases::{case_strategy, check_outputs, mesh_strategy, run_chain, Case};
+use dtensor_runtime::Launch;
+use prop_cases::{case_strategy, check_case, mesh_strategy};
 use proptest::prelude::*;
-
-fn check_case(case: &Case) -> Result<(), String> {
-    let world: usize = case.mesh.iter().product();
-    let out = run(world, |ctx| run_chain(&ctx, case)).map_err(|e| format!("run failed: {e}"))?;
-    check_outputs(case, &out)
-}
 
 fn cases() -> u32 {
     std::env::var("PROPTEST_CASES").ok().and_then(|v| v.parse().ok()).unwrap_or(10_000)
@@ -24,7 +18,7 @@ proptest! {
 
     #[test]
     fn redistribution_chains_match_global(case in case_strategy(mesh_strategy())) {
-        if let Err(e) = check_case(&case) {
+        if let Err(e) = check_case(Launch::Threads, &case) {
             return Err(TestCaseError::fail(format!("{e}\ncase: {case:?}")));
         }
     }

@@ -1,11 +1,12 @@
 //! Redistribution property cases shared by the thread-backend property test
-//! (`redistribute_prop.rs`) and the MPI suite (`mpi_redistribute.rs`): the case generator,
-//! the per-rank chain runner and the check against the global tensor.
+//! (`redistribute_prop.rs`), its `cuda-threads` run (`cuda_threads_prop.rs`) and the MPI
+//! suite (`mpi_redistribute.rs`): the case generator, the per-rank chain runner and the check
+//! against the global tensor.
 #![allow(dead_code)]
 
 use crate::common::{check_layout, global};
 use dtensor_runtime::ndarray::ArrayD;
-use dtensor_runtime::{distribute_tensor, Placement, RankCtx, ReduceOp};
+use dtensor_runtime::{distribute_tensor, launch, Launch, Placement, RankCtx, ReduceOp};
 use proptest::prelude::*;
 
 /// Random 1-3-d meshes of up to 8 ranks (thread backend: any world size).
@@ -110,13 +111,23 @@ pub fn run_chain(ctx: &RankCtx, case: &Case) -> dtensor_runtime::Result<RankOutp
     let names: Vec<&str> = names.iter().map(|s| s.as_str()).collect();
     let mesh = ctx.init_device_mesh(&case.mesh, &names)?;
     let mut dt = distribute_tensor(&g, &mesh, &case.chain[0], None)?;
+    assert_eq!(dt.device(), ctx.device(), "shards live on the rank's device");
     let mut locals = vec![dt.to_host()?];
     for p in &case.chain[1..] {
         dt = dt.redistribute(p)?;
         assert_eq!(dt.placements(), &p[..]);
+        assert_eq!(dt.device(), ctx.device(), "shards stay on the rank's device");
         locals.push(dt.to_host()?);
     }
     Ok((locals, dt.full_tensor()?))
+}
+
+/// Runs `case` on in-process ranks of `mode`, one per mesh position (every rank's result comes back), and
+/// checks them against the global tensor.
+pub fn check_case(mode: Launch, case: &Case) -> Result<(), String> {
+    let world: usize = case.mesh.iter().product();
+    let out = launch(mode, world, |ctx| run_chain(&ctx, case)).map_err(|e| format!("run failed on {mode}: {e}"))?;
+    check_outputs(case, &out)
 }
 
 /// Checks every rank's outputs (`out[rank]`) against slicing/reducing the global tensor.
