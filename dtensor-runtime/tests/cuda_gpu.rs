@@ -13,7 +13,7 @@ use dtensor_runtime::comm::nccl::NcclComm;
 use dtensor_runtime::cuda::{self, CudaDevice};
 use dtensor_runtime::ndarray::{ArrayD, Ix2, IxDyn};
 use dtensor_runtime::storage::op::{BinaryOp, Reduction, UnaryOp};
-use dtensor_runtime::storage::{Device, Storage, Target};
+use dtensor_runtime::storage::{CudaStorage, Device, Storage, Target};
 use dtensor_runtime::{
     distribute_tensor, from_local, zeros, Communicator, DType, DeviceMesh, Error, FromLocal, ReduceOp, Replicate,
     Shard, TensorOptions,
@@ -293,4 +293,175 @@ fn launch_cuda_threads_2x2() {
     if let Some(detail) = launch_redistributes(test, dtensor_runtime::Launch::CudaThreads, 4, [2, 2]) {
         println!("GPUCHECK {test} | PASS | {detail}");
     }
+}
+
+/// Rank `r`'s `len` values of `T` as bytes: varied, and a NaN at element 3 of rank 1 for the
+/// floats (max and min must propagate it as the host fold does).
+fn rank_values<T: dtensor_runtime::Scalar>(r: usize, len: usize) -> Vec<u8> {
+    let v: Vec<T> = (0..len)
+        .map(|i| {
+            let x = ((r * 7919 + i * 104_729) % 2001) as f64 * 0.37 - 370.0 + r as f64 * 1e-3;
+            let x = if r == 1 && i == 3 && T::DTYPE.is_float() { f64::NAN } else { x };
+            T::of_f64(x)
+        })
+        .collect();
+    bytemuck::cast_slice(&v).to_vec()
+}
+
+/// Whether `got` and `want` (elements of `T`) have the same bits, except that a NaN matches
+/// any NaN: the GPU's arithmetic returns its canonical NaN, the host's keeps an operand's bits.
+fn same_bits<T: dtensor_runtime::Scalar>(got: &[u8], want: &[u8]) -> bool {
+    let (g, w): (Vec<T>, Vec<T>) = (bytemuck::pod_collect_to_vec(got), bytemuck::pod_collect_to_vec(want));
+    let nan = |x: &T| x.partial_cmp(x).is_none();
+    g.len() == w.len()
+        && g.iter().zip(&w).all(|(a, b)| (nan(a) && nan(b)) || bytemuck::bytes_of(a) == bytemuck::bytes_of(b))
+}
+
+/// `bytes` on `dev` as a flat storage of `T`.
+fn dev_bytes<T: dtensor_runtime::Scalar>(dev: &Arc<CudaDevice>, bytes: &[u8]) -> CudaStorage<T> {
+    let v: Vec<T> = bytemuck::pod_collect_to_vec(bytes);
+    CudaStorage::from_slice(dev, &[v.len()], &v).unwrap()
+}
+
+/// The bytes of a device storage.
+fn host_bytes<T: dtensor_runtime::Scalar>(s: &CudaStorage<T>) -> Vec<u8> {
+    let a = s.to_host().unwrap();
+    bytemuck::cast_slice(a.as_slice().unwrap()).to_vec()
+}
+
+/// Every `*_buf` collective of `comm` over `group` on device buffers of `k` elements per block,
+/// against what the host computes: the copies bit for bit against the host buffers' result
+/// (the inner thread backend), the reductions bit for bit (any NaN matching any NaN) against
+/// the host fold of the members' inputs in group order (the order the device path folds in). Returns the number of
+/// collectives checked.
+fn buf_collectives_case<T: dtensor_runtime::Scalar>(
+    comm: &Arc<dyn Communicator>,
+    dev: &Arc<CudaDevice>,
+    group: &[usize],
+    k: usize,
+    ops: &[ReduceOp],
+) -> dtensor_runtime::Result<usize> {
+    use dtensor_runtime::comm::{reduce, Buf, BufMut};
+    let (n, es, dtype) = (group.len(), std::mem::size_of::<T>(), T::DTYPE);
+    let me = group.iter().position(|&r| r == comm.rank()).unwrap();
+    let ctx = format!("{dtype} k={k} group {group:?} rank {}", comm.rank());
+    let mut checked = 0;
+    let out = |len: usize| CudaStorage::<T>::zeros(dev, &[len]).unwrap();
+
+    // all_gather: against the host buffers through the thread backend, and the members' inputs.
+    let send = rank_values::<T>(comm.rank(), k);
+    let d_send = dev_bytes::<T>(dev, &send);
+    let mut d_recv = out(n * k);
+    comm.all_gather_buf(group, d_send.buf(), d_recv.buf_mut()?)?;
+    let mut h_recv = vec![0u8; n * k * es];
+    comm.all_gather_buf(group, Buf::Host(&send), BufMut::Host(&mut h_recv))?;
+    let want: Vec<u8> = group.iter().flat_map(|&r| rank_values::<T>(r, k)).collect();
+    assert_eq!(h_recv, want, "all_gather host {ctx}");
+    assert_eq!(host_bytes(&d_recv), want, "all_gather device {ctx}");
+    checked += 1;
+
+    // all_to_all of n blocks of k.
+    let send = rank_values::<T>(comm.rank(), n * k);
+    let d_send = dev_bytes::<T>(dev, &send);
+    let mut d_recv = out(n * k);
+    comm.all_to_all_buf(group, d_send.buf(), d_recv.buf_mut()?)?;
+    let mut h_recv = vec![0u8; n * k * es];
+    comm.all_to_all_buf(group, Buf::Host(&send), BufMut::Host(&mut h_recv))?;
+    let block = |r: usize, i: usize| rank_values::<T>(r, n * k)[i * k * es..(i + 1) * k * es].to_vec();
+    let want: Vec<u8> = group.iter().flat_map(|&r| block(r, me)).collect();
+    assert_eq!(h_recv, want, "all_to_all host {ctx}");
+    assert_eq!(host_bytes(&d_recv), want, "all_to_all device {ctx}");
+    checked += 1;
+
+    // broadcast from the last member.
+    let send = rank_values::<T>(comm.rank(), k);
+    let d_send = dev_bytes::<T>(dev, &send);
+    let mut d_recv = out(k);
+    comm.broadcast_buf(group, d_send.buf(), d_recv.buf_mut()?, n - 1)?;
+    let mut h_recv = vec![0u8; k * es];
+    comm.broadcast_buf(group, Buf::Host(&send), BufMut::Host(&mut h_recv), n - 1)?;
+    let want = rank_values::<T>(group[n - 1], k);
+    assert_eq!(h_recv, want, "broadcast host {ctx}");
+    assert_eq!(host_bytes(&d_recv), want, "broadcast device {ctx}");
+    checked += 1;
+
+    // The reductions, against the host fold in group order.
+    let fold = |blocks: Vec<Vec<u8>>, op: ReduceOp| {
+        let mut acc = blocks[0].clone();
+        for b in &blocks[1..] {
+            reduce::accumulate(dtype, op, &mut acc, b).unwrap();
+        }
+        reduce::finish(dtype, op, &mut acc, n);
+        acc
+    };
+    for &op in ops {
+        let send = rank_values::<T>(comm.rank(), k);
+        let d_send = dev_bytes::<T>(dev, &send);
+        let mut d_recv = out(k);
+        comm.all_reduce_buf(group, d_send.buf(), d_recv.buf_mut()?, dtype, op)?;
+        let want = fold(group.iter().map(|&r| rank_values::<T>(r, k)).collect(), op);
+        assert!(same_bits::<T>(&host_bytes(&d_recv), &want), "all_reduce {op} {ctx}");
+
+        let send = rank_values::<T>(comm.rank(), n * k);
+        let d_send = dev_bytes::<T>(dev, &send);
+        let mut d_recv = out(k);
+        comm.reduce_scatter_buf(group, d_send.buf(), d_recv.buf_mut()?, dtype, op)?;
+        let want = fold(group.iter().map(|&r| block(r, me)).collect(), op);
+        assert!(same_bits::<T>(&host_bytes(&d_recv), &want), "reduce_scatter {op} {ctx}");
+        checked += 2;
+    }
+    Ok(checked)
+}
+
+/// The `*_buf` collectives of `cuda-threads` on device buffers (the device-to-device path unless
+/// `DTENSOR_CUDA_THREADS_STAGE=host`) at 1 to 4 ranks, the whole world and, at 4, two groups of
+/// two; blocks of 0 (empty shards), 1, 7 and 2049 elements; f32 with every op, bf16 and f64
+/// sums and means on the device, i64 sums (staged through the host: no integer device kernel).
+#[test]
+fn cuda_threads_buf_collectives() {
+    let test = "cuda_threads_buf_collectives";
+    let all_ops = [ReduceOp::Sum, ReduceOp::Avg, ReduceOp::Max, ReduceOp::Min, ReduceOp::Product];
+    let mut total = 0;
+    for world in 1..=4 {
+        let out = dtensor_runtime::launch(dtensor_runtime::Launch::CudaThreads, world, |ctx| {
+            let comm = ctx.comm();
+            let dev = comm.cuda_device().expect("a cuda-threads rank has a device");
+            let mut groups = vec![(0..world).collect::<Vec<usize>>()];
+            if world == 4 {
+                groups.push(if ctx.rank() % 2 == 0 { vec![0, 2] } else { vec![1, 3] });
+            }
+            let mut checked = 0;
+            for g in &groups {
+                for k in [0, 1, 7, 2049] {
+                    checked += buf_collectives_case::<f32>(comm, &dev, g, k, &all_ops)?;
+                    checked += buf_collectives_case::<dtensor_runtime::bf16>(comm, &dev, g, k, &all_ops[..2])?;
+                    checked += buf_collectives_case::<f64>(comm, &dev, g, k, &all_ops[..3])?;
+                    checked += buf_collectives_case::<i64>(comm, &dev, g, k, &all_ops[..1])?;
+                }
+            }
+            // A receive buffer of the wrong length is a typed error on every rank, no hang.
+            let send = dev_bytes::<f32>(&dev, &rank_values::<f32>(ctx.rank(), 3));
+            let mut short = CudaStorage::<f32>::zeros(&dev, &[3 * world + 1]).unwrap();
+            let e = comm.all_gather_buf(&groups[0], send.buf(), short.buf_mut()?).unwrap_err();
+            assert!(matches!(e, Error::BufferMismatch { .. }), "{e:?}");
+            Ok(checked)
+        });
+        match out {
+            Ok(v) => total += v.iter().sum::<usize>(),
+            Err(e) => {
+                assert!(matches!(e, Error::Unavailable { .. } | Error::TooFewDevices { .. }), "{test}: {e:?}");
+                println!("GPUCHECK {test} | SKIP | {e}");
+                return;
+            }
+        }
+    }
+    let path = if std::env::var("DTENSOR_CUDA_THREADS_STAGE").is_ok_and(|v| v == "host") {
+        "host-staged (DTENSOR_CUDA_THREADS_STAGE=host)"
+    } else {
+        "device-to-device"
+    };
+    println!(
+        "GPUCHECK {test} | PASS | {total} collectives over 1-4 ranks, {path}: copies bit-exact vs the host buffers, \
+         reductions bit-exact (NaN = any NaN) vs the host fold in group order (f32 x5 ops, bf16/f64/i64)"
+    );
 }

@@ -3,8 +3,8 @@
 //!
 //! The `*_buf` collectives of [`Communicator`](super::Communicator) take them. Their default
 //! implementations (threads, MPI) stage device data through the host: copy in, run the host
-//! collective, copy out on the rank's stream. NCCL overrides them to run on device buffers
-//! directly. Without the `cuda` feature the `Cuda` arms hold an uninhabited type, so the API
+//! collective, copy out on the rank's stream. NCCL and `cuda-threads` override them to run on
+//! device buffers directly. Without the `cuda` feature the `Cuda` arms hold an uninhabited type, so the API
 //! is the same in every build and the arm is statically unreachable.
 
 use crate::error::Result;
@@ -76,6 +76,23 @@ impl BufMut<'_> {
                 d.copy_from_host(&host)
             }
         }
+    }
+}
+
+/// Both buffers on the device of handle `device` (the same handle, so its stream orders work
+/// on them), or `None`: the test of the backends with a device path (NCCL, `cuda-threads`).
+#[cfg(feature = "cuda")]
+pub(crate) fn both_on<'s, 'a, 'b>(
+    device: &std::sync::Arc<crate::cuda::CudaDevice>,
+    send: &'s Buf<'a>,
+    recv: &'s mut BufMut<'b>,
+) -> Option<(&'s CudaBytes<'a>, &'s mut CudaBytesMut<'b>)> {
+    use std::sync::Arc;
+    match (send, recv) {
+        (Buf::Cuda(s), BufMut::Cuda(r)) if Arc::ptr_eq(s.device, device) && Arc::ptr_eq(r.device, device) => {
+            Some((s, r))
+        }
+        _ => None,
     }
 }
 

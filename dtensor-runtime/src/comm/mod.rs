@@ -148,7 +148,7 @@ pub unsafe trait Communicator: Send + Sync + fmt::Debug {
 
     // Collectives on buffers that may live on the rank's device ([`Buf`], [`BufMut`]). The
     // defaults stage device data through the host and run the host collectives above
-    // (threads, MPI); NCCL overrides them to run on device buffers directly.
+    // (threads, MPI); NCCL and `cuda-threads` override them to run on device buffers directly.
 
     /// [`all_gather`](Self::all_gather) on host or device buffers.
     fn all_gather_buf(&self, group: &[usize], send: Buf<'_>, recv: BufMut<'_>) -> Result<()> {

@@ -648,14 +648,7 @@ impl NcclComm {
         send: &'s Buf<'a>,
         recv: &'s mut BufMut<'b>,
     ) -> Option<(&'s CudaBytes<'a>, &'s mut CudaBytesMut<'b>)> {
-        match (send, recv) {
-            (Buf::Cuda(s), BufMut::Cuda(r))
-                if Arc::ptr_eq(s.device, &self.device) && Arc::ptr_eq(r.device, &self.device) =>
-            {
-                Some((s, r))
-            }
-            _ => None,
-        }
+        super::buf::both_on(&self.device, send, recv)
     }
 
     /// Whether NCCL alone computes `op` as PyTorch does: not max/min of floats (NaN operands,

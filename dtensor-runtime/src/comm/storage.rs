@@ -2,8 +2,8 @@
 //!
 //! Host storage goes through the mesh's typed collectives directly (borrowed when row-major).
 //! Device storage goes through the `*_buf` collectives of the communicator on device buffers
-//! (module `device`): NCCL runs on them directly, the other backends stage them through the
-//! host. Results are flat (`[n]`) storages on the input's device; callers reshape or unpack
+//! (module `device`): NCCL and `cuda-threads` run on them directly, the other backends stage
+//! them through the host. Results are flat (`[n]`) storages on the input's device; callers reshape or unpack
 //! them with a pack plan.
 
 use crate::element::Scalar;
@@ -121,7 +121,6 @@ pub(crate) fn all_to_all_strided<T: Scalar>(
 /// The device path: flat device outputs written by the communicator's `*_buf` collectives.
 #[cfg(feature = "cuda")]
 mod device {
-    use crate::comm::buf::{CudaBytes, CudaBytesMut};
     use crate::comm::debug::CollectiveKind;
     use crate::comm::{Buf, BufMut};
     use crate::element::Scalar;
@@ -131,10 +130,7 @@ mod device {
     use crate::storage::{CudaStorage, Storage};
 
     fn send_of<T: Scalar>(c: &CudaStorage<T>) -> Buf<'_> {
-        match c.bytes() {
-            Some(view) => Buf::Cuda(CudaBytes { view, device: c.device() }),
-            None => Buf::Host(&[]),
-        }
+        c.buf()
     }
 
     /// A fresh flat device shard of `n` elements and the collective that writes all of it.
@@ -144,12 +140,7 @@ mod device {
         write: impl FnOnce(BufMut<'_>) -> Result<()>,
     ) -> Result<Storage<T>> {
         let mut out = CudaStorage::<T>::zeros(like.device(), &[n])?;
-        let device = std::sync::Arc::clone(like.device());
-        let recv = match out.bytes_mut()? {
-            Some(view) => BufMut::Cuda(CudaBytesMut { view, device: &device }),
-            None => BufMut::Host(&mut []),
-        };
-        write(recv)?;
+        write(out.buf_mut()?)?;
         Ok(Storage::Cuda(out))
     }
 

@@ -67,6 +67,24 @@ impl CudaDevice {
         self.stream.synchronize().map_err(|e| cuda_err("stream synchronize", e))
     }
 
+    /// Enqueues a copy of `bytes` bytes from device address `src` to `dst` on this handle's
+    /// stream. Either may be memory of another GPU of this process: with unified addressing
+    /// the driver infers the devices from the addresses (a peer copy when they differ).
+    ///
+    /// # Safety
+    /// Both ranges are device memory of at least `bytes` bytes that stays alive, and that no
+    /// other work writes (nor, for `dst`, reads), until this stream has passed the copy.
+    pub(crate) unsafe fn copy_raw(&self, dst: u64, src: u64, bytes: usize) -> Result<()> {
+        if bytes == 0 {
+            return Ok(());
+        }
+        self.ctx.bind_to_thread().map_err(|e| cuda_err("binding the CUDA context", e))?;
+        // SAFETY: the caller's contract; the stream is this handle's, alive with it.
+        unsafe { cudarc::driver::sys::cuMemcpyAsync(dst, src, bytes, self.stream.cu_stream()) }
+            .result()
+            .map_err(|e| cuda_err("device-to-device copy", e))
+    }
+
     pub(crate) fn blas(&self) -> Result<Arc<CudaBlas>> {
         let mut b = self.blas.lock().unwrap_or_else(|e| e.into_inner());
         if let Some(b) = &*b {

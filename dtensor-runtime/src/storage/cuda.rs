@@ -27,6 +27,8 @@
 
 use super::op::{AdamWStep, BinaryOp, Distribution, RandomFill, Reduction, SgdStep, SoftmaxKind, UnaryOp};
 use super::Storage;
+use crate::comm::buf::{CudaBytes, CudaBytesMut};
+use crate::comm::{Buf, BufMut};
 use crate::cuda::args::{self, binary_code, reduce_code, unary_code, Gather, Reduce, Strided};
 use crate::cuda::source::BLOCK;
 use crate::cuda::{cuda_err, CudaDevice};
@@ -35,8 +37,7 @@ use crate::error::{Error, Result};
 use crate::layout::pack::PackPlan;
 use cudarc::cublas::{sys::cublasOperation_t, CudaBlas, Gemm, GemmConfig, StridedBatchedConfig};
 use cudarc::driver::{
-    CudaFunction, CudaSlice, CudaView, CudaViewMut, DeviceRepr, LaunchArgs, LaunchConfig, PushKernelArg,
-    ValidAsZeroBits,
+    CudaFunction, CudaSlice, CudaView, DeviceRepr, LaunchArgs, LaunchConfig, PushKernelArg, ValidAsZeroBits,
 };
 use ndarray::{ArrayD, IxDyn};
 use std::fmt;
@@ -178,6 +179,50 @@ fn to_i32(v: usize, what: &str) -> Result<i32> {
     })
 }
 
+/// `data`, mutably: copied on `device` first when shared with another storage.
+fn unshare<'a, T: Scalar>(
+    data: &'a mut Option<Arc<CudaSlice<T>>>,
+    device: &CudaDevice,
+) -> Result<Option<&'a mut CudaSlice<T>>> {
+    let Some(d) = data else { return Ok(None) };
+    if Arc::get_mut(d).is_none() {
+        let copy = device.stream().clone_dtod(&**d).map_err(|e| cuda_err("copy before an in-place update", e))?;
+        *d = Arc::new(copy);
+    }
+    Ok(Arc::get_mut(d))
+}
+
+/// Enqueues `o[i] = a[i] op b[i]` over `n` elements of `dtype` at raw device addresses on
+/// `device`'s stream, `b` one element broadcast to all when `scalar_b`: the element-wise step
+/// of a reduction over buffers that no storage owns (the device collectives of `cuda-threads`).
+/// Errors: [`Error::Unsupported`] for a dtype without the `binary` kernel (the integers).
+///
+/// # Safety
+/// `a` and `o` hold `n` elements of `dtype` (`b` `n`, or 1 when `scalar_b`) in memory of
+/// `device`'s GPU that stays alive until the stream has passed the kernel; `o` may be `a`.
+#[allow(clippy::too_many_arguments)]
+pub(crate) unsafe fn binary_raw(
+    device: &CudaDevice,
+    dtype: crate::element::DType,
+    op: BinaryOp,
+    a: u64,
+    b: u64,
+    o: u64,
+    n: usize,
+    scalar_b: bool,
+) -> Result<()> {
+    if n == 0 {
+        return Ok(());
+    }
+    let b_len = if scalar_b { 1 } else { n };
+    let g = args::broadcast(op.name(), &[n], &[n], &[b_len])?;
+    let (n, code) = (n as u64, binary_code(op)?);
+    let f = device.kernels()?.function("binary", dtype.name())?;
+    let mut l = device.stream().launch_builder(&f);
+    l.arg(&a).arg(&b).arg(&o).arg(&n).arg(&code).arg(&g);
+    launch(op.name(), &mut l, per_element(n))
+}
+
 /// A row-major shard in device memory.
 pub struct CudaStorage<T: Scalar> {
     /// `None` for zero-sized shards.
@@ -264,29 +309,37 @@ impl<T: Scalar> CudaStorage<T> {
     }
 
     /// The shard's bytes, for a collective on the device (`None` when empty).
-    pub(crate) fn bytes(&self) -> Option<CudaView<'_, u8>> {
+    fn bytes(&self) -> Option<CudaView<'_, u8>> {
         let d = self.data.as_ref()?;
         // SAFETY: every element type is plain old data, so its bytes may be read as bytes.
         unsafe { d.transmute::<u8>(d.len() * std::mem::size_of::<T>()) }
     }
 
-    /// The shard's bytes, writable (copied first when shared), for a collective's output.
-    pub(crate) fn bytes_mut(&mut self) -> Result<Option<CudaViewMut<'_, u8>>> {
-        let Some(d) = self.data_mut()? else { return Ok(None) };
-        let n = d.len() * std::mem::size_of::<T>();
-        // SAFETY: every element type is plain old data: any bytes written are a valid value.
-        Ok(unsafe { d.transmute_mut::<u8>(n) })
-    }
-
     /// The buffer, mutably: copied first when shared with another storage.
     fn data_mut(&mut self) -> Result<Option<&mut CudaSlice<T>>> {
-        let Some(d) = &mut self.data else { return Ok(None) };
-        if Arc::get_mut(d).is_none() {
-            let copy =
-                self.device.stream().clone_dtod(&**d).map_err(|e| cuda_err("copy before an in-place update", e))?;
-            *d = Arc::new(copy);
+        unshare(&mut self.data, &self.device)
+    }
+
+    /// The shard as a collective's input: its device bytes ([`Buf::Host`] of nothing when
+    /// empty, since an empty shard holds no allocation).
+    pub fn buf(&self) -> Buf<'_> {
+        match self.bytes() {
+            Some(view) => Buf::Cuda(CudaBytes { view, device: &self.device }),
+            None => Buf::Host(&[]),
         }
-        Ok(Arc::get_mut(d))
+    }
+
+    /// The shard as a collective's output (copied first when shared): its device bytes, or
+    /// [`BufMut::Host`] of nothing when empty.
+    pub fn buf_mut(&mut self) -> Result<BufMut<'_>> {
+        let CudaStorage { data, device, .. } = self;
+        let Some(d) = unshare(data, device)? else { return Ok(BufMut::Host(&mut [])) };
+        let n = d.len() * std::mem::size_of::<T>();
+        // SAFETY: every element type is plain old data: any bytes written are a valid value.
+        Ok(match unsafe { d.transmute_mut::<u8>(n) } {
+            Some(view) => BufMut::Cuda(CudaBytesMut { view, device }),
+            None => BufMut::Host(&mut []),
+        })
     }
 
     /// Every element `value`.
