@@ -7,7 +7,8 @@
 # Prints `nvidia-smi -L`, the glibc and NCCL versions, where the CUDA 13 libraries were found
 # (the nvidia-* wheels of the system python, /usr/local/cuda, or the loader's cache), runs every
 # device test binary (one process each, one test thread, a shared time budget) and the
-# examples' GPU runs, and ends with one `name | result | detail` table built from the
+# examples' GPU runs, then the cuda-threads tests and mlp_tp again with the opt-in
+# device-to-device path (DTENSOR_CUDA_THREADS_STAGE=device, rows tagged [d2d]), and ends with one `name | result | detail` table built from the
 # `GPUCHECK name | result | detail` lines the tests print (a test that fails before printing
 # shows up as FAIL with its panic message). The whole run stays under 4 minutes
 # (GPU_CHECK_BUDGET_S, default 210 s). A second table follows with the `BANDWIDTH` lines the
@@ -17,7 +18,7 @@
 # 2 on bad usage.
 set -uo pipefail
 
-usage() { sed -n '2,17p' "$0" | sed 's/^# \{0,1\}//'; }
+usage() { sed -n '2,18p' "$0" | sed 's/^# \{0,1\}//'; }
 dir=""
 while [ $# -gt 0 ]; do
   case "$1" in
@@ -97,28 +98,46 @@ else
 fi
 row() { printf '%s | %s | %s\n' "$1" "$2" "$3" >>"$rows"; }
 
-echo "== device tests"
-for t in "$dir"/tests/*; do
-  [ -x "$t" ] || continue
-  name=$(basename "$t")
-  secs=$(left)
-  if [ "$secs" -le 5 ]; then row "$name" SKIP "time budget spent"; continue; fi
-  t0=$(date +%s)
-  timeout "$secs" "$t" --test-threads=1 --nocapture >"$logs/$name.log" 2>&1
-  rc=$?
-  echo "   $name: exit $rc in $(( $(date +%s) - t0 )) s ($(grep -c 'GPUCHECK ' "$logs/$name.log") checks)"
-  grep -o 'GPUCHECK .*' "$logs/$name.log" | sed 's/^GPUCHECK //' >>"$rows"
+# run_test BINARY TAG [FILTER] [VAR=VALUE ...]: one test binary (one process, one test thread,
+# the shared time budget); its GPUCHECK rows get TAG appended to their names.
+run_test() {
+  local t=$1 tag=$2 filter=${3:-}; shift 3 || shift $#
+  local name; name=$(basename "$t")$tag
+  local log="$logs/${name//[^A-Za-z0-9_]/_}.log"
+  local secs; secs=$(left)
+  if [ "$secs" -le 5 ]; then row "$name" SKIP "time budget spent"; return; fi
+  local t0; t0=$(date +%s)
+  timeout "$secs" env "$@" "$t" $filter --test-threads=1 --nocapture >"$log" 2>&1
+  local rc=$?
+  echo "   $name: exit $rc in $(( $(date +%s) - t0 )) s ($(grep -c 'GPUCHECK ' "$log") checks)"
+  grep -o 'GPUCHECK .*' "$log" | sed 's/^GPUCHECK //' | awk -F'|' -v tag="$tag" 'BEGIN { OFS = "|" }
+    { sub(/ +$/, "", $1); $1 = $1 tag " "; print }' >>"$rows"
   # Failed tests, from the harness's closing `failures:` list (with --nocapture a test's own
   # output splits its `test X ... FAILED` line); the panic message is the detail.
-  failed=$(sed -n '/^failures:$/,/^test result/p' "$logs/$name.log" | sed -n 's/^    \([A-Za-z0-9_:]*\)$/\1/p' | sort -u)
+  local failed f msg
+  failed=$(sed -n '/^failures:$/,/^test result/p' "$log" | sed -n 's/^    \([A-Za-z0-9_:]*\)$/\1/p' | sort -u)
   for f in $failed; do
-    msg=$(grep -A1 "thread '$f'.*panicked" "$logs/$name.log" | tail -1 | cut -c1-160)
+    msg=$(grep -A1 "thread '$f'.*panicked" "$log" | tail -1 | cut -c1-160)
     row "$name::$f" FAIL "${msg:-see the log}"
   done
   if [ "$rc" -eq 124 ]; then row "$name" FAIL "timed out (budget)"; fi
   if [ "$rc" -ne 0 ] && [ "$rc" -ne 124 ] && [ -z "$failed" ]; then
-    row "$name" FAIL "exit $rc: $(tail -1 "$logs/$name.log" | cut -c1-160)"
+    row "$name" FAIL "exit $rc: $(tail -1 "$log" | cut -c1-160)"
   fi
+}
+
+echo "== device tests"
+for t in "$dir"/tests/*; do
+  [ -x "$t" ] || continue
+  run_test "$t" "" "" GPU_PROP_SECONDS=15
+done
+# The cuda-threads device-to-device path is opt-in until it has passed here: its tests again
+# with it on, rows tagged [d2d].
+echo "== cuda-threads device-to-device path"
+for spec in "cuda_gpu cuda_threads" "cuda_threads_prop " "cuda_bandwidth "; do
+  set -- $spec
+  [ -x "$dir/tests/$1" ] || continue
+  run_test "$dir/tests/$1" " [d2d]" "${2:-}" DTENSOR_CUDA_THREADS_STAGE=device GPU_PROP_SECONDS=15
 done
 
 echo "== examples"
@@ -128,20 +147,23 @@ run_example() {
   if [ ! -x "$dir/examples/$bin" ]; then row "$label" SKIP "no $bin binary"; return; fi
   local secs; secs=$(left)
   if [ "$secs" -le 5 ]; then row "$label" SKIP "time budget spent"; return; fi
-  timeout "$secs" env "$@" >"$logs/$label.log" 2>&1
+  local log="$logs/${label//[^A-Za-z0-9_]/_}.log"
+  timeout "$secs" env "$@" >"$log" 2>&1
   local rc=$?
-  if [ $rc -eq 0 ] && tail -1 "$logs/$label.log" | grep -q '^PASS'; then
-    row "$label" PASS "$(grep -m1 'max relative\|relative diff\|mesh dp' "$logs/$label.log" | cut -c1-120)"
-  elif [ $rc -eq 0 ] && grep -q ': SKIP: ' "$logs/$label.log"; then
+  if [ $rc -eq 0 ] && tail -1 "$log" | grep -q '^PASS'; then
+    row "$label" PASS "$(grep -m1 'max relative\|relative diff\|mesh dp' "$log" | cut -c1-120)"
+  elif [ $rc -eq 0 ] && grep -q ': SKIP: ' "$log"; then
     # The examples print `NAME: SKIP: reason` and exit 0 when the backend cannot run here.
-    row "$label" SKIP "$(grep -m1 ': SKIP: ' "$logs/$label.log" | sed 's/^.*: SKIP: //' | cut -c1-120)"
+    row "$label" SKIP "$(grep -m1 ': SKIP: ' "$log" | sed 's/^.*: SKIP: //' | cut -c1-120)"
   else
-    row "$label" FAIL "exit $rc: $(tail -1 "$logs/$label.log" | cut -c1-120)"
+    row "$label" FAIL "exit $rc: $(tail -1 "$log" | cut -c1-120)"
   fi
 }
 # cuda-threads: 4 thread ranks sharing the GPU(s); NCCL at world 1 in both launch modes
 # (process mode from torchrun's variables, thread mode without them).
 run_example mlp_tp_cuda_threads_2x2 mlp_tp "$dir/examples/mlp_tp" --backend cuda-threads --mesh 2x2 --steps 5
+run_example "mlp_tp_cuda_threads_2x2 [d2d]" mlp_tp DTENSOR_CUDA_THREADS_STAGE=device \
+  "$dir/examples/mlp_tp" --backend cuda-threads --mesh 2x2 --steps 5
 run_example mlp_tp_nccl_process_world1 mlp_tp RANK=0 WORLD_SIZE=1 LOCAL_RANK=0 MASTER_ADDR=127.0.0.1 MASTER_PORT=29511 \
   "$dir/examples/mlp_tp" --backend nccl --mesh 1x1 --steps 5
 run_example mlp_tp_nccl_threads_world1 mlp_tp -u RANK -u OMPI_COMM_WORLD_RANK -u PMI_RANK \
@@ -153,17 +175,20 @@ printf '%-56s-+-%-6s-+-%s\n' "$(printf -- '-%.0s' {1..56})" ------ "$(printf -- 
 while IFS='|' read -r n r d; do
   printf '%-56s | %-6s | %s\n' "$(echo "$n" | xargs)" "$(echo "$r" | xargs)" "$(echo "$d" | sed 's/^ *//')"
 done <"$rows"
-# The bandwidth table: `BANDWIDTH transition | ranks | size | ms | GB/s | x memcpy` lines, the
-# first of which is the header.
-bw=$(cat "$logs"/*.log 2>/dev/null | grep -o 'BANDWIDTH .*' | sed 's/^BANDWIDTH //')
-if [ -n "$bw" ]; then
+# The bandwidth tables, one per pass: `BANDWIDTH transition | ranks | size | ms | GB/s | x memcpy`
+# lines, the first of which is the header.
+for bwlog in "$logs"/cuda_bandwidth*.log; do
+  [ -f "$bwlog" ] || continue
+  bw=$(grep -o 'BANDWIDTH .*' "$bwlog" | sed 's/^BANDWIDTH //')
+  [ -n "$bw" ] || continue
   echo
+  case "$bwlog" in *d2d*) echo "cuda-threads, device-to-device path:" ;; *) echo "cuda-threads, host-staged path:" ;; esac
   echo "$bw" | awk -F'|' '{
     for (i = 1; i <= NF; i++) { gsub(/^ +| +$/, "", $i) }
     printf "%-30s | %5s | %-7s | %9s | %8s | %8s\n", $1, $2, $3, $4, $5, $6
     if (NR == 1) printf "%s-+-%s-+-%s-+-%s-+-%s-+-%s\n", "------------------------------", "-----", "-------", "---------", "--------", "--------"
   }'
-fi
+done
 fails=$(awk -F'|' '$2 ~ /FAIL/' "$rows" | wc -l)
 skips=$(awk -F'|' '$2 ~ /SKIP/' "$rows" | wc -l)
 passes=$(awk -F'|' '$2 ~ /PASS/' "$rows" | wc -l)

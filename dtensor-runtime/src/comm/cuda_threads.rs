@@ -18,10 +18,12 @@
 //! surfaces as the thread backend's `PeerFailed` or `CollectiveTimeout`. Groups of one copy
 //! locally without a rendezvous.
 //!
-//! Still staged through the host: host buffers (the inner collectives directly), reductions of
-//! the integers (no device `binary` kernel for them), and everything when the environment
-//! variable `DTENSOR_CUDA_THREADS_STAGE=host` is set at launch (to tell a device-path problem
-//! apart). The path depends only on the call and the launch, so every member takes the same.
+//! The device path is opt-in (`DTENSOR_CUDA_THREADS_STAGE=device` at launch, see [`STAGE_ENV`])
+//! until the GPU check has run it on a GPU: the host-staged path is the one that has (the
+//! redistribution property test, `mlp_tp` on a 2x2 mesh). Always staged through the host: host
+//! buffers (the inner collectives directly) and reductions of the integers (no device `binary`
+//! kernel for them). The path depends only on the call and the launch, so every member takes
+//! the same.
 
 use super::buf::{self, Buf, BufMut};
 use super::threads::ThreadComm;
@@ -33,15 +35,21 @@ use crate::placement::ReduceOp;
 use crate::storage::Device;
 use std::sync::Arc;
 
-/// The environment variable that keeps every collective on the host-staged path (value `host`).
+/// The environment variable that picks the path of collectives on device buffers: `device`
+/// moves them device to device; anything else, or unset, stages them through the host.
 pub const STAGE_ENV: &str = "DTENSOR_CUDA_THREADS_STAGE";
+
+/// Whether [`STAGE_ENV`] asks for the device-to-device path (each rank reads it when created).
+pub fn device_path_from_env() -> bool {
+    std::env::var(STAGE_ENV).is_ok_and(|v| v == "device")
+}
 
 /// A thread-backend rank whose shards live on `device` (see the [module docs](self)).
 #[derive(Debug)]
 pub struct CudaThreadsComm {
     inner: ThreadComm,
     device: Arc<CudaDevice>,
-    /// [`STAGE_ENV`] was `host` when the rank was created.
+    /// [`STAGE_ENV`] did not ask for the device path when the rank was created.
     stage_host: bool,
 }
 
@@ -49,11 +57,11 @@ impl CudaThreadsComm {
     /// The rank of `inner` with its shards on `device` (open one handle per rank: each owns
     /// its stream). Reads [`STAGE_ENV`] once, here.
     pub fn new(inner: ThreadComm, device: Arc<CudaDevice>) -> Self {
-        let stage_host = std::env::var(STAGE_ENV).is_ok_and(|v| v == "host");
+        let stage_host = !device_path_from_env();
         CudaThreadsComm { inner, device, stage_host }
     }
 
-    /// Whether the device path is off ([`STAGE_ENV`]`=host`).
+    /// Whether the device path is off (the default; see [`STAGE_ENV`]).
     pub fn stages_through_host(&self) -> bool {
         self.stage_host
     }
