@@ -174,14 +174,24 @@ pub(super) fn unary<T: Element>(a: &ArrayD<T>, op: UnaryOp) -> ArrayD<T> {
     }
 }
 
-pub(super) fn binary<T: Element>(a: &ArrayD<T>, b: &ArrayD<T>, op: BinaryOp, shape: &[usize]) -> Result<ArrayD<T>> {
+/// `a` and `b` broadcast to `shape` for the two-input `op`, or the typed error naming both
+/// shards' shapes.
+fn broadcast_pair<'a, T>(
+    a: &'a ArrayD<T>,
+    b: &'a ArrayD<T>,
+    op: BinaryOp,
+    shape: &[usize],
+) -> Result<(ArrayViewD<'a, T>, ArrayViewD<'a, T>)> {
     let bad = || Error::ShapeMismatch {
         context: format!("{op}: local shards do not broadcast"),
         expected: a.shape().to_vec(),
         actual: b.shape().to_vec(),
     };
-    let av = a.broadcast(IxDyn(shape)).ok_or_else(bad)?;
-    let bv = b.broadcast(IxDyn(shape)).ok_or_else(bad)?;
+    Ok((a.broadcast(IxDyn(shape)).ok_or_else(bad)?, b.broadcast(IxDyn(shape)).ok_or_else(bad)?))
+}
+
+pub(super) fn binary<T: Element>(a: &ArrayD<T>, b: &ArrayD<T>, op: BinaryOp, shape: &[usize]) -> Result<ArrayD<T>> {
+    let (av, bv) = broadcast_pair(a, b, op, shape)?;
     let z = Zip::from(&av).and(&bv);
     Ok(match op {
         BinaryOp::Add => z.map_collect(|&x, &y| x + y),
@@ -200,13 +210,7 @@ pub(super) fn binary<T: Element>(a: &ArrayD<T>, b: &ArrayD<T>, op: BinaryOp, sha
 /// element type; a NaN compares false except under `Ne`). `op` is a comparison (checked by
 /// the callers).
 pub(super) fn compare<T: Scalar>(a: &ArrayD<T>, b: &ArrayD<T>, op: BinaryOp, shape: &[usize]) -> Result<ArrayD<T>> {
-    let bad = || Error::ShapeMismatch {
-        context: format!("{op}: local shards do not broadcast"),
-        expected: a.shape().to_vec(),
-        actual: b.shape().to_vec(),
-    };
-    let av = a.broadcast(IxDyn(shape)).ok_or_else(bad)?;
-    let bv = b.broadcast(IxDyn(shape)).ok_or_else(bad)?;
+    let (av, bv) = broadcast_pair(a, b, op, shape)?;
     let test: fn(&T, &T) -> bool = match op {
         BinaryOp::Eq => |x, y| x == y,
         BinaryOp::Ne => |x, y| x != y,
