@@ -52,3 +52,14 @@ pub(crate) fn all_to_all(send: usize, recv: usize, n: usize) -> Result<()> {
     }
     Ok(())
 }
+
+/// Strided all-to-all: `send` and `recv` each hold `rows` rows of `n` runs of `run` bytes.
+pub(crate) fn all_to_all_strided(send: usize, recv: usize, rows: usize, run: usize, n: usize) -> Result<()> {
+    if rows.checked_mul(run).and_then(|b| b.checked_mul(n)) != Some(send) || recv != send {
+        return Err(mismatch(
+            "all_to_all",
+            format!("send ({send}) and recv ({recv}) must both be {rows} rows x {n} x {run} bytes"),
+        ));
+    }
+    Ok(())
+}

@@ -123,12 +123,7 @@ pub unsafe trait Communicator: Send + Sync + fmt::Debug {
         recv: RecvBuf<'_>,
     ) -> Result<()> {
         let n = group.len();
-        if rows.checked_mul(run).and_then(|b| b.checked_mul(n)) != Some(send.len()) {
-            return Err(crate::error::Error::BufferMismatch {
-                op: "all_to_all".into(),
-                reason: format!("send has {} bytes, expected {rows} rows x {n} x {run}", send.len()),
-            });
-        }
+        check::all_to_all_strided(send.len(), recv.len(), rows, run, n)?;
         let mut packed = Vec::with_capacity(send.len());
         for j in 0..n {
             for r in 0..rows {

@@ -520,12 +520,7 @@ unsafe impl Communicator for ThreadComm {
     ) -> Result<()> {
         let n = group.len();
         let len = send.len();
-        if rows.checked_mul(run).and_then(|b| b.checked_mul(n)) != Some(len) || recv.len() != len {
-            return Err(check::mismatch(
-                "all_to_all",
-                format!("send ({len}) and recv ({}) must both be {rows} rows x {n} x {run} bytes", recv.len()),
-            ));
-        }
+        check::all_to_all_strided(len, recv.len(), rows, run, n)?;
         let l = rows * run;
         // The run length travels as the published recv length: every member must use the same layout.
         let mine = Bufs { send: send.as_ptr() as usize, send_len: len, recv_len: run, ..Bufs::default() };
