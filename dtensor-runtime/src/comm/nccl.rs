@@ -344,6 +344,16 @@ enum Reduce {
     Scatter,
 }
 
+impl Reduce {
+    /// The collective's name in errors.
+    fn op(self) -> &'static str {
+        match self {
+            Reduce::All => "all_reduce",
+            Reduce::Scatter => "reduce_scatter",
+        }
+    }
+}
+
 // SAFETY: results come back through host copies into initialised memory, so every
 // `RecvBuf` is zero-filled first (`RecvBuf::zeroed`) and then overwritten.
 unsafe impl Communicator for NcclComm {
@@ -543,54 +553,22 @@ unsafe impl Communicator for NcclComm {
         &self,
         group: &[usize],
         send: Buf<'_>,
-        mut recv: BufMut<'_>,
+        recv: BufMut<'_>,
         dtype: DType,
         op: ReduceOp,
     ) -> Result<()> {
-        let direct = self.reduces_on_device(dtype, op);
-        let Some((s, r)) = self.on_device(&send, &mut recv).filter(|_| direct) else {
-            return staged::all_reduce(self, group, send, recv, dtype, op);
-        };
-        reduce::check_op(dtype, op)?;
-        check::same_len("all_reduce", s.len(), r.len())?;
-        check::whole("all_reduce", s.len(), dtype)?;
-        if s.is_empty() {
-            return self.my_index("all_reduce", group).map(|_| ());
-        }
-        let count = s.len() / dtype.size_of();
-        self.run("all_reduce", group, |comm, _| {
-            let (sp, _g1) = s.view.device_ptr(&self.stream);
-            let (rp, _g2) = r.view.device_ptr_mut(&self.stream);
-            // SAFETY: both buffers hold `count` elements (checked above).
-            unsafe { self.enqueue_reduce(Reduce::All, comm, sp, rp, count, dtype, op) }
-        })
+        self.reduce_buf(Reduce::All, group, send, recv, dtype, op)
     }
 
     fn reduce_scatter_buf(
         &self,
         group: &[usize],
         send: Buf<'_>,
-        mut recv: BufMut<'_>,
+        recv: BufMut<'_>,
         dtype: DType,
         op: ReduceOp,
     ) -> Result<()> {
-        let direct = self.reduces_on_device(dtype, op);
-        let Some((s, r)) = self.on_device(&send, &mut recv).filter(|_| direct) else {
-            return staged::reduce_scatter(self, group, send, recv, dtype, op);
-        };
-        reduce::check_op(dtype, op)?;
-        check::blocks("reduce_scatter", "send", s.len(), group.len(), r.len())?;
-        check::whole("reduce_scatter", r.len(), dtype)?;
-        if r.is_empty() {
-            return self.my_index("reduce_scatter", group).map(|_| ());
-        }
-        let count = r.len() / dtype.size_of();
-        self.run("reduce_scatter", group, |comm, _| {
-            let (sp, _g1) = s.view.device_ptr(&self.stream);
-            let (rp, _g2) = r.view.device_ptr_mut(&self.stream);
-            // SAFETY: send holds n * count elements, recv count (checked above).
-            unsafe { self.enqueue_reduce(Reduce::Scatter, comm, sp, rp, count, dtype, op) }
-        })
+        self.reduce_buf(Reduce::Scatter, group, send, recv, dtype, op)
     }
 
     fn all_to_all_buf(&self, group: &[usize], send: Buf<'_>, mut recv: BufMut<'_>) -> Result<()> {
@@ -655,6 +633,57 @@ impl NcclComm {
     /// handled by a host mask), not `Avg` without `ncclAvg` (a host divide).
     fn reduces_on_device(&self, dtype: DType, op: ReduceOp) -> bool {
         !reduce::drops_nan(dtype, op) && (op != ReduceOp::Avg || self.version.has_avg())
+    }
+
+    /// The checks of a `kind` reduction of `send` bytes into `recv` bytes (equal lengths for an
+    /// all-reduce, `group.len()` blocks of `recv` for a reduce-scatter) and its output element
+    /// count; `None` when no byte moves (after checking this rank is a member).
+    fn reduce_count(
+        &self,
+        kind: Reduce,
+        group: &[usize],
+        send: usize,
+        recv: usize,
+        dtype: DType,
+    ) -> Result<Option<usize>> {
+        let name = kind.op();
+        match kind {
+            Reduce::All => check::same_len(name, send, recv)?,
+            Reduce::Scatter => check::blocks(name, "send", send, group.len(), recv)?,
+        }
+        check::whole(name, recv, dtype)?;
+        if recv == 0 {
+            return self.my_index(name, group).map(|_| None);
+        }
+        Ok(Some(recv / dtype.size_of()))
+    }
+
+    /// `all_reduce_buf` / `reduce_scatter_buf`: on the device buffers directly when NCCL alone
+    /// computes `op` as PyTorch does, else staged through the host collective.
+    fn reduce_buf(
+        &self,
+        kind: Reduce,
+        group: &[usize],
+        send: Buf<'_>,
+        mut recv: BufMut<'_>,
+        dtype: DType,
+        op: ReduceOp,
+    ) -> Result<()> {
+        let direct = self.reduces_on_device(dtype, op);
+        let Some((s, r)) = self.on_device(&send, &mut recv).filter(|_| direct) else {
+            return match kind {
+                Reduce::All => staged::all_reduce(self, group, send, recv, dtype, op),
+                Reduce::Scatter => staged::reduce_scatter(self, group, send, recv, dtype, op),
+            };
+        };
+        reduce::check_op(dtype, op)?;
+        let Some(count) = self.reduce_count(kind, group, s.len(), r.len(), dtype)? else { return Ok(()) };
+        self.run(kind.op(), group, |comm, _| {
+            let (sp, _g1) = s.view.device_ptr(&self.stream);
+            let (rp, _g2) = r.view.device_ptr_mut(&self.stream);
+            // SAFETY: recv holds `count` elements, send `count` or n * count (checked above).
+            unsafe { self.enqueue_reduce(kind, comm, sp, rp, count, dtype, op) }
+        })
     }
 
     /// Enqueues `ncclAllReduce` or `ncclReduceScatter` of `count` output elements of `dtype`
@@ -754,12 +783,8 @@ impl NcclComm {
 
     /// `ncclAllReduce` staged through the device (its max/min may drop NaN operands).
     fn all_reduce_native(&self, group: &[usize], buf: &mut [u8], dtype: DType, op: ReduceOp) -> Result<()> {
-        check::whole("all_reduce", buf.len(), dtype)?;
-        if buf.is_empty() {
-            return self.my_index("all_reduce", group).map(|_| ());
-        }
+        let Some(count) = self.reduce_count(Reduce::All, group, buf.len(), buf.len(), dtype)? else { return Ok(()) };
         let mut d = self.upload(buf)?;
-        let count = buf.len() / dtype.size_of();
         self.run("all_reduce", group, |comm, _| {
             let (p, _g) = d.device_ptr_mut(&self.stream);
             // SAFETY: in-place reduction over `count` elements of `dtype`.
@@ -779,15 +804,11 @@ impl NcclComm {
         dtype: DType,
         op: ReduceOp,
     ) -> Result<()> {
-        let n = group.len();
-        check::blocks("reduce_scatter", "send", send.len(), n, recv.len())?;
-        check::whole("reduce_scatter", recv.len(), dtype)?;
-        if recv.is_empty() {
-            return self.my_index("reduce_scatter", group).map(|_| ());
-        }
+        let Some(count) = self.reduce_count(Reduce::Scatter, group, send.len(), recv.len(), dtype)? else {
+            return Ok(());
+        };
         let s = self.upload(send)?;
         let mut r = self.alloc(recv.len())?;
-        let count = recv.len() / dtype.size_of();
         self.run("reduce_scatter", group, |comm, _| {
             let (sp, _g1) = s.device_ptr(&self.stream);
             let (rp, _g2) = r.device_ptr_mut(&self.stream);
@@ -795,7 +816,7 @@ impl NcclComm {
             unsafe { self.enqueue_reduce(Reduce::Scatter, comm, sp, rp, count, dtype, op) }
         })?;
         self.download(&r, recv)?;
-        self.finish(dtype, op, recv, n);
+        self.finish(dtype, op, recv, group.len());
         Ok(())
     }
 }
