@@ -105,3 +105,16 @@ pub fn adamw_step_at(t: i32) -> dtensor_runtime::storage::op::AdamWStep {
         bias_correction2: 1.0 - 0.999f64.powi(t),
     }
 }
+
+/// The part shapes of a concatenation along `dim`: `base` with dim `dim` set to each of `sizes`
+/// (list uneven and empty parts there).
+pub fn cat_shapes(base: &[usize], dim: usize, sizes: &[usize]) -> Vec<Vec<usize>> {
+    sizes
+        .iter()
+        .map(|&k| {
+            let mut sh = base.to_vec();
+            sh[dim] = k;
+            sh
+        })
+        .collect()
+}

@@ -9,7 +9,7 @@
 
 mod common;
 
-use common::{adamw_step_at, global};
+use common::{adamw_step_at, cat_shapes, global};
 use dtensor_runtime::cuda::args::{self, Gather, Reduce, Strided};
 use dtensor_runtime::cuda::source::{module_source, BLOCK};
 use dtensor_runtime::layout::pack;
@@ -601,35 +601,34 @@ fn where_tri_arg<T: Dev>(e: &Emu) -> usize {
     cases
 }
 
+/// The `cat` kernel run part by part into one output, and the host's concatenation: (kernel, host).
+fn cat_kernel<T: Scalar>(e: &Emu, ck: CatK<T>, parts: &[ArrayD<T>], dim: usize) -> (ArrayD<T>, ArrayD<T>) {
+    let st: Vec<Storage<T>> = parts.iter().map(|p| Storage::Cpu(p.clone())).collect();
+    let want = Storage::cat(&st.iter().collect::<Vec<_>>(), dim).unwrap().into_host().unwrap();
+    let total = want.shape()[dim];
+    let mut out = ArrayD::<T>::zeros(want.raw_dim());
+    let mut start = 0;
+    for p in parts {
+        let (width, stride, offset) = args::cat_part(p.shape(), dim, total, start);
+        start += p.shape()[dim];
+        let n = p.len() as u64;
+        if n > 0 {
+            // SAFETY: the part's rows land inside out.
+            e.grid(3, || unsafe { ck(p.as_ptr(), out.as_mut_ptr(), n, width, stride, offset) });
+        }
+    }
+    (out, want)
+}
+
 fn cat_index_gather<T: Dev>(e: &Emu) -> usize {
     let s = sfx::<T>();
     let mut cases = 0;
     let ck: CatK<T> = e.kernel(&format!("cat_{s}"));
     for dim in 0..3 {
         // Uneven parts, an empty one among them.
-        let shapes: Vec<Vec<usize>> = [3usize, 0, 1, 2]
-            .iter()
-            .map(|&k| {
-                let mut sh = vec![2, 3, 4];
-                sh[dim] = k;
-                sh
-            })
-            .collect();
+        let shapes = cat_shapes(&[2, 3, 4], dim, &[3, 0, 1, 2]);
         let parts: Vec<ArrayD<T>> = shapes.iter().enumerate().map(|(i, sh)| arr::<T>(sh, 30 + i as u64, 1.0)).collect();
-        let st: Vec<Storage<T>> = parts.iter().map(|p| Storage::Cpu(p.clone())).collect();
-        let want = cpu(Storage::cat(&st.iter().collect::<Vec<_>>(), dim).unwrap());
-        let total = want.shape()[dim];
-        let mut out = zeros::<T>(want.shape());
-        let mut start = 0;
-        for p in &parts {
-            let (width, stride, offset) = args::cat_part(p.shape(), dim, total, start);
-            start += p.shape()[dim];
-            let n = p.len() as u64;
-            if n > 0 {
-                // SAFETY: the part's rows land inside out.
-                e.grid(3, || unsafe { ck(p.as_ptr(), out.as_mut_ptr(), n, width, stride, offset) });
-            }
-        }
+        let (out, want) = cat_kernel(e, ck, &parts, dim);
         assert!(same(&out, &want), "cat dim {dim} {s}");
         cases += 1;
     }
@@ -741,28 +740,9 @@ fn copies<T: Scalar>(e: &Emu) -> usize {
     }
     let ck: CatK<T> = e.kernel(&format!("cat_{s}"));
     for dim in 0..3 {
-        let parts: Vec<ArrayD<T>> = [3usize, 0, 2]
-            .iter()
-            .map(|&k| {
-                let mut sh = vec![2, 3, 4];
-                sh[dim] = k;
-                v(&sh, 61 + k as u64)
-            })
-            .collect();
-        let st: Vec<Storage<T>> = parts.iter().map(|p| Storage::Cpu(p.clone())).collect();
-        let want = Storage::cat(&st.iter().collect::<Vec<_>>(), dim).unwrap().into_host().unwrap();
-        let total = want.shape()[dim];
-        let mut out = ArrayD::<T>::zeros(want.raw_dim());
-        let mut start = 0;
-        for p in &parts {
-            let (width, stride, offset) = args::cat_part(p.shape(), dim, total, start);
-            start += p.shape()[dim];
-            let n = p.len() as u64;
-            if n > 0 {
-                // SAFETY: the part's rows land inside out.
-                e.grid(3, || unsafe { ck(p.as_ptr(), out.as_mut_ptr(), n, width, stride, offset) });
-            }
-        }
+        let parts: Vec<ArrayD<T>> =
+            cat_shapes(&[2, 3, 4], dim, &[3, 0, 2]).iter().map(|sh| v(sh, 61 + sh[dim] as u64)).collect();
+        let (out, want) = cat_kernel(e, ck, &parts, dim);
         assert_eq!(out, want, "cat dim {dim} {s}");
         cases += 1;
     }

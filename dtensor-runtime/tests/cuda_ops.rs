@@ -11,7 +11,7 @@ mod common;
 mod cuda_device;
 mod one_rank_comm;
 
-use common::{adamw_step_at, global};
+use common::{adamw_step_at, cat_shapes, global};
 use cuda_device::{device, down as host, up};
 use dtensor_runtime::cuda::CudaDevice;
 use dtensor_runtime::layout::pack;
@@ -361,14 +361,8 @@ fn indexing_cases<T: Element>(dev: &Arc<CudaDevice>) -> usize {
         }
     }
     for dim in 0..3 {
-        let parts: Vec<ArrayD<T>> = [3usize, 0, 1, 2]
-            .iter()
-            .map(|&k| {
-                let mut sh = vec![2, 3, 4];
-                sh[dim] = k;
-                v(&sh, 30 + k as u64, 1.0)
-            })
-            .collect();
+        let parts: Vec<ArrayD<T>> =
+            cat_shapes(&[2, 3, 4], dim, &[3, 0, 1, 2]).iter().map(|sh| v(sh, 30 + sh[dim] as u64, 1.0)).collect();
         let (hp, dp): (Vec<Storage<T>>, Vec<Storage<T>>) =
             parts.iter().map(|p| (Storage::Cpu(p.clone()), up(dev, p))).unzip();
         let want = Storage::cat(&hp.iter().collect::<Vec<_>>(), dim);
@@ -455,14 +449,8 @@ fn copy_cases<T: Scalar>(dev: &Arc<CudaDevice>) -> usize {
         cases += 1;
     }
     for dim in 0..3 {
-        let parts: Vec<ArrayD<T>> = [3usize, 0, 2]
-            .iter()
-            .map(|&k| {
-                let mut sh = vec![2, 3, 4];
-                sh[dim] = k;
-                v(&sh, 61 + k as u64)
-            })
-            .collect();
+        let parts: Vec<ArrayD<T>> =
+            cat_shapes(&[2, 3, 4], dim, &[3, 0, 2]).iter().map(|sh| v(sh, 61 + sh[dim] as u64)).collect();
         let (hp, dp): (Vec<Storage<T>>, Vec<Storage<T>>) =
             parts.iter().map(|p| (Storage::Cpu(p.clone()), dup(p))).unzip();
         let want = Storage::cat(&hp.iter().collect::<Vec<_>>(), dim).unwrap().into_host().unwrap();
