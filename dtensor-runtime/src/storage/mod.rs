@@ -388,12 +388,7 @@ impl<T: Element> Storage<T> {
 
     /// Element-wise `op` of two tensors with numpy broadcasting.
     pub fn binary(&self, op: BinaryOp, other: &Storage<T>) -> Result<Storage<T>> {
-        let shape = broadcast_shape(op.name(), self.shape(), other.shape())?;
-        match (self, other) {
-            (Storage::Cpu(a), Storage::Cpu(b)) => cpu::binary(a, b, op, &shape).map(Storage::Cpu),
-            (Storage::Cuda(a), Storage::Cuda(b)) => on_cuda!(a, b => a.binary(op, b, &shape).map(Storage::Cuda)),
-            _ => Err(device_mismatch(op.name(), self.device(), other.device())),
-        }
+        self.broadcast_with(op, other, cpu::binary)
     }
 
     /// Reduces `dims` (any order, duplicates ignored); reduced dims are kept as size 1 with
@@ -614,14 +609,23 @@ impl<T: Element> Storage<T> {
     }
 }
 
+/// A host kernel of a two-input op on shards broadcast to a shape (`cpu::binary`, `cpu::compare`).
+type HostBinary<T> = fn(&ArrayD<T>, &ArrayD<T>, BinaryOp, &[usize]) -> Result<ArrayD<T>>;
+
 /// Moves and copies: every element type.
 impl<T: Scalar> Storage<T> {
     /// The comparison `op` (`Eq`, `Ne`, `Lt`, `Le`, `Gt`, `Ge`; checked by the caller) of
     /// `self` and `other` with numpy broadcasting: 1 where it holds, else 0.
     pub fn compare(&self, op: BinaryOp, other: &Storage<T>) -> Result<Storage<T>> {
+        self.broadcast_with(op, other, cpu::compare)
+    }
+
+    /// The two-input `op` of `self` and `other` broadcast together: `on_host` on host shards,
+    /// the device's kernel of `op` on CUDA ones.
+    fn broadcast_with(&self, op: BinaryOp, other: &Storage<T>, on_host: HostBinary<T>) -> Result<Storage<T>> {
         let shape = broadcast_shape(op.name(), self.shape(), other.shape())?;
         match (self, other) {
-            (Storage::Cpu(a), Storage::Cpu(b)) => cpu::compare(a, b, op, &shape).map(Storage::Cpu),
+            (Storage::Cpu(a), Storage::Cpu(b)) => on_host(a, b, op, &shape).map(Storage::Cpu),
             (Storage::Cuda(a), Storage::Cuda(b)) => on_cuda!(a, b => a.binary(op, b, &shape).map(Storage::Cuda)),
             _ => Err(device_mismatch(op.name(), self.device(), other.device())),
         }
