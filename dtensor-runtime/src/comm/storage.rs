@@ -122,39 +122,44 @@ pub(crate) fn all_to_all_strided<T: Scalar>(
 #[cfg(feature = "cuda")]
 mod device {
     use crate::comm::debug::CollectiveKind;
-    use crate::comm::{Buf, BufMut};
+    use crate::comm::{Buf, BufMut, Communicator};
     use crate::element::Scalar;
     use crate::error::Result;
     use crate::mesh::{Along, DeviceMesh};
     use crate::placement::ReduceOp;
     use crate::storage::{CudaStorage, Storage};
 
-    fn send_of<T: Scalar>(c: &CudaStorage<T>) -> Buf<'_> {
-        c.buf()
-    }
-
-    /// A fresh flat device shard of `n` elements and the collective that writes all of it.
-    fn output<T: Scalar>(
-        like: &CudaStorage<T>,
-        n: usize,
-        write: impl FnOnce(BufMut<'_>) -> Result<()>,
-    ) -> Result<Storage<T>> {
-        let mut out = CudaStorage::<T>::zeros(like.device(), &[n])?;
-        write(out.buf_mut()?)?;
-        Ok(Storage::Cuda(out))
-    }
-
     fn len<T: Scalar>(c: &CudaStorage<T>) -> usize {
         c.shape().iter().product()
     }
 
+    /// Collective `kind` of `c`'s elements (recorded and fingerprinted by
+    /// [`DeviceMesh::run_buf`], with its `root` and `op`) into a fresh flat device shard of `n`
+    /// elements, all of which `call` writes: it runs the communicator's `*_buf` method on the
+    /// group, `c` the send buffer.
+    #[allow(clippy::too_many_arguments)]
+    fn collective<T: Scalar>(
+        mesh: &DeviceMesh,
+        along: Along,
+        c: &CudaStorage<T>,
+        kind: CollectiveKind,
+        root: Option<usize>,
+        op: Option<ReduceOp>,
+        n: usize,
+        call: impl FnOnce(&dyn Communicator, &[usize], Buf<'_>, BufMut<'_>) -> Result<()>,
+    ) -> Result<Storage<T>> {
+        let mut out = CudaStorage::<T>::zeros(c.device(), &[n])?;
+        let recv = out.buf_mut()?;
+        let l = len(c);
+        let bytes = l * std::mem::size_of::<T>();
+        mesh.run_buf(kind, along, T::DTYPE, l, root, op, bytes, |comm, g| call(comm, g, c.buf(), recv))?;
+        Ok(Storage::Cuda(out))
+    }
+
     pub(super) fn all_gather<T: Scalar>(mesh: &DeviceMesh, along: Along, c: &CudaStorage<T>) -> Result<Storage<T>> {
-        let (l, n) = (len(c), mesh.group_len(along)?);
-        output(c, n * l, |recv| {
-            let bytes = l * std::mem::size_of::<T>();
-            mesh.run_buf(CollectiveKind::AllGather, along, T::DTYPE, l, None, None, bytes, |comm, g| {
-                comm.all_gather_buf(g, send_of(c), recv)
-            })
+        let n = len(c) * mesh.group_len(along)?;
+        collective(mesh, along, c, CollectiveKind::AllGather, None, None, n, |comm, g, send, recv| {
+            comm.all_gather_buf(g, send, recv)
         })
     }
 
@@ -164,13 +169,10 @@ mod device {
         c: &CudaStorage<T>,
         op: ReduceOp,
     ) -> Result<Storage<T>> {
-        let l = len(c);
-        let out = output(c, l, |recv| {
-            let bytes = l * std::mem::size_of::<T>();
-            mesh.run_buf(CollectiveKind::AllReduce, along, T::DTYPE, l, None, Some(op), bytes, |comm, g| {
-                comm.all_reduce_buf(g, send_of(c), recv, T::DTYPE, op)
-            })
-        })?;
+        let out =
+            collective(mesh, along, c, CollectiveKind::AllReduce, None, Some(op), len(c), |comm, g, send, recv| {
+                comm.all_reduce_buf(g, send, recv, T::DTYPE, op)
+            })?;
         out.reshape(c.shape())
     }
 
@@ -180,22 +182,15 @@ mod device {
         c: &CudaStorage<T>,
         op: ReduceOp,
     ) -> Result<Storage<T>> {
-        let (l, n) = (len(c), mesh.group_len(along)?);
-        output(c, l / n.max(1), |recv| {
-            let bytes = l * std::mem::size_of::<T>();
-            mesh.run_buf(CollectiveKind::ReduceScatter, along, T::DTYPE, l, None, Some(op), bytes, |comm, g| {
-                comm.reduce_scatter_buf(g, send_of(c), recv, T::DTYPE, op)
-            })
+        let n = len(c) / mesh.group_len(along)?.max(1);
+        collective(mesh, along, c, CollectiveKind::ReduceScatter, None, Some(op), n, |comm, g, send, recv| {
+            comm.reduce_scatter_buf(g, send, recv, T::DTYPE, op)
         })
     }
 
     pub(super) fn all_to_all<T: Scalar>(mesh: &DeviceMesh, along: Along, c: &CudaStorage<T>) -> Result<Storage<T>> {
-        let l = len(c);
-        output(c, l, |recv| {
-            let bytes = l * std::mem::size_of::<T>();
-            mesh.run_buf(CollectiveKind::AllToAll, along, T::DTYPE, l, None, None, bytes, |comm, g| {
-                comm.all_to_all_buf(g, send_of(c), recv)
-            })
+        collective(mesh, along, c, CollectiveKind::AllToAll, None, None, len(c), |comm, g, send, recv| {
+            comm.all_to_all_buf(g, send, recv)
         })
     }
 
@@ -205,13 +200,10 @@ mod device {
         c: &CudaStorage<T>,
         root: usize,
     ) -> Result<Storage<T>> {
-        let l = len(c);
-        let out = output(c, l, |recv| {
-            let bytes = l * std::mem::size_of::<T>();
-            mesh.run_buf(CollectiveKind::Broadcast, along, T::DTYPE, l, Some(root), None, bytes, |comm, g| {
-                comm.broadcast_buf(g, send_of(c), recv, root)
-            })
-        })?;
+        let out =
+            collective(mesh, along, c, CollectiveKind::Broadcast, Some(root), None, len(c), |comm, g, send, recv| {
+                comm.broadcast_buf(g, send, recv, root)
+            })?;
         out.reshape(c.shape())
     }
 }
