@@ -3,13 +3,15 @@
 //!
 //! A collective is a rendezvous on the group (module `rendezvous`): each member publishes pointers
 //! to its buffers, waits until every member has arrived, copies what it needs straight out of
-//! its peers' buffers (one copy, like shared-memory MPI), then waits until every member is done
-//! reading before it returns (so no buffer is freed while a peer still reads it).
+//! its peers' buffers (one copy, like shared-memory MPI; the strided all-to-all instead pushes
+//! each member's rows into its peers' outputs), then waits until every member is done copying
+//! before it returns (so no buffer is freed while a peer still reads or writes it).
 //!
 //! Memory safety rests on three rules: a rank is in at most one collective per group at a
 //! time (a second thread of the same rank gets [`Error::ConcurrentCollective`]); every length
 //! comes from the caller's own buffers, and a peer's published length is only checked against
-//! it; peers' buffers are only ever viewed as the sub-ranges that nobody writes in that phase.
+//! it; peers' buffers are only ever read in sub-ranges that nobody writes in that phase, and
+//! written only in the sub-ranges of their outputs that this member alone writes.
 //!
 //! Arrival waits are bounded by the timeout and abort at once when a peer has failed or exited;
 //! a rank that gives up withdraws its pointers, so nobody reads them later. The departure wait
