@@ -196,6 +196,13 @@ fn strided_all_to_all_matches_packed_blocks() {
     for got in both_backends(2, |_, c| c.all_to_all_strided(&[0, 1], &[0u8; 10], 2, 3, (&mut [0u8; 10]).into())) {
         got.into_iter().for_each(|r| assert!(matches!(r, Err(Error::BufferMismatch { .. })), "{r:?}"));
     }
+    // Members that split the same bytes into different runs: an error on every member of the
+    // thread backend (the default packs locally and cannot tell).
+    let [threads, _] = both_backends(2, |r, c| {
+        let (rows, run) = if r == 0 { (3, 2) } else { (2, 3) };
+        c.all_to_all_strided(&[0, 1], &[0u8; 12], rows, run, (&mut [0u8; 12]).into())
+    });
+    threads.into_iter().for_each(|r| assert!(matches!(r, Err(Error::BufferMismatch { .. })), "{r:?}"));
 }
 
 #[test]

@@ -3,13 +3,15 @@
 //!
 //! A collective is a rendezvous on the group (module `rendezvous`): each member publishes pointers
 //! to its buffers, waits until every member has arrived, copies what it needs straight out of
-//! its peers' buffers (one copy, like shared-memory MPI), then waits until every member is done
-//! reading before it returns (so no buffer is freed while a peer still reads it).
+//! its peers' buffers (one copy, like shared-memory MPI; the strided all-to-all instead pushes
+//! each member's rows into its peers' outputs), then waits until every member is done copying
+//! before it returns (so no buffer is freed while a peer still reads or writes it).
 //!
 //! Memory safety rests on three rules: a rank is in at most one collective per group at a
 //! time (a second thread of the same rank gets [`Error::ConcurrentCollective`]); every length
 //! comes from the caller's own buffers, and a peer's published length is only checked against
-//! it; peers' buffers are only ever viewed as the sub-ranges that nobody writes in that phase.
+//! it; peers' buffers are only ever read in sub-ranges that nobody writes in that phase, and
+//! written only in the sub-ranges of their outputs that this member alone writes.
 //!
 //! Arrival waits are bounded by the timeout and abort at once when a peer has failed or exited;
 //! a rank that gives up withdraws its pointers, so nobody reads them later. The departure wait
@@ -300,7 +302,7 @@ impl ThreadComm {
             off * es..(off + sz) * es
         };
         let in_place = std::ptr::eq(send, recv.cast());
-        let mine = Bufs { send: send as usize, send_len: len, recv: recv as usize, recv_len: len, tag: 0 };
+        let mine = Bufs { send: send as usize, send_len: len, recv: recv as usize, recv_len: len, ..Bufs::default() };
         self.rendezvous("all_reduce", group, mine, |all, me| {
             same_len("all_reduce", all, Side::Send, len, group)?;
             let r = range(me);
@@ -378,10 +380,12 @@ unsafe fn assume_init(b: &mut [MaybeUninit<u8>]) -> &mut [u8] {
     &mut *(std::ptr::from_mut::<[MaybeUninit<u8>]>(b) as *mut [u8])
 }
 
-/// Bytes `r` of this rank's own buffer at `ptr` (of `len` bytes), for writing.
+/// Bytes `r` of a buffer at `ptr` (of `len` bytes) that this rank writes in the current phase:
+/// its own, or the block of a peer's output that only it writes.
 ///
-/// SAFETY: `ptr` is the caller's own buffer of `len` bytes; peers never touch range `r` in
-/// the current phase, and no other view of that range is alive meanwhile.
+/// SAFETY: `ptr` is a live buffer of `len` bytes (the caller's own, or one a peer published
+/// and keeps alive until it departs); nobody else touches range `r` in the current phase,
+/// and no other view of that range is alive meanwhile.
 unsafe fn own_mut<'a>(ptr: *mut MaybeUninit<u8>, len: usize, r: Range<usize>) -> &'a mut [MaybeUninit<u8>] {
     debug_assert!(r.start <= r.end && r.end <= len);
     if r.is_empty() {
@@ -522,18 +526,36 @@ unsafe impl Communicator for ThreadComm {
         let len = send.len();
         check::all_to_all_strided(len, recv.len(), rows, run, n)?;
         let l = rows * run;
-        // The run length travels as the published recv length: every member must use the same layout.
-        let mine = Bufs { send: send.as_ptr() as usize, send_len: len, recv_len: run, ..Bufs::default() };
+        // Every member must use the same layout: the run length travels as `extra`.
+        let out = recv.as_mut_ptr();
+        let mine =
+            Bufs { send: send.as_ptr() as usize, send_len: len, recv: out as usize, recv_len: len, tag: 0, extra: run };
         self.rendezvous("all_to_all_strided", group, mine, |all, me| {
             same_len("all_to_all", all, Side::Send, len, group)?;
-            same_len("all_to_all", all, Side::Recv, run, group)?;
-            for (j, b) in all.iter().enumerate() {
-                // Peers only read their own send buffers, which nobody writes.
-                let src = peer("all_to_all", b, Side::Send, 0..len)?;
-                // Row r of block j of n: all of `recv` once both loops end.
-                for r in 0..rows {
-                    let at = (r * n + me) * run;
-                    recv.write(j * l + r * run, &src[at..at + run]);
+            same_len("all_to_all", all, Side::Recv, len, group)?;
+            if let Some(i) = all.iter().position(|b| b.extra != run) {
+                return Err(check::mismatch(
+                    "all_to_all",
+                    format!(
+                        "rank {} splits its rows into runs of {} bytes, rank {} into {run}",
+                        group[i], all[i].extra, self.rank
+                    ),
+                ));
+            }
+            // Each member pushes its own rows into the outputs, row by row: reading our send
+            // buffer front to back (the runs of a row are adjacent) keeps the hardware
+            // prefetcher streaming, while pulling run `me` of every peer row would start a cold
+            // stream every row. Block `me` of each output is written by us alone, and nobody
+            // reads an output in this phase.
+            let outs: Vec<*mut MaybeUninit<u8>> = all.iter().map(|b| b.recv as *mut MaybeUninit<u8>).collect();
+            // (`max(1)`: with runs of 0 bytes there is nothing to copy, and no row to split.)
+            for (r, row) in send.chunks_exact((n * run).max(1)).enumerate() {
+                let to = me * l + r * run..me * l + (r + 1) * run;
+                for (&dst, src) in outs.iter().zip(row.chunks_exact(run)) {
+                    // SAFETY: member k published `len` bytes at `dst` (checked above) and keeps
+                    // them alive until it departs; row r of block `me` lies inside them and only
+                    // we write it. Once every member is done every byte of every output is written.
+                    unsafe { own_mut(dst, len, to.clone()) }.write_copy_of_slice(src);
                 }
             }
             Ok(())

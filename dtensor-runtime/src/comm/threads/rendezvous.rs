@@ -27,7 +27,7 @@ use std::sync::atomic::Ordering::{AcqRel, Acquire, Relaxed, Release};
 use std::time::{Duration, Instant};
 
 /// Buffers one member published, as integers (pointers and lengths), plus a tag naming the
-/// collective it called.
+/// collective it called and a layout parameter every member must agree on (`extra`).
 #[derive(Clone, Copy, Default, Debug, PartialEq, Eq)]
 pub(super) struct Bufs {
     pub send: usize,
@@ -35,6 +35,7 @@ pub(super) struct Bufs {
     pub recv: usize,
     pub recv_len: usize,
     pub tag: usize,
+    pub extra: usize,
 }
 
 /// One member's published buffers; written only by that member, read by all after arrival.
@@ -45,6 +46,7 @@ struct Cell {
     recv: AtomicUsize,
     recv_len: AtomicUsize,
     tag: AtomicUsize,
+    extra: AtomicUsize,
 }
 
 impl Cell {
@@ -54,6 +56,7 @@ impl Cell {
         self.recv.store(b.recv, Relaxed);
         self.recv_len.store(b.recv_len, Relaxed);
         self.tag.store(b.tag, Relaxed);
+        self.extra.store(b.extra, Relaxed);
     }
     fn load(&self) -> Bufs {
         Bufs {
@@ -62,6 +65,7 @@ impl Cell {
             recv: self.recv.load(Relaxed),
             recv_len: self.recv_len.load(Relaxed),
             tag: self.tag.load(Relaxed),
+            extra: self.extra.load(Relaxed),
         }
     }
 }
