@@ -7,8 +7,9 @@
 # Prints `nvidia-smi -L`, the glibc and NCCL versions, where the CUDA 13 libraries were found
 # (the nvidia-* wheels of the system python, /usr/local/cuda, or the loader's cache), runs every
 # device test binary (one process each, one test thread, a shared time budget) and the
-# examples' GPU runs, then the cuda-threads tests and mlp_tp again with the opt-in
-# device-to-device path (DTENSOR_CUDA_THREADS_STAGE=device, rows tagged [d2d]), and ends with one `name | result | detail` table built from the
+# examples' GPU runs, then the cuda-threads tests and mlp_tp again with collectives staged
+# through the host (DTENSOR_CUDA_THREADS_STAGE=host, rows tagged [staged]; the default moves
+# device shards device to device), and ends with one `name | result | detail` table built from the
 # `GPUCHECK name | result | detail` lines the tests print (a test that fails before printing
 # shows up as FAIL with its panic message). The whole run stays under 4 minutes
 # (GPU_CHECK_BUDGET_S, default 210 s). A second table follows with the `BANDWIDTH` lines the
@@ -131,13 +132,12 @@ for t in "$dir"/tests/*; do
   [ -x "$t" ] || continue
   run_test "$t" "" "" GPU_PROP_SECONDS=15
 done
-# The cuda-threads device-to-device path is opt-in until it has passed here: its tests again
-# with it on, rows tagged [d2d].
-echo "== cuda-threads device-to-device path"
+# The cuda-threads host-staged path (not the default): its tests again, rows tagged [staged].
+echo "== cuda-threads host-staged path"
 for spec in "cuda_gpu cuda_threads" "cuda_threads_prop " "cuda_bandwidth "; do
   set -- $spec
   [ -x "$dir/tests/$1" ] || continue
-  run_test "$dir/tests/$1" " [d2d]" "${2:-}" DTENSOR_CUDA_THREADS_STAGE=device GPU_PROP_SECONDS=15
+  run_test "$dir/tests/$1" " [staged]" "${2:-}" DTENSOR_CUDA_THREADS_STAGE=host GPU_PROP_SECONDS=15
 done
 
 echo "== examples"
@@ -162,7 +162,7 @@ run_example() {
 # cuda-threads: 4 thread ranks sharing the GPU(s); NCCL at world 1 in both launch modes
 # (process mode from torchrun's variables, thread mode without them).
 run_example mlp_tp_cuda_threads_2x2 mlp_tp "$dir/examples/mlp_tp" --backend cuda-threads --mesh 2x2 --steps 5
-run_example "mlp_tp_cuda_threads_2x2 [d2d]" mlp_tp DTENSOR_CUDA_THREADS_STAGE=device \
+run_example "mlp_tp_cuda_threads_2x2 [staged]" mlp_tp DTENSOR_CUDA_THREADS_STAGE=host \
   "$dir/examples/mlp_tp" --backend cuda-threads --mesh 2x2 --steps 5
 run_example mlp_tp_nccl_process_world1 mlp_tp RANK=0 WORLD_SIZE=1 LOCAL_RANK=0 MASTER_ADDR=127.0.0.1 MASTER_PORT=29511 \
   "$dir/examples/mlp_tp" --backend nccl --mesh 1x1 --steps 5
@@ -182,7 +182,7 @@ for bwlog in "$logs"/cuda_bandwidth*.log; do
   bw=$(grep -o 'BANDWIDTH .*' "$bwlog" | sed 's/^BANDWIDTH //')
   [ -n "$bw" ] || continue
   echo
-  case "$bwlog" in *d2d*) echo "cuda-threads, device-to-device path:" ;; *) echo "cuda-threads, host-staged path:" ;; esac
+  case "$bwlog" in *staged*) echo "cuda-threads, host-staged path:" ;; *) echo "cuda-threads, device-to-device path:" ;; esac
   echo "$bw" | awk -F'|' '{
     for (i = 1; i <= NF; i++) { gsub(/^ +| +$/, "", $i) }
     printf "%-30s | %5s | %-7s | %9s | %8s | %8s\n", $1, $2, $3, $4, $5, $6

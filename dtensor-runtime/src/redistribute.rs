@@ -475,9 +475,12 @@ fn execute_step<T: Scalar>(
             // receive from member j is its rows of `d` of our chunk of `e`.
             let (d, e) = (d as usize, e as usize);
             let block = with_dim(&with_dim(&mine, d, padded_chunk(shape[d], n)), e, padded_chunk(shape[e], n));
-            let recv = if shape[d].is_multiple_of(n) && shape[e].is_multiple_of(n) {
-                // Even on both dims (the same verdict on every member): block j is run j of
-                // every row over the dims before `e`, sent as it lies, without packing.
+            let even = shape[d].is_multiple_of(n) && shape[e].is_multiple_of(n);
+            let recv = if even && local.as_cpu().is_some() {
+                // Even on both dims, on the host (the same verdict on every member: they share
+                // the mesh's device): block j is run j of every row over the dims before `e`,
+                // sent as it lies, without packing. Device shards pack on the device instead,
+                // so that the all-to-all moves device buffers.
                 let rows = mine[..e].iter().product();
                 let run = block[e..].iter().product();
                 comm_storage::all_to_all_strided(mesh, along, &local, rows, run)?

@@ -413,8 +413,8 @@ fn buf_collectives_case<T: dtensor_runtime::Scalar>(
     Ok(checked)
 }
 
-/// The `*_buf` collectives of `cuda-threads` on device buffers (the device-to-device path with
-/// `DTENSOR_CUDA_THREADS_STAGE=device`, else host-staged) at 1 to 4 ranks, the whole world and, at 4, two groups of
+/// The `*_buf` collectives of `cuda-threads` on device buffers (the device-to-device path, or
+/// host-staged with `DTENSOR_CUDA_THREADS_STAGE=host`) at 1 to 4 ranks, the whole world and, at 4, two groups of
 /// two; blocks of 0 (empty shards), 1, 7 and 2049 elements; f32 with every op, bf16 and f64
 /// sums and means on the device, i64 sums (staged through the host: no integer device kernel).
 #[test]
@@ -456,9 +456,9 @@ fn cuda_threads_buf_collectives() {
         }
     }
     let path = if dtensor_runtime::comm::cuda_threads::device_path_from_env() {
-        "device-to-device (DTENSOR_CUDA_THREADS_STAGE=device)"
+        "device-to-device"
     } else {
-        "host-staged"
+        "host-staged (DTENSOR_CUDA_THREADS_STAGE=host)"
     };
     println!(
         "GPUCHECK {test} | PASS | {total} collectives over 1-4 ranks, {path}: copies bit-exact vs the host buffers, \

@@ -6,24 +6,26 @@
 //!
 //! Collectives on device buffers ([`Buf::Cuda`]) move the data device to device: all ranks are
 //! threads of one process, so a device address is valid on every rank (one primary context
-//! per GPU; across GPUs unified addressing makes the copies peer copies). Each member
-//! synchronizes its stream (its send data is complete), publishes its send buffer's address
-//! and length through the inner thread backend (an all-gather of a small host record), then
-//! enqueues on its *own* stream copies out of its peers' buffers into its receive buffer;
-//! all-reduce and reduce-scatter copy the members' blocks into a device scratch and fold them
-//! with the element-wise device kernels in group order (so every member gets the same bits,
-//! those of the host fold in the same order; `Avg` sums, then divides by the group size, as
-//! the host reduce does). It then synchronizes its stream and meets the others in an inner
-//! barrier, so no send buffer is released while a peer still reads it. A peer that fails
-//! surfaces as the thread backend's `PeerFailed` or `CollectiveTimeout`. Groups of one copy
-//! locally without a rendezvous.
+//! per GPU). Each member synchronizes its stream (its send data is complete) and publishes its
+//! send buffer's address and length in a rendezvous of the inner thread backend
+//! (`ThreadComm::with_peers`, under the collective's own tag), then enqueues on its *own*
+//! stream copies out of its peers' buffers into its receive buffer; all-reduce and
+//! reduce-scatter copy the members' blocks one at a time into a one-block device scratch and
+//! fold them into the output with the element-wise device kernels in group order (so every
+//! member gets the same bits, those of the host fold in the same order; `Avg` sums, then
+//! divides by the group size, as the host reduce does). It then synchronizes its stream; the
+//! rendezvous releases no member before every member has, so no send buffer is freed while a
+//! peer still reads it. A peer that fails surfaces as the thread backend's `PeerFailed` or
+//! `CollectiveTimeout`. Groups of one copy locally without a rendezvous.
 //!
-//! The device path is opt-in (`DTENSOR_CUDA_THREADS_STAGE=device` at launch, see [`STAGE_ENV`])
-//! until the GPU check has run it on a GPU: the host-staged path is the one that has (the
-//! redistribution property test, `mlp_tp` on a 2x2 mesh). Always staged through the host: host
-//! buffers (the inner collectives directly) and reductions of the integers (no device `binary`
-//! kernel for them). The path depends only on the call and the launch, so every member takes
-//! the same.
+//! This is the default; `DTENSOR_CUDA_THREADS_STAGE=host` at launch (see [`STAGE_ENV`]) stages
+//! every collective through the host instead. Both paths passed the GPU check on an H200
+//! (the redistribution property test, the `*_buf` collectives against the host, `mlp_tp` on a
+//! 2x2 mesh), on one GPU: ranks on different GPUs have not run (their copies between
+//! devices would need peer access to each other's memory pools). Always staged through the
+//! host: host buffers (the inner collectives directly) and reductions of the integers (no
+//! device `binary` kernel for them). The path depends only on the call and the launch, so
+//! every member takes the same.
 
 use super::buf::{self, Buf, BufMut};
 use super::threads::ThreadComm;
@@ -35,13 +37,13 @@ use crate::placement::ReduceOp;
 use crate::storage::Device;
 use std::sync::Arc;
 
-/// The environment variable that picks the path of collectives on device buffers: `device`
-/// moves them device to device; anything else, or unset, stages them through the host.
+/// The environment variable that picks the path of collectives on device buffers: `host`
+/// stages them through the host; anything else, or unset, moves them device to device.
 pub const STAGE_ENV: &str = "DTENSOR_CUDA_THREADS_STAGE";
 
-/// Whether [`STAGE_ENV`] asks for the device-to-device path (each rank reads it when created).
+/// Whether [`STAGE_ENV`] leaves the device-to-device path on (each rank reads it when created).
 pub fn device_path_from_env() -> bool {
-    std::env::var(STAGE_ENV).is_ok_and(|v| v == "device")
+    std::env::var(STAGE_ENV).map_or(true, |v| v != "host")
 }
 
 /// A thread-backend rank whose shards live on `device` (see the [module docs](self)).
@@ -49,7 +51,7 @@ pub fn device_path_from_env() -> bool {
 pub struct CudaThreadsComm {
     inner: ThreadComm,
     device: Arc<CudaDevice>,
-    /// [`STAGE_ENV`] did not ask for the device path when the rank was created.
+    /// [`STAGE_ENV`] asked for the host-staged path when the rank was created.
     stage_host: bool,
 }
 
@@ -61,7 +63,7 @@ impl CudaThreadsComm {
         CudaThreadsComm { inner, device, stage_host }
     }
 
-    /// Whether the device path is off (the default; see [`STAGE_ENV`]).
+    /// Whether the device path is off (see [`STAGE_ENV`]).
     pub fn stages_through_host(&self) -> bool {
         self.stage_host
     }
@@ -195,6 +197,7 @@ unsafe impl Communicator for CudaThreadsComm {
 mod d2d {
     use super::CudaThreadsComm;
     use crate::comm::buf::{Buf, BufMut, CudaBytes, CudaBytesMut};
+    use crate::comm::threads::Bufs;
     use crate::comm::{check, group, reduce, Communicator};
     use crate::cuda::cuda_err;
     use crate::element::DType;
@@ -209,13 +212,6 @@ mod d2d {
         All,
         Scatter,
     }
-
-    /// The collectives as the code a member publishes with its buffer, so that a member in
-    /// another collective fails the check instead of being read as this one's input.
-    const OPS: [&str; 5] = ["all_gather", "all_reduce", "reduce_scatter", "all_to_all", "broadcast"];
-
-    /// Bytes of a published record: send address, send length, op code (native-endian u64s).
-    const RECORD: usize = 24;
 
     /// Whether `dtype` reduces on the device (it has the element-wise `binary` kernel).
     pub(super) fn reduces(dtype: DType) -> bool {
@@ -232,8 +228,8 @@ mod d2d {
         }
     }
 
-    /// `n` as one element of float `dtype` (the divisor of `Avg`, converted as the host's
-    /// `from_usize` does: exactly, for any group size).
+    /// `n` as one element of float `dtype` (the divisor of `Avg`), rounded as the host's
+    /// `from_usize` rounds it (exact in f32/f64; bf16 is exact up to 256, f16 up to 2048).
     fn divisor(dtype: DType, n: usize) -> Vec<u8> {
         match dtype {
             DType::F64 => (n as f64).to_ne_bytes().to_vec(),
@@ -257,11 +253,14 @@ mod d2d {
             crate::comm::buf::both_on(&self.device, send, recv)
         }
 
-        /// Publishes `send` to the group, runs `copy` with every member's send address and this
-        /// member's index once all have published, waits for this rank's stream, then for every
-        /// member. The final barrier runs even after an error of this member, so that its send
-        /// buffer outlives every peer's reads of it; `copy` must only enqueue work on this
-        /// rank's stream.
+        /// Publishes `send` to the group through the inner thread backend's rendezvous (under
+        /// the `op`'s own tag: a member in another collective, host or device, fails the tag
+        /// check), runs `copy` with every member's send address and this member's index once
+        /// all have published and agree on the length, then waits for this rank's stream. The
+        /// rendezvous lets no member leave before every member's `copy` and stream wait have
+        /// returned, even after an error or a timeout, so that no send buffer is released while
+        /// a peer's stream still reads it; for the same reason the stream wait runs whether or
+        /// not `copy` failed. `copy` must only enqueue work on this rank's stream.
         ///
         /// A group of one runs `copy` with this member alone, without a rendezvous.
         fn exchange(
@@ -279,37 +278,23 @@ mod d2d {
             }
             // Peers read `send` from their own streams: it must be complete first.
             self.device.synchronize()?;
-            let code = OPS.iter().position(|&o| o == op).map_or(0, |i| i as u64 + 1);
-            let mut mine = [0u8; RECORD];
-            for (k, v) in [sp, send.len() as u64, code].into_iter().enumerate() {
-                mine[8 * k..8 * k + 8].copy_from_slice(&v.to_ne_bytes());
-            }
-            let mut all = vec![0u8; RECORD * group.len()];
-            self.inner.all_gather(group, &mine, (&mut all).into())?;
-            let field = |i: usize, k: usize| {
-                let at = i * RECORD + 8 * k;
-                u64::from_ne_bytes(all[at..at + 8].try_into().unwrap_or_default())
-            };
-            let work = (|| {
-                for (i, &peer) in group.iter().enumerate() {
-                    let (len, theirs) = (field(i, 1), field(i, 2));
-                    let why = if theirs != code {
-                        let other = OPS.get((theirs as usize).wrapping_sub(1)).copied().unwrap_or("?");
-                        format!("rank {peer} called `{other}` while rank {} called `{op}`", self.rank())
-                    } else if len != send.len() as u64 {
-                        format!("rank {peer} sends {len} bytes, rank {} {}", self.rank(), send.len())
-                    } else {
-                        continue;
-                    };
+            let mine = Bufs { send: sp as usize, send_len: send.len(), ..Bufs::default() };
+            self.inner.with_peers(op, group, mine, |all, _| {
+                if let Some(i) = all.iter().position(|b| b.send_len != send.len()) {
+                    let why = format!(
+                        "rank {} sends {} bytes, rank {} {}",
+                        group[i],
+                        all[i].send_len,
+                        self.rank(),
+                        send.len()
+                    );
                     return Err(check::mismatch(op, why));
                 }
-                let peers: Vec<u64> = (0..group.len()).map(|i| field(i, 0)).collect();
-                copy(&peers, me)?;
-                self.device.synchronize()
-            })();
-            let done = self.inner.barrier(group);
-            work?;
-            done
+                let peers: Vec<u64> = all.iter().map(|b| b.send as u64).collect();
+                let copied = copy(&peers, me);
+                let synced = self.device.synchronize();
+                copied.and(synced)
+            })
         }
 
         pub(super) fn d2d_all_gather(
@@ -321,7 +306,7 @@ mod d2d {
             check::blocks("all_gather", "recv", r.len(), group.len(), s.len())?;
             let l = s.len();
             let dev = &self.device;
-            self.exchange("all_gather", group, s, |peers, _| {
+            self.exchange("all_gather_buf", group, s, |peers, _| {
                 let (rp, _write) = r.view.device_ptr_mut(dev.stream());
                 for (j, &p) in peers.iter().enumerate() {
                     // SAFETY: member j's send (l bytes, checked) into block j of recv (n * l).
@@ -340,7 +325,7 @@ mod d2d {
             check::all_to_all(s.len(), r.len(), group.len())?;
             let l = s.len() / group.len();
             let dev = &self.device;
-            self.exchange("all_to_all", group, s, |peers, me| {
+            self.exchange("all_to_all_buf", group, s, |peers, me| {
                 let (rp, _write) = r.view.device_ptr_mut(dev.stream());
                 for (j, &p) in peers.iter().enumerate() {
                     // SAFETY: block `me` of member j's send (n * l bytes, checked) into block j
@@ -361,7 +346,7 @@ mod d2d {
             check::root(root, group.len())?;
             check::same_len("broadcast", s.len(), r.len())?;
             let (dev, l) = (&self.device, r.len());
-            self.exchange("broadcast", group, s, |peers, _| {
+            self.exchange("broadcast_buf", group, s, |peers, _| {
                 let (rp, _write) = r.view.device_ptr_mut(dev.stream());
                 // SAFETY: the root's send, as long as recv (checked).
                 unsafe { dev.copy_raw(rp, peers[root], l) }
@@ -381,8 +366,8 @@ mod d2d {
             op: ReduceOp,
         ) -> Result<()> {
             let (name, n, b) = match kind {
-                Reduce::All => ("all_reduce", group.len(), r.len()),
-                Reduce::Scatter => ("reduce_scatter", group.len(), r.len()),
+                Reduce::All => ("all_reduce_buf", group.len(), r.len()),
+                Reduce::Scatter => ("reduce_scatter_buf", group.len(), r.len()),
             };
             reduce::check_op(dtype, op)?;
             match kind {
@@ -400,8 +385,10 @@ mod d2d {
                     unsafe { dev.copy_raw(rp, peers[0], b) }
                 });
             }
-            // SAFETY: every byte is written by the copies below before the kernels read it.
-            let mut scratch = unsafe { stream.alloc::<u8>(n * b) }.map_err(|e| cuda_err("device allocation", e))?;
+            // One block of scratch whatever the group size: member j's block is copied into it
+            // and folded into `recv` before member j + 1's (one stream orders the reuse).
+            // SAFETY: every byte is written by a copy below before a kernel reads it.
+            let mut scratch = unsafe { stream.alloc::<u8>(b) }.map_err(|e| cuda_err("device allocation", e))?;
             let div = match op {
                 ReduceOp::Avg => {
                     Some(stream.clone_htod(&divisor(dtype, n)).map_err(|e| cuda_err("host to device copy", e))?)
@@ -412,18 +399,16 @@ mod d2d {
             self.exchange(name, group, s, |peers, me| {
                 let (sc, _s) = scratch.device_ptr_mut(stream);
                 let (rp, _write) = r.view.device_ptr_mut(stream);
-                let at = |j: usize| sc + (j * b) as u64;
-                let block = if kind == Reduce::Scatter { me * b } else { 0 };
-                // SAFETY (copies and kernels): the scratch holds n blocks of b bytes; member j's
-                // send holds this member's block at `block` (lengths checked); recv holds b
-                // bytes = `count` elements; all stay alive until the stream is synchronized.
+                let block = if kind == Reduce::Scatter { me * b } else { 0 } as u64;
+                // SAFETY (copies and kernels): the scratch and recv hold b bytes = `count`
+                // elements; member j's send holds this member's block at `block` (lengths
+                // checked); all stay alive until the stream is synchronized. The fold is
+                // ((m0 op m1) op m2) ..., the host's order.
                 unsafe {
-                    for (j, &p) in peers.iter().enumerate() {
-                        dev.copy_raw(at(j), p + block as u64, b)?;
-                    }
-                    crate::storage::cuda::binary_raw(dev, dtype, f, at(0), at(1), rp, count, false)?;
-                    for j in 2..n {
-                        crate::storage::cuda::binary_raw(dev, dtype, f, rp, at(j), rp, count, false)?;
+                    dev.copy_raw(rp, peers[0] + block, b)?;
+                    for &p in &peers[1..] {
+                        dev.copy_raw(sc, p + block, b)?;
+                        crate::storage::cuda::binary_raw(dev, dtype, f, rp, sc, rp, count, false)?;
                     }
                     if let Some(div) = &div {
                         let (dp, _d) = div.device_ptr(stream);

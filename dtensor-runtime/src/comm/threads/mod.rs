@@ -32,7 +32,11 @@ use super::{Communicator, RecvBuf};
 use crate::element::DType;
 use crate::error::{Error, Result};
 use crate::placement::ReduceOp;
-use rendezvous::{Bufs, Slot};
+#[cfg(feature = "cuda")]
+pub(crate) use rendezvous::Bufs;
+#[cfg(not(feature = "cuda"))]
+use rendezvous::Bufs;
+use rendezvous::Slot;
 use std::collections::HashMap;
 use std::mem::MaybeUninit;
 use std::ops::Range;
@@ -144,8 +148,11 @@ pub struct ThreadComm {
     sequences: Arc<super::fingerprint::Sequences>,
 }
 
-/// The collectives, as the tags members publish (a mismatch is detected before any copy).
-const OPS: [&str; 8] = [
+/// The collectives, as the tags members publish (a mismatch is detected before any copy). The
+/// `*_buf` ones are the device-to-device collectives of the `cuda-threads` backend (through
+/// [`ThreadComm::with_peers`]): their own tags, so that a host collective never reads a device
+/// record as its data.
+const OPS: [&str; 13] = [
     "all_gather",
     "all_reduce",
     "reduce_scatter",
@@ -154,6 +161,11 @@ const OPS: [&str; 8] = [
     "broadcast",
     "scatter",
     "barrier",
+    "all_gather_buf",
+    "all_reduce_buf",
+    "reduce_scatter_buf",
+    "all_to_all_buf",
+    "broadcast_buf",
 ];
 
 fn tag(op: &str) -> usize {
@@ -251,6 +263,24 @@ impl ThreadComm {
         let r = result?;
         departed?;
         Ok(r)
+    }
+
+    /// The rendezvous, for a backend layered on this one (the `cuda-threads` device path):
+    /// every member of `group` publishes `mine` (the `tag` is set from `op`, one of the `*_buf`
+    /// names), `body` runs with every member's record and this member's index once all have
+    /// arrived, and this member returns only once every member's `body` has returned, however
+    /// it ended (so what the records point to stays alive while any peer still uses it).
+    /// `body` must not block on the peers.
+    #[cfg(feature = "cuda")]
+    pub(crate) fn with_peers<R>(
+        &self,
+        op: &'static str,
+        group: &[usize],
+        mine: Bufs,
+        body: impl FnOnce(&[Bufs], usize) -> Result<R>,
+    ) -> Result<R> {
+        debug_assert!(op.ends_with("_buf") && tag(op) != 0, "{op} has no tag of its own");
+        self.rendezvous(op, group, mine, body)
     }
 }
 

@@ -29,7 +29,7 @@ use std::time::{Duration, Instant};
 /// Buffers one member published, as integers (pointers and lengths), plus a tag naming the
 /// collective it called and a layout parameter every member must agree on (`extra`).
 #[derive(Clone, Copy, Default, Debug, PartialEq, Eq)]
-pub(super) struct Bufs {
+pub(crate) struct Bufs {
     pub send: usize,
     pub send_len: usize,
     pub recv: usize,
