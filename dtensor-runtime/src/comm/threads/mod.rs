@@ -25,6 +25,8 @@
 mod loom_tests;
 mod rendezvous;
 mod sync;
+#[cfg(test)]
+mod with_peers_tests;
 
 use super::reduce;
 use super::{check, group};
@@ -32,9 +34,9 @@ use super::{Communicator, RecvBuf};
 use crate::element::DType;
 use crate::error::{Error, Result};
 use crate::placement::ReduceOp;
-#[cfg(feature = "cuda")]
+#[cfg(any(feature = "cuda", test))]
 pub(crate) use rendezvous::Bufs;
-#[cfg(not(feature = "cuda"))]
+#[cfg(not(any(feature = "cuda", test)))]
 use rendezvous::Bufs;
 use rendezvous::Slot;
 use std::collections::HashMap;
@@ -271,7 +273,7 @@ impl ThreadComm {
     /// arrived, and this member returns only once every member's `body` has returned, however
     /// it ended (so what the records point to stays alive while any peer still uses it).
     /// `body` must not block on the peers.
-    #[cfg(feature = "cuda")]
+    #[cfg(any(feature = "cuda", test))]
     pub(crate) fn with_peers<R>(
         &self,
         op: &'static str,
