@@ -56,7 +56,7 @@ pub unsafe trait Communicator: Send + Sync + fmt::Debug {
     fn rank(&self) -> usize;
     /// Number of ranks in the world.
     fn world_size(&self) -> usize;
-    /// Short backend name (`threads`, `mpi`, `nccl`).
+    /// Short backend name (`threads`, `cuda-threads`, `mpi`, `nccl`).
     fn backend(&self) -> &'static str;
 
     /// The device this rank's shards live on (default: the host). A mesh over this
@@ -113,7 +113,8 @@ pub unsafe trait Communicator: Send + Sync + fmt::Debug {
     /// buffer of `rows` rows of `group.len()` runs of `run` bytes each: block `j` is run `j` of
     /// every row (a split along a non-leading tensor dim). `recv` receives contiguous blocks,
     /// as from `all_to_all`. The default packs the blocks and calls `all_to_all`; backends that
-    /// read their peers' buffers override it to copy the runs straight into `recv`.
+    /// reach their peers' buffers override it to copy the runs without packing (the thread
+    /// backend writes each member's runs straight into its peers' `recv`).
     fn all_to_all_strided(
         &self,
         group: &[usize],

@@ -1,7 +1,7 @@
 //! [`Launch::CudaThreads`](super::Launch::CudaThreads): `world_size` ranks as threads of this
 //! process with their shards on the visible GPUs, round-robin (every rank on device 0 when
 //! there is one GPU), collectives through the thread backend's rendezvous
-//! ([`CudaThreadsComm`](crate::comm::cuda_threads::CudaThreadsComm)).
+//! ([`CudaThreadsComm`]).
 
 use super::{LocalWorld, RankCtx};
 use crate::comm::cuda_threads::CudaThreadsComm;

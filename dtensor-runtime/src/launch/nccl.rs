@@ -35,8 +35,8 @@ const LAUNCHERS: [[&str; 3]; 3] = [
     ["PMI_RANK", "PMI_SIZE", "MPI_LOCALRANKID"],
 ];
 
-/// Reads this process' place in an NCCL job through `get` (the environment in
-/// [`launch`]), given the number of visible GPUs.
+/// Reads this process' place in an NCCL job through `get` (the environment when
+/// [`Launch::Nccl`](super::Launch::Nccl) starts), given the number of visible GPUs.
 ///
 /// `Ok(None)`: no launcher's rank variable is set (thread mode). Errors: a missing or
 /// non-numeric variable, `WORLD_SIZE` 0 or a bad `MASTER_*` are [`Error::InvalidArgument`];
@@ -81,8 +81,8 @@ pub fn process_from_lookup(get: impl Fn(&str) -> Option<String>, device_count: u
     Ok(Some(NcclProcess { rendezvous, local_rank }))
 }
 
-/// Whether a launcher's rank variable is set in this process (then [`launch`] runs in process
-/// mode).
+/// Whether a launcher's rank variable is set in this process (then
+/// [`Launch::Nccl`](super::Launch::Nccl) runs in process mode).
 pub fn launched_by_env() -> bool {
     LAUNCHERS.iter().any(|names| std::env::var_os(names[0]).is_some())
 }

@@ -22,7 +22,7 @@
 //! | [`loss`] | cross_entropy, mse_loss | composed of the above |
 //!
 //! Comparisons, `where`, `masked_fill`, views, slices, `cat`, `repeat` and indexing are
-//! written once over [`Scalar`](crate::Scalar), so integer tensors (`i64`, `i32`, `u8`) take
+//! written once over [`Scalar`], so integer tensors (`i64`, `i32`, `u8`) take
 //! them under the same rules; their backward rules reach float-only ops through
 //! `Scalar::grad_kernels`, and an integer tensor never records one. Every other op needs
 //! [`Element`] (floats).
