@@ -8,7 +8,7 @@
 //! threads of one process, so a device address is valid on every rank (one primary context
 //! per GPU). Each member synchronizes its stream (its send data is complete) and publishes its
 //! send buffer's address and length in a rendezvous of the inner thread backend
-//! (`ThreadComm::with_peers`, under the collective's own tag), then enqueues on its *own*
+//! (`ThreadComm::rendezvous`, under the collective's own tag), then enqueues on its *own*
 //! stream copies out of its peers' buffers into its receive buffer; all-reduce and
 //! reduce-scatter copy the members' blocks one at a time into a one-block device scratch and
 //! fold them into the output with the element-wise device kernels in group order (so every
@@ -279,7 +279,7 @@ mod d2d {
             // Peers read `send` from their own streams: it must be complete first.
             self.device.synchronize()?;
             let mine = Bufs { send: sp as usize, send_len: send.len(), ..Bufs::default() };
-            self.inner.with_peers(op, group, mine, |all, _| {
+            self.inner.rendezvous(op, group, mine, |all, _| {
                 if let Some(i) = all.iter().position(|b| b.send_len != send.len()) {
                     let why = format!(
                         "rank {} sends {} bytes, rank {} {}",

@@ -21,12 +21,12 @@
 //! The rendezvous is model-checked with `loom` (small worlds, every interleaving):
 //! `RUSTFLAGS="--cfg loom" CARGO_TARGET_DIR=target/loom cargo test -p dtensor-runtime --lib --release loom`.
 
+#[cfg(test)]
+mod device_rendezvous_tests;
 #[cfg(all(test, loom))]
 mod loom_tests;
 mod rendezvous;
 mod sync;
-#[cfg(test)]
-mod with_peers_tests;
 
 use super::reduce;
 use super::{check, group};
@@ -34,10 +34,7 @@ use super::{Communicator, RecvBuf};
 use crate::element::DType;
 use crate::error::{Error, Result};
 use crate::placement::ReduceOp;
-#[cfg(any(feature = "cuda", test))]
 pub(crate) use rendezvous::Bufs;
-#[cfg(not(any(feature = "cuda", test)))]
-use rendezvous::Bufs;
 use rendezvous::Slot;
 use std::collections::HashMap;
 use std::mem::MaybeUninit;
@@ -152,7 +149,7 @@ pub struct ThreadComm {
 
 /// The collectives, as the tags members publish (a mismatch is detected before any copy). The
 /// `*_buf` ones are the device-to-device collectives of the `cuda-threads` backend (through
-/// [`ThreadComm::with_peers`]): their own tags, so that a host collective never reads a device
+/// [`ThreadComm::rendezvous`]): their own tags, so that a host collective never reads a device
 /// record as its data.
 const OPS: [&str; 13] = [
     "all_gather",
@@ -220,8 +217,13 @@ impl ThreadComm {
 
     /// The rendezvous. `body` runs once every member has published its buffers; it gets
     /// every member's buffers and this rank's index. The call returns after every member
-    /// has finished its body.
-    fn rendezvous<R>(
+    /// has finished its body, however it ended (so what the buffers point to stays alive
+    /// while any peer still uses it); `body` must not block on the peers.
+    ///
+    /// Also the rendezvous of a backend layered on this one (the `cuda-threads` device path,
+    /// whose records hold device addresses), under the `*_buf` names of [`OPS`]: their own
+    /// tags, so that a host collective never reads a device record as its data.
+    pub(crate) fn rendezvous<R>(
         &self,
         op: &'static str,
         group: &[usize],
@@ -265,24 +267,6 @@ impl ThreadComm {
         let r = result?;
         departed?;
         Ok(r)
-    }
-
-    /// The rendezvous, for a backend layered on this one (the `cuda-threads` device path):
-    /// every member of `group` publishes `mine` (the `tag` is set from `op`, one of the `*_buf`
-    /// names), `body` runs with every member's record and this member's index once all have
-    /// arrived, and this member returns only once every member's `body` has returned, however
-    /// it ended (so what the records point to stays alive while any peer still uses it).
-    /// `body` must not block on the peers.
-    #[cfg(any(feature = "cuda", test))]
-    pub(crate) fn with_peers<R>(
-        &self,
-        op: &'static str,
-        group: &[usize],
-        mine: Bufs,
-        body: impl FnOnce(&[Bufs], usize) -> Result<R>,
-    ) -> Result<R> {
-        debug_assert!(op.ends_with("_buf") && tag(op) != 0, "{op} has no tag of its own");
-        self.rendezvous(op, group, mine, body)
     }
 }
 

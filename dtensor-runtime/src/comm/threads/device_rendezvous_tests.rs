@@ -1,4 +1,4 @@
-//! `ThreadComm::with_peers`, the rendezvous the `cuda-threads` device path runs in, checked on
+//! `ThreadComm::rendezvous` under the `*_buf` tags of the `cuda-threads` device path, checked on
 //! the host: its own tags against the host collectives, and departure only after every
 //! member's body has returned.
 
@@ -26,7 +26,7 @@ fn device_and_host_collectives_never_match() {
     });
     let ran = AtomicBool::new(false);
     let mine = Bufs { send: 0x1000, send_len: 24, ..Bufs::default() };
-    let r0 = c0.with_peers("all_gather_buf", &[0, 1], mine, |_, _| {
+    let r0 = c0.rendezvous("all_gather_buf", &[0, 1], mine, |_, _| {
         ran.store(true, Ordering::SeqCst);
         Ok(())
     });
@@ -56,7 +56,7 @@ fn members_leave_only_after_every_body_returned() {
             let done = Arc::clone(&done);
             std::thread::spawn(move || {
                 let mine = Bufs { send: 100 + rank, send_len: rank, ..Bufs::default() };
-                let r = c.with_peers("all_reduce_buf", &[0, 1, 2], mine, |all, me| {
+                let r = c.rendezvous("all_reduce_buf", &[0, 1, 2], mine, |all, me| {
                     assert_eq!(me, rank);
                     let seen: Vec<(usize, usize)> = all.iter().map(|b| (b.send, b.send_len)).collect();
                     assert_eq!(seen, [(100, 0), (101, 1), (102, 2)]);
