@@ -21,11 +21,12 @@
 //! This is the default; `DTENSOR_CUDA_THREADS_STAGE=host` at launch (see [`STAGE_ENV`]) stages
 //! every collective through the host instead. Both paths passed the GPU check on an H200
 //! (the redistribution property test, the `*_buf` collectives against the host, `mlp_tp` on a
-//! 2x2 mesh), on one GPU: ranks on different GPUs have not run (their copies between
-//! devices would need peer access to each other's memory pools). Always staged through the
-//! host: host buffers (the inner collectives directly) and reductions of the integers (no
-//! device `binary` kernel for them). The path depends only on the call and the launch, so
-//! every member takes the same.
+//! 2x2 mesh), on one GPU. Always staged through the host: host buffers (the inner collectives
+//! directly), reductions of the integers (no device `binary` kernel for them), and groups
+//! whose members are on different GPUs (copies between devices would need peer access to
+//! each other's memory pools; the members publish their device ordinals in the rendezvous and
+//! all fall back alike). The path depends only on the call, the launch and those published
+//! records, so every member takes the same.
 
 use super::buf::{self, Buf, BufMut};
 use super::threads::ThreadComm;
@@ -144,7 +145,9 @@ unsafe impl Communicator for CudaThreadsComm {
     fn all_gather_buf(&self, group: &[usize], send: Buf<'_>, mut recv: BufMut<'_>) -> Result<()> {
         #[cfg(feature = "cuda")]
         if let Some((s, r)) = self.on_device(&send, &mut recv) {
-            return self.d2d_all_gather(group, s, r);
+            if self.d2d_all_gather(group, s, r)? {
+                return Ok(());
+            }
         }
         buf::staged::all_gather(self, group, send, recv)
     }
@@ -158,7 +161,9 @@ unsafe impl Communicator for CudaThreadsComm {
     ) -> Result<()> {
         #[cfg(feature = "cuda")]
         if let Some((s, r)) = self.on_device(&send, &mut recv).filter(|_| d2d::reduces(dtype)) {
-            return self.d2d_reduce(d2d::Reduce::All, group, s, r, dtype, op);
+            if self.d2d_reduce(d2d::Reduce::All, group, s, r, dtype, op)? {
+                return Ok(());
+            }
         }
         buf::staged::all_reduce(self, group, send, recv, dtype, op)
     }
@@ -172,21 +177,27 @@ unsafe impl Communicator for CudaThreadsComm {
     ) -> Result<()> {
         #[cfg(feature = "cuda")]
         if let Some((s, r)) = self.on_device(&send, &mut recv).filter(|_| d2d::reduces(dtype)) {
-            return self.d2d_reduce(d2d::Reduce::Scatter, group, s, r, dtype, op);
+            if self.d2d_reduce(d2d::Reduce::Scatter, group, s, r, dtype, op)? {
+                return Ok(());
+            }
         }
         buf::staged::reduce_scatter(self, group, send, recv, dtype, op)
     }
     fn all_to_all_buf(&self, group: &[usize], send: Buf<'_>, mut recv: BufMut<'_>) -> Result<()> {
         #[cfg(feature = "cuda")]
         if let Some((s, r)) = self.on_device(&send, &mut recv) {
-            return self.d2d_all_to_all(group, s, r);
+            if self.d2d_all_to_all(group, s, r)? {
+                return Ok(());
+            }
         }
         buf::staged::all_to_all(self, group, send, recv)
     }
     fn broadcast_buf(&self, group: &[usize], send: Buf<'_>, mut recv: BufMut<'_>, root: usize) -> Result<()> {
         #[cfg(feature = "cuda")]
         if let Some((s, r)) = self.on_device(&send, &mut recv) {
-            return self.d2d_broadcast(group, s, r, root);
+            if self.d2d_broadcast(group, s, r, root)? {
+                return Ok(());
+            }
         }
         buf::staged::broadcast(self, group, send, recv, root)
     }
@@ -262,23 +273,28 @@ mod d2d {
         /// a peer's stream still reads it; for the same reason the stream wait runs whether or
         /// not `copy` failed. `copy` must only enqueue work on this rank's stream.
         ///
-        /// A group of one runs `copy` with this member alone, without a rendezvous.
+        /// Members on different GPUs copy nothing and all return `Ok(false)` (every member sees
+        /// the same published device ordinals, so all decide alike): the caller then stages the
+        /// collective through the host, since copies between GPUs would need peer access to the
+        /// other device's memory pool. A group of one runs `copy` with this member alone,
+        /// without a rendezvous.
         fn exchange(
             &self,
             op: &'static str,
             group: &[usize],
             send: &CudaBytes<'_>,
             copy: impl FnOnce(&[u64], usize) -> Result<()>,
-        ) -> Result<()> {
+        ) -> Result<bool> {
             let me = group::index_of(op, self.rank(), group)?;
             let stream = self.device.stream();
             let (sp, _read) = send.view.device_ptr(stream);
             if group.len() == 1 {
-                return copy(&[sp], 0);
+                return copy(&[sp], 0).map(|()| true);
             }
             // Peers read `send` from their own streams: it must be complete first.
             self.device.synchronize()?;
-            let mine = Bufs { send: sp as usize, send_len: send.len(), ..Bufs::default() };
+            let ordinal = self.device.ordinal();
+            let mine = Bufs { send: sp as usize, send_len: send.len(), extra: ordinal, ..Bufs::default() };
             self.inner.rendezvous(op, group, mine, |all, _| {
                 if let Some(i) = all.iter().position(|b| b.send_len != send.len()) {
                     let why = format!(
@@ -290,10 +306,13 @@ mod d2d {
                     );
                     return Err(check::mismatch(op, why));
                 }
+                if all.iter().any(|b| b.extra != ordinal) {
+                    return Ok(false);
+                }
                 let peers: Vec<u64> = all.iter().map(|b| b.send as u64).collect();
                 let copied = copy(&peers, me);
                 let synced = self.device.synchronize();
-                copied.and(synced)
+                copied.and(synced).map(|()| true)
             })
         }
 
@@ -302,7 +321,7 @@ mod d2d {
             group: &[usize],
             s: &CudaBytes<'_>,
             r: &mut CudaBytesMut<'_>,
-        ) -> Result<()> {
+        ) -> Result<bool> {
             check::blocks("all_gather", "recv", r.len(), group.len(), s.len())?;
             let l = s.len();
             let dev = &self.device;
@@ -321,7 +340,7 @@ mod d2d {
             group: &[usize],
             s: &CudaBytes<'_>,
             r: &mut CudaBytesMut<'_>,
-        ) -> Result<()> {
+        ) -> Result<bool> {
             check::all_to_all(s.len(), r.len(), group.len())?;
             let l = s.len() / group.len();
             let dev = &self.device;
@@ -342,7 +361,7 @@ mod d2d {
             s: &CudaBytes<'_>,
             r: &mut CudaBytesMut<'_>,
             root: usize,
-        ) -> Result<()> {
+        ) -> Result<bool> {
             check::root(root, group.len())?;
             check::same_len("broadcast", s.len(), r.len())?;
             let (dev, l) = (&self.device, r.len());
@@ -364,7 +383,7 @@ mod d2d {
             r: &mut CudaBytesMut<'_>,
             dtype: DType,
             op: ReduceOp,
-        ) -> Result<()> {
+        ) -> Result<bool> {
             let (name, n, b) = match kind {
                 Reduce::All => ("all_reduce_buf", group.len(), r.len()),
                 Reduce::Scatter => ("reduce_scatter_buf", group.len(), r.len()),
