@@ -96,6 +96,27 @@ pub(crate) fn both_on<'s, 'a, 'b>(
     }
 }
 
+/// The two reductions of the `*_buf` collectives, for backends that run them through one
+/// code path.
+#[derive(Clone, Copy, PartialEq, Eq, Debug)]
+pub(crate) enum Reduce {
+    /// All-reduce: every member gets the whole reduction.
+    All,
+    /// Reduce-scatter: member `i` gets block `i` of it.
+    Scatter,
+}
+
+impl Reduce {
+    /// The collective's name in errors.
+    #[cfg(feature = "cuda")]
+    pub(crate) fn op(self) -> &'static str {
+        match self {
+            Reduce::All => "all_reduce",
+            Reduce::Scatter => "reduce_scatter",
+        }
+    }
+}
+
 /// The default `*_buf` collectives: device data staged through the host around the host
 /// collective (every backend without a device path; NCCL for buffers it cannot take directly).
 pub mod staged {
@@ -128,6 +149,22 @@ pub mod staged {
     ) -> Result<()> {
         let send = send.to_host()?;
         recv.stage(|r| c.all_reduce_into(group, &send, r.into(), dtype, op))
+    }
+
+    /// [`all_reduce`] or [`reduce_scatter`], as `kind` says.
+    pub(crate) fn reduce<C: Communicator + ?Sized>(
+        c: &C,
+        kind: super::Reduce,
+        group: &[usize],
+        send: Buf<'_>,
+        recv: BufMut<'_>,
+        dtype: DType,
+        op: ReduceOp,
+    ) -> Result<()> {
+        match kind {
+            super::Reduce::All => all_reduce(c, group, send, recv, dtype, op),
+            super::Reduce::Scatter => reduce_scatter(c, group, send, recv, dtype, op),
+        }
     }
 
     /// [`Communicator::reduce_scatter_buf`] through the host.

@@ -28,7 +28,7 @@
 //! all fall back alike). The path depends only on the call, the launch and those published
 //! records, so every member takes the same.
 
-use super::buf::{self, Buf, BufMut};
+use super::buf::{self, Buf, BufMut, Reduce};
 use super::threads::ThreadComm;
 use super::{fingerprint, Communicator, RecvBuf};
 use crate::cuda::CudaDevice;
@@ -67,6 +67,28 @@ impl CudaThreadsComm {
     /// Whether the device path is off (see [`STAGE_ENV`]).
     pub fn stages_through_host(&self) -> bool {
         self.stage_host
+    }
+
+    /// `all_reduce_buf` / `reduce_scatter_buf`: device to device when the dtype has the device
+    /// fold kernel (see the [module docs](self)), else staged through the host.
+    // Without the `cuda` feature `recv` is never borrowed mutably.
+    #[cfg_attr(not(feature = "cuda"), allow(unused_mut))]
+    fn reduce_buf(
+        &self,
+        kind: Reduce,
+        group: &[usize],
+        send: Buf<'_>,
+        mut recv: BufMut<'_>,
+        dtype: DType,
+        op: ReduceOp,
+    ) -> Result<()> {
+        #[cfg(feature = "cuda")]
+        if let Some((s, r)) = self.on_device(&send, &mut recv).filter(|_| d2d::reduces(dtype)) {
+            if self.d2d_reduce(kind, group, s, r, dtype, op)? {
+                return Ok(());
+            }
+        }
+        buf::staged::reduce(self, kind, group, send, recv, dtype, op)
     }
 }
 
@@ -155,33 +177,21 @@ unsafe impl Communicator for CudaThreadsComm {
         &self,
         group: &[usize],
         send: Buf<'_>,
-        mut recv: BufMut<'_>,
+        recv: BufMut<'_>,
         dtype: DType,
         op: ReduceOp,
     ) -> Result<()> {
-        #[cfg(feature = "cuda")]
-        if let Some((s, r)) = self.on_device(&send, &mut recv).filter(|_| d2d::reduces(dtype)) {
-            if self.d2d_reduce(d2d::Reduce::All, group, s, r, dtype, op)? {
-                return Ok(());
-            }
-        }
-        buf::staged::all_reduce(self, group, send, recv, dtype, op)
+        self.reduce_buf(Reduce::All, group, send, recv, dtype, op)
     }
     fn reduce_scatter_buf(
         &self,
         group: &[usize],
         send: Buf<'_>,
-        mut recv: BufMut<'_>,
+        recv: BufMut<'_>,
         dtype: DType,
         op: ReduceOp,
     ) -> Result<()> {
-        #[cfg(feature = "cuda")]
-        if let Some((s, r)) = self.on_device(&send, &mut recv).filter(|_| d2d::reduces(dtype)) {
-            if self.d2d_reduce(d2d::Reduce::Scatter, group, s, r, dtype, op)? {
-                return Ok(());
-            }
-        }
-        buf::staged::reduce_scatter(self, group, send, recv, dtype, op)
+        self.reduce_buf(Reduce::Scatter, group, send, recv, dtype, op)
     }
     fn all_to_all_buf(&self, group: &[usize], send: Buf<'_>, mut recv: BufMut<'_>) -> Result<()> {
         #[cfg(feature = "cuda")]
@@ -207,7 +217,7 @@ unsafe impl Communicator for CudaThreadsComm {
 #[cfg(feature = "cuda")]
 mod d2d {
     use super::CudaThreadsComm;
-    use crate::comm::buf::{Buf, BufMut, CudaBytes, CudaBytesMut};
+    use crate::comm::buf::{Buf, BufMut, CudaBytes, CudaBytesMut, Reduce};
     use crate::comm::threads::Bufs;
     use crate::comm::{check, group, reduce, Communicator};
     use crate::cuda::cuda_err;
@@ -216,13 +226,6 @@ mod d2d {
     use crate::placement::ReduceOp;
     use crate::storage::op::BinaryOp;
     use cudarc::driver::{DevicePtr, DevicePtrMut};
-
-    /// The two reductions.
-    #[derive(Clone, Copy, PartialEq, Eq)]
-    pub(super) enum Reduce {
-        All,
-        Scatter,
-    }
 
     /// Whether `dtype` reduces on the device (it has the element-wise `binary` kernel).
     pub(super) fn reduces(dtype: DType) -> bool {

@@ -33,7 +33,7 @@
 //! [`Error::Backend`] / [`Error::CollectiveTimeout`]; the communicator is unusable afterwards.
 
 use super::bootstrap::Rendezvous;
-use super::buf::{staged, CudaBytes, CudaBytesMut};
+use super::buf::{staged, CudaBytes, CudaBytesMut, Reduce};
 use super::nccl_version::{GroupStrategy, NcclVersion};
 use super::{check, group, reduce};
 use super::{Buf, BufMut, Communicator, RecvBuf};
@@ -334,25 +334,6 @@ fn nccl_op(op: ReduceOp, version: NcclVersion) -> sys::ncclRedOp_t {
 }
 
 const U8: sys::ncclDataType_t = sys::ncclDataType_t::ncclUint8;
-
-/// The two NCCL reductions.
-#[derive(Clone, Copy)]
-enum Reduce {
-    /// `ncclAllReduce`: every member gets the whole reduction.
-    All,
-    /// `ncclReduceScatter`: member `i` gets block `i` of it.
-    Scatter,
-}
-
-impl Reduce {
-    /// The collective's name in errors.
-    fn op(self) -> &'static str {
-        match self {
-            Reduce::All => "all_reduce",
-            Reduce::Scatter => "reduce_scatter",
-        }
-    }
-}
 
 // SAFETY: results come back through host copies into initialised memory, so every
 // `RecvBuf` is zero-filled first (`RecvBuf::zeroed`) and then overwritten.
@@ -671,10 +652,7 @@ impl NcclComm {
     ) -> Result<()> {
         let direct = self.reduces_on_device(dtype, op);
         let Some((s, r)) = self.on_device(&send, &mut recv).filter(|_| direct) else {
-            return match kind {
-                Reduce::All => staged::all_reduce(self, group, send, recv, dtype, op),
-                Reduce::Scatter => staged::reduce_scatter(self, group, send, recv, dtype, op),
-            };
+            return staged::reduce(self, kind, group, send, recv, dtype, op);
         };
         reduce::check_op(dtype, op)?;
         let Some(count) = self.reduce_count(kind, group, s.len(), r.len(), dtype)? else { return Ok(()) };
