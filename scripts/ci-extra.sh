@@ -13,6 +13,8 @@ cargo test -p dtensor-runtime --features cuda --test cuda_gpu -- --nocapture
 
 echo "== loom model check of the thread backend's rendezvous (own target dir: other RUSTFLAGS)"
 RUSTFLAGS="--cfg loom" CARGO_TARGET_DIR=target/loom cargo test -p dtensor-runtime --lib --release loom -- --nocapture
+# A second full build of the dependencies: free its disk before the MPI build.
+rm -rf target/loom
 
 echo "== MPI suite under mpirun"
 bash scripts/mpi-tests.sh
