@@ -13,6 +13,9 @@
 //!
 //! - `memcpy`: every rank copies the bytes it must receive into a preallocated buffer: the
 //!   physical limit of a one-copy shared-memory collective under the same thread count;
+//! - `fresh_memcpy`: the same copy into a buffer allocated for it as the runtime allocates
+//!   outputs ([`dtensor::alloc`]): what any layer that returns a new tensor pays at least, first
+//!   touch of fresh pages included (from 32 MiB up every allocation is a fresh memory map);
 //! - `comm`: the backend (`Communicator`) with preallocated buffers: rendezvous + copy/reduce;
 //! - `mesh`: the typed `DeviceMesh` collective (allocates its output every call);
 //! - `redistribute`: `DTensor::redistribute` (S(0)→R, P→R, P→S(0), S(0)→S(1)), which adds
@@ -82,7 +85,7 @@ impl Kind {
     /// Rough peak bytes per rank of `layer` (to skip what does not fit in memory).
     fn peak_bytes(self, layer: Layer, s: usize, n: usize) -> usize {
         match (layer, self) {
-            (Layer::Memcpy, _) => 2 * self.moved_bytes(s, n),
+            (Layer::Memcpy | Layer::FreshMemcpy, _) => 2 * self.moved_bytes(s, n),
             (Layer::Redistribute, Kind::AllToAll) => 6 * s / n,
             (Layer::Redistribute, Kind::AllGather) => 3 * s,
             (Layer::Redistribute, _) => 4 * s,
@@ -96,17 +99,19 @@ impl Kind {
 #[derive(Clone, Copy, PartialEq, Eq, Debug)]
 enum Layer {
     Memcpy,
+    FreshMemcpy,
     Comm,
     Mesh,
     Redistribute,
 }
 
 impl Layer {
-    const ALL: [Layer; 4] = [Layer::Memcpy, Layer::Comm, Layer::Mesh, Layer::Redistribute];
+    const ALL: [Layer; 5] = [Layer::Memcpy, Layer::FreshMemcpy, Layer::Comm, Layer::Mesh, Layer::Redistribute];
 
     fn name(self) -> &'static str {
         match self {
             Layer::Memcpy => "memcpy",
+            Layer::FreshMemcpy => "fresh_memcpy",
             Layer::Comm => "comm",
             Layer::Mesh => "mesh",
             Layer::Redistribute => "redistribute",
@@ -149,6 +154,16 @@ fn run_once(kind: Kind, layer: Layer, s: usize, n: usize, iters: u64) -> Duratio
                 let mut dst = touched(b, 0.0);
                 timed(&mut || {
                     dst.copy_from_slice(black_box(&src));
+                    black_box(&mut dst);
+                    Ok(())
+                })
+            }
+            Layer::FreshMemcpy => {
+                let b = kind.moved_bytes(s, n) / 4;
+                let src = touched(b, 1.0);
+                timed(&mut || {
+                    let mut dst = dtensor::alloc::try_with_capacity::<f32>("fresh_memcpy", b)?;
+                    dst.extend_from_slice(black_box(&src));
                     black_box(&mut dst);
                     Ok(())
                 })
@@ -305,8 +320,8 @@ fn print_table(sizes: &[usize], ranks: &[usize], full: bool) {
         );
     }
     println!(
-        "{:<15} {:>5} {:>7} {:>12} {:>8} {:>8} {:>13} {:>14}",
-        "collective", "ranks", "MiB", "memcpy GB/s", "comm", "mesh", "redistribute", "redist. GB/s"
+        "{:<15} {:>5} {:>7} {:>12} {:>7} {:>8} {:>8} {:>13} {:>14}",
+        "collective", "ranks", "MiB", "memcpy GB/s", "fresh", "comm", "mesh", "redistribute", "redist. GB/s"
     );
     for &n in ranks {
         let us = |op: &str| match RECORDER.median_ns(&format!("latency/{op}/{n}r")) {
@@ -334,8 +349,9 @@ fn print_table(sizes: &[usize], ranks: &[usize], full: bool) {
                 };
                 if let Some(t) = RECORDER.median_ns(&key(kind, Layer::Redistribute, s, n)) {
                     // Machine-readable, for scripts/compare_torch.sh.
+                    let fresh = RECORDER.median_ns(&key(kind, Layer::FreshMemcpy, s, n)).map_or(f64::NAN, |f| base / f);
                     println!(
-                        "redist-result {} {n} {mib} {:.3} {:.3} {:.3}",
+                        "redist-result {} {n} {mib} {:.3} {:.3} {:.3} {fresh:.3}",
                         kind.name(),
                         bytes / base,
                         base / t,
@@ -343,11 +359,12 @@ fn print_table(sizes: &[usize], ranks: &[usize], full: bool) {
                     );
                 }
                 println!(
-                    "{:<15} {:>5} {:>7} {:>12.2} {:>8} {:>8} {:>13} {:>14}",
+                    "{:<15} {:>5} {:>7} {:>12.2} {:>7} {:>8} {:>8} {:>13} {:>14}",
                     kind.name(),
                     n,
                     mib,
                     bytes / base,
+                    ratio(Layer::FreshMemcpy),
                     ratio(Layer::Comm),
                     ratio(Layer::Mesh),
                     ratio(Layer::Redistribute),

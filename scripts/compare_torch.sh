@@ -135,7 +135,7 @@ for r in lines("rust_redist", "redist-result"):
     tg, d = (float(t[5]) if t else None), float(r[5])
     label = f"redistribute {r[0]} {r[1]}r {r[2]} MiB"
     rows.append((label, "GB/s", tg, d, d / tg if tg else None, ""))
-    memfrac.append((label, float(t[4]) if t else None, float(r[4])))
+    memfrac.append((label, float(t[4]) if t else None, float(r[4]), float(r[6]) if len(r) > 6 and r[6] != "nan" else None))
 for r in lines("rust_redist", "latency-result"):
     rows.append((f"all_reduce 4 B, {r[0]} ranks", "µs", None, float(r[1]), None, "dtensor <= 10"))
 
@@ -144,7 +144,8 @@ for label, unit, t, d, ratio, target in rows:
     print(f"{label:<40} {unit:>8} {fmt(t, '10.2f')} {fmt(d, '10.2f')} {fmt(ratio, '7.2f')}  {target}")
 if memfrac:
     print()
-    print(f"{'redistribution vs memcpy in the same run':<40} {'PyTorch':>10} {'dtensor':>10}  target (dtensor)")
-    for label, t, d in memfrac:
-        print(f"{label:<40} {fmt(t, '10.2f')} {fmt(d, '10.2f')}  >= 0.8")
+    # "fresh": a memcpy into a newly allocated buffer, what any fresh output pays at least.
+    print(f"{'redistribution vs memcpy in the same run':<40} {'PyTorch':>10} {'dtensor':>10} {'fresh':>7}  target (dtensor)")
+    for label, t, d, f in memfrac:
+        print(f"{label:<40} {fmt(t, '10.2f')} {fmt(d, '10.2f')} {fmt(f, '7.2f')}  >= 0.8")
 EOF

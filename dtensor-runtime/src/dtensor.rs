@@ -12,6 +12,7 @@ use crate::storage::{pack_host, Device, Storage};
 use crate::Along;
 use ndarray::{ArrayD, IxDyn};
 use std::fmt;
+use std::sync::Arc;
 
 /// A distributed tensor: this rank's local shard plus the metadata that says how the
 /// global tensor is laid out over the mesh (one [`Placement`] per mesh dimension).
@@ -20,7 +21,9 @@ use std::fmt;
 /// device when the communicator provides one.
 #[derive(Clone)]
 pub struct DTensor<T: Scalar> {
-    pub(crate) local: Storage<T>,
+    /// Shared, copy-on-write: clones and `detach` (which autograd uses to save inputs) share
+    /// the shard as PyTorch's tensors share storage; a write copies only if it is shared.
+    pub(crate) local: Arc<Storage<T>>,
     pub(crate) mesh: DeviceMesh,
     pub(crate) placements: Vec<Placement>,
     pub(crate) shape: Vec<usize>,
@@ -403,14 +406,14 @@ impl<T: Scalar> DTensor<T> {
 
     /// Assembles a DTensor from parts that are known to be consistent.
     pub(crate) fn new_unchecked(
-        local: Storage<T>,
+        local: impl Into<Arc<Storage<T>>>,
         mesh: DeviceMesh,
         placements: Vec<Placement>,
         shape: Vec<usize>,
         autograd: Option<AutogradMeta<T>>,
     ) -> Self {
         let stride = contiguous_strides(&shape);
-        DTensor { local, mesh, placements, shape, stride, autograd: autograd.unwrap_or_default() }
+        DTensor { local: local.into(), mesh, placements, shape, stride, autograd: autograd.unwrap_or_default() }
     }
 
     /// See [`from_local`].
@@ -438,11 +441,12 @@ impl<T: Scalar> DTensor<T> {
     }
     /// The local shard, owned, on its device (PyTorch `to_local()`).
     pub fn to_local(&self) -> Storage<T> {
-        self.local.clone()
+        Storage::clone(&self.local)
     }
-    /// Consumes the DTensor and returns the local shard without copying.
+    /// Consumes the DTensor and returns the local shard (without copying unless another
+    /// DTensor shares it).
     pub fn into_local(self) -> Storage<T> {
-        self.local
+        Arc::unwrap_or_clone(self.local)
     }
     /// The device the local shard lives on (the mesh's).
     pub fn device(&self) -> Device {

@@ -11,7 +11,7 @@
 //! `distribute_module`, `parallelize_module`, tensor-parallel styles) and [`optim`].
 #![warn(missing_docs)]
 
-pub(crate) mod alloc;
+pub mod alloc;
 pub mod autograd;
 pub mod checkpoint;
 pub mod comm;

@@ -54,7 +54,12 @@ fn topo_order<T: Element>(root: &Arc<Node<T>>) -> Vec<Arc<Node<T>>> {
     post
 }
 
-pub(super) fn run_backward<T: Element>(root: &DTensor<T>, grad: DTensor<T>, leaf_dtype: Option<DType>) -> Result<()> {
+pub(super) fn run_backward<T: Element>(
+    root: &DTensor<T>,
+    grad: DTensor<T>,
+    leaf_dtype: Option<DType>,
+    retain_graph: bool,
+) -> Result<()> {
     let Some(root_node) = root.autograd.node.clone() else {
         return Err(Error::Autograd(
             "backward on a tensor that does not require grad (no input had requires_grad, or it was computed under no_grad)"
@@ -83,7 +88,20 @@ pub(super) fn run_backward<T: Element>(root: &DTensor<T>, grad: DTensor<T>, leaf
             }
             NodeKind::Op { inputs, backward } => {
                 NEEDS.with(|n| *n.borrow_mut() = inputs.iter().map(|i| i.is_some()).collect());
-                let input_grads = op_scope(node.name, || backward(&g));
+                let mut slot = backward.lock().unwrap_or_else(|e| e.into_inner());
+                let Some(f) = slot.as_ref() else {
+                    NEEDS.with(|n| n.borrow_mut().clear());
+                    return Err(Error::Autograd(format!(
+                        "backward through {} a second time: the first backward freed its saved tensors \
+                         (use backward_retaining_graph for the first pass, or run the forward again)",
+                        node.name
+                    )));
+                };
+                let input_grads = op_scope(node.name, || f(&g));
+                if !retain_graph {
+                    *slot = None;
+                }
+                drop(slot);
                 NEEDS.with(|n| n.borrow_mut().clear());
                 let input_grads = input_grads?;
                 if input_grads.len() != inputs.len() {

@@ -90,7 +90,7 @@ pub fn from_local_grad<T: Element>(
 ) -> Result<DTensor<T>> {
     expect_local(local, "from_local_grad")?;
     let gp = opts.grad_placements.clone();
-    let out = from_local(local.local.clone(), mesh, placements, opts)?;
+    let out = from_local(local.to_local(), mesh, placements, opts)?;
     let gp = match gp {
         Some(g) => normalize_placements(&g, out.ndim(), mesh.ndim())?,
         None => out.placements.clone(),
@@ -105,7 +105,7 @@ pub fn from_local_grad<T: Element>(
         .product();
     Ok(record("from_local_backward", out, &[local], move |g| {
         let g = redistribute_grad(g, &target, None, "from_local_backward")?;
-        let l = if avg_scale != 1.0 { g.local.unary(UnaryOp::MulScalar(avg_scale))? } else { g.local };
+        let l = if avg_scale != 1.0 { g.local.unary(UnaryOp::MulScalar(avg_scale))? } else { g.into_local() };
         Ok(vec![Some(DTensor::local_tensor(l))])
     }))
 }
@@ -134,7 +134,7 @@ impl<T: Element> DTensor<T> {
             Some(g) => normalize_placements(g, self.ndim(), self.mesh.ndim())?,
             None => self.placements.clone(),
         };
-        let out = DTensor::local_tensor(self.local.clone());
+        let out = DTensor::local_tensor(self.to_local());
         let (mesh, shape) = (self.mesh.clone(), self.shape.clone());
         Ok(record("to_local_backward", out, &[self], move |g| {
             let (expected, _) = local_shape_and_offset(&shape, mesh.shape(), mesh.coordinate(), &gp);

@@ -95,8 +95,9 @@ pub(crate) struct Node<T: Scalar> {
 pub(crate) enum NodeKind<T: Scalar> {
     /// A tensor made with `requires_grad`: accumulates its gradient in the parameter's layout.
     Leaf { grad: Box<Mutex<Option<DTensor<T>>>>, placements: Vec<Placement>, shape: Vec<usize> },
-    /// The output of an op.
-    Op { inputs: Vec<Option<Arc<Node<T>>>>, backward: BackwardFn<T> },
+    /// The output of an op. The backward (with the tensors it saved) is dropped by the first
+    /// backward pass through the node, unless that pass retains the graph, as in PyTorch.
+    Op { inputs: Vec<Option<Arc<Node<T>>>>, backward: Mutex<Option<BackwardFn<T>>> },
 }
 
 /// Per-tensor autograd state: the node that produced the tensor (or its leaf cell).
@@ -170,7 +171,8 @@ pub(crate) fn record<T: Scalar>(
         return out;
     }
     let inputs = inputs.iter().map(|x| x.autograd.node.clone()).collect();
-    out.autograd.node = Some(Arc::new(Node { name, kind: NodeKind::Op { inputs, backward: Box::new(backward) } }));
+    out.autograd.node =
+        Some(Arc::new(Node { name, kind: NodeKind::Op { inputs, backward: Mutex::new(Some(Box::new(backward))) } }));
     out
 }
 
@@ -297,9 +299,18 @@ impl<T: Element> DTensor<T> {
     }
 
     /// Backpropagates from a scalar (one-element) tensor; gradients accumulate into the
-    /// leaves' `.grad()`.
+    /// leaves' `.grad()`. As in PyTorch, the pass frees the graph's saved tensors: a second
+    /// backward through the same graph is an [`Error::Autograd`] (see
+    /// [`backward_retaining_graph`](Self::backward_retaining_graph)). Freeing them also lets an
+    /// optimizer update the weights in place rather than copy them away from the graph.
     pub fn backward(&self) -> Result<()> {
-        self.backward_impl(None)
+        self.backward_impl(None, false)
+    }
+
+    /// [`backward`](Self::backward) that keeps the graph for another backward pass (PyTorch's
+    /// `retain_graph=True`).
+    pub fn backward_retaining_graph(&self) -> Result<()> {
+        self.backward_impl(None, true)
     }
 
     /// [`backward`](Self::backward) whose leaf-gradient reductions (a parameter gradient that
@@ -307,10 +318,10 @@ impl<T: Element> DTensor<T> {
     /// `dtype`: `DType::F32` for a bf16/f16 model sums the gradients in f32 and rounds once, as
     /// FSDP's `reduce_dtype`.
     pub fn backward_reducing_in(&self, dtype: DType) -> Result<()> {
-        self.backward_impl(Some(dtype))
+        self.backward_impl(Some(dtype), false)
     }
 
-    fn backward_impl(&self, leaf_dtype: Option<DType>) -> Result<()> {
+    fn backward_impl(&self, leaf_dtype: Option<DType>, retain_graph: bool) -> Result<()> {
         if self.numel() != 1 {
             return Err(Error::Autograd(format!(
                 "backward() needs a scalar (one element), got shape {:?}; use backward_with(grad)",
@@ -322,10 +333,11 @@ impl<T: Element> DTensor<T> {
             crate::layout::local_shape_and_offset(&self.shape, self.mesh.shape(), self.mesh.coordinate(), &target);
         let local = self.local.new_full(&shape, T::one())?;
         let one = DTensor::new_unchecked(local, self.mesh.clone(), target, self.shape.clone(), None);
-        engine::run_backward(self, one, leaf_dtype)
+        engine::run_backward(self, one, leaf_dtype, retain_graph)
     }
 
-    /// Backpropagates with an explicit gradient of this tensor (same shape and mesh).
+    /// Backpropagates with an explicit gradient of this tensor (same shape and mesh); frees the
+    /// graph as [`backward`](Self::backward) does.
     pub fn backward_with(&self, grad: &DTensor<T>) -> Result<()> {
         if grad.shape != self.shape {
             return Err(Error::ShapeMismatch {
@@ -335,7 +347,7 @@ impl<T: Element> DTensor<T> {
             });
         }
         self.mesh.check_compatible(&grad.mesh, "backward_with")?;
-        engine::run_backward(self, grad.detach(), None)
+        engine::run_backward(self, grad.detach(), None, false)
     }
 
     /// `redistribute` whose backward runs the gradient's collectives in `backward_dtype`

@@ -41,7 +41,7 @@ pub fn cat<T: Scalar>(tensors: &[&DTensor<T>], dim: isize) -> Result<DTensor<T>>
         rs.push(DimRule::new(&vec![Placement::Partial(o); n], Placement::Partial(o)));
     }
     let c = select("cat", tensors, &rs, Select::default())?;
-    let locals: Vec<&Storage<T>> = c.inputs.iter().map(|x| &x.local).collect();
+    let locals: Vec<&Storage<T>> = c.inputs.iter().map(|x| &*x.local).collect();
     let local = Storage::cat(&locals, d)?;
     let sizes: Vec<usize> = c.inputs.iter().map(|x| x.shape[d]).collect();
     let mut shape = first.shape.clone();

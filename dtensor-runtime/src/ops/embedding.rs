@@ -53,7 +53,7 @@ fn embedding_backward<T: Element>(
 /// exactly is an [`Error::InvalidArgument`] naming `op`; range checks are the kernels').
 pub(crate) fn ids_as<'a, T: Scalar, I: IndexElement>(op: &str, ids: &'a DTensor<I>) -> Result<Cow<'a, DTensor<T>>> {
     let t = super::in_type::<T, I>(ids)?;
-    if I::DTYPE != T::DTYPE && t.local.cast::<I>()? != ids.local {
+    if I::DTYPE != T::DTYPE && t.local.cast::<I>()? != *ids.local {
         return Err(Error::InvalidArgument {
             context: op.into(),
             reason: format!("an id of dtype {} is not exactly representable in {}", I::DTYPE, T::DTYPE),

@@ -39,9 +39,11 @@ use crate::storage::op::{AdamWStep, SgdStep, UnaryOp};
 use crate::storage::Storage;
 use std::collections::hash_map::Entry;
 use std::collections::HashMap;
+use std::sync::Arc;
 
-/// Gradient of `p` as a shard shaped like `p`'s local shard, or `None` without a gradient.
-fn local_grad<T: Element>(name: &str, p: &DTensor<T>) -> Result<Option<Storage<T>>> {
+/// Gradient of `p` as a shard shaped like `p`'s local shard (shared with the stored gradient,
+/// not copied), or `None` without a gradient.
+fn local_grad<T: Element>(name: &str, p: &DTensor<T>) -> Result<Option<Arc<Storage<T>>>> {
     let Some(g) = p.grad() else { return Ok(None) };
     if g.placements() != p.placements() || g.local().shape() != p.local().shape() {
         return Err(Error::ShapeMismatch {
@@ -50,15 +52,15 @@ fn local_grad<T: Element>(name: &str, p: &DTensor<T>) -> Result<Option<Storage<T
             actual: g.local().shape().to_vec(),
         });
     }
-    Ok(Some(g.into_local()))
+    Ok(Some(Arc::clone(&g.local)))
 }
 
 /// `g` times `factor` (the inverse loss scale), untouched for a factor of 1.
-fn times<W: Element>(g: Storage<W>, factor: f64) -> Result<Storage<W>> {
+fn times<W: Element>(g: Arc<Storage<W>>, factor: f64) -> Result<Arc<Storage<W>>> {
     if factor == 1.0 {
         Ok(g)
     } else {
-        g.unary(UnaryOp::MulScalar(factor))
+        g.unary(UnaryOp::MulScalar(factor)).map(Arc::new)
     }
 }
 
@@ -129,7 +131,7 @@ impl<T: Element> Optimizer<T> for Sgd<T> {
             let mut step =
                 SgdStep { lr: self.lr, momentum: self.momentum, weight_decay: self.weight_decay, first: false };
             if let Some(master) = &mut self.master {
-                let g = times(g.cast::<f32>()?, grad_factor)?;
+                let g = times(Arc::new(g.cast::<f32>()?), grad_factor)?;
                 let (w, buf) = match master.entry(name) {
                     Entry::Occupied(o) => o.into_mut(),
                     Entry::Vacant(e) => {
@@ -138,7 +140,7 @@ impl<T: Element> Optimizer<T> for Sgd<T> {
                     }
                 };
                 w.sgd_step(&g, momentum.then_some(buf), &step)?;
-                p.local = w.cast::<T>()?;
+                p.local = Arc::new(w.cast::<T>()?);
                 continue;
             }
             let g = times(g, grad_factor)?;
@@ -154,7 +156,7 @@ impl<T: Element> Optimizer<T> for Sgd<T> {
             } else {
                 None
             };
-            p.local.sgd_step(&g, buf, &step)?;
+            Arc::make_mut(&mut p.local).sgd_step(&g, buf, &step)?;
         }
         Ok(())
     }
@@ -245,7 +247,7 @@ impl<T: Element> Optimizer<T> for AdamW<T> {
             for (name, p) in module.named_parameters_mut() {
                 let Some(g) = local_grad(&name, p)? else { continue };
                 if let Some(master) = &mut master {
-                    let g = times(g.cast::<f32>()?, grad_factor)?;
+                    let g = times(Arc::new(g.cast::<f32>()?), grad_factor)?;
                     let (t, w, m, v) = match master.entry(name) {
                         Entry::Occupied(o) => o.into_mut(),
                         Entry::Vacant(e) => {
@@ -255,7 +257,7 @@ impl<T: Element> Optimizer<T> for AdamW<T> {
                     };
                     *t += 1;
                     adamw_update(self, *t, w, &g, m, v)?;
-                    p.local = w.cast::<T>()?;
+                    p.local = Arc::new(w.cast::<T>()?);
                     continue;
                 }
                 let g = times(g, grad_factor)?;
@@ -267,7 +269,7 @@ impl<T: Element> Optimizer<T> for AdamW<T> {
                     }
                 };
                 *t += 1;
-                adamw_update(self, *t, &mut p.local, &g, m, v)?;
+                adamw_update(self, *t, Arc::make_mut(&mut p.local), &g, m, v)?;
             }
             Ok(())
         })();

@@ -463,7 +463,7 @@ pub(super) fn matmul<T: Element>(a: ArrayViewD<T>, b: ArrayViewD<T>, out_shape: 
         return Ok(ArrayD::<T>::zeros(IxDyn(out_shape)));
     }
     // No zero fill: gemm, called with `read_dst = false`, writes every output element.
-    let mut buf: Vec<T> = Vec::with_capacity(len);
+    let mut buf: Vec<T> = crate::alloc::try_with_capacity("matmul output", len)?;
     let shape_err = |what: &str| Error::Unsupported { op: "matmul".into(), reason: format!("{what} is not {m}x{k}") };
     let a3 = a.to_shape((nbatch, m, k)).map_err(|_| shape_err("the left operand"))?;
     let b3 = b.to_shape((b.len() / (k * n), k, n)).map_err(|_| shape_err("the right operand"))?;
@@ -536,7 +536,7 @@ pub(super) fn pack<T: Scalar>(src: &[T], plan: &PackPlan) -> Result<ArrayD<T>> {
     let n = plan.dst_len();
     if plan.tiles_destination() {
         // Every element is written exactly once: no zero fill first.
-        let mut dst: Vec<T> = Vec::with_capacity(n);
+        let mut dst: Vec<T> = crate::alloc::try_with_capacity("redistribution (pack)", n)?;
         for b in &plan.blocks {
             copy_block(src, &mut dst.spare_capacity_mut()[..n], b, |d, v| {
                 d.write(v);
@@ -546,8 +546,8 @@ pub(super) fn pack<T: Scalar>(src: &[T], plan: &PackPlan) -> Result<ArrayD<T>> {
         unsafe { dst.set_len(n) };
         return from_vec(&plan.dst_shape, dst);
     }
-    // Zeroed allocations are free for floats (calloc); only the padding stays zero.
-    let mut dst = vec![T::zero(); n];
+    // Zeroed allocations are free (calloc); only the padding stays zero.
+    let mut dst = crate::alloc::try_zeroed::<T>("redistribution (pack)", n)?;
     for b in &plan.blocks {
         copy_block(src, &mut dst, b, |d, v| *d = v);
     }
