@@ -19,7 +19,11 @@
 //! - `comm`: the backend (`Communicator`) with preallocated buffers: rendezvous + copy/reduce;
 //! - `mesh`: the typed `DeviceMesh` collective (allocates its output every call);
 //! - `redistribute`: `DTensor::redistribute` (S(0)→R, P→R, P→S(0), S(0)→S(1)), which adds
-//!   the planner, padding and permutes.
+//!   the planner, padding and permutes. Its ratio is *paired*: every sample times the memcpy
+//!   baseline again in the same world right before the redistribution, and the column is the
+//!   median of the per-sample ratios. On a shared host the memory bandwidth drifts by up to
+//!   3× between criterion's separate runs (seen: 9 to 34 GB/s for the same 16 MiB memcpy
+//!   minutes apart); the pairing keeps that drift out of the ratio.
 //!
 //! "The bytes it must receive" per rank: all-gather `S`, all-reduce `S`, reduce-scatter `S`
 //! (it reads `S/n` from each of `n` peers), all-to-all `S/n`. The table printed at the end
@@ -86,9 +90,9 @@ impl Kind {
     fn peak_bytes(self, layer: Layer, s: usize, n: usize) -> usize {
         match (layer, self) {
             (Layer::Memcpy | Layer::FreshMemcpy, _) => 2 * self.moved_bytes(s, n),
-            (Layer::Redistribute, Kind::AllToAll) => 6 * s / n,
-            (Layer::Redistribute, Kind::AllGather) => 3 * s,
-            (Layer::Redistribute, _) => 4 * s,
+            (Layer::Redistribute, Kind::AllToAll) => 8 * s / n,
+            (Layer::Redistribute, Kind::AllGather) => 5 * s,
+            (Layer::Redistribute, _) => 6 * s,
             (_, Kind::AllToAll) => 2 * s / n,
             (_, Kind::AllReduce) => s,
             (_, _) => 2 * s,
@@ -130,8 +134,10 @@ fn touched(len: usize, v: f32) -> Vec<f32> {
 }
 
 /// One world of `n` ranks running `iters` iterations of `layer`; returns the slowest rank's
-/// time between the two barriers around the loop.
-fn run_once(kind: Kind, layer: Layer, s: usize, n: usize, iters: u64) -> Duration {
+/// time between the two barriers around the loop, and for `redistribute` also the slowest
+/// rank's time of `iters` memcpys of the same bytes run just before it in the same world
+/// (zero for the other layers).
+fn run_once(kind: Kind, layer: Layer, s: usize, n: usize, iters: u64) -> (Duration, Duration) {
     let elems = s / 4;
     let times = dtensor::run(n, |ctx| {
         let mesh = ctx.init_device_mesh(&[n], &["x"])?;
@@ -147,26 +153,28 @@ fn run_once(kind: Kind, layer: Layer, s: usize, n: usize, iters: u64) -> Duratio
             mesh.barrier(Along::All)?;
             Ok(t0.elapsed())
         };
+        let memcpy = || -> Result<Duration> {
+            let b = kind.moved_bytes(s, n) / 4;
+            let src = touched(b, 1.0);
+            let mut dst = touched(b, 0.0);
+            timed(&mut || {
+                dst.copy_from_slice(black_box(&src));
+                black_box(&mut dst);
+                Ok(())
+            })
+        };
+        let solo = |t: Result<Duration>| t.map(|t| (t, Duration::ZERO));
         match layer {
-            Layer::Memcpy => {
-                let b = kind.moved_bytes(s, n) / 4;
-                let src = touched(b, 1.0);
-                let mut dst = touched(b, 0.0);
-                timed(&mut || {
-                    dst.copy_from_slice(black_box(&src));
-                    black_box(&mut dst);
-                    Ok(())
-                })
-            }
+            Layer::Memcpy => solo(memcpy()),
             Layer::FreshMemcpy => {
                 let b = kind.moved_bytes(s, n) / 4;
                 let src = touched(b, 1.0);
-                timed(&mut || {
+                solo(timed(&mut || {
                     let mut dst = dtensor::alloc::try_with_capacity::<f32>("fresh_memcpy", b)?;
                     dst.extend_from_slice(black_box(&src));
                     black_box(&mut dst);
                     Ok(())
-                })
+                }))
             }
             Layer::Comm => {
                 let (send_len, recv_len) = match kind {
@@ -177,7 +185,7 @@ fn run_once(kind: Kind, layer: Layer, s: usize, n: usize, iters: u64) -> Duratio
                 };
                 let mut send = touched(send_len, 0.0);
                 let mut recv = touched(recv_len, 0.0);
-                timed(&mut || {
+                solo(timed(&mut || {
                     let (sb, rb): (&[u8], &mut [u8]) =
                         (bytemuck::cast_slice(&send), bytemuck::cast_slice_mut(&mut recv));
                     match kind {
@@ -188,13 +196,13 @@ fn run_once(kind: Kind, layer: Layer, s: usize, n: usize, iters: u64) -> Duratio
                         Kind::ReduceScatter => comm.reduce_scatter(&group, sb, rb.into(), DType::F32, ReduceOp::Sum),
                         Kind::AllToAll => comm.all_to_all(&group, sb, rb.into()),
                     }
-                })
+                }))
             }
             Layer::Mesh => {
                 let along = Along::Dim(0);
                 let mut send =
                     touched(if matches!(kind, Kind::AllGather | Kind::AllToAll) { elems / n } else { elems }, 0.0);
-                timed(&mut || {
+                solo(timed(&mut || {
                     match kind {
                         Kind::AllGather => drop(black_box(mesh.all_gather(along, &send)?)),
                         Kind::AllReduce => mesh.all_reduce(along, &mut send, ReduceOp::Sum)?,
@@ -202,7 +210,7 @@ fn run_once(kind: Kind, layer: Layer, s: usize, n: usize, iters: u64) -> Duratio
                         Kind::AllToAll => drop(black_box(mesh.all_to_all(along, &send)?)),
                     }
                     Ok(())
-                })
+                }))
             }
             Layer::Redistribute => {
                 let (from, to) = kind.redistribution();
@@ -211,21 +219,31 @@ fn run_once(kind: Kind, layer: Layer, s: usize, n: usize, iters: u64) -> Duratio
                 let local = ndarray::ArrayD::from_shape_vec(vec![local_rows, COLS], touched(local_rows * COLS, 0.0))
                     .expect("rows * COLS elements");
                 let dt = dtensor::from_local(local, &mesh, &[from], FromLocal::with_shape(&[rows, COLS]))?;
-                timed(&mut || {
+                let base = memcpy()?;
+                let t = timed(&mut || {
                     black_box(dt.redistribute(&[to])?);
                     Ok(())
-                })
+                })?;
+                Ok((t, base))
             }
         }
     });
     match times {
-        Ok(t) => t.into_iter().max().unwrap_or_default(),
+        Ok(t) => {
+            let slowest = |f: fn(&(Duration, Duration)) -> Duration| t.iter().map(f).max().unwrap_or_default();
+            (slowest(|p| p.0), slowest(|p| p.1))
+        }
         Err(e) => panic!("{} {} {} MiB over {n} ranks failed: {e}", kind.name(), layer.name(), s / MIB),
     }
 }
 
 fn key(kind: Kind, layer: Layer, s: usize, n: usize) -> String {
     format!("{}/{}r/{}MiB/{}", kind.name(), n, s / MIB, layer.name())
+}
+
+/// Recorder key of the paired redistribute ratio (see the module docs).
+fn paired(kind: Kind, s: usize, n: usize) -> String {
+    format!("{}/paired", key(kind, Layer::Redistribute, s, n))
 }
 
 fn bench_collectives(c: &mut Criterion) {
@@ -260,8 +278,11 @@ fn bench_collectives(c: &mut Criterion) {
                     let id = BenchmarkId::new(format!("{n}r/{}", layer.name()), format!("{mib}MiB"));
                     group.bench_function(id, |b| {
                         b.iter_custom(|iters| {
-                            let t = run_once(kind, layer, s, n, iters);
+                            let (t, base) = run_once(kind, layer, s, n, iters);
                             RECORDER.add(&key(kind, layer, s, n), iters, t);
+                            if layer == Layer::Redistribute && !t.is_zero() {
+                                RECORDER.add_value(&paired(kind, s, n), base.as_secs_f64() / t.as_secs_f64());
+                            }
                             t
                         })
                     });
@@ -343,18 +364,19 @@ fn print_table(sizes: &[usize], ranks: &[usize], full: bool) {
                     Some(t) => format!("{:.2}", base / t),
                     None => "-".into(),
                 };
+                let paired = RECORDER.median_ns(&paired(kind, s, n));
                 let redist_gbs = match RECORDER.median_ns(&key(kind, Layer::Redistribute, s, n)) {
                     Some(t) => format!("{:.2}", bytes / t),
                     None => "-".into(),
                 };
-                if let Some(t) = RECORDER.median_ns(&key(kind, Layer::Redistribute, s, n)) {
+                if let (Some(t), Some(paired)) = (RECORDER.median_ns(&key(kind, Layer::Redistribute, s, n)), paired) {
                     // Machine-readable, for scripts/compare_torch.sh.
                     let fresh = RECORDER.median_ns(&key(kind, Layer::FreshMemcpy, s, n)).map_or(f64::NAN, |f| base / f);
                     println!(
                         "redist-result {} {n} {mib} {:.3} {:.3} {:.3} {fresh:.3}",
                         kind.name(),
                         bytes / base,
-                        base / t,
+                        paired,
                         bytes / t
                     );
                 }
@@ -367,7 +389,7 @@ fn print_table(sizes: &[usize], ranks: &[usize], full: bool) {
                     ratio(Layer::FreshMemcpy),
                     ratio(Layer::Comm),
                     ratio(Layer::Mesh),
-                    ratio(Layer::Redistribute),
+                    paired.map_or("-".into(), |p| format!("{p:.2}")),
                     redist_gbs
                 );
             }

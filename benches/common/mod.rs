@@ -48,7 +48,13 @@ impl Recorder {
         self.samples.lock().unwrap_or_else(|e| e.into_inner()).entry(name.to_string()).or_default().push(per_iter);
     }
 
-    /// Median nanoseconds per iteration of `name`, if it ran.
+    /// Records one sample of a dimensionless value (a ratio measured within one call).
+    pub fn add_value(&self, name: &str, value: f64) {
+        self.samples.lock().unwrap_or_else(|e| e.into_inner()).entry(name.to_string()).or_default().push(value);
+    }
+
+    /// Median nanoseconds per iteration of `name` (or median value, see
+    /// [`Recorder::add_value`]), if it ran.
     pub fn median_ns(&self, name: &str) -> Option<f64> {
         let map = self.samples.lock().unwrap_or_else(|e| e.into_inner());
         let mut v = map.get(name)?.clone();

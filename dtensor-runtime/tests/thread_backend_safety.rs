@@ -107,7 +107,7 @@ fn racing_broadcasts_of_one_rank_never_write_out_of_bounds() {
 
 #[test]
 fn racing_all_reduces_of_one_rank_give_sums_or_typed_errors() {
-    // Small (one-rendezvous) and large (two-rendezvous) all-reduces, all racing.
+    // Small (private copies) and large (split over the members) all-reduces, all racing.
     for len in [4usize, 40_000] {
         race(25, |c, who| {
             let mut v = vec![1.0f32; len + 1];
@@ -156,7 +156,7 @@ fn max_and_min_reductions_propagate_nan_like_pytorch() {
             comm.all_reduce(&g, &mut mx, DType::F32, ReduceOp::Max)?;
             let mut mn = bytes(&mine);
             comm.all_reduce(&g, &mut mn, DType::F32, ReduceOp::Min)?;
-            // Large enough for the two-rendezvous path: NaN at one position on rank 2.
+            // Large enough for the split path: NaN at one position on rank 2.
             let mut big = vec![ctx.rank() as f64; 20_000];
             if ctx.rank() == 2 {
                 big[12_345] = f64::NAN;
@@ -194,4 +194,56 @@ fn a_rank_outside_the_group_gets_not_in_group() {
     let world: Arc<ThreadWorld> = ThreadWorld::new(1, Duration::from_secs(5));
     let e = world.communicator(0).unwrap().barrier(&[0, 3]).unwrap_err();
     assert!(matches!(e, Error::RankOutOfRange { rank: 3, world_size: 1 }), "{e}");
+}
+
+/// The split all-reduce (each member reduces its range block by block and writes it into every
+/// member's output) against a sequential fold: every op, in place and into a separate output,
+/// groups of 1–5 (uneven ranges), sizes around the block boundaries.
+#[test]
+fn large_all_reduces_equal_a_sequential_fold_on_every_member() {
+    // Elements of 4 bytes: 16384 per 64 KiB block; ranges of one, several and partial blocks.
+    for n in 1..=5usize {
+        for len in [16_385usize, 3 * 16_384 + 7, 5 * 2 * 16_384 + 3] {
+            let input = |rank: usize| -> Vec<f32> {
+                // Small integers and halves: sums, maxima and products are exact in f32.
+                (0..len).map(|i| [1.0, 2.0, 0.5, -1.0, 3.0][(i * 7 + rank * 3) % 5]).collect()
+            };
+            let inputs: Vec<Vec<f32>> = (0..n).map(input).collect();
+            for op in [ReduceOp::Sum, ReduceOp::Avg, ReduceOp::Max, ReduceOp::Min, ReduceOp::Product] {
+                let fold = |a: f32, b: f32| match op {
+                    ReduceOp::Sum | ReduceOp::Avg => a + b,
+                    ReduceOp::Max => a.max(b),
+                    ReduceOp::Min => a.min(b),
+                    _ => a * b,
+                };
+                let want: Vec<f32> = (0..len)
+                    .map(|i| {
+                        let v = inputs[1..].iter().fold(inputs[0][i], |acc, x| fold(acc, x[i]));
+                        if op == ReduceOp::Avg {
+                            v / n as f32
+                        } else {
+                            v
+                        }
+                    })
+                    .collect();
+                let out = LocalWorld::new(n)
+                    .run(|ctx| {
+                        let comm = ctx.comm();
+                        let g: Vec<usize> = (0..n).collect();
+                        let send = bytes(&inputs[ctx.rank()]);
+                        let mut in_place = send.clone();
+                        comm.all_reduce(&g, &mut in_place, DType::F32, op)?;
+                        let mut recv = vec![0xAAu8; send.len() + 4];
+                        comm.all_reduce_into(&g, &send, (&mut recv[..send.len()]).into(), DType::F32, op)?;
+                        assert_eq!(&recv[send.len()..], &[0xAA; 4], "write past the end of the output");
+                        recv.truncate(send.len());
+                        Ok((f32s(&in_place), f32s(&recv)))
+                    })
+                    .unwrap();
+                for (rank, (a, b)) in out.iter().enumerate() {
+                    assert!(a == &want && b == &want, "{n} ranks, {len} elements, {op:?}: rank {rank} differs");
+                }
+            }
+        }
+    }
 }

@@ -294,10 +294,14 @@ impl ThreadComm {
         })
     }
 
-    /// An all-reduce in two rendezvous without private copies: member `i` reduces element
+    /// An all-reduce in one rendezvous without private copies: member `i` reduces element
     /// range `i` of every member's input (`send`, `len` bytes) into range `i` of its output
-    /// (`recv`, which may be `send` itself), then every member copies the other ranges from
-    /// their owners' outputs. One member computes each range, so results are bit-identical.
+    /// (`recv`, which may be `send` itself), one cache-sized block at a time, and copies each
+    /// finished block into range `i` of every peer's output while it is still in cache. Each
+    /// rank thus reads its share of the inputs once and writes as many bytes as it receives,
+    /// as a memcpy does; a gather of the ranges from their owners afterwards (the former second
+    /// rendezvous) read and wrote the output once more. One member computes each range, so
+    /// results are bit-identical.
     ///
     /// Both pointers must be the caller's buffers of `len` bytes, reached only through this
     /// call until it returns (`send` is only read unless it is `recv`); `recv` may be
@@ -319,42 +323,43 @@ impl ThreadComm {
         };
         let in_place = std::ptr::eq(send, recv.cast());
         let mine = Bufs { send: send as usize, send_len: len, recv: recv as usize, recv_len: len, ..Bufs::default() };
+        // Whole elements; n + 1 blocks stay within a core's L2 cache.
+        let block = REDUCE_BLOCK / es * es;
         self.rendezvous("all_reduce", group, mine, |all, me| {
             same_len("all_reduce", all, Side::Send, len, group)?;
+            same_len("all_reduce", all, Side::Recv, len, group)?;
             let r = range(me);
-            // SAFETY: range `r` of our own output: peers read only inputs in this phase, and
-            // of an in-place member's buffer only the ranges it does not own.
-            let own = unsafe { own_mut(recv, len, r.clone()) };
             // Out of place, the first peer's range is folded in while our input is copied.
             let first = usize::from(me == 0);
-            let acc = if in_place {
-                // SAFETY: in place, `recv` is the caller's initialised `send`.
-                unsafe { assume_init(own) }
-            } else if n > 1 {
-                let (mine, theirs) = (peer("all_reduce", &all[me], Side::Send, r.clone())?, &all[first]);
-                reduce::combine(dtype, op, own, mine, peer("all_reduce", theirs, Side::Send, r.clone())?)?
-            } else {
-                own.write_copy_of_slice(peer("all_reduce", &all[me], Side::Send, r.clone())?)
-            };
-            for (j, b) in all.iter().enumerate() {
-                if j != me && (in_place || j != first) {
-                    // Range `r` of a peer's input: its owner writes only its own range.
-                    reduce::accumulate(dtype, op, acc, peer("all_reduce", b, Side::Send, r.clone())?)?;
+            let mut at = r.start;
+            while at < r.end {
+                let b = at..(at + block).min(r.end);
+                at = b.end;
+                // SAFETY: block `b` of range `r` of our own output: nobody else touches range
+                // `r` of any member's buffer (each member works on its own range only).
+                let own = unsafe { own_mut(recv, len, b.clone()) };
+                let acc = if in_place {
+                    // SAFETY: in place, `recv` is the caller's initialised `send`.
+                    unsafe { assume_init(own) }
+                } else if n > 1 {
+                    let (mine, theirs) = (peer("all_reduce", &all[me], Side::Send, b.clone())?, &all[first]);
+                    reduce::combine(dtype, op, own, mine, peer("all_reduce", theirs, Side::Send, b.clone())?)?
+                } else {
+                    own.write_copy_of_slice(peer("all_reduce", &all[me], Side::Send, b.clone())?)
+                };
+                for (j, pb) in all.iter().enumerate() {
+                    if j != me && (in_place || j != first) {
+                        reduce::accumulate(dtype, op, acc, peer("all_reduce", pb, Side::Send, b.clone())?)?;
+                    }
                 }
-            }
-            reduce::finish(dtype, op, acc, n);
-            Ok(())
-        })?;
-        self.rendezvous("all_reduce", group, mine, |all, me| {
-            same_len("all_reduce", all, Side::Recv, len, group)?;
-            for (j, b) in all.iter().enumerate() {
-                if j != me {
-                    let r = range(j);
-                    // Range j of member j's output is final and written by nobody in this phase.
-                    let src = peer("all_reduce", b, Side::Recv, r.clone())?;
-                    // SAFETY: range j of our own output: member j does not read it (it reads
-                    // ranges it does not own), the others read only range `me`.
-                    unsafe { own_mut(recv, len, r) }.write_copy_of_slice(src);
+                reduce::finish(dtype, op, acc, n);
+                for (j, pb) in all.iter().enumerate() {
+                    if j != me {
+                        // SAFETY: block `b` of member j's output (published, `len` bytes, kept
+                        // alive until every member leaves): only we touch range `r` of it, and
+                        // when it is j's input too, we read that block above and are done with it.
+                        unsafe { own_mut(pb.recv as *mut MaybeUninit<u8>, len, b.clone()) }.write_copy_of_slice(acc);
+                    }
                 }
             }
             Ok(())
@@ -426,9 +431,12 @@ fn same_len(op: &str, all: &[Bufs], side: Side, len: usize, group: &[usize]) -> 
     Ok(())
 }
 
-/// All-reduces of at most this many bytes take one rendezvous over private copies of the
-/// inputs; larger ones split the reduction over the members (two rendezvous, no copies).
+/// All-reduces of at most this many bytes reduce private copies of the inputs; larger ones
+/// split the reduction over the members (no copies).
 const SMALL_ALL_REDUCE: usize = 64 << 10;
+
+/// Block of a member's range that a large all-reduce reduces, then copies to the peers.
+const REDUCE_BLOCK: usize = 64 << 10;
 
 // SAFETY: every collective below writes all of its `RecvBuf` before returning `Ok` (each
 // says how), and a failed length check returns before anything is read.
