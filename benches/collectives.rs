@@ -90,9 +90,10 @@ impl Kind {
     fn peak_bytes(self, layer: Layer, s: usize, n: usize) -> usize {
         match (layer, self) {
             (Layer::Memcpy | Layer::FreshMemcpy, _) => 2 * self.moved_bytes(s, n),
-            (Layer::Redistribute, Kind::AllToAll) => 8 * s / n,
-            (Layer::Redistribute, Kind::AllGather) => 5 * s,
-            (Layer::Redistribute, _) => 6 * s,
+            // The paired memcpy's buffers (2 × moved bytes) are freed before the redistribution.
+            (Layer::Redistribute, Kind::AllToAll) => 6 * s / n,
+            (Layer::Redistribute, Kind::AllGather) => 3 * s,
+            (Layer::Redistribute, _) => 4 * s,
             (_, Kind::AllToAll) => 2 * s / n,
             (_, Kind::AllReduce) => s,
             (_, _) => 2 * s,
