@@ -29,6 +29,10 @@
 //! (it reads `S/n` from each of `n` peers), all-to-all `S/n`. The table printed at the end
 //! gives memcpy GB/s and each layer's ratio `t(memcpy) / t(layer)` (target ≥ 0.8).
 //!
+//! `DTENSOR_BENCH_UNEVEN=1` gives the `redistribute` layer's tensor one row more than
+//! `S / 4 KiB`, so that its dim-0 shards are uneven (torch.chunk sizes) and the padded paths
+//! run; the other layers and the memcpy baseline keep `S`.
+//!
 //! Under `cargo test --benches` criterion runs every routine once; sizes shrink to 1 MiB.
 //! `DTENSOR_BENCH_MAX_GIB` (default 8) skips layers whose buffers would exceed it, and
 //! `DTENSOR_BENCH_MAX_WORLD_MIB` (default 1024) configurations whose ranks hold more than that
@@ -215,8 +219,12 @@ fn run_once(kind: Kind, layer: Layer, s: usize, n: usize, iters: u64) -> (Durati
             }
             Layer::Redistribute => {
                 let (from, to) = kind.redistribution();
-                let rows = s / (COLS * 4);
-                let local_rows = if from.is_shard() { rows / n } else { rows };
+                // Uneven: one row more than S / 4 KiB, so shards of dim 0 differ by a row (and
+                // the last ones may differ more, as torch.chunk splits).
+                let rows = s / (COLS * 4) + usize::from(uneven());
+                let chunk = rows.div_ceil(n);
+                let mine = chunk.min(rows.saturating_sub(mesh.coordinate()[0] * chunk));
+                let local_rows = if from.is_shard() { mine } else { rows };
                 let local = ndarray::ArrayD::from_shape_vec(vec![local_rows, COLS], touched(local_rows * COLS, 0.0))
                     .expect("rows * COLS elements");
                 let dt = dtensor::from_local(local, &mesh, &[from], FromLocal::with_shape(&[rows, COLS]))?;
@@ -240,6 +248,12 @@ fn run_once(kind: Kind, layer: Layer, s: usize, n: usize, iters: u64) -> (Durati
 
 fn key(kind: Kind, layer: Layer, s: usize, n: usize) -> String {
     format!("{}/{}r/{}MiB/{}", kind.name(), n, s / MIB, layer.name())
+}
+
+/// `DTENSOR_BENCH_UNEVEN=1`: the `redistribute` layer's tensor gets one extra row (see the
+/// module docs).
+fn uneven() -> bool {
+    std::env::var("DTENSOR_BENCH_UNEVEN").is_ok_and(|v| v == "1")
 }
 
 /// Recorder key of the paired redistribute ratio (see the module docs).

@@ -177,15 +177,21 @@ impl PackPlan {
     /// Is the destination exactly the source (same length, one contiguous run from 0)? Then
     /// the copy can be skipped and the source buffer reused as the destination.
     pub fn is_identity(&self) -> bool {
+        self.dst_len() == self.src_len && self.is_prefix()
+    }
+
+    /// Is the destination the first `dst_len` elements of the source, in order (one contiguous
+    /// run from 0)? Then the copy is a truncation: a torch.chunk split pads only its trailing
+    /// chunks, so joining the blocks of a leading dim drops padding from the end alone, and
+    /// the source buffer can be cut short instead of copied.
+    pub fn is_prefix(&self) -> bool {
         let n = self.dst_len();
-        if n != self.src_len {
-            return false;
-        }
-        match self.blocks.as_slice() {
-            [] => n == 0,
-            [b] => b.src_offset == 0 && b.dst_offset == 0 && b.contiguous_run() == Some(n),
-            _ => false,
-        }
+        n <= self.src_len
+            && match self.blocks.as_slice() {
+                [] => n == 0,
+                [b] => b.src_offset == 0 && b.dst_offset == 0 && b.contiguous_run() == Some(n),
+                _ => false,
+            }
     }
 
     /// Do the blocks write every destination element (so no zero fill is needed)?

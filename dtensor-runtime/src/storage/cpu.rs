@@ -35,6 +35,26 @@ pub(super) fn into_standard<T: Scalar>(a: ArrayD<T>) -> ArrayD<T> {
     }
 }
 
+/// The first `shape.iter().product()` elements of `a` in row-major order, as an array of
+/// `shape`, cutting the buffer short instead of copying it (when `a` is row-major from its
+/// buffer's start; otherwise its elements are moved down first).
+pub(super) fn into_prefix<T: Scalar>(a: ArrayD<T>, shape: &[usize]) -> Result<ArrayD<T>> {
+    let n: usize = shape.iter().product();
+    let len = a.len();
+    if n > len {
+        return Err(Error::ShapeMismatch {
+            context: format!("prefix of a host buffer of {len} elements"),
+            expected: shape.to_vec(),
+            actual: vec![len],
+        });
+    }
+    let (mut v, offset) = into_standard(a).into_raw_vec_and_offset();
+    let start = offset.unwrap_or(0);
+    v.truncate(start + n);
+    v.drain(..start);
+    from_vec(shape, v)
+}
+
 pub(super) fn from_vec<T: Scalar>(shape: &[usize], v: Vec<T>) -> Result<ArrayD<T>> {
     let len = v.len();
     ArrayD::from_shape_vec(IxDyn(shape), v).map_err(|_| Error::ShapeMismatch {

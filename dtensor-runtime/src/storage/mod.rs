@@ -697,11 +697,18 @@ impl<T: Scalar> Storage<T> {
     }
 
     /// [`Storage::pack`] that reuses this storage when the plan is the identity.
+    /// On the host a plan that keeps a prefix (padding dropped from the end) truncates the
+    /// buffer instead of copying it.
     pub fn into_packed(self, plan: &PackPlan) -> Result<Storage<T>> {
-        if plan.is_identity() && plan.src_len == self.len() {
-            self.into_reshape(&plan.dst_shape)
-        } else {
-            self.pack(plan)
+        if plan.src_len != self.len() {
+            return self.pack(plan);
+        }
+        if plan.is_identity() {
+            return self.into_reshape(&plan.dst_shape);
+        }
+        match self {
+            Storage::Cpu(a) if plan.is_prefix() => cpu::into_prefix(a, &plan.dst_shape).map(Storage::Cpu),
+            other => other.pack(plan),
         }
     }
 
@@ -1168,5 +1175,32 @@ mod tests {
         let padded = a.pack(&pack::split(&[4, 3], 0, 1, &[5, 3])).unwrap();
         assert_eq!(padded.as_cpu().unwrap().slice(ndarray::s![0, 4, ..]).sum(), 0.0);
         assert!(a.pack(&pack::split(&[5, 3], 0, 1, &[5, 3])).is_err());
+    }
+
+    #[test]
+    fn joins_that_only_drop_trailing_padding_truncate_and_equal_the_copy() {
+        // 7 rows over 3 blocks of 3 (torch.chunk: 3, 3, 1): padding only at the end of the
+        // last block along the leading dim, so the join is a prefix; along dim 1 it is not.
+        for (block, n, dim, dst) in [
+            (vec![3, 2], 3, 0, vec![7, 2]),
+            (vec![3, 2], 2, 0, vec![5, 2]),
+            (vec![2, 3], 3, 1, vec![2, 7]),
+            (vec![0, 2], 2, 0, vec![0, 2]),
+        ] {
+            let plan = pack::join(&block, n, dim, &dst);
+            let len = n * block.iter().product::<usize>();
+            let src = Storage::Cpu(arr(&[len], |i| i as f64 + 1.0));
+            assert_eq!(plan.is_prefix(), dim == 0, "{block:?} {n} {dim} {dst:?}");
+            let fast = src.clone().into_packed(&plan).unwrap();
+            let copied = src.pack(&plan).unwrap();
+            assert_eq!(fast.shape(), dst.as_slice());
+            assert_eq!(cpu(fast), cpu(copied), "{block:?} {n} {dim} {dst:?}");
+        }
+        // A source that starts inside its buffer (a sliced view) is cut right too.
+        let whole = arr(&[6], |i| i as f64);
+        let view = Storage::Cpu(whole.slice(ndarray::s![2..]).to_owned().into_dyn());
+        let tail = Storage::Cpu(whole.slice_move(ndarray::s![2..]).into_dyn());
+        let plan = pack::join(&[2], 2, 0, &[3]);
+        assert_eq!(cpu(tail.into_packed(&plan).unwrap()), cpu(view.pack(&plan).unwrap()));
     }
 }
