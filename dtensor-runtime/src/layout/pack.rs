@@ -204,14 +204,22 @@ impl PackPlan {
     /// ending at the end? (Then the destination needs no zero fill; overlapping blocks never
     /// pass, whatever their total length.)
     pub fn tiles_destination(&self) -> bool {
+        self.writes_in_order() && self.blocks.iter().map(CopyBlock::len).sum::<usize>() == self.dst_len()
+    }
+
+    /// Does each block write one contiguous row-major run of the destination, starting at or
+    /// after the end of the previous block's run, the last ending inside the destination?
+    /// Then a copy writes every element at most once, and only the gaps between the runs
+    /// (padding) need zeros, not the whole destination.
+    pub fn writes_in_order(&self) -> bool {
         let mut end = 0;
         for b in &self.blocks {
-            if b.dst_offset != end || b.dst_strides != strides_of(&b.extents) {
+            if b.dst_offset < end || b.dst_strides != strides_of(&b.extents) {
                 return false;
             }
-            end += b.len();
+            end = b.dst_offset + b.len();
         }
-        end == self.dst_len()
+        end <= self.dst_len()
     }
 
     /// Checks that every block stays inside both buffers (executors call it before copying,
@@ -521,6 +529,13 @@ mod tests {
         p.push_box(&[2, 1], 0, &[0, 0], &[2, 2], 0, &[0, 0], &[1, 2]);
         p.push_box(&[2, 1], 0, &[1, 0], &[2, 2], 0, &[0, 0], &[1, 2]);
         assert!(p.covers_destination() && !p.tiles_destination());
+        assert!(!p.writes_in_order());
+        // Padded blocks still write in order: only the gaps need zeros.
+        assert!(pad(&[2, 3], &[4, 3], &[1, 0]).writes_in_order());
+        assert!(split(&[3, 4], 1, 2, &[4, 2]).writes_in_order());
+        assert!(split(&[7, 2], 0, 3, &[3, 2]).writes_in_order());
+        // A transpose's destination runs are strided: not in order.
+        assert!(!join(&[2, 3], 2, 1, &[2, 5]).writes_in_order() || join(&[2, 3], 2, 1, &[2, 5]).tiles_destination());
     }
 
     #[test]

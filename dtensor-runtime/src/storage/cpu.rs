@@ -554,15 +554,22 @@ fn gemm_into<T: Element>(
 /// Executes a pack plan (checked by the caller) from row-major `src` into a fresh array.
 pub(super) fn pack<T: Scalar>(src: &[T], plan: &PackPlan) -> Result<ArrayD<T>> {
     let n = plan.dst_len();
-    if plan.tiles_destination() {
-        // Every element is written exactly once: no zero fill first.
+    if plan.writes_in_order() {
+        // Every element is written once, by a block or as padding between them: no zero fill
+        // of the whole destination first (the padded send buffers of uneven shards).
         let mut dst: Vec<T> = crate::alloc::try_with_capacity("redistribution (pack)", n)?;
+        let out = &mut dst.spare_capacity_mut()[..n];
+        let mut end = 0;
         for b in &plan.blocks {
-            copy_block(src, &mut dst.spare_capacity_mut()[..n], b, |d, v| {
+            out[end..b.dst_offset].fill(std::mem::MaybeUninit::new(T::zero()));
+            copy_block(src, out, b, |d, v| {
                 d.write(v);
             });
+            end = b.dst_offset + b.len();
         }
-        // SAFETY: `tiles_destination` holds, so the blocks wrote each of the `n` elements.
+        out[end..].fill(std::mem::MaybeUninit::new(T::zero()));
+        // SAFETY: `writes_in_order` holds: the blocks' runs lie in order inside the `n`
+        // elements, and the gaps before, between and after them were zero-filled.
         unsafe { dst.set_len(n) };
         return from_vec(&plan.dst_shape, dst);
     }

@@ -1178,6 +1178,23 @@ mod tests {
     }
 
     #[test]
+    fn padded_packs_write_zeros_only_in_the_gaps() {
+        let a = Storage::Cpu(arr(&[3, 4], |i| i as f64)); // 1..=12
+                                                          // Columns split in two blocks of 4 rows (one padding row each).
+        let cols = a.pack(&pack::split(&[3, 4], 1, 2, &[4, 2])).unwrap();
+        let want = [1., 2., 5., 6., 9., 10., 0., 0., 3., 4., 7., 8., 11., 12., 0., 0.];
+        assert_eq!(cpu(cols).iter().copied().collect::<Vec<_>>(), want);
+        // Rows split as torch.chunk (2, 1) into blocks of 2 rows: padding at the end only.
+        let rows = a.pack(&pack::split(&[3, 4], 0, 2, &[2, 4])).unwrap();
+        let want: Vec<f64> = (1..=12).map(f64::from).chain([0.0; 4]).collect();
+        assert_eq!(cpu(rows).iter().copied().collect::<Vec<_>>(), want);
+        // In the middle of a zero destination.
+        let mid = a.pack(&pack::pad(&[3, 4], &[5, 4], &[1, 0])).unwrap();
+        let want: Vec<f64> = [0.0; 4].into_iter().chain((1..=12).map(f64::from)).chain([0.0; 4]).collect();
+        assert_eq!(cpu(mid).iter().copied().collect::<Vec<_>>(), want);
+    }
+
+    #[test]
     fn joins_that_only_drop_trailing_padding_truncate_and_equal_the_copy() {
         // 7 rows over 3 blocks of 3 (torch.chunk: 3, 3, 1): padding only at the end of the
         // last block along the leading dim, so the join is a prefix; along dim 1 it is not.
