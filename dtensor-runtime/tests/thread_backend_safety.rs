@@ -247,3 +247,26 @@ fn large_all_reduces_equal_a_sequential_fold_on_every_member() {
         }
     }
 }
+
+/// The average of integers is refused by every member of a large (split) all-reduce alike,
+/// in place and out of place, before anyone reduces a block.
+#[test]
+fn large_integer_averages_fail_on_every_member() {
+    let outs = LocalWorld::new(3)
+        .run(|ctx| {
+            let comm = ctx.comm();
+            let g = [0, 1, 2];
+            let send = vec![7u8; 8 * 20_000];
+            let mut in_place = send.clone();
+            let a = comm.all_reduce(&g, &mut in_place, DType::I64, ReduceOp::Avg).unwrap_err();
+            let mut recv = vec![0u8; send.len()];
+            let b = comm.all_reduce_into(&g, &send, (&mut recv[..]).into(), DType::I64, ReduceOp::Avg).unwrap_err();
+            Ok((a, b))
+        })
+        .unwrap();
+    for (a, b) in outs {
+        for e in [a, b] {
+            assert!(matches!(&e, Error::Unsupported { reason, .. } if reason.contains("i64")), "{e:?}");
+        }
+    }
+}

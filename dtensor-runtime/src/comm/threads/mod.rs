@@ -328,6 +328,10 @@ impl ThreadComm {
         self.rendezvous("all_reduce", group, mine, |all, me| {
             same_len("all_reduce", all, Side::Send, len, group)?;
             same_len("all_reduce", all, Side::Recv, len, group)?;
+            // Before the blocks, so that every member fails alike: a member whose range is
+            // empty reaches no fold that would check the op, and would return `Ok` while the
+            // peers that own the other ranges fail without writing them.
+            reduce::check_op(dtype, op)?;
             let r = range(me);
             // Out of place, the first peer's range is folded in while our input is copied.
             let first = usize::from(me == 0);
