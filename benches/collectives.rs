@@ -379,19 +379,19 @@ fn print_table(sizes: &[usize], ranks: &[usize], full: bool) {
                     Some(t) => format!("{:.2}", base / t),
                     None => "-".into(),
                 };
-                let paired = RECORDER.median_ns(&paired(kind, s, n));
+                let paired_ratio = RECORDER.median_ns(&paired(kind, s, n));
                 let redist_gbs = match RECORDER.median_ns(&key(kind, Layer::Redistribute, s, n)) {
                     Some(t) => format!("{:.2}", bytes / t),
                     None => "-".into(),
                 };
-                if let (Some(t), Some(paired)) = (RECORDER.median_ns(&key(kind, Layer::Redistribute, s, n)), paired) {
+                if let (Some(t), Some(p)) = (RECORDER.median_ns(&key(kind, Layer::Redistribute, s, n)), paired_ratio) {
                     // Machine-readable, for scripts/compare_torch.sh.
                     let fresh = RECORDER.median_ns(&key(kind, Layer::FreshMemcpy, s, n)).map_or(f64::NAN, |f| base / f);
                     println!(
                         "redist-result {} {n} {mib} {:.3} {:.3} {:.3} {fresh:.3}",
                         kind.name(),
                         bytes / base,
-                        paired,
+                        p,
                         bytes / t
                     );
                 }
@@ -404,7 +404,7 @@ fn print_table(sizes: &[usize], ranks: &[usize], full: bool) {
                     ratio(Layer::FreshMemcpy),
                     ratio(Layer::Comm),
                     ratio(Layer::Mesh),
-                    paired.map_or("-".into(), |p| format!("{p:.2}")),
+                    paired_ratio.map_or("-".into(), |p| format!("{p:.2}")),
                     redist_gbs
                 );
             }

@@ -1179,8 +1179,9 @@ mod tests {
 
     #[test]
     fn padded_packs_write_zeros_only_in_the_gaps() {
-        let a = Storage::Cpu(arr(&[3, 4], |i| i as f64)); // 1..=12
-                                                          // Columns split in two blocks of 4 rows (one padding row each).
+        // 1..=12 (`arr` counts from 1).
+        let a = Storage::Cpu(arr(&[3, 4], |i| i as f64));
+        // Columns split in two blocks of 4 rows (one padding row each).
         let cols = a.pack(&pack::split(&[3, 4], 1, 2, &[4, 2])).unwrap();
         let want = [1., 2., 5., 6., 9., 10., 0., 0., 3., 4., 7., 8., 11., 12., 0., 0.];
         assert_eq!(cpu(cols).iter().copied().collect::<Vec<_>>(), want);
