@@ -65,9 +65,15 @@ fn meshes() -> Vec<(usize, usize)> {
 
 /// `iters` steps on a fresh `dp × tp` world (after one untimed step); the slowest rank's time.
 fn run_steps(cfg: MlpConfig, (dp, tp): (usize, usize), iters: u64) -> Duration {
+    run_steps_with(cfg, (dp, tp), iters, None)
+}
+
+/// [`run_steps`] whose backward overlaps the dp gradient all-reduces in buckets of `bucket`
+/// bytes (`None`: plain backward).
+fn run_steps_with(cfg: MlpConfig, (dp, tp): (usize, usize), iters: u64, bucket: Option<usize>) -> Duration {
     let times = dtensor::run(dp * tp, |ctx| {
         let mesh = ctx.init_device_mesh(&[dp, tp], &["dp", "tp"])?;
-        let mut trainer = Trainer::new(&mesh, cfg)?;
+        let mut trainer = Trainer::new(&mesh, cfg)?.overlap_grad_reduce(bucket);
         let (x, y) = trainer.batch()?;
         trainer.train_step(&x, &y)?;
         mesh.barrier(Along::All)?;
@@ -143,6 +149,77 @@ fn bench_mlp_step(c: &mut Criterion) {
                 t / 1e3 / size.0 as f64,
                 speedup
             );
+        }
+    }
+    if std::env::var_os("DTENSOR_BENCH_NO_OVERLAP").is_none() {
+        paired_overlap(sizes, &meshes);
+    }
+}
+
+/// `DTENSOR_BENCH_BUCKETS` (bucket sizes in bytes, e.g. `0,1048576`), else 0 (one all-reduce
+/// per gradient), 1 MiB and DDP's default 25 MiB.
+fn buckets() -> Vec<usize> {
+    const DEFAULT: [usize; 3] = [0, 1 << 20, 25 << 20];
+    let Ok(spec) = std::env::var("DTENSOR_BENCH_BUCKETS") else { return DEFAULT.to_vec() };
+    spec.split(',').map(|b| b.trim().parse().ok()).collect::<Option<Vec<usize>>>().unwrap_or_else(|| {
+        eprintln!("DTENSOR_BENCH_BUCKETS={spec:?} is not a list of byte counts; using {DEFAULT:?}");
+        DEFAULT.to_vec()
+    })
+}
+
+fn median(v: &mut [f64]) -> f64 {
+    v.sort_by(f64::total_cmp);
+    v[v.len() / 2]
+}
+
+/// The dp gradient overlap against plain backward, in paired rounds (plain, then each bucket
+/// size, back to back, so that both see the same machine state); per bucket size the median
+/// ms/step of both and the median per-round ratio t(plain) / t(overlap).
+fn paired_overlap(sizes: &[(usize, usize, usize)], meshes: &[(usize, usize)]) {
+    let rounds = if measuring() { 9 } else { 1 };
+    let buckets = buckets();
+    println!();
+    println!("dp gradient overlap (BackwardOptions::overlap_grad_reduce) in {rounds} paired round(s);");
+    println!("ratio = t(plain backward) / t(overlap), per round, median (min..max); > 1: overlap is faster");
+    println!(
+        "{:<7} {:>5} {:>6} {:>6} {:>10} {:>13} {:>13} {:>20}",
+        "mesh", "batch", "dim", "hidden", "bucket", "plain ms", "overlap ms", "ratio"
+    );
+    for &size in sizes {
+        let (batch, dim, hidden) = size;
+        let cfg = MlpConfig { batch, dim, hidden, layers: 2, lr: 0.1, seed: 0 };
+        for &mesh in meshes.iter().filter(|m| m.0 > 1) {
+            // About 0.3 s per timed run, from the criterion median.
+            let per_step = RECORDER.median_ns(&key(size, mesh)).unwrap_or(1e6);
+            let iters = if measuring() { (3e8 / per_step).clamp(3.0, 200.0) as u64 } else { 1 };
+            let mut plain = Vec::new();
+            let mut runs: Vec<(Vec<f64>, Vec<f64>)> = vec![(Vec::new(), Vec::new()); buckets.len()];
+            for _ in 0..rounds {
+                let p = run_steps_with(cfg, mesh, iters, None).as_secs_f64() / iters as f64;
+                plain.push(p);
+                for (&b, (times, ratios)) in buckets.iter().zip(runs.iter_mut()) {
+                    let t = run_steps_with(cfg, mesh, iters, Some(b)).as_secs_f64() / iters as f64;
+                    times.push(t);
+                    ratios.push(p / t);
+                }
+            }
+            let p = median(&mut plain);
+            for (&b, (times, ratios)) in buckets.iter().zip(runs.iter_mut()) {
+                let (lo, hi) = ratios.iter().fold((f64::MAX, 0.0f64), |(l, h), &r| (l.min(r), h.max(r)));
+                let r = median(ratios);
+                println!(
+                    "{:<7} {:>5} {:>6} {:>6} {:>10} {:>13.3} {:>13.3} {:>20}",
+                    format!("{}x{}", mesh.0, mesh.1),
+                    batch,
+                    dim,
+                    hidden,
+                    b,
+                    p * 1e3,
+                    median(times) * 1e3,
+                    format!("{r:.3} ({lo:.2}..{hi:.2})")
+                );
+                println!("overlap-result {batch} {dim} {hidden} {}x{} {b} {r:.4} {lo:.4} {hi:.4}", mesh.0, mesh.1);
+            }
         }
     }
 }

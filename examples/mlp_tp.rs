@@ -81,6 +81,10 @@ struct Args {
     /// Show a progress bar instead of one line per step.
     #[arg(long)]
     progress: bool,
+    /// Overlap the dp gradient all-reduces with the backward (`BackwardOptions::
+    /// overlap_grad_reduce`), in buckets of this many bytes (0: one all-reduce per gradient).
+    #[arg(long, value_name = "BYTES")]
+    overlap_bucket: Option<usize>,
 }
 
 /// What one rank's training run returns.
@@ -91,16 +95,29 @@ struct Outcome {
     seconds: f64,
     /// The first step whose collectives differ from the Megatron count, described.
     unexpected_comm: Option<String>,
+    /// The collectives a step should make on this rank.
+    expected_comm: BTreeMap<(CollectiveKind, String), usize>,
 }
 
 /// Collectives of one training step of `layers` blocks: (kind, mesh dim) → count. Forward:
 /// one tp all-reduce per block; backward: one per block but the first; one dp all-reduce per
-/// weight gradient (two weights per block). Groups of size 1 are counted too.
-fn expected_comm(layers: usize) -> BTreeMap<(CollectiveKind, String), usize> {
+/// weight gradient (two weights per block), or per bucket with `--overlap-bucket`. Groups of
+/// size 1 are counted too.
+fn expected_comm(layers: usize, dp_all_reduces: usize) -> BTreeMap<(CollectiveKind, String), usize> {
     BTreeMap::from([
         ((CollectiveKind::AllReduce, "tp".to_string()), 2 * layers - 1),
-        ((CollectiveKind::AllReduce, "dp".to_string()), 2 * layers),
+        ((CollectiveKind::AllReduce, "dp".to_string()), dp_all_reduces),
     ])
+}
+
+/// Buckets of `bucket` bytes that `grads` gradients of `bytes` bytes each fill, in order: a
+/// bucket is started once it holds at least `bucket` bytes, the last one when the pass ends.
+fn buckets(grads: usize, bytes: usize, bucket: usize) -> usize {
+    if bytes == 0 {
+        return if bucket == 0 { grads } else { 1 };
+    }
+    let per_bucket = bucket.div_ceil(bytes).max(1);
+    grads.div_ceil(per_bucket)
 }
 
 /// Trains on this rank's part of a `dp × tp` mesh. `log`: this rank prints.
@@ -114,7 +131,14 @@ fn train(ctx: &RankCtx, args: &Args, (dp, tp): (usize, usize), log: Log) -> Resu
         lr: args.lr as f32,
         seed: args.seed,
     };
-    let mut trainer = Trainer::new(&mesh, cfg)?;
+    let mut trainer = Trainer::new(&mesh, cfg)?.overlap_grad_reduce(args.overlap_bucket);
+    // Every weight gradient has the local size of its weight (w1 and w2 shards are equal).
+    let grad_bytes = trainer.student.named_parameters().first().map_or(0, |(_, p)| p.local().len() * 4);
+    let dp_all_reduces = match args.overlap_bucket {
+        None => 2 * args.layers,
+        Some(b) => buckets(2 * args.layers, grad_bytes, b),
+    };
+    let expected = expected_comm(args.layers, dp_all_reduces);
     if log.layouts {
         print_layouts(&trainer.student, &mesh)?;
     }
@@ -138,7 +162,7 @@ fn train(ctx: &RankCtx, args: &Args, (dp, tp): (usize, usize), log: Log) -> Resu
         let l = loss.full_tensor()?.iter().next().copied().unwrap_or(f32::NAN) as f64;
         losses.push(l);
         let counts: BTreeMap<_, usize> = comm.by_kind().into_iter().map(|(k, (n, _))| (k, n)).collect();
-        if unexpected_comm.is_none() && counts != expected_comm(args.layers) {
+        if unexpected_comm.is_none() && counts != expected {
             unexpected_comm = Some(format!("step {}: {}", step + 1, comm_line(&comm)));
         }
         if let Some(bar) = &bar {
@@ -158,7 +182,7 @@ fn train(ctx: &RankCtx, args: &Args, (dp, tp): (usize, usize), log: Log) -> Resu
         .into_iter()
         .map(|(name, p)| Ok((name, p.full_tensor()?)))
         .collect::<Result<Vec<_>>>()?;
-    Ok(Outcome { losses, weights, seconds, unexpected_comm })
+    Ok(Outcome { losses, weights, seconds, unexpected_comm, expected_comm: expected })
 }
 
 /// What a rank prints while training.
@@ -234,8 +258,17 @@ fn real_main(args: &Args) -> Result<bool> {
     let outs = dtensor::launch(args.backend, dp * tp, |ctx| {
         let mine = if ctx.rank() == 0 {
             println!(
-                "mlp_tp: mesh dp={dp} × tp={tp} ({} backend), {} block(s) {}→{}→{}, batch {}, {} steps, lr {}, seed {}",
-                args.backend, args.layers, args.dim, args.hidden, args.dim, args.batch, args.steps, args.lr, args.seed
+                "mlp_tp: mesh dp={dp} × tp={tp} ({} backend), {} block(s) {}→{}→{}, batch {}, {} steps, lr {}, seed {}{}",
+                args.backend,
+                args.layers,
+                args.dim,
+                args.hidden,
+                args.dim,
+                args.batch,
+                args.steps,
+                args.lr,
+                args.seed,
+                args.overlap_bucket.map_or(String::new(), |b| format!(", dp gradients overlapped in {b}-byte buckets"))
             );
             log
         } else {
@@ -259,10 +292,11 @@ fn real_main(args: &Args) -> Result<bool> {
     );
     // One step cannot show learning; from two on the loss must go down.
     let learned = run.losses.len() < 2 || last < first;
-    let expected: Vec<String> = expected_comm(args.layers).iter().map(|((k, d), n)| format!("{k}@{d} {n}×")).collect();
+    let expected: Vec<String> = run.expected_comm.iter().map(|((k, d), n)| format!("{k}@{d} {n}×")).collect();
+    let which = if args.overlap_bucket.is_some() { "Megatron, dp gradients bucketed" } else { "Megatron" };
     match &run.unexpected_comm {
-        None => println!("collectives per step as in Megatron: {}", expected.join(", ")),
-        Some(got) => println!("collectives differ from Megatron's {} at {got}", expected.join(", ")),
+        None => println!("collectives per step as in {which}: {}", expected.join(", ")),
+        Some(got) => println!("collectives differ from {which}'s {} at {got}", expected.join(", ")),
     }
     let pass = diff <= args.tol && learned && run.unexpected_comm.is_none();
     println!(

@@ -4,7 +4,7 @@
 #   mpi_collectives   every collective vs expected values (world, mesh-dim, lazily created groups)
 #   mpi_redistribute  distribute/redistribute (uneven, 1-d and 2x2 mesh) + deterministic property test
 #   mpi_failure       a failing / panicking / stuck rank ends the job (MPI_Abort), never a hang
-#   mlp_tp example    `--backend mpi` must print PASS
+#   mlp_tp example    `--backend mpi` must print PASS (also with `--overlap-bucket`)
 #   transformer_tp    `--backend mpi` must print PASS
 # Needs: apt-get install -y libopenmpi-dev openmpi-bin libclang-dev
 # Env: NP, DTENSOR_MPI_PROPTEST_CASES (default 200), CARGO_FLAGS (extra cargo flags).
@@ -44,7 +44,7 @@ done
 
 # A failing rank must end the whole job quickly and say why.
 exe=$(test_exe mpi_failure)
-for mode in error panic hang; do
+for mode in error panic hang hang-started; do
   log=$(mktemp)
   start=$(date +%s)
   set +e
@@ -55,7 +55,7 @@ for mode in error panic hang; do
   case $mode in
     error) want="injected failure" ;;
     panic) want="injected panic" ;;
-    hang) want="waited more than 2000 ms" ;;
+    hang|hang-started) want="waited more than 2000 ms" ;;
   esac
   if [ "$rc" -ne 0 ] && [ "$rc" -ne 124 ] && [ "$secs" -lt 60 ] && grep -q "$want" "$log" && grep -q "MPI_Abort\|aborting the MPI job" "$log"; then
     echo "test mpi_failure[$mode] ... ok (job aborted after ${secs} s, exit $rc)"
@@ -65,20 +65,24 @@ for mode in error panic hang; do
   rm -f "$log"
 done
 
-# Builds example $1 with MPI and runs it under mpirun; its own 1-rank check must print PASS.
+# Builds example $1 with MPI and runs it under mpirun with the further arguments; its own
+# 1-rank check must print PASS.
 run_example() {
   local name=$1 log
-  echo "== ${MPIRUN[*]} $name --backend mpi"
+  shift
+  echo "== ${MPIRUN[*]} $name --backend mpi $*"
   cargo build --example "$name" --features mpi ${CARGO_FLAGS:-}
   log=$(mktemp)
-  if timeout 600 "${MPIRUN[@]}" "target/debug/examples/$name" --backend mpi 2>&1 | tee "$log" && grep -q PASS "$log"; then
-    echo "test $name[--backend mpi] ... ok"
+  if timeout 600 "${MPIRUN[@]}" "target/debug/examples/$name" --backend mpi "$@" 2>&1 | tee "$log" && grep -q PASS "$log"; then
+    echo "test $name[--backend mpi $*] ... ok"
   else
-    echo "test $name[--backend mpi] ... FAILED"; status=1
+    echo "test $name[--backend mpi $*] ... FAILED"; status=1
   fi
   rm -f "$log"
 }
 run_example mlp_tp
+# The dp gradients in MPI_Iallreduce buckets of 2 gradients (32 KiB each at the defaults).
+run_example mlp_tp --overlap-bucket 65536 --steps 10
 run_example transformer_tp
 
 [ "$status" -eq 0 ] && echo "mpi-tests: all MPI suites passed" || echo "mpi-tests: FAILURES" >&2

@@ -36,7 +36,7 @@ pub mod visualize;
 
 pub use ndarray;
 
-pub use autograd::{from_local_grad, local_mesh, no_grad};
+pub use autograd::{from_local_grad, local_mesh, no_grad, BackwardOptions};
 pub use comm::debug::{op_scope, CollectiveKind, CollectiveRecord, CommDebugGuard, CommDebugMode, CommStats};
 pub use comm::threads::{ThreadComm, ThreadWorld};
 pub use comm::{Communicator, RecvBuf};

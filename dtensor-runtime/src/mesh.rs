@@ -2,6 +2,7 @@
 
 use crate::comm::debug::{record, CollectiveKind};
 use crate::comm::fingerprint::{self, Fingerprint};
+use crate::comm::in_flight::{self, PendingReduce};
 use crate::comm::{filled, Communicator};
 use crate::element::{DType, Scalar};
 use crate::error::{Error, Result};
@@ -354,7 +355,9 @@ impl DeviceMesh {
         record(kind, d.map(|d| self.dim_names()[d].as_str()), g.len(), bytes);
     }
 
-    /// With the fingerprint check on, agrees with the group on this call before it runs.
+    /// Prepares a collective on `g`: first completes what this thread started in the
+    /// background on `g` (so the call cannot overtake it), then, with the fingerprint check
+    /// on, agrees with the group on this call before it runs.
     fn agree(
         &self,
         g: &[usize],
@@ -364,6 +367,7 @@ impl DeviceMesh {
         root: Option<usize>,
         op: Option<ReduceOp>,
     ) -> Result<()> {
+        in_flight::settle(g);
         if !self.collective_checks() {
             return Ok(());
         }
@@ -439,6 +443,34 @@ impl DeviceMesh {
         let send_bytes = bytemuck::cast_slice(send);
         // SAFETY (of `filled`): a `Communicator` writes all of its `RecvBuf` on `Ok`.
         unsafe { filled("all_reduce", send.len(), |r| self.comm().all_reduce_into(g, send_bytes, r, T::DTYPE, op)) }
+    }
+
+    /// Starts an in-place all-reduce of `buf` that completes in the background, where the
+    /// backend can (the thread backend on a per-rank worker thread, MPI through
+    /// `MPI_Iallreduce`; other backends run it at once). [`PendingReduce::wait`] returns the
+    /// reduced elements. Recorded as an all-reduce now, when it is issued.
+    ///
+    /// Until it is waited for, this thread's next collective on the same group first waits
+    /// for it (so that the calls meet their peers' in the same order); collectives on other
+    /// groups run alongside it.
+    ///
+    /// ```
+    /// use dtensor_runtime::{Along, ReduceOp};
+    /// let sums = dtensor_runtime::run(2, |ctx| {
+    ///     let mesh = ctx.init_device_mesh(&[2], &["dp"])?;
+    ///     let pending = mesh.all_reduce_start(Along::Dim(0), vec![ctx.rank() as f32 + 1.0; 3], ReduceOp::Sum)?;
+    ///     // ... work that does not need the sum ...
+    ///     pending.wait()
+    /// }).unwrap();
+    /// assert_eq!(sums, vec![vec![3.0; 3], vec![3.0; 3]]);
+    /// ```
+    pub fn all_reduce_start<T: Scalar>(&self, along: Along, buf: Vec<T>, op: ReduceOp) -> Result<PendingReduce<T>> {
+        let (g, _) = self.group_of(along)?;
+        crate::comm::reduce::check_op(T::DTYPE, op)?;
+        self.note(CollectiveKind::AllReduce, along, std::mem::size_of_val(buf.as_slice()));
+        self.agree(g, CollectiveKind::AllReduce, Some(T::DTYPE), buf.len(), None, Some(op))?;
+        let pending = self.comm().all_reduce_start(g, Box::new(buf), T::DTYPE, op)?;
+        Ok(PendingReduce::register(g, pending))
     }
 
     /// Reduce-scatter of `n` equal blocks; returns this member's reduced block.

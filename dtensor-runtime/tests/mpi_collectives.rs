@@ -248,6 +248,93 @@ fn mesh_dim_collectives(ctx: &RankCtx) -> Result<Outcome, String> {
     Ok(Outcome::Pass)
 }
 
+/// `all_reduce_start` (MPI_Iallreduce for the native dtypes; blocking for 16-bit floats and
+/// max/min) equals the blocking all-reduce bit for bit, over both dims of a mesh and the whole
+/// world, at sizes from 0 up; a blocking call on the same group does not overtake a started
+/// one, one on the other group runs alongside.
+fn started_all_reduce_matches_blocking(ctx: &RankCtx) -> Result<Outcome, String> {
+    let n = ctx.world_size();
+    if !n.is_multiple_of(2) {
+        return Ok(Outcome::Skip(format!("needs an even number of ranks, has {n}")));
+    }
+    let mesh = ctx.init_device_mesh(&[2, n / 2], &["dp", "tp"]).map_err(fail)?;
+    let me = ctx.rank();
+    fn check<T: dtensor_runtime::Scalar>(
+        mesh: &dtensor_runtime::DeviceMesh,
+        me: usize,
+        op: ReduceOp,
+        dtype: DType,
+    ) -> Result<(), String> {
+        for along in [Along::Dim(0), Along::Dim(1), Along::All] {
+            for len in [0usize, 1, 7, 70_001] {
+                let mine: Vec<T> = (0..len).map(|i| T::of_f64(val(dtype, me, i))).collect();
+                let mut want = mine.clone();
+                mesh.all_reduce(along, &mut want, op).map_err(fail)?;
+                let got = mesh.all_reduce_start(along, mine, op).map_err(fail)?.wait().map_err(fail)?;
+                if got != want {
+                    return Err(format!("{dtype} {op:?} {along:?} len {len}: started ≠ blocking"));
+                }
+            }
+        }
+        Ok(())
+    }
+    for op in OPS {
+        for dtype in [DType::F32, DType::F64, DType::I64, DType::BF16] {
+            if !defined(dtype, op) {
+                continue;
+            }
+            match dtype {
+                DType::F32 => check::<f32>(&mesh, me, op, dtype)?,
+                DType::F64 => check::<f64>(&mesh, me, op, dtype)?,
+                DType::I64 => check::<i64>(&mesh, me, op, dtype)?,
+                _ => check::<bf16>(&mesh, me, op, dtype)?,
+            }
+        }
+    }
+    // Order: two started on dp, a blocking dp and a blocking tp one in between, waits reversed.
+    let v = |salt: usize| -> Vec<f64> { (0..1000).map(|i| val(DType::F64, me + salt, i)).collect() };
+    let sum = |d: usize, salt: usize| -> Vec<f64> {
+        (0..1000).map(|i| mesh.group(d).iter().map(|&r| val(DType::F64, r + salt, i)).sum()).collect()
+    };
+    let a = mesh.all_reduce_start(Along::Dim(0), v(0), ReduceOp::Sum).map_err(fail)?;
+    let b = mesh.all_reduce_start(Along::Dim(0), v(1), ReduceOp::Sum).map_err(fail)?;
+    let mut c = v(2);
+    mesh.all_reduce(Along::Dim(0), &mut c, ReduceOp::Sum).map_err(fail)?;
+    let mut d = v(3);
+    mesh.all_reduce(Along::Dim(1), &mut d, ReduceOp::Sum).map_err(fail)?;
+    let (b, a) = (b.wait().map_err(fail)?, a.wait().map_err(fail)?);
+    close(&a, &sum(0, 0), "first started")?;
+    close(&b, &sum(0, 1), "second started")?;
+    close(&c, &sum(0, 2), "blocking dp after two started")?;
+    close(&d, &sum(1, 3), "blocking tp alongside")?;
+    Ok(Outcome::Pass)
+}
+
+/// Collectives of zero bytes (an empty shard's) complete on every rank: Open MPI rejects a
+/// zero-length call whose two empty buffers share an address (`MPI_ERR_ARG`, fatal), so none
+/// reaches MPI. 16-bit all-reduces (gathered) and reduce-scatters (all-to-all) included.
+fn empty_collectives_complete(ctx: &RankCtx) -> Result<Outcome, String> {
+    let c = ctx.comm();
+    let world: Vec<usize> = (0..ctx.world_size()).collect();
+    let mut none: Vec<u8> = Vec::new();
+    c.all_gather(&world, &[], (&mut none).into()).map_err(fail)?;
+    c.all_to_all(&world, &[], (&mut none).into()).map_err(fail)?;
+    c.broadcast(&world, &mut none, 0).map_err(fail)?;
+    c.scatter(&world, &[], &mut none, 0).map_err(fail)?;
+    for dtype in [DType::F32, DType::BF16, DType::F16, DType::I64] {
+        for op in OPS.into_iter().filter(|&op| defined(dtype, op)) {
+            c.all_reduce(&world, &mut none, dtype, op).map_err(fail)?;
+            c.reduce_scatter(&world, &[], (&mut none).into(), dtype, op).map_err(fail)?;
+        }
+    }
+    // Still a typed error for a rank outside the group.
+    let others: Vec<usize> = world.iter().copied().filter(|&r| r != ctx.rank()).collect();
+    if !others.is_empty() && c.all_reduce(&others, &mut none, DType::F32, ReduceOp::Sum).is_ok() {
+        return Err("an empty all-reduce over a group without this rank succeeded".into());
+    }
+    Ok(Outcome::Pass)
+}
+
 /// Bad input gets a typed error on every rank, before any message moves.
 fn bad_input_is_a_typed_error(ctx: &RankCtx) -> Result<Outcome, String> {
     let c = ctx.comm();
@@ -373,6 +460,8 @@ fn main() {
         ("scatter_from_every_root", scatter_from_every_root),
         ("barrier_waits_for_the_slowest", barrier_waits_for_the_slowest),
         ("mesh_dim_collectives", mesh_dim_collectives),
+        ("started_all_reduce_matches_blocking", started_all_reduce_matches_blocking),
+        ("empty_collectives_complete", empty_collectives_complete),
         ("bad_input_is_a_typed_error", bad_input_is_a_typed_error),
         ("max_min_propagate_nan", max_min_propagate_nan),
         ("fingerprint_check_names_the_mismatch", fingerprint_check_names_the_mismatch),

@@ -11,7 +11,8 @@ mod prop_cases;
 use common::{coord_of, expected_shard, global};
 use dtensor_runtime::ndarray::{ArrayD, IxDyn};
 use dtensor_runtime::{
-    distribute_tensor, from_local, DeviceMesh, FromLocal, Placement, RankCtx, ReduceOp, Replicate, Shard,
+    distribute_tensor, from_local, BackwardOptions, DeviceMesh, FromLocal, Placement, RankCtx, ReduceOp, Replicate,
+    Shard,
 };
 use mpi_harness::{fail, Outcome, TestFn};
 use prop_cases::{case_strategy, check_outputs, mesh_factorizations, run_chain, RankOutput};
@@ -230,12 +231,50 @@ fn redistribution_property(ctx: &RankCtx) -> Result<Outcome, String> {
     }
 }
 
+/// `backward_opts` with `overlap_grad_reduce` (MPI_Iallreduce buckets) gives the gradients
+/// of plain `backward()`, bit for bit, for every bucket size, uneven shards included.
+fn overlapped_backward_matches_plain(ctx: &RankCtx) -> Result<Outcome, String> {
+    let n = ctx.world_size();
+    if !n.is_multiple_of(2) {
+        return Ok(Outcome::Skip(format!("needs an even number of ranks, has {n}")));
+    }
+    let mesh = mesh_of(ctx, &[2, n / 2])?;
+    let grads = |opts: Option<BackwardOptions>| -> dtensor_runtime::Result<Vec<Vec<f64>>> {
+        let (batch, dim, hidden) = (5, 3, 7);
+        let w1 =
+            distribute_tensor(global(&[dim, hidden], 1), &mesh, &[Replicate, Shard(1)], None)?.requires_grad_(true);
+        let w2 =
+            distribute_tensor(global(&[hidden, dim], 2), &mesh, &[Replicate, Shard(0)], None)?.requires_grad_(true);
+        let x = distribute_tensor(global(&[batch, dim], 3), &mesh, &[Shard(0), Replicate], None)?;
+        let mut h = x;
+        for _ in 0..2 {
+            let y = h.matmul(&w1)?.gelu()?.matmul(&w2)?.redistribute(&[Shard(0), Replicate])?;
+            h = h.add(&y)?;
+        }
+        let loss = h.mul(&h)?.sum()?;
+        match opts {
+            Some(o) => loss.backward_opts(&o)?,
+            None => loss.backward()?,
+        }
+        [&w1, &w2].iter().map(|w| Ok(w.grad().expect("a gradient").to_host()?.iter().copied().collect())).collect()
+    };
+    let plain = grads(None).map_err(fail)?;
+    for bucket in [0, 40, usize::MAX] {
+        let got = grads(Some(BackwardOptions::new().overlap_grad_reduce(bucket))).map_err(fail)?;
+        if got != plain {
+            return Err(format!("bucket {bucket} bytes: gradients differ from plain backward"));
+        }
+    }
+    Ok(Outcome::Pass)
+}
+
 fn main() {
     let tests: &[(&str, TestFn)] = &[
         ("distribute_uneven_every_layout", distribute_uneven_every_layout),
         ("redistribute_all_pairs_2d_mesh", redistribute_all_pairs_2d_mesh),
         ("partial_sources_reduce", partial_sources_reduce),
         ("redistribution_property", redistribution_property),
+        ("overlapped_backward_matches_plain", overlapped_backward_matches_plain),
     ];
     mpi_harness::main("mpi_redistribute", tests);
 }

@@ -15,7 +15,7 @@ use dtensor::optim::{GradScaler, Sgd};
 use dtensor::prelude::*;
 use dtensor::typed::dims::{dp, tp};
 use dtensor::typed::{Dt, Sum};
-use dtensor::{local_mesh, manual_seed, rand, randn, DType, Element};
+use dtensor::{local_mesh, manual_seed, rand, randn, BackwardOptions, DType, Element};
 use ndarray::ArrayD;
 
 /// Seed offset of the teacher network, so that teacher and student differ.
@@ -116,6 +116,7 @@ pub struct Trainer<T: Element> {
     opt: Sgd<T>,
     scaler: Option<GradScaler>,
     precision: Precision,
+    overlap_bucket_bytes: Option<usize>,
     data: TensorOptions,
     cfg: MlpConfig,
 }
@@ -138,7 +139,7 @@ impl<T: Element> Trainer<T> {
         let data = TensorOptions::new().mesh(mesh).placements(&[Shard(0), Replicate]);
         let opt = Sgd::new(f64::from(cfg.lr)).master_weights(precision.master_weights);
         let scaler = precision.loss_scale.map(|(s, n)| GradScaler::new().init_scale(s).growth_interval(n));
-        Ok(Trainer { student, teacher, opt, scaler, precision, data, cfg })
+        Ok(Trainer { student, teacher, opt, scaler, precision, overlap_bucket_bytes: None, data, cfg })
     }
 
     /// A fresh batch `x` (`[batch, dim]`, `(Shard(0), Replicate)`) and the teacher's output
@@ -148,6 +149,13 @@ impl<T: Element> Trainer<T> {
         let x = randn::<f32>(&[self.cfg.batch, self.cfg.dim], &self.data)?;
         let y = no_grad(|| self.teacher.forward(&x))?;
         Ok((x.cast()?, y.cast()?))
+    }
+
+    /// Overlaps the dp gradient all-reduces with the backward in buckets of `bytes`
+    /// (`BackwardOptions::overlap_grad_reduce`), or not (`None`, the default).
+    pub fn overlap_grad_reduce(mut self, bytes: Option<usize>) -> Self {
+        self.overlap_bucket_bytes = bytes;
+        self
     }
 
     /// The loss scaler's current scale, if the student trains with one.
@@ -166,11 +174,14 @@ impl<T: Element> Trainer<T> {
             Some(s) => s.scale(&loss)?,
             None => loss.clone(),
         };
+        let mut opts = BackwardOptions::new();
         if self.precision.reduce_in_f32 {
-            scaled.backward_reducing_in(DType::F32)?;
-        } else {
-            scaled.backward()?;
+            opts = opts.reduce_in(DType::F32);
         }
+        if let Some(bytes) = self.overlap_bucket_bytes {
+            opts = opts.overlap_grad_reduce(bytes);
+        }
+        scaled.backward_opts(&opts)?;
         match &mut self.scaler {
             Some(s) => {
                 s.step(&mut self.opt, &mut self.student)?;

@@ -1,14 +1,15 @@
 //! The backward pass: reverse topological walk over the graph of [`Node`]s.
 
-use super::{no_grad_guard, redistribute_grad, Node, NodeKind};
+use super::grad_reducer::GradReducer;
+use super::{no_grad_guard, redistribute_grad, BackwardOptions, Node, NodeKind};
 use crate::comm::debug::op_scope;
 use crate::dtensor::DTensor;
-use crate::element::{DType, Element};
+use crate::element::Element;
 use crate::error::{Error, Result};
 use crate::placement::without_partials;
 use std::cell::RefCell;
 use std::collections::HashMap;
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 
 thread_local! {
     /// Which inputs of the node whose backward is running need a gradient.
@@ -54,12 +55,8 @@ fn topo_order<T: Element>(root: &Arc<Node<T>>) -> Vec<Arc<Node<T>>> {
     post
 }
 
-pub(super) fn run_backward<T: Element>(
-    root: &DTensor<T>,
-    grad: DTensor<T>,
-    leaf_dtype: Option<DType>,
-    retain_graph: bool,
-) -> Result<()> {
+pub(super) fn run_backward<T: Element>(root: &DTensor<T>, grad: DTensor<T>, opts: &BackwardOptions) -> Result<()> {
+    let BackwardOptions { retain_graph, reduce_dtype: leaf_dtype, overlap } = *opts;
     let Some(root_node) = root.autograd.node.clone() else {
         return Err(Error::Autograd(
             "backward on a tensor that does not require grad (no input had requires_grad, or it was computed under no_grad)"
@@ -67,6 +64,7 @@ pub(super) fn run_backward<T: Element>(
         ));
     };
     let _ng = no_grad_guard();
+    let mut reducer = overlap.map(GradReducer::new);
     let mut grads: HashMap<usize, DTensor<T>> = HashMap::new();
     grads.insert(key(&root_node), grad);
     for node in topo_order(&root_node) {
@@ -79,12 +77,11 @@ pub(super) fn run_backward<T: Element>(
                         g.shape
                     )));
                 }
-                let g = redistribute_grad(&g, &without_partials(placements), leaf_dtype, "grad_accumulate")?;
-                let mut cell = grad.lock().unwrap_or_else(|e| e.into_inner());
-                *cell = Some(match cell.take() {
-                    None => g,
-                    Some(prev) => prev.add(&g)?.detach(),
-                });
+                let target = without_partials(placements);
+                match &mut reducer {
+                    Some(r) => r.push(&node, g, &target, leaf_dtype)?,
+                    None => accumulate(grad, redistribute_grad(&g, &target, leaf_dtype, "grad_accumulate")?)?,
+                }
             }
             NodeKind::Op { inputs, backward } => {
                 NEEDS.with(|n| *n.borrow_mut() = inputs.iter().map(|i| i.is_some()).collect());
@@ -124,5 +121,22 @@ pub(super) fn run_backward<T: Element>(
             }
         }
     }
+    if let Some(r) = reducer {
+        for (node, g) in r.finish()? {
+            if let NodeKind::Leaf { grad, .. } = &node.kind {
+                accumulate(grad, g)?;
+            }
+        }
+    }
+    Ok(())
+}
+
+/// Adds `g` to a leaf's gradient cell.
+fn accumulate<T: Element>(cell: &Mutex<Option<DTensor<T>>>, g: DTensor<T>) -> Result<()> {
+    let mut cell = cell.lock().unwrap_or_else(|e| e.into_inner());
+    *cell = Some(match cell.take() {
+        None => g,
+        Some(prev) => prev.add(&g)?.detach(),
+    });
     Ok(())
 }

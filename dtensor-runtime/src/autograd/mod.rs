@@ -24,10 +24,13 @@
 //! ```
 
 mod engine;
+mod grad_reducer;
 mod local;
+mod options;
 
 pub(crate) use engine::input_needs_grad;
 pub use local::{from_local_grad, is_local_mesh, local_mesh};
+pub use options::BackwardOptions;
 
 use crate::dtensor::DTensor;
 use crate::element::{DType, Element, Scalar};
@@ -304,13 +307,13 @@ impl<T: Element> DTensor<T> {
     /// [`backward_retaining_graph`](Self::backward_retaining_graph)). Freeing them also lets an
     /// optimizer update the weights in place rather than copy them away from the graph.
     pub fn backward(&self) -> Result<()> {
-        self.backward_impl(None, false)
+        self.backward_opts(&BackwardOptions::new())
     }
 
     /// [`backward`](Self::backward) that keeps the graph for another backward pass (PyTorch's
     /// `retain_graph=True`).
     pub fn backward_retaining_graph(&self) -> Result<()> {
-        self.backward_impl(None, true)
+        self.backward_opts(&BackwardOptions::new().retain_graph(true))
     }
 
     /// [`backward`](Self::backward) whose leaf-gradient reductions (a parameter gradient that
@@ -318,10 +321,30 @@ impl<T: Element> DTensor<T> {
     /// `dtype`: `DType::F32` for a bf16/f16 model sums the gradients in f32 and rounds once, as
     /// FSDP's `reduce_dtype`.
     pub fn backward_reducing_in(&self, dtype: DType) -> Result<()> {
-        self.backward_impl(Some(dtype), false)
+        self.backward_opts(&BackwardOptions::new().reduce_in(dtype))
     }
 
-    fn backward_impl(&self, leaf_dtype: Option<DType>, retain_graph: bool) -> Result<()> {
+    /// [`backward`](Self::backward) as `opts` says: keeping the graph, reducing the leaf
+    /// gradients in another dtype, overlapping their all-reduces with the rest of the pass
+    /// (see [`BackwardOptions`]).
+    ///
+    /// ```
+    /// use dtensor_runtime::autograd::BackwardOptions;
+    /// use dtensor_runtime::{distribute_tensor, run, ndarray::ArrayD, Replicate, Shard};
+    /// let grads = run(2, |ctx| {
+    ///     let mesh = ctx.init_device_mesh(&[2], &["dp"])?;
+    ///     let w = ArrayD::from_shape_vec(vec![2, 2], vec![1.0f32, 2.0, 3.0, 4.0]).unwrap();
+    ///     let w = distribute_tensor(&w, &mesh, &[Replicate], None)?.requires_grad_(true);
+    ///     let x = ArrayD::from_shape_vec(vec![4, 2], vec![1.0f32; 8]).unwrap();
+    ///     let x = distribute_tensor(&x, &mesh, &[Shard(0)], None)?;
+    ///     // The batch is sharded over dp: w's gradient arrives Partial, summed over dp.
+    ///     let loss = x.matmul(&w)?.sum()?;
+    ///     loss.backward_opts(&BackwardOptions::new().overlap_grad_reduce(0))?;
+    ///     Ok(w.grad().unwrap().full_tensor()?.into_raw_vec_and_offset().0)
+    /// }).unwrap();
+    /// assert_eq!(grads[0], vec![4.0; 4]);
+    /// ```
+    pub fn backward_opts(&self, opts: &BackwardOptions) -> Result<()> {
         if self.numel() != 1 {
             return Err(Error::Autograd(format!(
                 "backward() needs a scalar (one element), got shape {:?}; use backward_with(grad)",
@@ -333,7 +356,7 @@ impl<T: Element> DTensor<T> {
             crate::layout::local_shape_and_offset(&self.shape, self.mesh.shape(), self.mesh.coordinate(), &target);
         let local = self.local.new_full(&shape, T::one())?;
         let one = DTensor::new_unchecked(local, self.mesh.clone(), target, self.shape.clone(), None);
-        engine::run_backward(self, one, leaf_dtype, retain_graph)
+        engine::run_backward(self, one, opts)
     }
 
     /// Backpropagates with an explicit gradient of this tensor (same shape and mesh); frees the
@@ -347,7 +370,7 @@ impl<T: Element> DTensor<T> {
             });
         }
         self.mesh.check_compatible(&grad.mesh, "backward_with")?;
-        engine::run_backward(self, grad.detach(), None, false)
+        engine::run_backward(self, grad.detach(), &BackwardOptions::new())
     }
 
     /// `redistribute` whose backward runs the gradient's collectives in `backward_dtype`

@@ -11,6 +11,7 @@
 //! which works on typed slices, pads uneven shards and records every call for
 //! [`CommDebugMode`](crate::CommDebugMode).
 
+pub(crate) mod background;
 pub mod bootstrap;
 pub mod buf;
 mod check;
@@ -18,11 +19,13 @@ pub mod cuda_threads;
 pub mod debug;
 pub mod fingerprint;
 mod group;
+pub(crate) mod in_flight;
 #[cfg(feature = "mpi")]
 pub mod mpi;
 #[cfg(feature = "cuda")]
 pub mod nccl;
 pub mod nccl_version;
+pub mod pending;
 mod recv;
 pub mod reduce;
 pub(crate) mod self_comm;
@@ -39,6 +42,8 @@ use std::fmt;
 use std::sync::Arc;
 
 pub use buf::{Buf, BufMut};
+pub use in_flight::PendingReduce;
+pub use pending::{HostBytes, PendingAllReduce};
 pub(crate) use recv::filled;
 pub use recv::RecvBuf;
 
@@ -133,6 +138,23 @@ pub unsafe trait Communicator: Send + Sync + fmt::Debug {
             }
         }
         self.all_to_all(group, &packed, recv)
+    }
+    /// Starts an in-place all-reduce of the owned host buffer `buf` that may complete in the
+    /// background; [`PendingAllReduce::wait`] returns the buffer reduced. Every member starts
+    /// it at the same point of its sequence of collectives on `group`, and the caller waits
+    /// for it before its next collective on `group` (the typed layer does both).
+    ///
+    /// The default runs [`all_reduce`](Self::all_reduce) at once (no overlap). The thread
+    /// backend queues it to a per-rank worker thread; MPI starts an `MPI_Iallreduce`.
+    fn all_reduce_start(
+        &self,
+        group: &[usize],
+        mut buf: Box<dyn HostBytes>,
+        dtype: DType,
+        op: ReduceOp,
+    ) -> Result<PendingAllReduce> {
+        self.all_reduce(group, buf.bytes_mut(), dtype, op)?;
+        Ok(PendingAllReduce::done(Ok(buf)))
     }
     /// Copies the root's `buf` into every member's `buf`.
     fn broadcast(&self, group: &[usize], buf: &mut [u8], root: usize) -> Result<()>;

@@ -30,14 +30,16 @@
 //! one process may launch several programs in turn. Every call into MPI from this module is
 //! serialised by one lock, so the communicator is safe to share between threads.
 
+use super::pending::Completion;
 use super::{check, group, reduce};
-use super::{Communicator, RecvBuf};
+use super::{Communicator, HostBytes, PendingAllReduce, RecvBuf};
 use crate::element::DType;
 use crate::error::{Error, Result};
 use crate::placement::ReduceOp;
 use mpi::collective::SystemOperation;
 use mpi::datatype::Equivalence;
 use mpi::environment::Universe;
+use mpi::raw::AsRaw;
 use mpi::topology::{Color, SimpleCommunicator};
 use mpi::traits::{Communicator as _, CommunicatorCollectives, Group as _, Root};
 use mpi::Threading;
@@ -143,8 +145,9 @@ fn watchdog(timeout: Duration) {
 pub struct MpiComm {
     rank: usize,
     size: usize,
-    /// Sub-communicators by group; the lock also serialises every MPI call of this process.
-    groups: Mutex<Groups>,
+    /// Sub-communicators by group; the lock also serialises every MPI call of this process
+    /// (shared with the started all-reduces, whose waits are MPI calls too).
+    groups: Arc<SharedGroups>,
     sequences: super::fingerprint::Sequences,
 }
 
@@ -153,6 +156,14 @@ struct Groups {
     comms: HashMap<Vec<usize>, SimpleCommunicator>,
     closed: bool,
 }
+
+/// The sub-communicators behind the process lock, shared by the communicator and the
+/// all-reduces it started (whose `MPI_Wait` takes the same lock).
+struct SharedGroups(Mutex<Groups>);
+
+// SAFETY: as for `MpiComm` below: MPI handles are plain identifiers, used only under the lock.
+unsafe impl Send for SharedGroups {}
+unsafe impl Sync for SharedGroups {}
 
 // SAFETY: MPI handles are plain identifiers; MPI is initialised with at least
 // MPI_THREAD_SERIALIZED and every use of the handles goes through the `groups` mutex.
@@ -167,7 +178,7 @@ impl fmt::Debug for MpiComm {
 
 impl Drop for MpiComm {
     fn drop(&mut self) {
-        let g = std::mem::take(&mut *lock(&self.groups));
+        let g = std::mem::take(&mut *lock(&self.groups.0));
         if mpi::environment::is_finalized() {
             // Freeing a communicator after MPI_Finalize is an MPI error: leak instead.
             std::mem::forget(g);
@@ -183,14 +194,14 @@ impl MpiComm {
         Ok(Arc::new(MpiComm {
             rank: w.rank() as usize,
             size: w.size() as usize,
-            groups: Mutex::new(Groups::default()),
+            groups: Arc::new(SharedGroups(Mutex::new(Groups::default()))),
             sequences: Default::default(),
         }))
     }
 
     /// Frees the sub-communicators; later collectives fail with [`Error::Backend`].
     pub fn close(&self) {
-        let mut g = lock(&self.groups);
+        let mut g = lock(&self.groups.0);
         g.comms.clear();
         g.closed = true;
     }
@@ -202,6 +213,15 @@ impl MpiComm {
 
     fn my_index(&self, op: &str, group: &[usize]) -> Result<usize> {
         group::member(op, self.rank, self.size, group)
+    }
+
+    /// Whether a collective whose every member moves `bytes` (the same on every member) has
+    /// nothing to do: then no member calls MPI, whose libraries reject zero-length calls with
+    /// aliased buffers (two empty `Vec`s share a dangling address: `MPI_ERR_ARG`, which aborts
+    /// the job). Still an error when this rank is not in `group`.
+    fn nothing_to_move(&self, op: &str, group: &[usize], bytes: usize) -> Result<bool> {
+        self.my_index(op, group)?;
+        Ok(bytes == 0)
     }
 
     /// Runs `body` on the MPI communicator of `group` with this rank's index in it, under
@@ -220,7 +240,7 @@ impl MpiComm {
                 reason: format!("{b} bytes exceed MPI's count limit of {} per call", i32::MAX),
             });
         }
-        let mut g = lock(&self.groups);
+        let mut g = lock(&self.groups.0);
         if g.closed {
             return Err(backend_err(format!("`{op}` on a communicator whose launch already returned")));
         }
@@ -268,11 +288,24 @@ fn typed<T: bytemuck::Pod>(b: &[u8]) -> Vec<T> {
     bytemuck::pod_collect_to_vec(b)
 }
 
-fn all_reduce_typed<T: bytemuck::Pod + Equivalence>(c: &SimpleCommunicator, buf: &mut [u8], op: ReduceOp) {
-    let send: Vec<T> = typed(buf);
-    let mut recv = vec![T::zeroed(); send.len()];
-    c.all_reduce_into(&send[..], &mut recv[..], mpi_op(op));
-    buf.copy_from_slice(bytemuck::cast_slice(&recv));
+/// All-reduce of `buf` (whole elements of `datatype`, `size` bytes each) in place, through one
+/// copy of the input: MPI takes raw bytes, so neither an aligned typed copy nor a zero-filled
+/// output is needed (`MPI_IN_PLACE` is not among the constants the bindings export).
+fn all_reduce_raw(c: &SimpleCommunicator, buf: &mut [u8], datatype: mpi::ffi::MPI_Datatype, size: usize, op: ReduceOp) {
+    let send = buf.to_vec();
+    // SAFETY: both buffers hold `buf.len() / size` elements of `datatype` (the caller checked
+    // whole elements) and live through the blocking call. MPI errors are fatal (the default
+    // handler aborts the job), as for every rsmpi call here.
+    unsafe {
+        mpi::ffi::MPI_Allreduce(
+            send.as_ptr().cast(),
+            buf.as_mut_ptr().cast(),
+            (buf.len() / size) as std::ffi::c_int,
+            datatype,
+            mpi_op(op).as_raw(),
+            c.as_raw(),
+        );
+    }
 }
 
 fn reduce_scatter_typed<T: bytemuck::Pod + Equivalence>(
@@ -285,6 +318,82 @@ fn reduce_scatter_typed<T: bytemuck::Pod + Equivalence>(
     let mut out = vec![T::zeroed(); recv.len() / std::mem::size_of::<T>()];
     c.reduce_scatter_block_into(&send[..], &mut out[..], mpi_op(op));
     recv.copy_from_slice(bytemuck::cast_slice(&out));
+}
+
+/// An `MPI_Iallreduce` in flight: it owns both buffers until MPI is done with them.
+struct Started {
+    request: mpi::ffi::MPI_Request,
+    /// The input (MPI reads it until the request completes).
+    send: Vec<u8>,
+    /// The output, handed back by `wait`.
+    recv: Option<Box<dyn HostBytes>>,
+    dtype: DType,
+    op: ReduceOp,
+    group: Vec<usize>,
+    rank: usize,
+    groups: Arc<SharedGroups>,
+}
+
+// SAFETY: the request is a plain MPI handle, used only under the `groups` lock (as every MPI
+// call of this module); the buffers are owned.
+unsafe impl Send for Started {}
+
+impl Started {
+    /// Waits for the request (once), under the process lock and the watchdog.
+    fn complete(&mut self) -> Result<()> {
+        // SAFETY: reading a handle constant of the MPI library.
+        let null = unsafe { mpi::ffi::RSMPI_REQUEST_NULL };
+        if self.request == null {
+            return Ok(());
+        }
+        if mpi::environment::is_finalized() {
+            // Too late to wait (MPI_Finalize completed or abandoned the request): keep the
+            // buffers alive for good rather than free memory MPI may still touch.
+            std::mem::forget(std::mem::take(&mut self.send));
+            std::mem::forget(self.recv.take());
+            self.request = null;
+            return Err(backend_err("an all-reduce was still in flight when MPI was finalised"));
+        }
+        let _serial = lock(&self.groups.0);
+        *lock(&IN_FLIGHT) =
+            Some(InFlight { op: "all_reduce", group: self.group.clone(), rank: self.rank, since: Instant::now() });
+        // SAFETY: `request` came from MPI_Iallreduce and was not completed yet; MPI_Wait sets
+        // it to MPI_REQUEST_NULL.
+        let rc = unsafe { mpi::ffi::MPI_Wait(&mut self.request, mpi::ffi::RSMPI_STATUS_IGNORE) };
+        *lock(&IN_FLIGHT) = None;
+        if rc != 0 {
+            return Err(backend_err(format!("MPI_Wait of a started all-reduce returned {rc}")));
+        }
+        Ok(())
+    }
+}
+
+impl Completion for Started {
+    fn wait(mut self: Box<Self>) -> Result<Box<dyn HostBytes>> {
+        self.complete()?;
+        let mut recv = self.recv.take().ok_or_else(|| backend_err("a started all-reduce lost its buffer"))?;
+        reduce::finish(self.dtype, self.op, recv.bytes_mut(), self.group.len());
+        Ok(recv)
+    }
+}
+
+impl Drop for Started {
+    fn drop(&mut self) {
+        // A dropped handle still lets MPI finish with the buffers before they are freed.
+        let _ = self.complete();
+    }
+}
+
+/// The MPI datatype of a dtype MPI reduces natively (not the 16-bit floats).
+fn mpi_datatype(dtype: DType) -> Option<mpi::ffi::MPI_Datatype> {
+    Some(match dtype {
+        DType::F32 => f32::equivalent_datatype().as_raw(),
+        DType::F64 => f64::equivalent_datatype().as_raw(),
+        DType::I64 => i64::equivalent_datatype().as_raw(),
+        DType::I32 => i32::equivalent_datatype().as_raw(),
+        DType::U8 => u8::equivalent_datatype().as_raw(),
+        DType::BF16 | DType::F16 => return None,
+    })
 }
 
 // SAFETY: MPI writes into initialised memory only, so every `RecvBuf` is zero-filled first
@@ -305,7 +414,7 @@ unsafe impl Communicator for MpiComm {
 
     fn prepare_groups(&self, partitions: &[Vec<Vec<usize>>]) -> Result<()> {
         let plan = group::splits(partitions, self.rank, self.size)?;
-        let mut g = lock(&self.groups);
+        let mut g = lock(&self.groups.0);
         if g.closed {
             return Err(backend_err("prepare_groups on a communicator whose launch already returned"));
         }
@@ -325,12 +434,18 @@ unsafe impl Communicator for MpiComm {
     fn all_gather(&self, group: &[usize], send: &[u8], mut recv: RecvBuf<'_>) -> Result<()> {
         let recv = recv.zeroed();
         check::blocks("all_gather", "recv", recv.len(), group.len(), send.len())?;
+        if self.nothing_to_move("all_gather", group, recv.len())? {
+            return Ok(());
+        }
         self.with_group("all_gather", group, &[recv.len()], |c, _| c.all_gather_into(send, recv))
     }
 
     fn all_reduce(&self, group: &[usize], buf: &mut [u8], dtype: DType, op: ReduceOp) -> Result<()> {
         check::whole("all_reduce", buf.len(), dtype)?;
         reduce::check_op(dtype, op)?;
+        if self.nothing_to_move("all_reduce", group, buf.len())? {
+            return Ok(());
+        }
         if dtype.is_half() {
             // MPI has no 16-bit float datatype: gather every member's buffer and fold it here,
             // in group order, so every member gets the same bits.
@@ -340,18 +455,11 @@ unsafe impl Communicator for MpiComm {
         }
         // MPI_MAX/MPI_MIN drop NaN operands: reduce a NaN mask alongside (as PyTorch, a NaN wins).
         let mut mask = reduce::drops_nan(dtype, op).then(|| reduce::nan_mask(dtype, buf));
+        let Some(datatype) = mpi_datatype(dtype) else { unreachable!("16-bit floats are reduced above") };
         self.with_group("all_reduce", group, &[buf.len()], |c, _| {
-            let reduce = |b: &mut [u8], op| match dtype {
-                DType::F32 => all_reduce_typed::<f32>(c, b, op),
-                DType::F64 => all_reduce_typed::<f64>(c, b, op),
-                DType::I64 => all_reduce_typed::<i64>(c, b, op),
-                DType::I32 => all_reduce_typed::<i32>(c, b, op),
-                DType::U8 => all_reduce_typed::<u8>(c, b, op),
-                DType::BF16 | DType::F16 => unreachable!("16-bit floats are reduced above"),
-            };
-            reduce(buf, op);
+            all_reduce_raw(c, buf, datatype, dtype.size_of(), op);
             if let Some(m) = &mut mask {
-                reduce(m, ReduceOp::Max);
+                all_reduce_raw(c, m, datatype, dtype.size_of(), ReduceOp::Max);
             }
         })?;
         if let Some(m) = &mask {
@@ -359,6 +467,61 @@ unsafe impl Communicator for MpiComm {
         }
         reduce::finish(dtype, op, buf, group.len());
         Ok(())
+    }
+
+    fn all_reduce_start(
+        &self,
+        group: &[usize],
+        mut buf: Box<dyn HostBytes>,
+        dtype: DType,
+        op: ReduceOp,
+    ) -> Result<PendingAllReduce> {
+        let bytes = buf.bytes_mut();
+        check::whole("all_reduce", bytes.len(), dtype)?;
+        reduce::check_op(dtype, op)?;
+        if self.nothing_to_move("all_reduce", group, bytes.len())? {
+            return Ok(PendingAllReduce::done(Ok(buf)));
+        }
+        let datatype = mpi_datatype(dtype);
+        let (Some(datatype), false) = (datatype, reduce::drops_nan(dtype, op)) else {
+            // 16-bit floats are gathered and folded here, max/min carry a NaN mask: both are
+            // several MPI calls, run blocking.
+            self.all_reduce(group, bytes, dtype, op)?;
+            return Ok(PendingAllReduce::done(Ok(buf)));
+        };
+        let send = bytes.to_vec();
+        let count = send.len() / dtype.size_of();
+        // SAFETY: reading a handle constant of the MPI library.
+        let mut request = unsafe { mpi::ffi::RSMPI_REQUEST_NULL };
+        let rc = self.with_group("all_reduce", group, &[send.len()], |c, _| {
+            // SAFETY: both buffers hold `count` elements of `datatype` and are owned by the
+            // `Started` made below, which waits for the request before it frees them (a Vec's
+            // heap block does not move with the Vec, nor a boxed buffer's).
+            unsafe {
+                mpi::ffi::MPI_Iallreduce(
+                    send.as_ptr().cast(),
+                    bytes.as_mut_ptr().cast(),
+                    count as std::ffi::c_int,
+                    datatype,
+                    mpi_op(op).as_raw(),
+                    c.as_raw(),
+                    &mut request,
+                )
+            }
+        })?;
+        if rc != 0 {
+            return Err(backend_err(format!("MPI_Iallreduce returned {rc}")));
+        }
+        Ok(PendingAllReduce::running(Box::new(Started {
+            request,
+            send,
+            recv: Some(buf),
+            dtype,
+            op,
+            group: group.to_vec(),
+            rank: self.rank,
+            groups: Arc::clone(&self.groups),
+        })))
     }
 
     fn reduce_scatter(
@@ -373,6 +536,9 @@ unsafe impl Communicator for MpiComm {
         check::blocks("reduce_scatter", "send", send.len(), group.len(), recv.len())?;
         check::whole("reduce_scatter", recv.len(), dtype)?;
         reduce::check_op(dtype, op)?;
+        if self.nothing_to_move("reduce_scatter", group, recv.len())? {
+            return Ok(());
+        }
         if dtype.is_half() {
             // As in all_reduce, reduced locally: member i receives every member's block i.
             let mut mine = vec![0u8; send.len()];
@@ -406,11 +572,17 @@ unsafe impl Communicator for MpiComm {
     fn all_to_all(&self, group: &[usize], send: &[u8], mut recv: RecvBuf<'_>) -> Result<()> {
         let recv = recv.zeroed();
         check::all_to_all(send.len(), recv.len(), group.len())?;
+        if self.nothing_to_move("all_to_all", group, recv.len())? {
+            return Ok(());
+        }
         self.with_group("all_to_all", group, &[send.len()], |c, _| c.all_to_all_into(send, recv))
     }
 
     fn broadcast(&self, group: &[usize], buf: &mut [u8], root: usize) -> Result<()> {
         check::root(root, group.len())?;
+        if self.nothing_to_move("broadcast", group, buf.len())? {
+            return Ok(());
+        }
         self.with_group("broadcast", group, &[buf.len()], |c, _| c.process_at_rank(root as i32).broadcast_into(buf))
     }
 
@@ -418,6 +590,10 @@ unsafe impl Communicator for MpiComm {
         check::root(root, group.len())?;
         if self.my_index("scatter", group)? == root {
             check::blocks("scatter", "root send", send.len(), group.len(), recv.len())?;
+        }
+        // `recv` has the same length on every member (the root's `send` is a multiple of it).
+        if self.nothing_to_move("scatter", group, recv.len())? {
+            return Ok(());
         }
         self.with_group("scatter", group, &[send.len(), recv.len()], |c, me| {
             let root_proc = c.process_at_rank(root as i32);

@@ -28,9 +28,10 @@ mod loom_tests;
 mod rendezvous;
 mod sync;
 
+use super::background::Background;
 use super::reduce;
 use super::{check, group};
-use super::{Communicator, RecvBuf};
+use super::{Communicator, HostBytes, PendingAllReduce, RecvBuf};
 use crate::element::DType;
 use crate::error::{Error, Result};
 use crate::placement::ReduceOp;
@@ -39,7 +40,7 @@ use rendezvous::Slot;
 use std::collections::HashMap;
 use std::mem::MaybeUninit;
 use std::ops::Range;
-use std::sync::Arc;
+use std::sync::{Arc, OnceLock};
 use std::time::{Duration, Instant};
 use sync::{Mutex, MutexGuard};
 
@@ -76,7 +77,7 @@ impl ThreadWorld {
         if rank >= self.size {
             return Err(Error::RankOutOfRange { rank, world_size: self.size });
         }
-        Ok(ThreadComm { world: Arc::clone(self), rank, sequences: Arc::default() })
+        Ok(ThreadComm { world: Arc::clone(self), rank, sequences: Arc::default(), background: Arc::default() })
     }
 
     fn lock(&self) -> MutexGuard<'_, State> {
@@ -145,6 +146,9 @@ pub struct ThreadComm {
     world: Arc<ThreadWorld>,
     rank: usize,
     sequences: Arc<super::fingerprint::Sequences>,
+    /// The worker of [`all_reduce_start`](Communicator::all_reduce_start), started on first use
+    /// and shared by the clones of this handle.
+    background: Arc<OnceLock<Background>>,
 }
 
 /// The collectives, as the tags members publish (a mismatch is detected before any copy). The
@@ -456,6 +460,31 @@ unsafe impl Communicator for ThreadComm {
     }
     fn sequences(&self) -> Option<&super::fingerprint::Sequences> {
         Some(&self.sequences)
+    }
+
+    fn all_reduce_start(
+        &self,
+        group: &[usize],
+        mut buf: Box<dyn HostBytes>,
+        dtype: DType,
+        op: ReduceOp,
+    ) -> Result<PendingAllReduce> {
+        // Checked here so that a bad call fails on the caller's thread, as a blocking one would.
+        check::whole("all_reduce", buf.bytes_mut().len(), dtype)?;
+        reduce::check_op(dtype, op)?;
+        group::index_of("all_reduce", self.rank, group)?;
+        let worker = match self.background.get() {
+            Some(b) => b,
+            None => {
+                // The worker's handle shares the world, rank and sequence numbers, not the
+                // worker (so that dropping this rank's handles ends it). A lost race drops a
+                // spare worker, which then exits.
+                let own = ThreadComm { background: Arc::default(), ..self.clone() };
+                let spare = Background::spawn(Box::new(own))?;
+                self.background.get_or_init(|| spare)
+            }
+        };
+        Ok(worker.all_reduce(group, buf, dtype, op))
     }
 
     fn all_gather(&self, group: &[usize], send: &[u8], mut recv: RecvBuf<'_>) -> Result<()> {

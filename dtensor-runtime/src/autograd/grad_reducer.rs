@@ -1,0 +1,206 @@
+//! The leaf-gradient reductions of a backward pass with
+//! [`overlap_grad_reduce`](super::BackwardOptions::overlap_grad_reduce): gradients that arrive
+//! Partial on one mesh dim are packed, in the order they become ready, into buckets that are
+//! all-reduced in the background as soon as they are full (PyTorch DDP's scheme); the pass
+//! goes on meanwhile. [`GradReducer::finish`] waits for the buckets and returns every
+//! accumulation in the order plain `backward()` would have made it, so the gradients are
+//! bit-identical to the blocking pass.
+//!
+//! Every member of a reduction group holds leaf gradients of the same local shapes (they
+//! differ only in their coordinate on the reduced dim, where the gradient is Partial), so
+//! buckets fill up, and are started, at the same point on every member.
+
+use super::{redistribute_grad, Node};
+use crate::comm::debug::op_scope;
+use crate::comm::PendingReduce;
+use crate::dtensor::DTensor;
+use crate::element::{DType, Element, Scalar};
+use crate::error::Result;
+use crate::mesh::{Along, DeviceMesh};
+use crate::placement::{Placement, ReduceOp};
+use crate::storage::Storage;
+use ndarray::{ArrayD, IxDyn};
+use std::sync::Arc;
+
+/// Where one leaf's gradient is (a leaf may receive several).
+enum Part<T: Scalar> {
+    /// Reduced (or needing no reduction): ready to accumulate.
+    Ready(DTensor<T>),
+    /// Elements `at..at + len` of bucket `bucket`, to become a DTensor like `like` (its
+    /// mesh, placements and global shape) with local shape `local`.
+    Bucketed { bucket: usize, at: usize, len: usize, local: Vec<usize>, like: Like },
+}
+
+/// What the reduced gradient will be, but for its data.
+struct Like {
+    mesh: DeviceMesh,
+    placements: Vec<Placement>,
+    shape: Vec<usize>,
+}
+
+/// One bucket: gradients reduced over mesh dim `dim` of `mesh` with `op`.
+struct Bucket<T: Scalar> {
+    mesh: DeviceMesh,
+    dim: usize,
+    op: ReduceOp,
+    data: Vec<T>,
+    /// The all-reduce, once started; then the reduced data once waited for.
+    pending: Option<PendingReduce<T>>,
+    reduced: Option<Vec<T>>,
+}
+
+/// A leaf and one gradient to accumulate into it.
+pub(super) type Accumulation<T> = (Arc<Node<T>>, DTensor<T>);
+
+/// The leaf accumulations of one backward pass, in order, and their buckets.
+pub(super) struct GradReducer<T: Scalar> {
+    bucket_bytes: usize,
+    parts: Vec<(Arc<Node<T>>, Part<T>)>,
+    buckets: Vec<Bucket<T>>,
+    /// Index of the open (not yet started) bucket of each (mesh, dim, op).
+    open: Vec<usize>,
+}
+
+impl<T: Element> GradReducer<T> {
+    pub(super) fn new(bucket_bytes: usize) -> Self {
+        GradReducer { bucket_bytes, parts: Vec::new(), buckets: Vec::new(), open: Vec::new() }
+    }
+
+    /// Takes leaf `node`'s gradient `g`, to be reduced to the leaf's layout `target`.
+    pub(super) fn push(
+        &mut self,
+        node: &Arc<Node<T>>,
+        g: DTensor<T>,
+        target: &[Placement],
+        dtype: Option<DType>,
+    ) -> Result<()> {
+        let Some((dim, op)) = single_partial_to_replicate(&g, target, dtype) else {
+            // Not bucketable: reduced now, as plain backward() does (a collective on a group
+            // with a started bucket waits for that bucket first).
+            let g = redistribute_grad(&g, target, dtype, "grad_accumulate")?;
+            self.parts.push((Arc::clone(node), Part::Ready(g)));
+            return Ok(());
+        };
+        let like = Like { mesh: g.device_mesh().clone(), placements: target.to_vec(), shape: g.shape().to_vec() };
+        let local = g.local().shape().to_vec();
+        let b = self.open_bucket(&like.mesh, dim, op);
+        let bucket = &mut self.buckets[b];
+        let at = bucket.data.len();
+        if bucket.data.is_empty() {
+            // The first gradient of a bucket lends its buffer (no copy).
+            bucket.data = into_vec(g.into_local().into_host()?);
+        } else {
+            bucket.data.extend_from_slice(&g.local().host_data()?);
+        }
+        let len = bucket.data.len() - at;
+        self.parts.push((Arc::clone(node), Part::Bucketed { bucket: b, at, len, local, like }));
+        if std::mem::size_of_val(bucket.data.as_slice()) >= self.bucket_bytes {
+            self.start(b)?;
+        }
+        Ok(())
+    }
+
+    /// The open bucket of (`mesh`, `dim`, `op`), made if there is none.
+    fn open_bucket(&mut self, mesh: &DeviceMesh, dim: usize, op: ReduceOp) -> usize {
+        let found = self.open.iter().position(|&i| {
+            let b = &self.buckets[i];
+            b.dim == dim && b.op == op && b.mesh.same_as(mesh) && Arc::ptr_eq(b.mesh.comm(), mesh.comm())
+        });
+        match found {
+            Some(k) => self.open[k],
+            None => {
+                self.buckets.push(Bucket {
+                    mesh: mesh.clone(),
+                    dim,
+                    op,
+                    data: Vec::new(),
+                    pending: None,
+                    reduced: None,
+                });
+                self.open.push(self.buckets.len() - 1);
+                self.buckets.len() - 1
+            }
+        }
+    }
+
+    /// Starts bucket `b`'s all-reduce and closes it.
+    fn start(&mut self, b: usize) -> Result<()> {
+        self.open.retain(|&i| i != b);
+        let bucket = &mut self.buckets[b];
+        let data = std::mem::take(&mut bucket.data);
+        let pending =
+            op_scope("grad_bucket", || bucket.mesh.all_reduce_start(Along::Dim(bucket.dim), data, bucket.op))?;
+        bucket.pending = Some(pending);
+        Ok(())
+    }
+
+    /// Starts the buckets still open (oldest first, the same order on every member), waits
+    /// for every bucket, and returns each leaf's gradients in the order they arrived.
+    pub(super) fn finish(mut self) -> Result<Vec<Accumulation<T>>> {
+        while let Some(&b) = self.open.first() {
+            self.start(b)?;
+        }
+        for bucket in &mut self.buckets {
+            if let Some(p) = bucket.pending.take() {
+                bucket.reduced = Some(p.wait()?);
+            }
+        }
+        let mut out = Vec::with_capacity(self.parts.len());
+        for (node, part) in self.parts {
+            let g = match part {
+                Part::Ready(g) => g,
+                Part::Bucketed { bucket, at, len, local, like } => {
+                    let data = self.buckets[bucket].reduced.as_mut().map_or_else(Vec::new, |v| {
+                        if len == 0 {
+                            Vec::new()
+                        } else if at == 0 && len == v.len() {
+                            std::mem::take(v) // the only gradient of its bucket: no copy
+                        } else {
+                            v[at..at + len].to_vec()
+                        }
+                    });
+                    let host = ArrayD::from_shape_vec(IxDyn(&local), data).map_err(|e| {
+                        crate::error::Error::Autograd(format!("a reduced gradient bucket lost its shape: {e}"))
+                    })?;
+                    let local = Storage::from_host(host, like.mesh.target())?;
+                    DTensor::new_unchecked(local, like.mesh, like.placements, like.shape, None)
+                }
+            };
+            out.push((node, g));
+        }
+        Ok(out)
+    }
+}
+
+/// The one mesh dim and reduce op if `g` reaches `target` by a single Partial → Replicate
+/// step in its own dtype on host storage (what a bucket can hold); `None` otherwise.
+fn single_partial_to_replicate<T: Scalar>(
+    g: &DTensor<T>,
+    target: &[Placement],
+    dtype: Option<DType>,
+) -> Option<(usize, ReduceOp)> {
+    if dtype.is_some_and(|d| d != T::DTYPE) || g.local().as_cpu().is_none() {
+        return None;
+    }
+    let mut differ = g.placements().iter().zip(target).enumerate().filter(|(_, (a, b))| a != b);
+    let (dim, (from, to)) = differ.next()?;
+    match (from, to, differ.next()) {
+        (Placement::Partial(op), Placement::Replicate, None) => Some((dim, *op)),
+        _ => None,
+    }
+}
+
+/// The elements of `a` in row-major order, reusing its buffer when it is already laid out so.
+fn into_vec<T: Scalar>(a: ArrayD<T>) -> Vec<T> {
+    let n = a.len();
+    if !a.is_standard_layout() {
+        return a.iter().copied().collect();
+    }
+    let (mut v, offset) = a.into_raw_vec_and_offset();
+    let offset = offset.unwrap_or(0);
+    if offset != 0 || v.len() != n {
+        v.drain(..offset);
+        v.truncate(n);
+    }
+    v
+}

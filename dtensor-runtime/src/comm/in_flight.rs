@@ -1,0 +1,94 @@
+//! The background collectives this thread started and has not waited for yet, and
+//! [`PendingReduce`], the typed handle on one.
+//!
+//! A collective a rank starts in the background must meet its peers' in the same order as
+//! the rank's other collectives on that group. So before any collective on a group (every
+//! typed collective of [`DeviceMesh`](crate::DeviceMesh) calls [`settle`]), this thread first
+//! completes what it started on that group, in start order; the results wait here for their
+//! handles. Collectives on other groups run alongside.
+
+use super::pending::{HostBytes, PendingAllReduce};
+use crate::element::Scalar;
+use crate::error::{Error, Result};
+use std::cell::RefCell;
+use std::marker::PhantomData;
+use std::rc::Rc;
+
+enum State {
+    Running(PendingAllReduce),
+    Done(Result<Box<dyn HostBytes>>),
+    Taken,
+}
+
+struct Entry {
+    group: Vec<usize>,
+    state: RefCell<State>,
+}
+
+impl Entry {
+    fn complete(&self) {
+        let mut s = self.state.borrow_mut();
+        if let State::Running(_) = &*s {
+            let State::Running(p) = std::mem::replace(&mut *s, State::Taken) else { unreachable!("matched above") };
+            *s = State::Done(p.wait());
+        }
+    }
+}
+
+thread_local! {
+    static IN_FLIGHT: RefCell<Vec<Rc<Entry>>> = const { RefCell::new(Vec::new()) };
+}
+
+/// Completes every background collective this thread started on `group`, oldest first
+/// (their results wait for their handles). Called before every collective on `group`.
+pub(crate) fn settle(group: &[usize]) {
+    let mine: Vec<Rc<Entry>> = IN_FLIGHT.with(|f| f.borrow().iter().filter(|e| e.group == group).cloned().collect());
+    for e in mine {
+        e.complete();
+    }
+}
+
+/// A started all-reduce of a `Vec<T>` (from
+/// [`DeviceMesh::all_reduce_start`](crate::DeviceMesh::all_reduce_start)).
+///
+/// Dropping it without [`wait`](Self::wait) waits for the transfer (so that this rank's next
+/// collective on the group cannot overtake it) and discards the result.
+pub struct PendingReduce<T> {
+    entry: Rc<Entry>,
+    _elem: PhantomData<Vec<T>>,
+}
+
+impl<T: Scalar> PendingReduce<T> {
+    /// Registers `pending`, an all-reduce over `group` this thread just started.
+    pub(crate) fn register(group: &[usize], pending: PendingAllReduce) -> Self {
+        let entry = Rc::new(Entry { group: group.to_vec(), state: RefCell::new(State::Running(pending)) });
+        IN_FLIGHT.with(|f| f.borrow_mut().push(Rc::clone(&entry)));
+        PendingReduce { entry, _elem: PhantomData }
+    }
+
+    /// Blocks until the all-reduce completed on this rank; returns the reduced elements.
+    pub fn wait(self) -> Result<Vec<T>> {
+        self.entry.complete();
+        let state = std::mem::replace(&mut *self.entry.state.borrow_mut(), State::Taken);
+        let State::Done(r) = state else {
+            return Err(Error::Backend { backend: "in_flight".into(), message: "result taken twice".into() });
+        };
+        r?.into_any().downcast::<Vec<T>>().map(|v| *v).map_err(|_| Error::Backend {
+            backend: "in_flight".into(),
+            message: "a background all-reduce returned a buffer of another element type".into(),
+        })
+    }
+}
+
+impl<T> Drop for PendingReduce<T> {
+    fn drop(&mut self) {
+        self.entry.complete();
+        IN_FLIGHT.with(|f| f.borrow_mut().retain(|e| !Rc::ptr_eq(e, &self.entry)));
+    }
+}
+
+impl<T> std::fmt::Debug for PendingReduce<T> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "PendingReduce(group {:?})", self.entry.group)
+    }
+}

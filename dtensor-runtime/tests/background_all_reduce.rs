@@ -1,0 +1,138 @@
+//! `DeviceMesh::all_reduce_start`: an all-reduce that runs in the background (the thread
+//! backend's per-rank worker). Its result must equal the blocking all-reduce's, bit for bit,
+//! for every dtype, op and size; a later collective on the same group must not overtake it;
+//! collectives on other groups run alongside; bad input and failed peers end in typed errors,
+//! never a hang.
+
+use dtensor_runtime::{bf16, run, Along, DType, DeviceMesh, Error, LocalWorld, ReduceOp, Result, Scalar};
+use std::time::{Duration, Instant};
+
+/// Rank `r`'s input of `n` elements (distinct per rank and element, NaN-free).
+fn input<T: Scalar>(r: usize, n: usize) -> Vec<T> {
+    (0..n).map(|i| T::of_f64((((r * 7919 + i * 104729) % 2003) as f64 - 1000.0) / 64.0)).collect()
+}
+
+fn started_equals_blocking<T: Scalar>(ops: &[ReduceOp]) {
+    // Sizes across the thread backend's 64 KiB reduction blocks, an empty one, and one
+    // element (fewer elements than members).
+    let sizes = [0, 1, 5, 16_384, 40_001];
+    for &op in ops {
+        let out = run(6, |ctx| {
+            let mesh = ctx.init_device_mesh(&[2, 3], &["dp", "tp"])?;
+            let mut got = Vec::new();
+            for dim in 0..2 {
+                for &n in &sizes {
+                    let mut want = input::<T>(ctx.rank(), n);
+                    mesh.all_reduce(Along::Dim(dim), &mut want, op)?;
+                    let started = mesh.all_reduce_start(Along::Dim(dim), input::<T>(ctx.rank(), n), op)?.wait()?;
+                    got.push((dim, n, started == want));
+                }
+            }
+            Ok(got)
+        })
+        .unwrap();
+        for (rank, got) in out.iter().enumerate() {
+            for (dim, n, same) in got {
+                assert!(same, "{} {op:?} rank {rank} dim {dim} n {n}: started ≠ blocking", T::DTYPE);
+            }
+        }
+    }
+}
+
+#[test]
+fn a_started_all_reduce_equals_the_blocking_one_for_every_dtype_and_op() {
+    let float_ops = [ReduceOp::Sum, ReduceOp::Avg, ReduceOp::Max, ReduceOp::Min, ReduceOp::Product];
+    started_equals_blocking::<f32>(&float_ops);
+    started_equals_blocking::<f64>(&float_ops);
+    started_equals_blocking::<bf16>(&float_ops);
+    started_equals_blocking::<i64>(&[ReduceOp::Sum, ReduceOp::Max, ReduceOp::Min]);
+}
+
+/// Sum over the members of `mesh`'s group along `dim` of `input(r, n)`.
+fn expected(mesh: &DeviceMesh, dim: usize, n: usize, salt: usize) -> Vec<f64> {
+    let mut sum = vec![0.0; n];
+    for &r in mesh.group(dim) {
+        for (s, v) in sum.iter_mut().zip(input::<f64>(r + salt, n)) {
+            *s += v;
+        }
+    }
+    sum
+}
+
+#[test]
+fn later_collectives_on_the_group_wait_and_other_groups_run_alongside() {
+    let out = run(4, |ctx| {
+        let mesh = ctx.init_device_mesh(&[2, 2], &["dp", "tp"])?;
+        let r = ctx.rank();
+        let n = 50_000;
+        // Two started on dp, one on tp; a blocking dp all-reduce in between; waits in reverse.
+        let a = mesh.all_reduce_start(Along::Dim(0), input::<f64>(r, n), ReduceOp::Sum)?;
+        let b = mesh.all_reduce_start(Along::Dim(0), input::<f64>(r + 10, n), ReduceOp::Sum)?;
+        let mut c = input::<f64>(r + 20, n);
+        mesh.all_reduce(Along::Dim(0), &mut c, ReduceOp::Sum)?;
+        let d = mesh.all_reduce_start(Along::Dim(1), input::<f64>(r + 30, n), ReduceOp::Sum)?;
+        let mut e = input::<f64>(r + 40, n);
+        mesh.all_reduce(Along::Dim(1), &mut e, ReduceOp::Sum)?;
+        // A dropped one is still completed before the next dp collective.
+        drop(mesh.all_reduce_start(Along::Dim(0), input::<f64>(r + 50, n), ReduceOp::Sum)?);
+        let mut f = input::<f64>(r + 60, n);
+        mesh.all_reduce(Along::Dim(0), &mut f, ReduceOp::Sum)?;
+        let (d, b, a) = (d.wait()?, b.wait()?, a.wait()?);
+        let want = [(0, 0), (0, 10), (0, 20), (1, 30), (1, 40), (0, 60)].map(|(dim, s)| expected(&mesh, dim, n, s));
+        let got = [a, b, c, d, e, f];
+        Ok(got.iter().zip(&want).map(|(g, w)| g.iter().zip(w).all(|(x, y)| (x - y).abs() < 1e-9)).collect::<Vec<_>>())
+    })
+    .unwrap();
+    for (rank, ok) in out.iter().enumerate() {
+        assert!(ok.iter().all(|&b| b), "rank {rank}: {ok:?} (a, b, c, d, e, f)");
+    }
+}
+
+#[test]
+fn an_unsupported_reduction_fails_at_start_on_every_rank() {
+    let out = run(2, |ctx| {
+        let mesh = ctx.init_device_mesh(&[2], &["dp"])?;
+        Ok(mesh.all_reduce_start(Along::Dim(0), vec![1i64; 3], ReduceOp::Avg).map(|_| ()))
+    })
+    .unwrap();
+    for r in out {
+        assert!(matches!(r, Err(Error::Unsupported { .. })), "{r:?}");
+    }
+    let e = run(2, |ctx| {
+        let mesh = ctx.init_device_mesh(&[2], &["dp"])?;
+        mesh.all_reduce_start(Along::Dim(3), vec![1.0f32; 3], ReduceOp::Sum).map(|_| ())
+    })
+    .unwrap_err();
+    assert!(matches!(e, Error::MeshDimOutOfRange { .. }), "{e}");
+}
+
+#[test]
+fn a_failed_peer_ends_the_wait_with_a_typed_error_not_a_hang() {
+    let timeout = Duration::from_secs(20);
+    let t0 = Instant::now();
+    let r: Result<Vec<()>> = LocalWorld::new(2).timeout(timeout).run(|ctx| {
+        let mesh = ctx.init_device_mesh(&[2], &["dp"])?;
+        if ctx.rank() == 1 {
+            return Err(Error::InvalidArgument { context: "test".into(), reason: "rank 1 gives up".into() });
+        }
+        let p = mesh.all_reduce_start(Along::Dim(0), vec![1.0f32; 1000], ReduceOp::Sum)?;
+        match p.wait() {
+            Err(Error::PeerFailed { .. }) => Ok(()),
+            other => panic!("rank 0 expected PeerFailed, got {other:?}"),
+        }
+    });
+    assert!(matches!(r, Err(Error::InvalidArgument { .. })), "{r:?}");
+    assert!(t0.elapsed() < timeout, "took {:?}: waited for the timeout instead of the failure", t0.elapsed());
+}
+
+#[test]
+fn results_come_back_in_the_dtype_they_went_in() {
+    let out = run(2, |ctx| {
+        let mesh = ctx.init_device_mesh(&[2], &["dp"])?;
+        let p = mesh.all_reduce_start(Along::Dim(0), vec![bf16::from_f32(1.5); 4], ReduceOp::Sum)?;
+        Ok(p.wait()?.iter().map(|v| v.to_f32()).collect::<Vec<_>>())
+    })
+    .unwrap();
+    assert_eq!(out, vec![vec![3.0f32; 4]; 2]);
+    assert_eq!(DType::BF16, <bf16 as Scalar>::DTYPE);
+}
