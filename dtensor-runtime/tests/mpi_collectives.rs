@@ -249,7 +249,8 @@ fn mesh_dim_collectives(ctx: &RankCtx) -> Result<Outcome, String> {
 }
 
 /// `all_reduce_start` (MPI_Iallreduce for the native dtypes; blocking for 16-bit floats and
-/// max/min) equals the blocking all-reduce bit for bit, over both dims of a mesh and the whole
+/// max/min) equals the blocking all-reduce (on values whose sums are exact in any order, since
+/// MPI may choose another summation order per call), over both dims of a mesh and the whole
 /// world, at sizes from 0 up; a blocking call on the same group does not overtake a started
 /// one, one on the other group runs alongside.
 fn started_all_reduce_matches_blocking(ctx: &RankCtx) -> Result<Outcome, String> {

@@ -232,7 +232,8 @@ fn redistribution_property(ctx: &RankCtx) -> Result<Outcome, String> {
 }
 
 /// `backward_opts` with `overlap_grad_reduce` (MPI_Iallreduce buckets) gives the gradients
-/// of plain `backward()`, bit for bit, for every bucket size, uneven shards included.
+/// of plain `backward()`, bit for bit (dp groups of two: a sum of two is the same in any
+/// order), for every bucket size, uneven shards included.
 fn overlapped_backward_matches_plain(ctx: &RankCtx) -> Result<Outcome, String> {
     let n = ctx.world_size();
     if !n.is_multiple_of(2) {

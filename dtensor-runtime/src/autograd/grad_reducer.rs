@@ -3,8 +3,9 @@
 //! Partial on one mesh dim are packed, in the order they become ready, into buckets that are
 //! all-reduced in the background as soon as they are full (PyTorch DDP's scheme); the pass
 //! goes on meanwhile. [`GradReducer::finish`] waits for the buckets and returns every
-//! accumulation in the order plain `backward()` would have made it, so the gradients are
-//! bit-identical to the blocking pass.
+//! accumulation in the order plain `backward()` would have made it, so the gradients are those
+//! of the blocking pass (bit for bit where the backend's started all-reduce sums in the order
+//! of its blocking one: see [`BackwardOptions::overlap_grad_reduce`](super::BackwardOptions::overlap_grad_reduce)).
 //!
 //! Every member of a reduction group holds leaf gradients of the same local shapes (they
 //! differ only in their coordinate on the reduced dim, where the gradient is Partial), so

@@ -44,7 +44,11 @@ impl BackwardOptions {
     /// PyTorch's DDP does: gradients are packed in the order they become ready into buckets
     /// of about `bucket_bytes` (one all-reduce per bucket, started as soon as it is full);
     /// `0` starts one all-reduce per gradient. The pass returns once every bucket is reduced,
-    /// so `.grad()` afterwards is what plain `backward()` gives, bit for bit.
+    /// with the same reductions and the same order of accumulation as plain `backward()`: on
+    /// the thread backend `.grad()` is then bit for bit what plain `backward()` gives. MPI may
+    /// sum a group of more than two members in another order in `MPI_Iallreduce` than in
+    /// `MPI_Allreduce` (the library picks the algorithm of each call), which can change the
+    /// last bits, as two blocking algorithms can.
     ///
     /// Where the backend can (the thread backend on a per-rank worker thread, MPI through
     /// `MPI_Iallreduce`), a bucket's all-reduce runs while the pass goes on; elsewhere it
