@@ -110,13 +110,11 @@ fn expected_comm(layers: usize, dp_all_reduces: usize) -> BTreeMap<(CollectiveKi
     ])
 }
 
-/// Buckets of `bucket` bytes that `grads` gradients of `bytes` bytes each fill, in order: a
-/// bucket is started once it holds at least `bucket` bytes, the last one when the pass ends.
+/// Buckets of `bucket` bytes that `grads` gradients of `bytes` (nominal) bytes each fill, in
+/// order: a bucket is started once it holds at least `bucket` bytes, or before an append would
+/// take it past 1 GiB, the last one when the pass ends.
 fn buckets(grads: usize, bytes: usize, bucket: usize) -> usize {
-    if bytes == 0 {
-        return if bucket == 0 { grads } else { 1 };
-    }
-    let per_bucket = bucket.div_ceil(bytes).max(1);
+    let per_bucket = bucket.div_ceil(bytes).min((1 << 30) / bytes).max(1);
     grads.div_ceil(per_bucket)
 }
 
@@ -132,8 +130,9 @@ fn train(ctx: &RankCtx, args: &Args, (dp, tp): (usize, usize), log: Log) -> Resu
         seed: args.seed,
     };
     let mut trainer = Trainer::new(&mesh, cfg)?.overlap_grad_reduce(args.overlap_bucket);
-    // Every weight gradient has the local size of its weight (w1 and w2 shards are equal).
-    let grad_bytes = trainer.student.named_parameters().first().map_or(0, |(_, p)| p.local().len() * 4);
+    // Buckets count the padded shard size of each weight gradient (w1's and w2's are equal:
+    // `dim × ⌈hidden / tp⌉` f32), the same on every rank even when hidden is uneven over tp.
+    let grad_bytes = (args.dim * args.hidden.div_ceil(tp) * 4).max(1);
     let dp_all_reduces = match args.overlap_bucket {
         None => 2 * args.layers,
         Some(b) => buckets(2 * args.layers, grad_bytes, b),

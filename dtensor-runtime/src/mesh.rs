@@ -157,7 +157,10 @@ impl DeviceMesh {
         self.inner.checks.load(Ordering::Relaxed)
     }
 
-    /// The communicator collectives on this mesh go through.
+    /// The communicator collectives on this mesh go through. Calling it directly bypasses the
+    /// mesh's ordering of background collectives ([`all_reduce_start`](Self::all_reduce_start)):
+    /// a direct collective on a group with a started one in flight may meet a peer's started
+    /// one (the thread backend may answer `Error::ConcurrentCollective`); wait first.
     pub fn comm(&self) -> &Arc<dyn Communicator> {
         &self.inner.comm
     }
@@ -355,7 +358,7 @@ impl DeviceMesh {
         record(kind, d.map(|d| self.dim_names()[d].as_str()), g.len(), bytes);
     }
 
-    /// Prepares a collective on `g`: first completes what this thread started in the
+    /// Prepares a blocking collective on `g`: first completes what this thread started in the
     /// background on `g` (so the call cannot overtake it), then, with the fingerprint check
     /// on, agrees with the group on this call before it runs.
     fn agree(
@@ -368,6 +371,19 @@ impl DeviceMesh {
         op: Option<ReduceOp>,
     ) -> Result<()> {
         in_flight::settle(g);
+        self.fingerprint(g, kind, dtype, count, root, op)
+    }
+
+    /// With the fingerprint check on, agrees with the group on this call before it runs.
+    fn fingerprint(
+        &self,
+        g: &[usize],
+        kind: CollectiveKind,
+        dtype: Option<DType>,
+        count: usize,
+        root: Option<usize>,
+        op: Option<ReduceOp>,
+    ) -> Result<()> {
         if !self.collective_checks() {
             return Ok(());
         }
@@ -450,9 +466,10 @@ impl DeviceMesh {
     /// `MPI_Iallreduce`; other backends run it at once). [`PendingReduce::wait`] returns the
     /// reduced elements. Recorded as an all-reduce now, when it is issued.
     ///
-    /// Until it is waited for, this thread's next collective on the same group first waits
-    /// for it (so that the calls meet their peers' in the same order); collectives on other
-    /// groups run alongside it.
+    /// Until it is waited for, this thread's next blocking collective on the same group first
+    /// waits for it (so that the calls meet their peers' in the same order); further starts
+    /// queue behind it, and collectives on other groups run alongside it. Every rank must
+    /// start its background collectives in the same order (as for blocking ones).
     ///
     /// ```
     /// use dtensor_runtime::{Along, ReduceOp};
@@ -468,7 +485,14 @@ impl DeviceMesh {
         let (g, _) = self.group_of(along)?;
         crate::comm::reduce::check_op(T::DTYPE, op)?;
         self.note(CollectiveKind::AllReduce, along, std::mem::size_of_val(buf.as_slice()));
-        self.agree(g, CollectiveKind::AllReduce, Some(T::DTYPE), buf.len(), None, Some(op))?;
+        // A start queues behind this thread's earlier starts on the group (the backend keeps
+        // them in order: the thread backend's worker runs its queue in order, MPI matches a
+        // communicator's collectives in the order they are issued), so several may be in
+        // flight; only the fingerprint check, a blocking collective on the group, waits first.
+        if self.collective_checks() {
+            in_flight::settle(g);
+        }
+        self.fingerprint(g, CollectiveKind::AllReduce, Some(T::DTYPE), buf.len(), None, Some(op))?;
         let pending = self.comm().all_reduce_start(g, Box::new(buf), T::DTYPE, op)?;
         Ok(PendingReduce::register(g, pending))
     }

@@ -154,3 +154,66 @@ fn reductions_in_another_dtype_fall_back_to_plain_backward() {
     let without = grads(2, 2, Some(BackwardOptions::new().reduce_in(DType::F32)), 1);
     assert_eq!(with, without);
 }
+
+/// Buckets on two mesh dims at once, with uneven shards: weights `w` (column-parallel) get
+/// gradients Partial on dp, whose local size depends on the tp coordinate; per-sample
+/// offsets `v` (batch-sharded) get gradients Partial on tp, whose local size depends on the
+/// dp coordinate. Every rank must still start the same buckets in the same order (buckets
+/// fill by nominal, rank-independent bytes), or a worker waiting on its dp peer could wait
+/// on a peer whose worker waits on a tp peer: the sequence of bucket all-reduces (their mesh
+/// dims, in start order) must be the same on every rank, and the pass must finish with plain
+/// backward's gradients, for every bucket size.
+#[test]
+fn buckets_on_two_mesh_dims_with_uneven_shards_finish_and_match_plain_backward() {
+    type Ranked = (Vec<Vec<f64>>, Vec<String>);
+    let run_with = |dp: usize, tp: usize, opts: Option<BackwardOptions>| -> Vec<Ranked> {
+        dtensor_runtime::LocalWorld::new(dp * tp)
+            .timeout(std::time::Duration::from_secs(30))
+            .run(|ctx| {
+                let mesh = ctx.init_device_mesh(&[dp, tp], &["dp", "tp"])?;
+                let leaf = |shape: &[usize], seed, pl: [Placement; 2]| {
+                    Ok::<_, dtensor_runtime::Error>(
+                        distribute_tensor(host(shape, seed), &mesh, &pl, None)?.requires_grad_(true),
+                    )
+                };
+                let mut params = Vec::new();
+                let mut h = distribute_tensor(host(&[BATCH, DIM], 9), &mesh, &[Shard(0), Replicate], None)?;
+                for i in 0..3 {
+                    let v = leaf(&[BATCH, DIM], 20 + i, [Shard(0), Replicate])?;
+                    let w1 = leaf(&[DIM, HIDDEN], 30 + i, [Replicate, Shard(1)])?;
+                    let w2 = leaf(&[HIDDEN, DIM], 40 + i, [Replicate, Shard(0)])?;
+                    let y = h.add(&v)?.matmul(&w1)?.gelu()?.matmul(&w2)?.redistribute(&[Shard(0), Replicate])?;
+                    h = h.add(&y)?;
+                    params.extend([v, w1, w2]);
+                }
+                let loss = h.mul(&h)?.sum()?;
+                let comm = CommDebugMode::new();
+                comm.scope(|| match &opts {
+                    Some(o) => loss.backward_opts(o),
+                    None => loss.backward(),
+                })?;
+                let starts = comm
+                    .records()
+                    .into_iter()
+                    .filter(|r| r.op == "grad_bucket")
+                    .map(|r| r.mesh_dim_label().to_string())
+                    .collect();
+                let grads = params
+                    .iter()
+                    .map(|p| Ok(p.grad().expect("a gradient").full_tensor()?.iter().copied().collect()))
+                    .collect::<Result<Vec<Vec<f64>>>>()?;
+                Ok((grads, starts))
+            })
+            .unwrap()
+    };
+    for (dp, tp) in [(2, 2), (3, 2), (2, 3), (4, 2)] {
+        let plain: Vec<_> = run_with(dp, tp, None).into_iter().map(|(g, _)| g).collect();
+        for bucket in [0, 16, 40, 100, 1 << 20] {
+            let got = run_with(dp, tp, Some(BackwardOptions::new().overlap_grad_reduce(bucket)));
+            let (grads, starts): (Vec<_>, Vec<_>) = got.into_iter().unzip();
+            assert!(starts[0].iter().any(|d| d == "tp") && starts[0].iter().any(|d| d == "dp"), "{starts:?}");
+            assert!(starts.iter().all(|s| s == &starts[0]), "mesh {dp}x{tp}, bucket {bucket}: {starts:?}");
+            assert_eq!(grads, plain, "mesh {dp}x{tp}, bucket {bucket} bytes");
+        }
+    }
+}

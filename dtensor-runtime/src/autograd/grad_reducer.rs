@@ -7,16 +7,19 @@
 //! of the blocking pass (bit for bit where the backend's started all-reduce sums in the order
 //! of its blocking one: see [`BackwardOptions::overlap_grad_reduce`](super::BackwardOptions::overlap_grad_reduce)).
 //!
-//! Every member of a reduction group holds leaf gradients of the same local shapes (they
-//! differ only in their coordinate on the reduced dim, where the gradient is Partial), so
-//! buckets fill up, and are started, at the same point on every member.
+//! Buckets fill by the *nominal* bytes of their gradients (the padded shard size, the same on
+//! every rank) rather than by their local bytes (which differ between ranks with uneven
+//! shards), so every rank starts the same buckets at the same point of its backward: the
+//! thread backend's per-rank worker then runs the same sequence of all-reduces on every rank,
+//! which is what keeps a worker from waiting on a peer whose worker waits on another group.
 
 use super::{redistribute_grad, Node};
 use crate::comm::debug::op_scope;
 use crate::comm::PendingReduce;
 use crate::dtensor::DTensor;
 use crate::element::{DType, Element, Scalar};
-use crate::error::Result;
+use crate::error::{Error, Result};
+use crate::layout::padded_chunk;
 use crate::mesh::{Along, DeviceMesh};
 use crate::placement::{Placement, ReduceOp};
 use crate::storage::Storage;
@@ -39,12 +42,19 @@ struct Like {
     shape: Vec<usize>,
 }
 
+/// A bucket is started before an append would take its nominal bytes past this, whatever
+/// the bucket size asked for: it bounds the bucket's copies and keeps one all-reduce within
+/// MPI's per-call count (`i32::MAX` elements of bytes).
+const MAX_BUCKET_BYTES: usize = 1 << 30;
+
 /// One bucket: gradients reduced over mesh dim `dim` of `mesh` with `op`.
 struct Bucket<T: Scalar> {
     mesh: DeviceMesh,
     dim: usize,
     op: ReduceOp,
     data: Vec<T>,
+    /// The nominal bytes of its gradients (see [`nominal_bytes`]).
+    nominal: usize,
     /// The all-reduce, once started; then the reduced data once waited for.
     pending: Option<PendingReduce<T>>,
     reduced: Option<Vec<T>>,
@@ -84,8 +94,14 @@ impl<T: Element> GradReducer<T> {
         };
         let like = Like { mesh: g.device_mesh().clone(), placements: target.to_vec(), shape: g.shape().to_vec() };
         let local = g.local().shape().to_vec();
-        let b = self.open_bucket(&like.mesh, dim, op);
+        let nominal = nominal_bytes(&g);
+        let mut b = self.open_bucket(&like.mesh, dim, op);
+        if self.buckets[b].nominal > 0 && self.buckets[b].nominal.saturating_add(nominal) > MAX_BUCKET_BYTES {
+            self.start(b)?;
+            b = self.open_bucket(&like.mesh, dim, op);
+        }
         let bucket = &mut self.buckets[b];
+        bucket.nominal = bucket.nominal.saturating_add(nominal);
         let at = bucket.data.len();
         if bucket.data.is_empty() {
             // The first gradient of a bucket lends its buffer (no copy).
@@ -95,7 +111,7 @@ impl<T: Element> GradReducer<T> {
         }
         let len = bucket.data.len() - at;
         self.parts.push((Arc::clone(node), Part::Bucketed { bucket: b, at, len, local, like }));
-        if std::mem::size_of_val(bucket.data.as_slice()) >= self.bucket_bytes {
+        if bucket.nominal >= self.bucket_bytes {
             self.start(b)?;
         }
         Ok(())
@@ -115,6 +131,7 @@ impl<T: Element> GradReducer<T> {
                     dim,
                     op,
                     data: Vec::new(),
+                    nominal: 0,
                     pending: None,
                     reduced: None,
                 });
@@ -151,18 +168,22 @@ impl<T: Element> GradReducer<T> {
             let g = match part {
                 Part::Ready(g) => g,
                 Part::Bucketed { bucket, at, len, local, like } => {
-                    let data = self.buckets[bucket].reduced.as_mut().map_or_else(Vec::new, |v| {
-                        if len == 0 {
-                            Vec::new()
-                        } else if at == 0 && len == v.len() {
-                            std::mem::take(v) // the only gradient of its bucket: no copy
-                        } else {
-                            v[at..at + len].to_vec()
-                        }
-                    });
-                    let host = ArrayD::from_shape_vec(IxDyn(&local), data).map_err(|e| {
-                        crate::error::Error::Autograd(format!("a reduced gradient bucket lost its shape: {e}"))
-                    })?;
+                    let reduced = self.buckets[bucket].reduced.as_mut();
+                    let data = match reduced {
+                        _ if len == 0 => Vec::new(),
+                        // The only gradient of its bucket: no copy.
+                        Some(v) if at == 0 && len == v.len() => std::mem::take(v),
+                        Some(v) => v.get(at..at + len).map(<[T]>::to_vec).ok_or_else(|| {
+                            Error::Autograd(format!(
+                                "a reduced gradient bucket holds {} elements, not the {} its gradients need",
+                                v.len(),
+                                at + len
+                            ))
+                        })?,
+                        None => return Err(Error::Autograd("a gradient bucket was never reduced".into())),
+                    };
+                    let host = ArrayD::from_shape_vec(IxDyn(&local), data)
+                        .map_err(|e| Error::Autograd(format!("a reduced gradient bucket lost its shape: {e}")))?;
                     let local = Storage::from_host(host, like.mesh.target())?;
                     DTensor::new_unchecked(local, like.mesh, like.placements, like.shape, None)
                 }
@@ -189,6 +210,20 @@ fn single_partial_to_replicate<T: Scalar>(
         (Placement::Partial(op), Placement::Replicate, None) => Some((dim, *op)),
         _ => None,
     }
+}
+
+/// The bytes of `g`'s shard as if every sharded dim were split in padded chunks: the same on
+/// every rank (a rank's own shard may be smaller, or empty, with uneven shapes).
+fn nominal_bytes<T: Scalar>(g: &DTensor<T>) -> usize {
+    let mut shape = g.shape().to_vec();
+    for (i, p) in g.placements().iter().enumerate() {
+        if let Placement::Shard(d) = *p {
+            if let Some(s) = shape.get_mut(d as usize) {
+                *s = padded_chunk(*s, g.device_mesh().size(i));
+            }
+        }
+    }
+    shape.iter().fold(std::mem::size_of::<T>(), |a, &s| a.saturating_mul(s))
 }
 
 /// The elements of `a` in row-major order, reusing its buffer when it is already laid out so.

@@ -45,10 +45,14 @@ impl BackwardOptions {
     /// of about `bucket_bytes` (one all-reduce per bucket, started as soon as it is full);
     /// `0` starts one all-reduce per gradient. The pass returns once every bucket is reduced,
     /// with the same reductions and the same order of accumulation as plain `backward()`: on
-    /// the thread backend `.grad()` is then bit for bit what plain `backward()` gives. MPI may
-    /// sum a group of more than two members in another order in `MPI_Iallreduce` than in
-    /// `MPI_Allreduce` (the library picks the algorithm of each call), which can change the
-    /// last bits, as two blocking algorithms can.
+    /// the thread backend `.grad()` is then bit for bit what plain `backward()` gives. MPI picks
+    /// the algorithm of each call by its kind and message size, so for a group of more than
+    /// two members an `MPI_Iallreduce` of a bucket may sum in another order than an
+    /// `MPI_Allreduce` of one gradient, which can change the last bits.
+    ///
+    /// Buckets fill by the padded shard size of their gradients, the same on every rank (so
+    /// every rank starts the same all-reduces in the same order, uneven shards included), and
+    /// a bucket is started before it would pass 1 GiB.
     ///
     /// Where the backend can (the thread backend on a per-rank worker thread, MPI through
     /// `MPI_Iallreduce`), a bucket's all-reduce runs while the pass goes on; elsewhere it

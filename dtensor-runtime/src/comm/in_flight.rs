@@ -83,7 +83,8 @@ impl<T: Scalar> PendingReduce<T> {
 impl<T> Drop for PendingReduce<T> {
     fn drop(&mut self) {
         self.entry.complete();
-        IN_FLIGHT.with(|f| f.borrow_mut().retain(|e| !Rc::ptr_eq(e, &self.entry)));
+        // `try_with`: a handle dropped while the thread's locals are torn down has no registry.
+        let _ = IN_FLIGHT.try_with(|f| f.borrow_mut().retain(|e| !Rc::ptr_eq(e, &self.entry)));
     }
 }
 

@@ -288,23 +288,39 @@ fn typed<T: bytemuck::Pod>(b: &[u8]) -> Vec<T> {
     bytemuck::pod_collect_to_vec(b)
 }
 
+/// A copy of `b` in 8-byte-aligned memory (aligned for every dtype MPI reduces here).
+fn aligned_copy(b: &[u8]) -> Vec<u64> {
+    let mut v = vec![0u64; b.len().div_ceil(8)];
+    bytemuck::cast_slice_mut::<u64, u8>(&mut v)[..b.len()].copy_from_slice(b);
+    v
+}
+
 /// All-reduce of `buf` (whole elements of `datatype`, `size` bytes each) in place, through one
-/// copy of the input: MPI takes raw bytes, so neither an aligned typed copy nor a zero-filled
-/// output is needed (`MPI_IN_PLACE` is not among the constants the bindings export).
+/// aligned copy of the input and no zero-filled output (`MPI_IN_PLACE` is not among the
+/// constants the bindings export); an output that is not aligned for the dtype (bytes from a
+/// caller need not be) goes through an aligned one.
 fn all_reduce_raw(c: &SimpleCommunicator, buf: &mut [u8], datatype: mpi::ffi::MPI_Datatype, size: usize, op: ReduceOp) {
-    let send = buf.to_vec();
-    // SAFETY: both buffers hold `buf.len() / size` elements of `datatype` (the caller checked
-    // whole elements) and live through the blocking call. MPI errors are fatal (the default
-    // handler aborts the job), as for every rsmpi call here.
+    let send = aligned_copy(buf);
+    let mut bounce = (!(buf.as_ptr() as usize).is_multiple_of(size)).then(|| aligned_copy(buf));
+    let recv: &mut [u8] = match &mut bounce {
+        Some(b) => &mut bytemuck::cast_slice_mut::<u64, u8>(b)[..buf.len()],
+        None => &mut *buf,
+    };
+    // SAFETY: both buffers hold `recv.len() / size` elements of `datatype` (the caller checked
+    // whole elements), aligned for it, and live through the blocking call. MPI errors are
+    // fatal (the default handler aborts the job), as for every rsmpi call here.
     unsafe {
         mpi::ffi::MPI_Allreduce(
             send.as_ptr().cast(),
-            buf.as_mut_ptr().cast(),
-            (buf.len() / size) as std::ffi::c_int,
+            recv.as_mut_ptr().cast(),
+            (recv.len() / size) as std::ffi::c_int,
             datatype,
             mpi_op(op).as_raw(),
             c.as_raw(),
         );
+    }
+    if let Some(b) = &bounce {
+        buf.copy_from_slice(&bytemuck::cast_slice::<u64, u8>(b)[..buf.len()]);
     }
 }
 
@@ -323,8 +339,8 @@ fn reduce_scatter_typed<T: bytemuck::Pod + Equivalence>(
 /// An `MPI_Iallreduce` in flight: it owns both buffers until MPI is done with them.
 struct Started {
     request: mpi::ffi::MPI_Request,
-    /// The input (MPI reads it until the request completes).
-    send: Vec<u8>,
+    /// The input, aligned (MPI reads it until the request completes).
+    send: Vec<u64>,
     /// The output, handed back by `wait`.
     recv: Option<Box<dyn HostBytes>>,
     dtype: DType,
@@ -362,6 +378,10 @@ impl Started {
         let rc = unsafe { mpi::ffi::MPI_Wait(&mut self.request, mpi::ffi::RSMPI_STATUS_IGNORE) };
         *lock(&IN_FLIGHT) = None;
         if rc != 0 {
+            // The request may still be live: keep the buffers for good, never wait again.
+            std::mem::forget(std::mem::take(&mut self.send));
+            std::mem::forget(self.recv.take());
+            self.request = null;
             return Err(backend_err(format!("MPI_Wait of a started all-reduce returned {rc}")));
         }
         Ok(())
@@ -483,18 +503,21 @@ unsafe impl Communicator for MpiComm {
             return Ok(PendingAllReduce::done(Ok(buf)));
         }
         let datatype = mpi_datatype(dtype);
-        let (Some(datatype), false) = (datatype, reduce::drops_nan(dtype, op)) else {
+        let aligned = (bytes.as_ptr() as usize).is_multiple_of(dtype.size_of());
+        let (Some(datatype), false, true) = (datatype, reduce::drops_nan(dtype, op), aligned) else {
             // 16-bit floats are gathered and folded here, max/min carry a NaN mask: both are
-            // several MPI calls, run blocking.
+            // several MPI calls, run blocking; so does a buffer not aligned for its dtype (a
+            // `Vec<T>` always is).
             self.all_reduce(group, bytes, dtype, op)?;
             return Ok(PendingAllReduce::done(Ok(buf)));
         };
-        let send = bytes.to_vec();
-        let count = send.len() / dtype.size_of();
+        let send = aligned_copy(bytes);
+        let count = bytes.len() / dtype.size_of();
         // SAFETY: reading a handle constant of the MPI library.
         let mut request = unsafe { mpi::ffi::RSMPI_REQUEST_NULL };
-        let rc = self.with_group("all_reduce", group, &[send.len()], |c, _| {
-            // SAFETY: both buffers hold `count` elements of `datatype` and are owned by the
+        let rc = self.with_group("all_reduce", group, &[bytes.len()], |c, _| {
+            // SAFETY: both buffers hold `count` elements of `datatype`, aligned for it (checked
+            // above; `send` is 8-byte aligned), and are owned by the
             // `Started` made below, which waits for the request before it frees them (a Vec's
             // heap block does not move with the Vec, nor a boxed buffer's).
             unsafe {

@@ -41,8 +41,12 @@ pub trait Completion: Send {
 /// A started all-reduce (see
 /// [`Communicator::all_reduce_start`](super::Communicator::all_reduce_start)).
 ///
-/// Dropping it without [`wait`](Self::wait) is safe (a backend whose transfer still uses
-/// the buffer waits for it in its own `Drop`), but the result is lost.
+/// Dropping it without [`wait`](Self::wait) is memory-safe (the collective owns the buffer; a
+/// backend whose transfer still uses it, MPI, waits for it in its own `Drop`), but the result
+/// is lost, and on the thread backend the worker may still be in the collective: a blocking
+/// collective of this rank on the same group right after could then meet its peers' started
+/// one. [`DeviceMesh::all_reduce_start`](crate::DeviceMesh::all_reduce_start)'s handle orders
+/// that for you.
 pub struct PendingAllReduce {
     inner: Inner,
 }

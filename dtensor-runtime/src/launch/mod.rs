@@ -84,7 +84,8 @@ impl RankCtx {
     pub fn device(&self) -> Device {
         self.comm.device()
     }
-    /// The communicator.
+    /// The communicator (a direct collective bypasses the ordering of background collectives:
+    /// see [`DeviceMesh::comm`]).
     pub fn comm(&self) -> &Arc<dyn Communicator> {
         &self.comm
     }
