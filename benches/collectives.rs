@@ -30,8 +30,8 @@
 //! gives memcpy GB/s and each layer's ratio `t(memcpy) / t(layer)` (target ≥ 0.8).
 //!
 //! `DTENSOR_BENCH_UNEVEN=1` gives the `redistribute` layer's tensor one row more than
-//! `S / 4 KiB`, so that its dim-0 shards are uneven (torch.chunk sizes) and the padded paths
-//! run; the other layers and the memcpy baseline keep `S`.
+//! `S / 4 KiB`, so that its dim-0 shards are uneven (torch.chunk sizes) and the variable-size
+//! collectives run (unpadded); the other layers and the memcpy baseline keep `S`.
 //!
 //! Under `cargo test --benches` criterion runs every routine once; sizes shrink to 1 MiB.
 //! `DTENSOR_BENCH_MAX_GIB` (default 8) skips layers whose buffers would exceed it, and

@@ -522,6 +522,84 @@ impl DeviceMesh {
         }
     }
 
+    /// All-gather of blocks of different sizes (uneven shards): member `i` contributes
+    /// `counts[i]` elements (this rank's are `send`); returns every member's, back to back in
+    /// group order. Every member passes the same `counts`.
+    ///
+    /// ```
+    /// use dtensor_runtime::Along;
+    /// let got = dtensor_runtime::run(2, |ctx| {
+    ///     let mesh = ctx.init_device_mesh(&[2], &["x"])?;
+    ///     // torch.chunk of 3 rows over 2 ranks: 2 and 1.
+    ///     let mine: Vec<f32> = if ctx.rank() == 0 { vec![0.0, 1.0] } else { vec![2.0] };
+    ///     mesh.all_gather_v(Along::Dim(0), &mine, &[2, 1])
+    /// }).unwrap();
+    /// assert_eq!(got[1], vec![0.0, 1.0, 2.0]);
+    /// ```
+    pub fn all_gather_v<T: Scalar>(&self, along: Along, send: &[T], counts: &[usize]) -> Result<Vec<T>> {
+        let (g, _) = self.group_of(along)?;
+        let total = elements("all_gather_v", counts)?;
+        let bytes = byte_counts::<T>("all_gather_v", counts)?;
+        self.note(CollectiveKind::AllGather, along, std::mem::size_of_val(send));
+        self.agree(g, CollectiveKind::AllGather, Some(T::DTYPE), total, None, None)?;
+        // SAFETY (of `filled`): a `Communicator` writes all of its `RecvBuf` on `Ok`.
+        unsafe { filled("all_gather_v", total, |r| self.comm().all_gather_v(g, bytemuck::cast_slice(send), &bytes, r)) }
+    }
+
+    /// Reduce-scatter of blocks of different sizes: `send` holds one block per member, back to
+    /// back, block `i` of `counts[i]` elements; returns the reduction of every member's block
+    /// of this rank. Every member passes the same `counts`.
+    pub fn reduce_scatter_v<T: Scalar>(
+        &self,
+        along: Along,
+        send: &[T],
+        counts: &[usize],
+        op: ReduceOp,
+    ) -> Result<Vec<T>> {
+        let (g, _) = self.group_of(along)?;
+        crate::comm::reduce::check_op(T::DTYPE, op)?;
+        let me = crate::comm::group_index("reduce_scatter_v", self.rank(), g)?;
+        let bytes = byte_counts::<T>("reduce_scatter_v", counts)?;
+        let mine = counts.get(me).copied().ok_or_else(|| Error::BufferMismatch {
+            op: "reduce_scatter_v".into(),
+            reason: format!("{} counts for a group of {}", counts.len(), g.len()),
+        })?;
+        self.note(CollectiveKind::ReduceScatter, along, std::mem::size_of_val(send));
+        self.agree(g, CollectiveKind::ReduceScatter, Some(T::DTYPE), send.len(), None, Some(op))?;
+        let send_bytes = bytemuck::cast_slice(send);
+        // SAFETY (of `filled`): a `Communicator` writes all of its `RecvBuf` on `Ok`.
+        unsafe {
+            filled("reduce_scatter_v", mine, |r| self.comm().reduce_scatter_v(g, send_bytes, &bytes, r, T::DTYPE, op))
+        }
+    }
+
+    /// All-to-all of blocks of different sizes: `send` is `rows` rows of one run per member
+    /// (`runs[j]` elements for member `j`); members may differ in `rows` and `runs`. Returns
+    /// what each member sends this rank, in group order: `recv_counts[i]` elements from member
+    /// `i` (its run for us, row after row), which must be member `i`'s `rows × runs[me]`.
+    /// `rows = 1` is a plain all-to-all of blocks of `runs[j]` elements. (The fingerprint
+    /// check compares the number of blocks, as the counts differ between members.)
+    pub fn all_to_all_v<T: Scalar>(
+        &self,
+        along: Along,
+        send: &[T],
+        rows: usize,
+        runs: &[usize],
+        recv_counts: &[usize],
+    ) -> Result<Vec<T>> {
+        let (g, _) = self.group_of(along)?;
+        let total = elements("all_to_all_v", recv_counts)?;
+        let run_bytes = byte_counts::<T>("all_to_all_v", runs)?;
+        let recv_bytes = byte_counts::<T>("all_to_all_v", recv_counts)?;
+        self.note(CollectiveKind::AllToAll, along, std::mem::size_of_val(send));
+        self.agree(g, CollectiveKind::AllToAll, Some(T::DTYPE), runs.len(), None, None)?;
+        let send_bytes = bytemuck::cast_slice(send);
+        // SAFETY (of `filled`): a `Communicator` writes all of its `RecvBuf` on `Ok`.
+        unsafe {
+            filled("all_to_all_v", total, |r| self.comm().all_to_all_v(g, send_bytes, rows, &run_bytes, r, &recv_bytes))
+        }
+    }
+
     /// Broadcast from group member `root`.
     pub fn broadcast<T: Scalar>(&self, along: Along, buf: &mut [T], root: usize) -> Result<()> {
         let (g, _) = self.group_of(along)?;
@@ -587,6 +665,28 @@ impl fmt::Debug for DeviceMesh {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         write!(f, "{self} ranks={:?} backend={}", self.inner.ranks, self.inner.comm.backend())
     }
+}
+
+/// `Σ counts` elements, or an error naming `op` when it overflows.
+fn elements(op: &str, counts: &[usize]) -> Result<usize> {
+    counts
+        .iter()
+        .try_fold(0usize, |a, &c| a.checked_add(c))
+        .ok_or_else(|| Error::BufferMismatch { op: op.into(), reason: format!("the counts {counts:?} overflow") })
+}
+
+/// Element counts as byte counts of `T`.
+fn byte_counts<T>(op: &str, counts: &[usize]) -> Result<Vec<usize>> {
+    let es = std::mem::size_of::<T>();
+    counts
+        .iter()
+        .map(|&c| {
+            c.checked_mul(es).ok_or_else(|| Error::BufferMismatch {
+                op: op.into(),
+                reason: format!("{c} elements of {es} bytes overflow"),
+            })
+        })
+        .collect()
 }
 
 /// The allocation target of a communicator's rank: the host, or its CUDA device handle.

@@ -39,7 +39,9 @@ pub struct RedistributeStep {
     pub logical_shape: Vec<usize>,
     /// The collective it needs (`None`: local).
     pub collective: Option<CollectiveKind>,
-    /// Bytes this rank hands to that collective (padded), as `CommDebugMode` records them.
+    /// Bytes this rank hands to that collective: its whole shard (uneven shards travel
+    /// unpadded, through the variable-size collectives), as `CommDebugMode` records them. On
+    /// device storage uneven shards are padded to equal blocks first, and recorded padded.
     pub bytes: usize,
     /// Bytes this rank moves over the wire under the ring model the planner minimises
     /// (all-gather / reduce-scatter: `(n-1)` chunks; all-reduce: twice that; all-to-all:
@@ -164,7 +166,7 @@ pub fn plan_redistribute_at<T: Scalar>(
     for (i, target) in path {
         let shape = level_shape(global_shape, mesh.shape(), coord, &cur, i);
         let overflow = || Error::ShapeOverflow { context: format!("{CONTEXT}: bytes moved"), shape: shape.clone() };
-        let (collective, elems) = step_cost(&shape, mesh.size(i), cur[i], target).ok_or_else(overflow)?;
+        let (collective, elems) = step_cost(&shape, mesh.size(i), coord[i], cur[i], target).ok_or_else(overflow)?;
         let bytes = elems.checked_mul(elem).ok_or_else(overflow)?;
         let wire_bytes = wire_cost(&padded_level(global_shape, mesh.shape(), &cur, i), mesh.size(i), cur[i], target)
             .and_then(|w| w.checked_mul(elem))
@@ -332,25 +334,25 @@ fn wire_cost(shape: &[usize], n: usize, from: Placement, to: Placement) -> Optio
     }
 }
 
-/// (collective, elements this rank hands to it) of one step: what `CommDebugMode` records
-/// (times the element size). `None` when the count overflows.
-fn step_cost(shape: &[usize], n: usize, from: Placement, to: Placement) -> Option<(Option<CollectiveKind>, usize)> {
+/// (collective, elements this rank hands to it) of one step, for member `k` of `n`: its
+/// whole shard, as the host collectives take it (uneven shards through the variable-size
+/// collectives, unpadded); what `CommDebugMode` records (times the element size). `None` when
+/// the count overflows.
+fn step_cost(
+    shape: &[usize],
+    n: usize,
+    k: usize,
+    from: Placement,
+    to: Placement,
+) -> Option<(Option<CollectiveKind>, usize)> {
     let numel = checked_numel("", shape).ok()?;
     let rows_other = |d: usize| numel.checked_div(shape[d]).unwrap_or(0);
     let kind = collective_of(from, to);
     let elems = match (from, to) {
-        (Placement::Shard(d), Placement::Replicate) => {
-            padded_chunk(shape[d as usize], n).checked_mul(rows_other(d as usize))
+        (Placement::Shard(d), Placement::Replicate) | (Placement::Shard(d), Placement::Shard(_)) if kind.is_some() => {
+            chunk_size_and_offset(shape[d as usize], n, k).0.checked_mul(rows_other(d as usize))
         }
-        (Placement::Shard(d), Placement::Shard(e)) if d != e => {
-            let (d, e) = (d as usize, e as usize);
-            let other = rows_other(d).checked_div(shape[e]).unwrap_or(0);
-            padded_chunk(shape[d], n).checked_mul(padded_chunk(shape[e], n))?.checked_mul(n)?.checked_mul(other)
-        }
-        (Placement::Partial(_), Placement::Replicate) => Some(numel),
-        (Placement::Partial(_), Placement::Shard(d)) => {
-            padded_chunk(shape[d as usize], n).checked_mul(n)?.checked_mul(rows_other(d as usize))
-        }
+        (Placement::Partial(_), Placement::Replicate | Placement::Shard(_)) => Some(numel),
         _ => Some(0),
     };
     Some((kind, elems?))
@@ -443,6 +445,14 @@ fn execute_step<T: Scalar>(
     let mine = local.shape().to_vec();
     Ok(match (step.from, step.to) {
         (a, b) if a == b => local.into_owned(),
+        (Placement::Shard(d), Placement::Replicate) if uneven_on_host(&local, shape[d as usize], n) => {
+            // Every member's shard as it is (no padding), joined along `d`: no copy at all
+            // when only size-1 dims precede `d`.
+            let d = d as usize;
+            let counts = chunk_numels(&mine, d, shape[d], n);
+            let recv = comm_storage::all_gather_v(mesh, along, &local, &counts)?;
+            recv.into_packed(&pack::join_v(&with_dim(&mine, d, shape[d]), d, n))?
+        }
         (Placement::Shard(d), Placement::Replicate) => {
             // Pad our rows of `d` to the common chunk, gather, drop every member's padding.
             let d = d as usize;
@@ -456,6 +466,16 @@ fn execute_step<T: Scalar>(
             Cow::Owned(buf) => comm_storage::all_reduce(mesh, along, buf, op)?,
             Cow::Borrowed(src) => comm_storage::all_reduce_into(mesh, along, src, op)?,
         },
+        (Placement::Partial(op), Placement::Shard(d)) if uneven_on_host(&local, shape[d as usize], n) => {
+            // Member j's rows of `d` go to block j, unpadded (in place when only size-1 dims
+            // precede `d`); our reduced block is our shard as it lies.
+            let d = d as usize;
+            let counts = chunk_numels(&mine, d, shape[d], n);
+            let send = pack_or_borrow(&local, &pack::split_v(&mine, d, n))?;
+            let recv = comm_storage::reduce_scatter_v(mesh, along, &send, &counts, op)?;
+            let sz = chunk_size_and_offset(shape[d], n, k).0;
+            recv.into_reshape(&with_dim(&mine, d, sz))?
+        }
         (Placement::Partial(op), Placement::Shard(d)) => {
             // Member j's rows of `d` go to block j (padded); our reduced block loses its padding.
             let d = d as usize;
@@ -469,6 +489,22 @@ fn execute_step<T: Scalar>(
             let d = d as usize;
             let (sz, off) = chunk_size_and_offset(shape[d], n, k);
             local.slice(&with_dim(&vec![0; mine.len()], d, off), &with_dim(&mine, d, sz))?
+        }
+        (Placement::Shard(d), Placement::Shard(e))
+            if uneven_on_host(&local, shape[d as usize], n) || uneven_on_host(&local, shape[e as usize], n) =>
+        {
+            // Our shard is rows (the dims before `e`) of one run per member (its chunk of `e`
+            // times the dims after `e`), sent as it lies, unpadded; from member i we receive
+            // our chunk of `e` of its rows of `d`, which join along `d` (no copy when only
+            // size-1 dims precede `d`).
+            let (d, e) = (d as usize, e as usize);
+            let rows = mine[..e].iter().product();
+            let inner: usize = mine[e + 1..].iter().product();
+            let runs: Vec<usize> = (0..n).map(|j| chunk_size_and_offset(shape[e], n, j).0 * inner).collect();
+            let target = with_dim(&with_dim(&mine, d, shape[d]), e, chunk_size_and_offset(shape[e], n, k).0);
+            let recv_counts = chunk_numels(&target, d, shape[d], n);
+            let recv = comm_storage::all_to_all_v(mesh, along, &local, rows, &runs, &recv_counts)?;
+            recv.into_packed(&pack::join_v(&target, d, n))?
         }
         (Placement::Shard(d), Placement::Shard(e)) => {
             // Block j: our rows of `d`, member j's chunk of `e`, padded to (cd, ce); what we
@@ -507,6 +543,21 @@ fn execute_step<T: Scalar>(
             })
         }
     })
+}
+
+/// Does a split of `extent` over `n` members leave uneven chunks, on host storage? Those take
+/// the variable-size collectives, which move every shard as it is; device shards are padded to
+/// equal blocks on the device instead (the verdict is the same on every member: they share
+/// the mesh's device).
+fn uneven_on_host<T: Scalar>(local: &Storage<T>, extent: usize, n: usize) -> bool {
+    !extent.is_multiple_of(n) && local.as_cpu().is_some()
+}
+
+/// Elements of every member's chunk of `extent` along `d` (torch.chunk sizes), the other dims
+/// as in `like`.
+fn chunk_numels(like: &[usize], d: usize, extent: usize, n: usize) -> Vec<usize> {
+    let rest: usize = like.iter().enumerate().filter(|&(i, _)| i != d).map(|(_, &s)| s).product();
+    (0..n).map(|j| chunk_size_and_offset(extent, n, j).0 * rest).collect()
 }
 
 /// Replicate → Partial: the logical value must stay the same after the reduction, so only

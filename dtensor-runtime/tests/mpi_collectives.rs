@@ -171,6 +171,64 @@ fn all_to_all_routes_blocks(ctx: &RankCtx) -> Result<Outcome, String> {
     Ok(Outcome::Pass)
 }
 
+/// Uneven counts of a group of `n` (member `i`'s), zeros included; `k` varies them.
+fn uneven_counts(n: usize, k: usize) -> Vec<usize> {
+    (0..n).map(|i| (i * 3 + k) % 4).collect()
+}
+
+/// The variable-size collectives: MPI_Allgatherv, MPI_Alltoallv (rows of runs packed first)
+/// and the padded reduce-scatter, with empty blocks and members with nothing at all.
+fn variable_size_collectives(ctx: &RankCtx) -> Result<Outcome, String> {
+    let c = ctx.comm();
+    for g in groups(ctx) {
+        let n = g.len();
+        let me = g.iter().position(|&r| r == ctx.rank()).unwrap();
+        for k in 0..3 {
+            let counts = uneven_counts(n, k);
+            let send: Vec<u8> = (0..counts[me]).map(|b| pat(me, 0, b)).collect();
+            let mut recv = vec![0u8; counts.iter().sum()];
+            c.all_gather_v(&g, &send, &counts, (&mut recv).into()).map_err(fail)?;
+            let want: Vec<u8> = (0..n).flat_map(|i| (0..counts[i]).map(move |b| pat(i, 0, b))).collect();
+            if recv != want {
+                return Err(format!("all_gather_v {counts:?} on {g:?}: got {recv:?}, expected {want:?}"));
+            }
+            for dtype in [DType::F32, DType::I64, DType::BF16] {
+                let total: usize = counts.iter().sum();
+                let mine: Vec<f64> = (0..total).map(|i| val(dtype, ctx.rank(), i)).collect();
+                let es = dtype.size_of();
+                let bytes: Vec<usize> = counts.iter().map(|x| x * es).collect();
+                let mut recv = vec![0u8; bytes[me]];
+                c.reduce_scatter_v(&g, &to_bytes(dtype, &mine), &bytes, (&mut recv).into(), dtype, ReduceOp::Sum)
+                    .map_err(fail)?;
+                let at: usize = counts[..me].iter().sum();
+                let want: Vec<f64> =
+                    (at..at + counts[me]).map(|i| fold(ReduceOp::Sum, g.iter().map(|&r| val(dtype, r, i)))).collect();
+                close(&from_bytes(dtype, &recv), &want, &format!("reduce_scatter_v {dtype} {counts:?} on {g:?}"))?;
+            }
+            // Member i: rows (i + k) % 3, run for member j (i + j + k) % 3 bytes.
+            let rows = |i: usize| (i + k) % 3;
+            let run = |i: usize, j: usize| (i + j + k) % 3;
+            let mut send = Vec::new();
+            for r in 0..rows(me) {
+                for j in 0..n {
+                    send.extend((0..run(me, j)).map(|b| pat(me, j, r * 3 + b)));
+                }
+            }
+            let runs: Vec<usize> = (0..n).map(|j| run(me, j)).collect();
+            let recv_counts: Vec<usize> = (0..n).map(|i| rows(i) * run(i, me)).collect();
+            let mut recv = vec![0u8; recv_counts.iter().sum()];
+            c.all_to_all_v(&g, &send, rows(me), &runs, (&mut recv).into(), &recv_counts).map_err(fail)?;
+            let want: Vec<u8> = (0..n)
+                .flat_map(|i| (0..rows(i)).flat_map(move |r| (0..run(i, me)).map(move |b| pat(i, me, r * 3 + b))))
+                .collect();
+            if recv != want {
+                return Err(format!("all_to_all_v (k {k}) on {g:?}: got {recv:?}, expected {want:?}"));
+            }
+        }
+    }
+    Ok(Outcome::Pass)
+}
+
 fn broadcast_from_every_root(ctx: &RankCtx) -> Result<Outcome, String> {
     let c = ctx.comm();
     for g in groups(ctx) {
@@ -457,6 +515,7 @@ fn main() {
         ("reduce_scatter_every_op", reduce_scatter_every_op),
         ("all_gather_in_group_order", all_gather_in_group_order),
         ("all_to_all_routes_blocks", all_to_all_routes_blocks),
+        ("variable_size_collectives", variable_size_collectives),
         ("broadcast_from_every_root", broadcast_from_every_root),
         ("scatter_from_every_root", scatter_from_every_root),
         ("barrier_waits_for_the_slowest", barrier_waits_for_the_slowest),

@@ -46,10 +46,16 @@ fn shard_to_shard_even_uneven_and_empty() {
     check_shard_to_shard(&[4], &[8, 4, 12], &[S(0)], &[S(2)]);
     check_shard_to_shard(&[3], &[6, 3, 9], &[S(2)], &[S(1)]);
     check_shard_to_shard(&[2], &[2, 6, 4], &[S(1)], &[S(2)]);
-    // Uneven on either dim (packed, padded).
+    // Uneven on either dim (one variable-size all-to-all, unpadded), leading and trailing
+    // target dims, and dims before the source dim (the received blocks then interleave).
     check_shard_to_shard(&[2], &[5, 8], &[S(0)], &[S(1)]);
     check_shard_to_shard(&[2], &[4, 7], &[S(0)], &[S(1)]);
     check_shard_to_shard(&[4], &[3, 6], &[S(0)], &[S(1)]);
+    check_shard_to_shard(&[3], &[7, 5], &[S(1)], &[S(0)]);
+    check_shard_to_shard(&[2], &[3, 5, 3], &[S(1)], &[S(2)]);
+    check_shard_to_shard(&[3], &[4, 5, 7], &[S(2)], &[S(0)]);
+    check_shard_to_shard(&[4], &[2, 7, 3, 5], &[S(3)], &[S(1)]);
+    check_shard_to_shard(&[2, 3], &[5, 7, 4], &[S(0), S(1)], &[S(0), S(2)]);
     // Empty: zero-sized dims (even: 0 splits into empty chunks) and empty shards.
     check_shard_to_shard(&[2], &[0, 8], &[S(0)], &[S(1)]);
     check_shard_to_shard(&[2], &[4, 0, 3], &[S(0)], &[S(1)]);
@@ -237,4 +243,68 @@ fn out_of_place_all_reduce_matches_in_place() {
     }) {
         got.into_iter().for_each(|r| assert!(matches!(r, Err(Error::BufferMismatch { .. })), "{r:?}"));
     }
+}
+
+/// Uneven Shard → Replicate and Partial → Shard on the host: one variable-size collective
+/// each, which moves every shard unpadded, so the bytes recorded are the shard's own (and what
+/// the plan says); values against the single-rank result, empty shards included.
+#[test]
+fn uneven_gather_and_reduce_scatter_move_shards_unpadded() {
+    let cases: &[(&[usize], &[usize], usize)] = &[
+        (&[3], &[7, 3], 0),
+        (&[4], &[2, 5, 3], 1),
+        (&[2], &[3, 4, 5], 2),
+        (&[4], &[3, 2], 0),
+        (&[2, 3], &[5, 8, 4], 1),
+    ];
+    for &(mesh_shape, shape, d) in cases {
+        let g = global(shape, 5);
+        let world: usize = mesh_shape.iter().product();
+        let inner = mesh_shape.len() - 1;
+        // The inner mesh dim splits `d` (the outer one, if any, dim 0 or 2).
+        let mut sharded: Vec<Placement> = vec![R; mesh_shape.len()];
+        sharded[inner] = S(d as isize);
+        if inner > 0 {
+            sharded[0] = S(if d == 0 { 2 } else { 0 });
+        }
+        let mut replicated = sharded.clone();
+        replicated[inner] = R;
+        let out = run(world, |ctx| {
+            let mesh = ctx.init_device_mesh(mesh_shape, &[])?;
+            let x = distribute_tensor(&g, &mesh, &sharded, None)?;
+            let mut records = Vec::new();
+            let mut check = |from: &dtensor_runtime::DTensor<f64>, to: &[Placement]| -> Result<_> {
+                let plan = from.plan_redistribute(to)?;
+                let debug = CommDebugMode::new();
+                let y = debug.scope(|| from.redistribute(to))?;
+                let recorded: Vec<_> = debug.records().iter().map(|r| (r.kind, r.bytes)).collect();
+                let planned: Vec<_> = plan.steps.iter().map(|s| (s.collective.unwrap(), s.bytes)).collect();
+                records.push((recorded, planned, from.to_local().len() * 8));
+                Ok(y)
+            };
+            let gathered = check(&x, &replicated)?;
+            // Partial → Shard: every rank holds a third/quarter... of the value, summed back.
+            let parts = gathered.redistribute(&with_partial(&replicated, inner))?;
+            let scattered = check(&parts, &sharded)?;
+            Ok((mesh.coordinate().to_vec(), gathered.to_local().to_host()?, scattered.to_local().to_host()?, records))
+        })
+        .unwrap();
+        for (coord, gathered, scattered, records) in out {
+            let at = format!("{mesh_shape:?} {shape:?} dim {d} at {coord:?}");
+            assert_eq!(gathered, expected_shard(&g, mesh_shape, &coord, &replicated), "{at}");
+            assert_eq!(scattered, expected_shard(&g, mesh_shape, &coord, &sharded), "{at}");
+            let kinds = [CollectiveKind::AllGather, CollectiveKind::ReduceScatter];
+            for ((recorded, planned, shard_bytes), kind) in records.into_iter().zip(kinds) {
+                assert_eq!(recorded, vec![(kind, shard_bytes)], "{at}: one {kind} of the unpadded shard");
+                assert_eq!(recorded, planned, "{at}: the plan says what is recorded");
+            }
+        }
+    }
+}
+
+/// `placements` with mesh dim `i` made `Partial(sum)` (Replicate → Partial is local).
+fn with_partial(placements: &[Placement], i: usize) -> Vec<Placement> {
+    let mut p = placements.to_vec();
+    p[i] = Partial(ReduceOp::Sum);
+    p
 }

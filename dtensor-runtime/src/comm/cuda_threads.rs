@@ -154,6 +154,31 @@ unsafe impl Communicator for CudaThreadsComm {
     ) -> Result<()> {
         self.inner.all_to_all_strided(group, send, rows, run, recv)
     }
+    fn all_gather_v(&self, group: &[usize], send: &[u8], counts: &[usize], recv: RecvBuf<'_>) -> Result<()> {
+        self.inner.all_gather_v(group, send, counts, recv)
+    }
+    fn reduce_scatter_v(
+        &self,
+        group: &[usize],
+        send: &[u8],
+        counts: &[usize],
+        recv: RecvBuf<'_>,
+        dtype: DType,
+        op: ReduceOp,
+    ) -> Result<()> {
+        self.inner.reduce_scatter_v(group, send, counts, recv, dtype, op)
+    }
+    fn all_to_all_v(
+        &self,
+        group: &[usize],
+        send: &[u8],
+        rows: usize,
+        runs: &[usize],
+        recv: RecvBuf<'_>,
+        recv_counts: &[usize],
+    ) -> Result<()> {
+        self.inner.all_to_all_v(group, send, rows, runs, recv, recv_counts)
+    }
     fn broadcast(&self, group: &[usize], buf: &mut [u8], root: usize) -> Result<()> {
         self.inner.broadcast(group, buf, root)
     }

@@ -32,6 +32,7 @@ pub(crate) mod self_comm;
 pub(crate) mod storage;
 pub mod threads;
 pub mod timeout;
+pub(crate) mod variable;
 
 use crate::cuda::CudaDevice;
 use crate::element::DType;
@@ -42,6 +43,7 @@ use std::fmt;
 use std::sync::Arc;
 
 pub use buf::{Buf, BufMut};
+pub(crate) use group::index_of as group_index;
 pub use in_flight::PendingReduce;
 pub use pending::{HostBytes, PendingAllReduce};
 pub(crate) use recv::filled;
@@ -138,6 +140,52 @@ pub unsafe trait Communicator: Send + Sync + fmt::Debug {
             }
         }
         self.all_to_all(group, &packed, recv)
+    }
+    /// Variable-size [`all_gather`](Self::all_gather) (uneven shards): member `i` sends
+    /// `counts[i]` bytes, and `recv` (`Σ counts` bytes) receives every member's `send`, back to
+    /// back in group order. Every member passes the same `counts`.
+    ///
+    /// The default pads every block to the largest and runs `all_gather` (one copy in, one
+    /// out); the thread backend copies the blocks into place, MPI runs `MPI_Allgatherv`.
+    fn all_gather_v(&self, group: &[usize], send: &[u8], counts: &[usize], recv: RecvBuf<'_>) -> Result<()> {
+        variable::padded_all_gather(self, group, send, counts, recv)
+    }
+    /// Variable-size [`reduce_scatter`](Self::reduce_scatter): `send` holds `group.len()`
+    /// blocks back to back, block `i` of `counts[i]` bytes (whole elements); member `i`'s
+    /// `recv` (`counts[i]` bytes) receives the reduction of every member's block `i`. Every
+    /// member passes the same `counts`. The default pads the blocks to the largest and runs
+    /// `reduce_scatter`; the thread backend reduces the blocks where they lie.
+    fn reduce_scatter_v(
+        &self,
+        group: &[usize],
+        send: &[u8],
+        counts: &[usize],
+        recv: RecvBuf<'_>,
+        dtype: DType,
+        op: ReduceOp,
+    ) -> Result<()> {
+        variable::padded_reduce_scatter(self, group, send, counts, recv, dtype, op)
+    }
+    /// Variable-size [`all_to_all_strided`](Self::all_to_all_strided): `send` is `rows` rows,
+    /// each of `group.len()` runs, run `j` (`runs[j]` bytes) for member `j`; members may have
+    /// different `rows` and `runs` (`rows = 1` is a plain all-to-all of blocks of `runs[j]`
+    /// bytes). `recv` receives, in group order, what each member sends us, `recv_counts[i]`
+    /// bytes from member `i` (its run for us, row after row), so `recv_counts[i]` must be
+    /// member `i`'s `rows × runs[me]`.
+    ///
+    /// The default agrees on the largest block (an all-gather of one `u64`), pads every block
+    /// to it and runs `all_to_all`; the thread backend writes each run straight into its
+    /// peer's `recv`, MPI runs `MPI_Alltoallv`.
+    fn all_to_all_v(
+        &self,
+        group: &[usize],
+        send: &[u8],
+        rows: usize,
+        runs: &[usize],
+        recv: RecvBuf<'_>,
+        recv_counts: &[usize],
+    ) -> Result<()> {
+        variable::padded_all_to_all(self, group, send, rows, runs, recv, recv_counts)
     }
     /// Starts an in-place all-reduce of the owned host buffer `buf` that may complete in the
     /// background; [`PendingAllReduce::wait`] returns the buffer reduced. Every member starts

@@ -31,13 +31,14 @@
 //! serialised by one lock, so the communicator is safe to share between threads.
 
 use super::pending::Completion;
+use super::variable::{self, offsets};
 use super::{check, group, reduce};
 use super::{Communicator, HostBytes, PendingAllReduce, RecvBuf};
 use crate::element::DType;
 use crate::error::{Error, Result};
 use crate::placement::ReduceOp;
 use mpi::collective::SystemOperation;
-use mpi::datatype::Equivalence;
+use mpi::datatype::{Equivalence, Partition, PartitionMut};
 use mpi::environment::Universe;
 use mpi::raw::AsRaw;
 use mpi::topology::{Color, SimpleCommunicator};
@@ -281,6 +282,12 @@ fn mpi_op(op: ReduceOp) -> SystemOperation {
         ReduceOp::Max => SystemOperation::max(),
         ReduceOp::Product => SystemOperation::product(),
     }
+}
+
+/// Byte counts (or displacements) as MPI's C ints; callers bound them first (`with_group`
+/// refuses totals past `i32::MAX`).
+fn ints(v: &[usize]) -> Vec<mpi::Count> {
+    v.iter().map(|&x| x.min(i32::MAX as usize) as mpi::Count).collect()
 }
 
 /// Typed copy of a byte buffer (bytes from callers need not be aligned for `T`).
@@ -599,6 +606,70 @@ unsafe impl Communicator for MpiComm {
             return Ok(());
         }
         self.with_group("all_to_all", group, &[send.len()], |c, _| c.all_to_all_into(send, recv))
+    }
+
+    fn all_gather_v(&self, group: &[usize], send: &[u8], counts: &[usize], mut recv: RecvBuf<'_>) -> Result<()> {
+        const OP: &str = "all_gather_v";
+        let me = self.my_index(OP, group)?;
+        variable::check_all_gather(group.len(), me, send.len(), counts, recv.len())?;
+        let recv = recv.zeroed();
+        // The total is the same on every member (so is the verdict).
+        if self.nothing_to_move(OP, group, recv.len())? {
+            return Ok(());
+        }
+        // Every count and displacement is at most the total, which `with_group` bounds.
+        let (c, d) = (ints(counts), ints(&offsets(counts)));
+        self.with_group(OP, group, &[recv.len()], |comm, _| {
+            comm.all_gather_varcount_into(send, &mut PartitionMut::new(recv, c, d))
+        })
+    }
+
+    // `reduce_scatter_v` keeps the padded default: it runs through `reduce_scatter` above, with
+    // its NaN masks and 16-bit folds, and MPI_Reduce_scatter would need both again.
+
+    fn all_to_all_v(
+        &self,
+        group: &[usize],
+        send: &[u8],
+        rows: usize,
+        runs: &[usize],
+        mut recv: RecvBuf<'_>,
+        recv_counts: &[usize],
+    ) -> Result<()> {
+        const OP: &str = "all_to_all_v";
+        let n = group.len();
+        self.my_index(OP, group)?;
+        variable::check_all_to_all(n, send.len(), rows, runs, recv.len(), recv_counts)?;
+        // MPI_Alltoallv takes one contiguous block per destination: rows of runs are packed
+        // first (one copy; a single row is already such blocks).
+        let send_counts: Vec<usize> = runs.iter().map(|r| r * rows).collect();
+        let packed;
+        let send = if rows > 1 {
+            let starts = offsets(runs);
+            let row: usize = runs.iter().sum();
+            let mut v = Vec::with_capacity(send.len());
+            for (j, &run) in runs.iter().enumerate() {
+                for r in 0..rows {
+                    v.extend_from_slice(&send[r * row + starts[j]..r * row + starts[j] + run]);
+                }
+            }
+            packed = v;
+            &packed[..]
+        } else {
+            send
+        };
+        let recv = recv.zeroed();
+        // A member with nothing to send or receive still takes part (its peers may move data),
+        // through buffers of its own: two empty buffers may share one dangling address, which
+        // MPI rejects as aliased.
+        let (spare_send, mut spare_recv) = ([0u8; 1], [0u8; 1]);
+        let send = if send.is_empty() { &spare_send[..] } else { send };
+        let recv = if recv.is_empty() { &mut spare_recv[..] } else { recv };
+        let (sc, sd) = (ints(&send_counts), ints(&offsets(&send_counts)));
+        let (rc, rd) = (ints(recv_counts), ints(&offsets(recv_counts)));
+        self.with_group(OP, group, &[send.len(), recv.len()], |comm, _| {
+            comm.all_to_all_varcount_into(&Partition::new(send, sc, sd), &mut PartitionMut::new(recv, rc, rd))
+        })
     }
 
     fn broadcast(&self, group: &[usize], buf: &mut [u8], root: usize) -> Result<()> {

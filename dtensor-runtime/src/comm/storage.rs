@@ -118,6 +118,48 @@ pub(crate) fn all_to_all_strided<T: Scalar>(
     send.with_host_data(&[out.len()], out)
 }
 
+// The variable-size collectives (uneven shards) take host storage only: device shards are
+// padded to equal blocks on the device instead, so that the collectives move device buffers.
+
+/// [`all_gather_v`](DeviceMesh::all_gather_v) of a host shard: member `i`'s `counts[i]`
+/// elements, back to back in group order.
+pub(crate) fn all_gather_v<T: Scalar>(
+    mesh: &DeviceMesh,
+    along: Along,
+    send: &Storage<T>,
+    counts: &[usize],
+) -> Result<Storage<T>> {
+    let out = mesh.all_gather_v(along, &send.host_data()?, counts)?;
+    send.with_host_data(&[out.len()], out)
+}
+
+/// [`reduce_scatter_v`](DeviceMesh::reduce_scatter_v) of a host shard holding one block per
+/// member, back to back: this member's reduced block.
+pub(crate) fn reduce_scatter_v<T: Scalar>(
+    mesh: &DeviceMesh,
+    along: Along,
+    send: &Storage<T>,
+    counts: &[usize],
+    op: ReduceOp,
+) -> Result<Storage<T>> {
+    let out = mesh.reduce_scatter_v(along, &send.host_data()?, counts, op)?;
+    send.with_host_data(&[out.len()], out)
+}
+
+/// [`all_to_all_v`](DeviceMesh::all_to_all_v) of a host shard viewed as `rows` rows of one
+/// run per member.
+pub(crate) fn all_to_all_v<T: Scalar>(
+    mesh: &DeviceMesh,
+    along: Along,
+    send: &Storage<T>,
+    rows: usize,
+    runs: &[usize],
+    recv_counts: &[usize],
+) -> Result<Storage<T>> {
+    let out = mesh.all_to_all_v(along, &send.host_data()?, rows, runs, recv_counts)?;
+    send.with_host_data(&[out.len()], out)
+}
+
 /// The device path: flat device outputs written by the communicator's `*_buf` collectives.
 #[cfg(feature = "cuda")]
 mod device {

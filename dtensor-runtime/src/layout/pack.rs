@@ -290,6 +290,52 @@ pub fn join(block: &[usize], n: usize, dim: usize, dst: &[usize]) -> PackPlan {
     plan
 }
 
+/// Splits a row-major `src` along `dim` into `n` chunks (torch.chunk sizes) laid back to back
+/// unpadded, chunk `j` row-major in the shape of `src` with `dim` cut to its size: the send
+/// side of a variable-size reduce-scatter. The identity when the dims before `dim` have one
+/// element in all (each chunk is then already one contiguous run).
+pub fn split_v(src: &[usize], dim: usize, n: usize) -> PackPlan {
+    debug_assert!(dim < src.len());
+    let numel: usize = src.iter().product();
+    let mut plan = PackPlan::new(numel, &[numel]);
+    let src_strides = strides_of(src);
+    let zero = vec![0; src.len()];
+    let mut at = 0;
+    for j in 0..n {
+        let (sz, off) = chunk_size_and_offset(src[dim], n, j);
+        let ext = with(src, dim, sz);
+        plan.push_box(&src_strides, 0, &with(&zero, dim, off), &ext, at, &zero, &ext);
+        at += ext.iter().product::<usize>();
+    }
+    plan
+}
+
+/// Joins `n` row-major blocks laid back to back unpadded along `dim` into `dst`: block `j` is
+/// chunk `j` of `dst[dim]` (torch.chunk sizes), in the shape of `dst` with `dim` cut to its
+/// size. The receive side of a variable-size all-gather or all-to-all. The identity when the
+/// dims before `dim` have one element in all.
+pub fn join_v(dst: &[usize], dim: usize, n: usize) -> PackPlan {
+    debug_assert!(dim < dst.len());
+    let numel: usize = dst.iter().product();
+    let mut plan = PackPlan::new(numel, dst);
+    let zero = vec![0; dst.len()];
+    let mut at = 0;
+    for j in 0..n {
+        let (sz, off) = chunk_size_and_offset(dst[dim], n, j);
+        let ext = with(dst, dim, sz);
+        plan.push_box(&strides_of(&ext), at, &zero, dst, 0, &with(&zero, dim, off), &ext);
+        at += ext.iter().product::<usize>();
+    }
+    plan
+}
+
+/// `shape` with dim `d` set to `size`.
+fn with(shape: &[usize], d: usize, size: usize) -> Vec<usize> {
+    let mut s = shape.to_vec();
+    s[d] = size;
+    s
+}
+
 /// The box of `extents` at `start` of a row-major `src`, as a fresh row-major array.
 pub fn slice(src: &[usize], start: &[usize], extents: &[usize]) -> PackPlan {
     let mut plan = PackPlan::new(src.iter().product(), extents);
@@ -409,6 +455,33 @@ mod tests {
         let mut origin = vec![0; full.len()];
         origin[dim] = off;
         (shape, origin)
+    }
+
+    /// Variable-size all-gather and reduce-scatter layouts through the plans: the shards laid
+    /// back to back unpadded join into the full tensor, and `split_v` of the full tensor lays
+    /// out exactly those shards; both are identities when only size-1 dims precede `dim`.
+    #[test]
+    fn variable_split_and_join_round_trip() {
+        for full in [vec![5, 3], vec![2, 7, 3], vec![3, 0, 2], vec![1, 1, 9], vec![4]] {
+            for dim in 0..full.len() {
+                for n in 1..=5 {
+                    let mut wire = Vec::new();
+                    for j in 0..n {
+                        let (shape, origin) = shard(&full, dim, n, j);
+                        wire.extend(data(&shape, &origin));
+                    }
+                    let trivial = full[..dim].iter().product::<usize>() == 1 || full.contains(&0);
+                    let join = join_v(&full, dim, n);
+                    assert_eq!(run(&join, &wire), data(&full, &vec![0; full.len()]), "{full:?} dim {dim} n {n}");
+                    assert!(join.covers_destination(), "{full:?} dim {dim} n {n}");
+                    let split = split_v(&full, dim, n);
+                    assert_eq!(run(&split, &data(&full, &vec![0; full.len()])), wire, "{full:?} dim {dim} n {n}");
+                    if trivial {
+                        assert!(join.is_identity() && split.is_identity(), "{full:?} dim {dim} n {n}");
+                    }
+                }
+            }
+        }
     }
 
     /// All-gather through the plans: pad each shard, concatenate the blocks, join.

@@ -30,6 +30,7 @@ mod sync;
 
 use super::background::Background;
 use super::reduce;
+use super::variable::{self, offsets};
 use super::{check, group};
 use super::{Communicator, HostBytes, PendingAllReduce, RecvBuf};
 use crate::element::DType;
@@ -155,7 +156,7 @@ pub struct ThreadComm {
 /// `*_buf` ones are the device-to-device collectives of the `cuda-threads` backend (through
 /// [`ThreadComm::rendezvous`]): their own tags, so that a host collective never reads a device
 /// record as its data.
-const OPS: [&str; 13] = [
+const OPS: [&str; 16] = [
     "all_gather",
     "all_reduce",
     "reduce_scatter",
@@ -169,6 +170,9 @@ const OPS: [&str; 13] = [
     "reduce_scatter_buf",
     "all_to_all_buf",
     "broadcast_buf",
+    "all_gather_v",
+    "reduce_scatter_v",
+    "all_to_all_v",
 ];
 
 fn tag(op: &str) -> usize {
@@ -439,6 +443,36 @@ fn same_len(op: &str, all: &[Bufs], side: Side, len: usize, group: &[usize]) -> 
     Ok(())
 }
 
+/// The `len` numbers a member published through `extra`: a pointer to its own argument slice
+/// (the counts of a variable-size collective).
+///
+/// SAFETY (of the view inside): the member is blocked in the same rendezvous until every
+/// member has departed, so its arguments are alive, and nobody writes them; the tags matched,
+/// so every member's `extra` is such a pointer, to `len` numbers (each checked its own first).
+fn peer_counts<'a>(b: &Bufs, len: usize) -> &'a [usize] {
+    if len == 0 {
+        return &[];
+    }
+    // SAFETY: see above.
+    unsafe { std::slice::from_raw_parts(b.extra as *const usize, len) }
+}
+
+/// Every member passed the same `counts` (every member sees the same verdict).
+fn same_counts(op: &str, all: &[Bufs], counts: &[usize], group: &[usize], me: usize) -> Result<()> {
+    match all.iter().position(|b| peer_counts(b, counts.len()) != counts) {
+        None => Ok(()),
+        Some(i) => Err(check::mismatch(
+            op,
+            format!(
+                "rank {} passed counts {:?}, rank {} {counts:?}",
+                group[i],
+                peer_counts(&all[i], counts.len()),
+                group[me]
+            ),
+        )),
+    }
+}
+
 /// All-reduces of at most this many bytes reduce private copies of the inputs; larger ones
 /// split the reduction over the members (no copies).
 const SMALL_ALL_REDUCE: usize = 64 << 10;
@@ -613,6 +647,134 @@ unsafe impl Communicator for ThreadComm {
                     // them alive until it departs; row r of block `me` lies inside them and only
                     // we write it. Once every member is done every byte of every output is written.
                     unsafe { own_mut(dst, len, to.clone()) }.write_copy_of_slice(src);
+                }
+            }
+            Ok(())
+        })
+    }
+
+    fn all_gather_v(&self, group: &[usize], send: &[u8], counts: &[usize], mut recv: RecvBuf<'_>) -> Result<()> {
+        const OP: &str = "all_gather_v";
+        let me = group::index_of(OP, self.rank, group)?;
+        variable::check_all_gather(group.len(), me, send.len(), counts, recv.len())?;
+        let mine = Bufs {
+            send: send.as_ptr() as usize,
+            send_len: send.len(),
+            extra: counts.as_ptr() as usize,
+            ..Bufs::default()
+        };
+        self.rendezvous(OP, group, mine, |all, me| {
+            // With equal counts every member's send is its count long (each checked its own).
+            same_counts(OP, all, counts, group, me)?;
+            for ((b, &c), at) in all.iter().zip(counts).zip(offsets(counts)) {
+                // Peers only read their own send buffers; the blocks tile `recv`.
+                recv.write(at, peer(OP, b, Side::Send, 0..c)?);
+            }
+            Ok(())
+        })
+    }
+
+    fn reduce_scatter_v(
+        &self,
+        group: &[usize],
+        send: &[u8],
+        counts: &[usize],
+        mut recv: RecvBuf<'_>,
+        dtype: DType,
+        op: ReduceOp,
+    ) -> Result<()> {
+        const OP: &str = "reduce_scatter_v";
+        let n = group.len();
+        let me = group::index_of(OP, self.rank, group)?;
+        variable::check_reduce_scatter(n, me, send.len(), counts, recv.len(), dtype)?;
+        // Before the rendezvous: a member with an empty block would otherwise never check it.
+        reduce::check_op(dtype, op)?;
+        let mine = Bufs {
+            send: send.as_ptr() as usize,
+            send_len: send.len(),
+            extra: counts.as_ptr() as usize,
+            ..Bufs::default()
+        };
+        self.rendezvous(OP, group, mine, |all, me| {
+            same_counts(OP, all, counts, group, me)?;
+            let at = offsets(counts)[me];
+            let r = at..at + counts[me];
+            // Block `me` of every member's send, which nobody writes, folded in group order.
+            let acc = recv.init_from(peer(OP, &all[0], Side::Send, r.clone())?);
+            for b in &all[1..] {
+                reduce::accumulate(dtype, op, acc, peer(OP, b, Side::Send, r.clone())?)?;
+            }
+            reduce::finish(dtype, op, acc, n);
+            Ok(())
+        })
+    }
+
+    fn all_to_all_v(
+        &self,
+        group: &[usize],
+        send: &[u8],
+        rows: usize,
+        runs: &[usize],
+        mut recv: RecvBuf<'_>,
+        recv_counts: &[usize],
+    ) -> Result<()> {
+        const OP: &str = "all_to_all_v";
+        let n = group.len();
+        group::index_of(OP, self.rank, group)?;
+        variable::check_all_to_all(n, send.len(), rows, runs, recv.len(), recv_counts)?;
+        // Every member's layout travels as one slice: rows, runs, recv counts.
+        let layout: Vec<usize> =
+            std::iter::once(rows).chain(runs.iter().copied()).chain(recv_counts.iter().copied()).collect();
+        let out = recv.as_mut_ptr();
+        let mine = Bufs {
+            send: send.as_ptr() as usize,
+            send_len: send.len(),
+            recv: out as usize,
+            recv_len: recv.len(),
+            tag: 0,
+            extra: layout.as_ptr() as usize,
+        };
+        self.rendezvous(OP, group, mine, |all, me| {
+            let lay: Vec<&[usize]> = all.iter().map(|b| peer_counts(b, 1 + 2 * n)).collect();
+            // Member i sends member j `rows_i × runs_i[j]` bytes, which j must expect: checked
+            // for every pair, so that every member sees the same verdict.
+            for (i, li) in lay.iter().enumerate() {
+                for (j, lj) in lay.iter().enumerate() {
+                    let sent = li[0].checked_mul(li[1 + j]);
+                    if sent != Some(lj[1 + n + i]) {
+                        return Err(check::mismatch(
+                            OP,
+                            format!(
+                                "rank {} sends rank {} {} rows of {} bytes, which expects {} bytes from it",
+                                group[i],
+                                group[j],
+                                li[0],
+                                li[1 + j],
+                                lj[1 + n + i]
+                            ),
+                        ));
+                    }
+                }
+            }
+            // Our runs for member j fill block `me` of j's recv, which starts after what the
+            // members before us send it. We push our rows front to back (as the strided
+            // all-to-all does), so our send buffer streams through the prefetcher; only we
+            // write block `me` of any output, and nobody reads an output in this phase.
+            let to: Vec<(*mut MaybeUninit<u8>, usize, usize)> = all
+                .iter()
+                .zip(&lay)
+                .map(|(b, l)| (b.recv as *mut MaybeUninit<u8>, b.recv_len, l[1 + n..1 + n + me].iter().sum()))
+                .collect();
+            let starts = offsets(runs);
+            let row: usize = runs.iter().sum();
+            for r in 0..rows {
+                for (j, &(dst, len, at)) in to.iter().enumerate() {
+                    let run = runs[j];
+                    let src = &send[r * row + starts[j]..r * row + starts[j] + run];
+                    // SAFETY: member j published `len` bytes at `dst` and keeps them alive until
+                    // it departs; its block from us (`rows × run` bytes at `at`, checked above
+                    // against its recv counts, whose sum is its `len`) is written by us alone.
+                    unsafe { own_mut(dst, len, at + r * run..at + (r + 1) * run) }.write_copy_of_slice(src);
                 }
             }
             Ok(())
