@@ -3,7 +3,7 @@
 use crate::comm::debug::{record, CollectiveKind};
 use crate::comm::fingerprint::{self, Fingerprint};
 use crate::comm::in_flight::{self, PendingReduce};
-use crate::comm::{filled, Communicator};
+use crate::comm::{filled, variable, Communicator};
 use crate::element::{DType, Scalar};
 use crate::error::{Error, Result};
 use crate::placement::ReduceOp;
@@ -538,7 +538,7 @@ impl DeviceMesh {
     /// ```
     pub fn all_gather_v<T: Scalar>(&self, along: Along, send: &[T], counts: &[usize]) -> Result<Vec<T>> {
         let (g, _) = self.group_of(along)?;
-        let total = elements("all_gather_v", counts)?;
+        let total = variable::total("all_gather_v", counts)?;
         let bytes = byte_counts::<T>("all_gather_v", counts)?;
         self.note(CollectiveKind::AllGather, along, std::mem::size_of_val(send));
         self.agree(g, CollectiveKind::AllGather, Some(T::DTYPE), total, None, None)?;
@@ -560,10 +560,8 @@ impl DeviceMesh {
         crate::comm::reduce::check_op(T::DTYPE, op)?;
         let me = crate::comm::group_index("reduce_scatter_v", self.rank(), g)?;
         let bytes = byte_counts::<T>("reduce_scatter_v", counts)?;
-        let mine = counts.get(me).copied().ok_or_else(|| Error::BufferMismatch {
-            op: "reduce_scatter_v".into(),
-            reason: format!("{} counts for a group of {}", counts.len(), g.len()),
-        })?;
+        variable::one_per_member("reduce_scatter_v", "counts", counts, g.len())?;
+        let mine = counts[me];
         self.note(CollectiveKind::ReduceScatter, along, std::mem::size_of_val(send));
         self.agree(g, CollectiveKind::ReduceScatter, Some(T::DTYPE), send.len(), None, Some(op))?;
         let send_bytes = bytemuck::cast_slice(send);
@@ -588,7 +586,7 @@ impl DeviceMesh {
         recv_counts: &[usize],
     ) -> Result<Vec<T>> {
         let (g, _) = self.group_of(along)?;
-        let total = elements("all_to_all_v", recv_counts)?;
+        let total = variable::total("all_to_all_v", recv_counts)?;
         let run_bytes = byte_counts::<T>("all_to_all_v", runs)?;
         let recv_bytes = byte_counts::<T>("all_to_all_v", recv_counts)?;
         self.note(CollectiveKind::AllToAll, along, std::mem::size_of_val(send));
@@ -665,14 +663,6 @@ impl fmt::Debug for DeviceMesh {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         write!(f, "{self} ranks={:?} backend={}", self.inner.ranks, self.inner.comm.backend())
     }
-}
-
-/// `Σ counts` elements, or an error naming `op` when it overflows.
-fn elements(op: &str, counts: &[usize]) -> Result<usize> {
-    counts
-        .iter()
-        .try_fold(0usize, |a, &c| a.checked_add(c))
-        .ok_or_else(|| Error::BufferMismatch { op: op.into(), reason: format!("the counts {counts:?} overflow") })
 }
 
 /// Element counts as byte counts of `T`.

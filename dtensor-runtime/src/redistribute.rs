@@ -12,7 +12,7 @@ use crate::comm::storage as comm_storage;
 use crate::dtensor::DTensor;
 use crate::element::Scalar;
 use crate::error::{Error, Result};
-use crate::layout::pack::{self, PackPlan};
+use crate::layout::pack::{self, with_dim, PackPlan};
 use crate::layout::{chunk_size_and_offset, level_shape, padded_chunk};
 use crate::mesh::DeviceMesh;
 use crate::placement::{fmt_placements, normalize_placements, Placement, ReduceOp};
@@ -412,13 +412,6 @@ pub fn redistribute_local<T: Scalar>(
         cur = Cow::Owned(execute_step(mesh, cur, step)?);
     }
     Ok(cur.into_owned())
-}
-
-/// `shape` with dim `d` set to `size`.
-fn with_dim(shape: &[usize], d: usize, size: usize) -> Vec<usize> {
-    let mut s = shape.to_vec();
-    s[d] = size;
-    s
 }
 
 /// The storage a plan produces from `src`, borrowing `src` when the plan is the identity

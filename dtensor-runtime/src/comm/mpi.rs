@@ -645,15 +645,8 @@ unsafe impl Communicator for MpiComm {
         let send_counts: Vec<usize> = runs.iter().map(|r| r * rows).collect();
         let packed;
         let send = if rows > 1 {
-            let starts = offsets(runs);
-            let row: usize = runs.iter().sum();
-            let mut v = Vec::with_capacity(send.len());
-            for (j, &run) in runs.iter().enumerate() {
-                for r in 0..rows {
-                    v.extend_from_slice(&send[r * row + starts[j]..r * row + starts[j] + run]);
-                }
-            }
-            packed = v;
+            packed =
+                (0..n).flat_map(|j| variable::block_runs(send, rows, runs, j)).flatten().copied().collect::<Vec<u8>>();
             &packed[..]
         } else {
             send

@@ -25,7 +25,7 @@ pub(crate) fn offsets(counts: &[usize]) -> Vec<usize> {
 }
 
 /// `Σ counts`, or an error when it overflows.
-fn total(op: &str, counts: &[usize]) -> Result<usize> {
+pub(crate) fn total(op: &str, counts: &[usize]) -> Result<usize> {
     counts
         .iter()
         .try_fold(0usize, |a, &c| a.checked_add(c))
@@ -33,7 +33,7 @@ fn total(op: &str, counts: &[usize]) -> Result<usize> {
 }
 
 /// One count per member of a group of `n`.
-fn one_per_member(op: &str, what: &str, counts: &[usize], n: usize) -> Result<()> {
+pub(crate) fn one_per_member(op: &str, what: &str, counts: &[usize], n: usize) -> Result<()> {
     if counts.len() != n {
         return Err(mismatch(op, format!("{} {what} for a group of {n}", counts.len())));
     }
@@ -101,6 +101,14 @@ pub(crate) fn check_all_to_all(
         return Err(mismatch(OP, format!("recv has {recv} bytes, the recv counts add up to {sum}")));
     }
     Ok(())
+}
+
+/// Run `j` of every row of `send` (`rows` rows of the runs `runs`), row after row: the block
+/// member `j` gets from an all-to-all-v, as the backends that need it contiguous copy it out.
+pub(crate) fn block_runs<'a>(send: &'a [u8], rows: usize, runs: &[usize], j: usize) -> impl Iterator<Item = &'a [u8]> {
+    let row: usize = runs.iter().sum();
+    let (start, run) = (runs[..j].iter().sum::<usize>(), runs[j]);
+    (0..rows).map(move |r| &send[r * row + start..r * row + start + run])
 }
 
 /// `data` at the start of a zero-filled buffer of `len` bytes.
@@ -173,12 +181,10 @@ pub(crate) fn padded_all_to_all<C: Communicator + ?Sized>(
     let m = maxima.chunks_exact(8).map(|b| u64::from_ne_bytes(b.try_into().unwrap_or_default())).max().unwrap_or(0);
     let m = usize::try_from(m).map_err(|_| mismatch("all_to_all_v", format!("a block of {m} bytes")))?;
     let mut blocks = vec![0u8; m * n];
-    let starts = offsets(runs);
-    let row: usize = runs.iter().sum();
-    for (j, (&run, &s)) in runs.iter().zip(&starts).enumerate() {
-        for r in 0..rows {
+    for (j, &run) in runs.iter().enumerate() {
+        for (r, src) in block_runs(send, rows, runs, j).enumerate() {
             let at = j * m + r * run;
-            blocks[at..at + run].copy_from_slice(&send[r * row + s..r * row + s + run]);
+            blocks[at..at + run].copy_from_slice(src);
         }
     }
     let mut got = vec![0u8; m * n];

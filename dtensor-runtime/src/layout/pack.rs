@@ -303,8 +303,8 @@ pub fn split_v(src: &[usize], dim: usize, n: usize) -> PackPlan {
     let mut at = 0;
     for j in 0..n {
         let (sz, off) = chunk_size_and_offset(src[dim], n, j);
-        let ext = with(src, dim, sz);
-        plan.push_box(&src_strides, 0, &with(&zero, dim, off), &ext, at, &zero, &ext);
+        let ext = with_dim(src, dim, sz);
+        plan.push_box(&src_strides, 0, &with_dim(&zero, dim, off), &ext, at, &zero, &ext);
         at += ext.iter().product::<usize>();
     }
     plan
@@ -322,15 +322,15 @@ pub fn join_v(dst: &[usize], dim: usize, n: usize) -> PackPlan {
     let mut at = 0;
     for j in 0..n {
         let (sz, off) = chunk_size_and_offset(dst[dim], n, j);
-        let ext = with(dst, dim, sz);
-        plan.push_box(&strides_of(&ext), at, &zero, dst, 0, &with(&zero, dim, off), &ext);
+        let ext = with_dim(dst, dim, sz);
+        plan.push_box(&strides_of(&ext), at, &zero, dst, 0, &with_dim(&zero, dim, off), &ext);
         at += ext.iter().product::<usize>();
     }
     plan
 }
 
 /// `shape` with dim `d` set to `size`.
-fn with(shape: &[usize], d: usize, size: usize) -> Vec<usize> {
+pub(crate) fn with_dim(shape: &[usize], d: usize, size: usize) -> Vec<usize> {
     let mut s = shape.to_vec();
     s[d] = size;
     s
