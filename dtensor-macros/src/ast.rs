@@ -288,11 +288,17 @@ pub(crate) enum FieldAst {
     Other,
 }
 
+/// The name a user reads for `ident`: a raw identifier without its `r#` (`r#type` is `type`),
+/// as a parameter name, in a message and in a generated string.
+pub(crate) fn ident_name(ident: &syn::Ident) -> String {
+    syn::ext::IdentExt::unraw(ident).to_string()
+}
+
 /// Classifies every field of a struct (in order), taking the macro's helper attributes out.
 pub(crate) fn parse_struct(item: &mut syn::ItemStruct, errs: &mut Errors) -> Vec<FieldAst> {
     let mut out = Vec::new();
     for f in item.fields.iter_mut() {
-        let name = f.ident.as_ref().map(|i| i.to_string()).unwrap_or_default();
+        let name = f.ident.as_ref().map(ident_name).unwrap_or_default();
         let span = f.ident.to_token_stream();
         let skip = attr::take_skip_attr(&mut f.attrs, errs);
         let slot = slot(name, &f.ty, &mut f.attrs, span, errs);
@@ -319,7 +325,10 @@ pub(crate) fn parse_fn(item: &mut syn::ItemFn, errs: &mut Errors) -> Vec<(usize,
     let mut slots = Vec::new();
     for (i, arg) in item.sig.inputs.iter_mut().enumerate() {
         if let syn::FnArg::Typed(pt) = arg {
-            let name = pt.pat.to_token_stream().to_string();
+            let name = match &*pt.pat {
+                syn::Pat::Ident(p) => ident_name(&p.ident),
+                other => other.to_token_stream().to_string(),
+            };
             let span = pt.pat.to_token_stream();
             if let Some(s) = slot(name, &pt.ty, &mut pt.attrs, span, errs) {
                 slots.push((i, s));

@@ -122,15 +122,18 @@ pub(crate) fn expand_struct(krate: &TokenStream, mut item: ItemStruct, plan: Str
     let mut patterns = Vec::new();
     for (f, fplan) in item.fields.iter_mut().zip(&plan.fields) {
         let fname = f.ident.clone().expect("named field");
-        let key = fname.to_string();
+        let key = ast::ident_name(&fname);
         let fvis = &f.vis;
         let docs: Vec<_> = f.attrs.iter().filter(|a| a.path().is_ident("doc")).cloned().collect();
+        // A field the user compiles conditionally: everything generated about it carries the
+        // same `#[cfg]`, so it disappears with the field.
+        let cfgs: Vec<_> = f.attrs.iter().filter(|a| a.path().is_ident("cfg")).cloned().collect();
         let mut global_ty = f.ty.clone();
         let surely_parameters = ast::surely_parameters(&f.ty);
         match fplan {
             FieldPlan::Plain => {
-                global_fields.push(quote!(#(#docs)* #fvis #fname: #global_ty));
-                init.push(quote!(#fname: global.#fname));
+                global_fields.push(quote!(#(#cfgs)* #(#docs)* #fvis #fname: #global_ty));
+                init.push(quote!(#(#cfgs)* #fname: global.#fname));
                 continue;
             }
             FieldPlan::Tensors(markers) => {
@@ -139,7 +142,7 @@ pub(crate) fn expand_struct(krate: &TokenStream, mut item: ItemStruct, plan: Str
                 let _ = ast::find_tensors(&f.ty, &mut written);
                 checks.extend(written.iter().map(|t| {
                     let dynamic = &t.dynamic;
-                    quote!(let _ = ::core::marker::PhantomData::<#dynamic>;)
+                    quote!(#(#cfgs)* let _ = ::core::marker::PhantomData::<#dynamic>;)
                 }));
                 ast::rewrite_tensors(&mut global_ty, &mut |_, t| {
                     let e = &t.elem;
@@ -160,25 +163,29 @@ pub(crate) fn expand_struct(krate: &TokenStream, mut item: ItemStruct, plan: Str
         let ty = &f.ty;
         let span = ty.span();
         if !surely_parameters {
-            checks.push(quote_spanned!(span=> __dtensor_field_is_a_parameter::<#elem, #ty>();));
-            generics.make_where_clause().predicates.push(syn::parse_quote!(for<'__dt> #ty: #params));
+            checks.push(quote_spanned!(span=> #(#cfgs)* __dtensor_field_is_a_parameter::<#elem, #ty>();));
+            // A where-clause predicate cannot carry a `#[cfg]`: a conditional field's type is
+            // checked by its (conditional) uses instead.
+            if cfgs.is_empty() {
+                generics.make_where_clause().predicates.push(syn::parse_quote!(for<'__dt> #ty: #params));
+            }
         }
-        global_fields.push(quote!(#(#docs)* #fvis #fname: #global_ty));
+        global_fields.push(quote!(#(#cfgs)* #(#docs)* #fvis #fname: #global_ty));
         // The field's type is not repeated here (it is inferred from the field): an unknown
         // mesh dim in it is then one error, at the struct, and not one more per impl.
-        init.push(quote_spanned!(span=> #fname: <_ as #params>::distribute_global(global.#fname, mesh)?));
-        collect.push(quote_spanned!(span=>
+        init.push(quote_spanned!(span=> #(#cfgs)* #fname: <_ as #params>::distribute_global(global.#fname, mesh)?));
+        collect.push(quote_spanned!(span=> #(#cfgs)* {
             <_ as #params>::collect_parameters(&self.#fname, &#krate::typed::params::join(prefix, #key), out);
-        ));
-        collect_mut.push(quote_spanned!(span=>
+        }));
+        collect_mut.push(quote_spanned!(span=> #(#cfgs)* {
             <_ as #params>::collect_parameters_mut(&mut self.#fname, &#krate::typed::params::join(prefix, #key), out);
-        ));
-        placements.push(quote_spanned!(span=>
+        }));
+        placements.push(quote_spanned!(span=> #(#cfgs)* {
             <_ as #params>::collect_placements(&self.#fname, &#krate::typed::params::join(prefix, #key), out);
-        ));
-        patterns.push(quote_spanned!(span=>
+        }));
+        patterns.push(quote_spanned!(span=> #(#cfgs)* {
             #krate::typed::params::field_patterns::<#elem, Self, _>(|s: &Self| &s.#fname, &#krate::typed::params::join(prefix, #key), out);
-        ));
+        }));
     }
     let (impl_g, ty_g, where_g) = generics.split_for_impl();
     let (check_g, _, check_where) = item.generics.split_for_impl();
@@ -451,7 +458,7 @@ pub(crate) fn expand_fn(krate: &TokenStream, mut item: ItemFn, plan: FnPlan<'_>)
 /// does not show. Dynamic ops in the body may not redistribute their inputs on their own
 /// (unless `implicit = "allow"`, which also lifts a caller's scope for this body).
 fn implicit_scope(krate: &TokenStream, item: &ItemFn, allow: bool) -> TokenStream {
-    let name = item.sig.ident.to_string();
+    let name = ast::ident_name(&item.sig.ident);
     let site = item.sig.ident.span();
     let scope = if allow {
         quote_spanned!(site=> #krate::ops::implicit::allow_implicit())

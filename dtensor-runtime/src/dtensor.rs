@@ -2,7 +2,7 @@
 
 use crate::autograd::AutogradMeta;
 use crate::comm::storage as comm_storage;
-use crate::element::Scalar;
+use crate::element::{DType, Scalar};
 use crate::error::{Error, Result};
 use crate::layout::pack;
 use crate::layout::{checked_global_shape_from_local, contiguous_strides, local_shape_and_offset};
@@ -396,8 +396,36 @@ fn check_consistency(
 }
 
 impl<T: Scalar> DTensor<T> {
-    /// Element-type conversion of the data (no autograd history).
+    /// Element-type conversion of the data (no autograd history), with Rust's `as` rule
+    /// (PyTorch's casts): floats round to nearest, floats into integers truncate toward zero
+    /// and saturate, integers convert through i64 and wrap into a narrower integer.
+    ///
+    /// The conversion runs on each rank's shard, so a `Partial` tensor keeps its placement
+    /// only where converting the terms and then reducing gives the conversion of the reduced
+    /// value. Where it does not, the cast is an [`Error::PartialNotAllowed`] (reduce first:
+    /// `redistribute` to Replicate or a Shard, then cast), never a silently different value:
+    /// float to integer with `Partial(sum)`, `Partial(avg)` or `Partial(product)` (each term
+    /// would truncate on its own: 0.6 + 0.6 gives 0, not 1; integers have no average),
+    /// integer into a narrower integer with `Partial(max)` / `Partial(min)` (wrapping is not
+    /// monotonic), and integer into a wider integer or a float with `Partial(sum)` /
+    /// `Partial(product)` (a sum that wrapped in the integer type would not wrap). Float-to-float
+    /// casts keep every Partial: max/min commute with rounding, and a sum or product rounds each
+    /// term, as PyTorch's casts of partial tensors do.
     pub fn cast<U: Scalar>(&self) -> Result<DTensor<U>> {
+        if let Some(&p) = self.placements.iter().find(|p| match p {
+            Placement::Partial(op) => !cast_keeps_partial(T::DTYPE, U::DTYPE, *op),
+            _ => false,
+        }) {
+            return Err(Error::PartialNotAllowed {
+                placement: p,
+                context: format!(
+                    "cast from {} to {}: each rank's partial term would convert on its own and reduce to \
+                     another value; reduce first (redistribute to Replicate or a Shard), then cast",
+                    T::DTYPE,
+                    U::DTYPE
+                ),
+            });
+        }
         let local = self.local.cast::<U>()?;
         let mut d = DTensor::new_unchecked(local, self.mesh.clone(), self.placements.clone(), self.shape.clone(), None);
         d.stride = self.stride.clone();
@@ -499,5 +527,26 @@ impl<T: Scalar> fmt::Debug for DTensor<T> {
             self.mesh.rank(),
             self.local.shape()
         )
+    }
+}
+
+/// Whether converting every rank's term of a `Partial(op)` tensor from `from` to `to` and then
+/// reducing gives the conversion of the reduced value (see [`DTensor::cast`]).
+pub(crate) fn cast_keeps_partial(from: DType, to: DType, op: ReduceOp) -> bool {
+    let order = matches!(op, ReduceOp::Max | ReduceOp::Min);
+    match (from.is_float(), to.is_float()) {
+        // Rounding is monotonic (max/min commute); sums and products round as float ops do.
+        (true, true) => true,
+        // Monotonic too; but an integer sum or product that wrapped would not wrap in a float.
+        (false, true) => order,
+        // Truncation toward zero with saturation is monotonic, but not additive.
+        (true, false) => order,
+        (false, false) if from == to => true,
+        // Widening (sign or zero extension) keeps order; it does not keep a sum or product
+        // that wrapped in the narrower type.
+        (false, false) if to.size_of() > from.size_of() => order,
+        // Wrapping into a narrower (or same-width) integer is a ring map: sums and products
+        // commute with it, order does not (256 wraps below 10 in u8).
+        (false, false) => matches!(op, ReduceOp::Sum | ReduceOp::Product),
     }
 }

@@ -70,6 +70,9 @@ enum Fill<'a, T: Scalar> {
 
 /// Builds this rank's shard of a tensor of global shape `size` on the mesh's device.
 fn build<T: Scalar>(op: &str, size: &[usize], opts: &TensorOptions, fill: Fill<'_, T>) -> Result<DTensor<T>> {
+    // The global shape first: its element count and byte size must exist before any shard
+    // of it is laid out (the local shape of an overflowing one would be meaningless).
+    crate::shape::checked_bytes::<T>(op, size)?;
     let mesh = match &opts.device_mesh {
         Some(m) => m.clone(),
         None => current_mesh().ok_or_else(|| Error::InvalidArgument {
@@ -88,7 +91,7 @@ fn build<T: Scalar>(op: &str, size: &[usize], opts: &TensorOptions, fill: Fill<'
     let local = match fill {
         Fill::Value(v) => Storage::full(mesh.target(), &shape, v)?,
         Fill::Random(f) => f(mesh.target(), &shape, &offset)?,
-        Fill::Host(f) => Storage::from_host(shard_from_global_index(size, &offset, &shape, f), mesh.target())?,
+        Fill::Host(f) => Storage::from_host(shard_from_global_index(size, &offset, &shape, f)?, mesh.target())?,
     };
     let dt = DTensor::new_unchecked(local, mesh, placements, size.to_vec(), None);
     T::with_requires_grad(dt, opts.requires_grad)
@@ -129,14 +132,16 @@ pub fn full<T: Scalar>(size: &[usize], fill_value: T, opts: &TensorOptions) -> R
 /// assert_eq!(fulls[0].0, fulls[0].1);
 /// ```
 pub fn rand<T: Element>(size: &[usize], opts: &TensorOptions) -> Result<DTensor<T>> {
-    let (seed, offset) = rng::reserve(size.iter().product());
+    // Checked before the generator advances: a refused call leaves it where it was.
+    let (seed, offset) = rng::reserve(crate::shape::checked_bytes::<T>("rand", size)? / std::mem::size_of::<T>());
     let fill = RandomFill { seed, offset, dist: Distribution::Uniform };
     build("rand", size, opts, Fill::Random(&|t, shape, at| Storage::random(t, &fill, size, at, shape)))
 }
 
 /// Standard normal; placement-invariant (see [`crate::rng`]).
 pub fn randn<T: Element>(size: &[usize], opts: &TensorOptions) -> Result<DTensor<T>> {
-    let (seed, offset) = rng::reserve(size.iter().product());
+    // Checked before the generator advances: a refused call leaves it where it was.
+    let (seed, offset) = rng::reserve(crate::shape::checked_bytes::<T>("randn", size)? / std::mem::size_of::<T>());
     let fill = RandomFill { seed, offset, dist: Distribution::Normal };
     build("randn", size, opts, Fill::Random(&|t, shape, at| Storage::random(t, &fill, size, at, shape)))
 }

@@ -189,10 +189,11 @@ pub(crate) fn shard_from_global_index<T>(
     offset: &[usize],
     shape: &[usize],
     mut f: impl FnMut(usize) -> T,
-) -> ndarray::ArrayD<T> {
+) -> Result<ndarray::ArrayD<T>> {
     let strides = contiguous_strides(global);
     let n: usize = shape.iter().product();
-    let mut data = Vec::with_capacity(n);
+    // Sized by the caller's shape: a shard too large for memory is an error, not an abort.
+    let mut data = crate::alloc::try_with_capacity("factory shard", n)?;
     if n > 0 {
         let lead = shape.len().saturating_sub(1);
         let row = shape.get(lead).copied().unwrap_or(1);
@@ -211,8 +212,8 @@ pub(crate) fn shard_from_global_index<T>(
             }
         }
     }
-    ndarray::ArrayD::from_shape_vec(ndarray::IxDyn(shape), data)
-        .unwrap_or_else(|_| unreachable!("{n} elements were generated for shape {shape:?}"))
+    Ok(ndarray::ArrayD::from_shape_vec(ndarray::IxDyn(shape), data)
+        .unwrap_or_else(|_| unreachable!("{n} elements were generated for shape {shape:?}")))
 }
 
 #[cfg(test)]
@@ -235,7 +236,11 @@ mod tests {
             let want = ndarray::ArrayD::from_shape_fn(ndarray::IxDyn(shape), |ix| {
                 (0..shape.len()).map(|d| (ix[d] + offset[d]) * strides[d]).sum::<usize>()
             });
-            assert_eq!(shard_from_global_index(global, offset, shape, |i| i), want, "{global:?} {offset:?} {shape:?}");
+            assert_eq!(
+                shard_from_global_index(global, offset, shape, |i| i).unwrap(),
+                want,
+                "{global:?} {offset:?} {shape:?}"
+            );
         }
     }
     use crate::placement::Placement::*;

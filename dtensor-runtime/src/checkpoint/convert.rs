@@ -1,7 +1,9 @@
 //! Element types a safetensors file may hold and how they load into a [`Scalar`]: the
 //! element's own dtype is copied as is; the other loadable dtypes (`BF16`, `F16`, `F32`,
-//! `F64`, `I64`, `I32`, `U8`) are converted on load through f64 (floats round to nearest when
-//! the target is narrower; floats into integers truncate and saturate, as Rust's `as`).
+//! `F64`, `I64`, `I32`, `U8`) are converted on load by the rule of
+//! [`DTensor::cast`](crate::DTensor::cast), Rust's `as` (PyTorch's casts): floats round to
+//! nearest when the target is narrower, floats into integers truncate and saturate, integers
+//! convert through i64 (exact) and wrap into a narrower integer.
 
 use crate::element::Scalar;
 use safetensors::Dtype;
@@ -21,19 +23,22 @@ pub(crate) fn loadable_size(dtype: Dtype) -> Option<usize> {
 /// Decodes little-endian `bytes` of `dtype` into `dst` (`bytes.len()` is `dst.len()` times the
 /// dtype's size; `dtype` is one [`loadable_size`] accepts).
 pub(crate) fn decode_into<T: Scalar>(dtype: Dtype, bytes: &[u8], dst: &mut [T]) {
-    fn each<T: Scalar, const N: usize>(bytes: &[u8], dst: &mut [T], f: impl Fn([u8; N]) -> f64) {
+    fn each<T: Scalar, const N: usize>(bytes: &[u8], dst: &mut [T], f: impl Fn([u8; N]) -> T) {
         for (d, c) in dst.iter_mut().zip(bytes.chunks_exact(N)) {
-            *d = T::of_f64(f(c.try_into().expect("chunks of N bytes")));
+            *d = f(c.try_into().expect("chunks of N bytes"));
         }
     }
+    // The one conversion rule of `DTensor::cast` (Rust's `as`, as PyTorch's casts): integers go
+    // through i64, so I64 values beyond 2^53 stay exact and narrower integer targets wrap;
+    // floats go through f64 (exact for every source float).
     match dtype {
-        Dtype::BF16 => each(bytes, dst, |b| half::bf16::from_le_bytes(b).to_f64()),
-        Dtype::F16 => each(bytes, dst, |b| half::f16::from_le_bytes(b).to_f64()),
-        Dtype::F32 => each(bytes, dst, |b| f32::from_le_bytes(b) as f64),
-        Dtype::F64 => each(bytes, dst, f64::from_le_bytes),
-        Dtype::I64 => each(bytes, dst, |b| i64::from_le_bytes(b) as f64),
-        Dtype::I32 => each(bytes, dst, |b| i32::from_le_bytes(b) as f64),
-        Dtype::U8 => each(bytes, dst, |b: [u8; 1]| b[0] as f64),
+        Dtype::BF16 => each(bytes, dst, |b| T::of_f64(half::bf16::from_le_bytes(b).to_f64())),
+        Dtype::F16 => each(bytes, dst, |b| T::of_f64(half::f16::from_le_bytes(b).to_f64())),
+        Dtype::F32 => each(bytes, dst, |b| T::of_f64(f32::from_le_bytes(b) as f64)),
+        Dtype::F64 => each(bytes, dst, |b| T::of_f64(f64::from_le_bytes(b))),
+        Dtype::I64 => each(bytes, dst, |b| T::of_i64(i64::from_le_bytes(b))),
+        Dtype::I32 => each(bytes, dst, |b| T::of_i64(i32::from_le_bytes(b) as i64)),
+        Dtype::U8 => each(bytes, dst, |b: [u8; 1]| T::of_i64(b[0] as i64)),
         other => unreachable!("{other:?} is not loadable (checked by the caller)"),
     }
 }

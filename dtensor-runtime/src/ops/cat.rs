@@ -32,6 +32,14 @@ pub fn cat<T: Scalar>(tensors: &[&DTensor<T>], dim: isize) -> Result<DTensor<T>>
             });
         }
     }
+    // The output's shape before any data moves: many zero-sized inputs with huge dims can sum
+    // past `usize` (or past the shape bound) along `d`.
+    let mut shape = first.shape.clone();
+    shape[d] = tensors
+        .iter()
+        .try_fold(0usize, |acc, t| acc.checked_add(t.shape[d]))
+        .ok_or_else(|| Error::ShapeOverflow { context: "cat".into(), shape: first.shape.clone() })?;
+    crate::shape::checked_numel("cat", &shape)?;
     let n = tensors.len();
     let mut rs = vec![DimRule::new(&vec![Placement::Replicate; n], Placement::Replicate)];
     for e in (0..first.ndim()).filter(|&e| slice_keeps_shard(e, d)) {
@@ -44,8 +52,6 @@ pub fn cat<T: Scalar>(tensors: &[&DTensor<T>], dim: isize) -> Result<DTensor<T>>
     let locals: Vec<&Storage<T>> = c.inputs.iter().map(|x| &*x.local).collect();
     let local = Storage::cat(&locals, d)?;
     let sizes: Vec<usize> = c.inputs.iter().map(|x| x.shape[d]).collect();
-    let mut shape = first.shape.clone();
-    shape[d] = sizes.iter().sum();
     let out = new_output(local, &c.inputs[0].mesh, c.output, shape);
     let ins: Vec<&DTensor<T>> = c.inputs.iter().map(|x| &**x).collect();
     Ok(record("cat_backward", out, &ins, move |g| {

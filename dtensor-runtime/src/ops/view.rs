@@ -222,8 +222,15 @@ impl<T: Scalar> DTensor<T> {
         let mut shape: Vec<isize> = self.shape[..d].iter().map(|&s| s as isize).collect();
         shape.extend_from_slice(sizes);
         shape.extend(self.shape[d + 1..].iter().map(|&s| s as isize));
-        let known: isize = sizes.iter().filter(|&&s| s >= 0).product();
-        if !sizes.contains(&-1) && known != self.shape[d] as isize {
+        if sizes.iter().any(|&s| s < -1) || sizes.iter().filter(|&&s| s == -1).count() > 1 {
+            return Err(Error::InvalidArgument {
+                context: "unflatten".into(),
+                reason: format!("invalid sizes {sizes:?}: each must be >= 0, with at most one -1"),
+            });
+        }
+        let known_dims: Vec<usize> = sizes.iter().filter(|&&s| s >= 0).map(|&s| s as usize).collect();
+        let known = crate::shape::checked_numel("unflatten", &known_dims)?;
+        if !sizes.contains(&-1) && known != self.shape[d] {
             return Err(Error::InvalidArgument {
                 context: "unflatten".into(),
                 reason: format!("sizes {sizes:?} do not multiply to dim {d} of size {}", self.shape[d]),
@@ -260,7 +267,8 @@ impl<T: Scalar> DTensor<T> {
         if infer.len() > 1 || shape.iter().any(|&s| s < -1) {
             return Err(bad(format!("invalid target shape {shape:?}")));
         }
-        let known: usize = shape.iter().filter(|&&s| s >= 0).map(|&s| s as usize).product();
+        let known_dims: Vec<usize> = shape.iter().filter(|&&s| s >= 0).map(|&s| s as usize).collect();
+        let known = crate::shape::checked_numel("reshape", &known_dims)?;
         let mut out: Vec<usize> = shape.iter().map(|&s| s.max(0) as usize).collect();
         if let Some(&i) = infer.first() {
             if known == 0 || !numel.is_multiple_of(known) {
@@ -279,7 +287,7 @@ impl<T: Scalar> DTensor<T> {
     /// Reshape to a fully known shape.
     pub fn reshape_to(&self, out: &[usize]) -> Result<DTensor<T>> {
         let input = self.shape.clone();
-        if out.iter().product::<usize>() != self.numel() {
+        if crate::shape::checked_numel("reshape", out)? != self.numel() {
             return Err(Error::ShapeMismatch {
                 context: "reshape: number of elements".into(),
                 expected: input,
@@ -332,6 +340,7 @@ fn expand_impl<T: Scalar>(x: &DTensor<T>, shape: &[usize], prefer: Option<&[Plac
     if x.ndim() > shape.len() {
         return Err(bad());
     }
+    crate::shape::checked_bytes::<T>("expand", shape)?;
     let off = shape.len() - x.ndim();
     let mut rs = vec![DimRule::new(&[Placement::Replicate], Placement::Replicate)];
     for (d, &s) in shape.iter().enumerate() {

@@ -8,6 +8,9 @@ use crate::mesh::Along;
 use crate::module::Module;
 use crate::placement::ReduceOp;
 
+/// The smallest scale [`GradScaler::update`] backs off to: `1 / MIN_SCALE` is finite in f32.
+const MIN_SCALE: f64 = f32::MIN_POSITIVE as f64;
+
 /// Multiplies the loss by a scale so that small f16 gradients do not underflow, divides the
 /// gradients by it again inside the optimizer step (in f32 with master weights), skips a step
 /// whose gradients hold an inf or NaN and then halves the scale, and doubles the scale after
@@ -90,39 +93,64 @@ impl GradScaler {
         self.scale
     }
 
+    /// Checks the configuration (PyTorch asserts the same factors): the scale finite and
+    /// positive, `growth_factor` > 1, `backoff_factor` in (0, 1), `growth_interval` ≥ 1.
+    /// [`scale`](Self::scale) and [`step`](Self::step) call it, so a bad builder value is an
+    /// [`Error::InvalidArgument`] naming it before any gradient or weight is touched.
+    pub fn validate(&self) -> Result<()> {
+        let bad = |name: &str, value: String, rule: &str| Error::InvalidArgument {
+            context: format!("GradScaler: `{name}`"),
+            reason: format!("{value} is invalid: it must be {rule}"),
+        };
+        if !(self.scale.is_finite() && self.scale > 0.0) {
+            return Err(bad("init_scale", self.scale.to_string(), "finite and > 0"));
+        }
+        if !(self.growth_factor.is_finite() && self.growth_factor > 1.0) {
+            return Err(bad("growth_factor", self.growth_factor.to_string(), "finite and > 1"));
+        }
+        if !(self.backoff_factor > 0.0 && self.backoff_factor < 1.0) {
+            return Err(bad("backoff_factor", self.backoff_factor.to_string(), "in (0, 1)"));
+        }
+        if self.growth_interval == 0 {
+            return Err(bad("growth_interval", "0".into(), ">= 1"));
+        }
+        Ok(())
+    }
+
     /// `loss × scale` (differentiable): call `backward` on the result.
     pub fn scale<T: Element>(&self, loss: &DTensor<T>) -> Result<DTensor<T>> {
+        self.validate()?;
         loss.mul_scalar(T::of_f64(self.scale))
     }
 
-    /// Unscales the gradients and runs `opt`'s step unless a gradient holds an inf or NaN on
-    /// any rank of the parameters' mesh; returns whether the step ran. Call [`update`](Self::update)
-    /// afterwards.
+    /// Unscales the gradients and runs `opt`'s step unless an unscaled gradient holds an inf
+    /// or NaN on any rank of the parameters' mesh; returns whether the step ran. Call
+    /// [`update`](Self::update) afterwards.
+    ///
+    /// As PyTorch's `unscale_` + `step`: the check reads the gradients as the optimizer will
+    /// apply them (times `1 / scale`, in f32 with master weights), so a step whose unscaling
+    /// overflows is skipped too, and a skipped step writes nothing.
     pub fn step<T: Element, O: Optimizer<T>, M: Module<T> + ?Sized>(
         &mut self,
         opt: &mut O,
         module: &mut M,
     ) -> Result<bool> {
-        let mut mesh = None;
-        let mut bad = false;
-        for (_, p) in module.named_parameters() {
-            mesh.get_or_insert_with(|| p.device_mesh().clone());
-            if let Some(g) = p.grad() {
-                bad |= g.to_host()?.iter().any(|v| !v.is_finite());
-            }
-        }
-        let Some(mesh) = mesh else {
+        self.validate()?;
+        let Some((_, first)) = module.named_parameters().into_iter().next() else {
             return Err(Error::InvalidArgument {
                 context: "GradScaler::step".into(),
                 reason: "the module has no parameters".into(),
             });
         };
+        let mesh = first.device_mesh().clone();
+        let factor = 1.0 / self.scale;
+        let bad = !opt.unscaled_grads_finite(module, factor)?;
         let mut flag = [if bad { 1.0f32 } else { 0.0 }];
         mesh.all_reduce(Along::All, &mut flag, ReduceOp::Max)?;
         let found = flag[0] != 0.0;
         self.found_inf = Some(found);
         if !found {
-            opt.step_with_grad_factor(module, 1.0 / self.scale)?;
+            opt.step_with_grad_factor(module, factor)?;
         }
         Ok(!found)
     }
@@ -132,13 +160,19 @@ impl GradScaler {
     pub fn update(&mut self) {
         match self.found_inf.take() {
             Some(true) => {
-                self.scale *= self.backoff_factor;
+                // Never down to 0 (whose inverse would unscale to inf): the floor keeps
+                // `1 / scale` finite in f32.
+                self.scale = (self.scale * self.backoff_factor).max(MIN_SCALE);
                 self.good_steps = 0;
             }
             Some(false) => {
                 self.good_steps += 1;
                 if self.good_steps >= self.growth_interval {
-                    self.scale *= self.growth_factor;
+                    // Grows only to a finite scale (PyTorch's `_amp_update_scale_`).
+                    let grown = self.scale * self.growth_factor;
+                    if grown.is_finite() {
+                        self.scale = grown;
+                    }
                     self.good_steps = 0;
                 }
             }

@@ -70,6 +70,54 @@ pub trait Optimizer<T: Element> {
     /// One update of every parameter of `module` that has a gradient, each gradient taken
     /// times `grad_factor` (1 for a plain step).
     fn step_with_grad_factor<M: Module<T> + ?Sized>(&mut self, module: &mut M, grad_factor: f64) -> Result<()>;
+
+    /// Whether the update runs in f32 on master copies of the parameters (then gradients are
+    /// unscaled in f32). `false` unless the optimizer keeps master weights.
+    fn updates_in_f32(&self) -> bool {
+        false
+    }
+
+    /// Whether every gradient of `module`, taken times `grad_factor` in the precision the
+    /// update runs in ([`updates_in_f32`](Self::updates_in_f32)), is finite on this rank: the
+    /// gradients [`step_with_grad_factor`](Self::step_with_grad_factor) would apply, checked
+    /// before anything is written (PyTorch's `unscale_` then `found_inf`).
+    fn unscaled_grads_finite<M: Module<T> + ?Sized>(&self, module: &M, grad_factor: f64) -> Result<bool> {
+        if self.updates_in_f32() {
+            grads_finite::<T, f32, M>(module, grad_factor)
+        } else {
+            grads_finite::<T, T, M>(module, grad_factor)
+        }
+    }
+}
+
+/// Whether every gradient of `module`, cast to `W` and taken times `factor` by the kernel the
+/// update uses ([`times`]), is finite.
+fn grads_finite<T: Element, W: Element, M: Module<T> + ?Sized>(module: &M, factor: f64) -> Result<bool> {
+    for (_, p) in module.named_parameters() {
+        let Some(g) = p.grad() else { continue };
+        let g = g.local().cast::<W>()?;
+        if times(Arc::new(g), factor)?.to_host()?.iter().any(|v| !v.is_finite()) {
+            return Ok(false);
+        }
+    }
+    Ok(true)
+}
+
+/// Checks one hyperparameter: `ok(value)` must hold and the value must be finite (PyTorch
+/// raises `ValueError` for the same values; a non-finite one would write inf/NaN weights).
+fn check_hyper(optimizer: &str, name: &str, value: f64, ok: bool, rule: &str) -> Result<()> {
+    if ok && value.is_finite() {
+        return Ok(());
+    }
+    Err(Error::InvalidArgument {
+        context: format!("{optimizer}: hyperparameter `{name}`"),
+        reason: format!("{value} is invalid: it must be finite and {rule}"),
+    })
+}
+
+/// The gradient factor a caller (the [`GradScaler`]) passes: finite and positive.
+fn check_grad_factor(optimizer: &str, grad_factor: f64) -> Result<()> {
+    check_hyper(optimizer, "grad_factor", grad_factor, grad_factor > 0.0, "> 0")
 }
 
 /// An f32 weight copy and its momentum buffer.
@@ -121,10 +169,26 @@ impl<T: Element> Sgd<T> {
     pub fn step<M: Module<T> + ?Sized>(&mut self, module: &mut M) -> Result<()> {
         self.step_with_grad_factor(module, 1.0)
     }
+
+    /// Checks the hyperparameters as PyTorch's `SGD` constructor does (`lr`, `momentum` and
+    /// `weight_decay` ≥ 0), and that each is finite; every step calls it before touching a
+    /// weight, so a bad value (the fields are public) is an [`Error::InvalidArgument`] naming
+    /// it, never a NaN weight.
+    pub fn validate(&self) -> Result<()> {
+        check_hyper("Sgd", "lr", self.lr, self.lr >= 0.0, ">= 0")?;
+        check_hyper("Sgd", "momentum", self.momentum, self.momentum >= 0.0, ">= 0")?;
+        check_hyper("Sgd", "weight_decay", self.weight_decay, self.weight_decay >= 0.0, ">= 0")
+    }
 }
 
 impl<T: Element> Optimizer<T> for Sgd<T> {
+    fn updates_in_f32(&self) -> bool {
+        self.master.is_some()
+    }
+
     fn step_with_grad_factor<M: Module<T> + ?Sized>(&mut self, module: &mut M, grad_factor: f64) -> Result<()> {
+        self.validate()?;
+        check_grad_factor("Sgd", grad_factor)?;
         let momentum = self.momentum != 0.0;
         for (name, p) in module.named_parameters_mut() {
             let Some(g) = local_grad(&name, p)? else { continue };
@@ -211,6 +275,19 @@ impl<T: Element> AdamW<T> {
     pub fn step<M: Module<T> + ?Sized>(&mut self, module: &mut M) -> Result<()> {
         self.step_with_grad_factor(module, 1.0)
     }
+
+    /// Checks the hyperparameters as PyTorch's `AdamW` constructor does (`lr`, `eps` and
+    /// `weight_decay` ≥ 0, each beta in `[0, 1)`), and that each is finite; every step calls it
+    /// before touching a weight, so a bad value (the fields are public) is an
+    /// [`Error::InvalidArgument`] naming it, never a NaN weight or an ascent.
+    pub fn validate(&self) -> Result<()> {
+        check_hyper("AdamW", "lr", self.lr, self.lr >= 0.0, ">= 0")?;
+        check_hyper("AdamW", "eps", self.eps, self.eps >= 0.0, ">= 0")?;
+        let (b1, b2) = self.betas;
+        check_hyper("AdamW", "betas.0", b1, (0.0..1.0).contains(&b1), "in [0, 1)")?;
+        check_hyper("AdamW", "betas.1", b2, (0.0..1.0).contains(&b2), "in [0, 1)")?;
+        check_hyper("AdamW", "weight_decay", self.weight_decay, self.weight_decay >= 0.0, ">= 0")
+    }
 }
 
 /// One AdamW update of `w` at step `t` (1-based), computed in `W` (the parameter's type, or
@@ -240,7 +317,13 @@ fn adamw_update<W: Element>(
 }
 
 impl<T: Element> Optimizer<T> for AdamW<T> {
+    fn updates_in_f32(&self) -> bool {
+        self.master.is_some()
+    }
+
     fn step_with_grad_factor<M: Module<T> + ?Sized>(&mut self, module: &mut M, grad_factor: f64) -> Result<()> {
+        self.validate()?;
+        check_grad_factor("AdamW", grad_factor)?;
         let mut master = self.master.take();
         let mut state = std::mem::take(&mut self.state);
         let result = (|| {

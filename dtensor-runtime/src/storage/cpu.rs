@@ -708,7 +708,12 @@ pub(super) fn cast<T: Scalar, U: Scalar>(a: &ArrayD<T>) -> ArrayD<U> {
 }
 
 /// The shard (`shape` at `offset`) of a random tensor of `global` shape.
-pub(super) fn random<T: Element>(fill: &RandomFill, global: &[usize], offset: &[usize], shape: &[usize]) -> ArrayD<T> {
+pub(super) fn random<T: Element>(
+    fill: &RandomFill,
+    global: &[usize],
+    offset: &[usize],
+    shape: &[usize],
+) -> Result<ArrayD<T>> {
     let mut s = Stream::new(fill.seed, fill.offset);
     match fill.dist {
         Distribution::Uniform => shard_from_global_index(global, offset, shape, |i| s.uniform(i)),

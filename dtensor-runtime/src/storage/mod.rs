@@ -340,9 +340,22 @@ impl<T: Scalar> Storage<T> {
     }
 
     /// Every element `value`.
+    /// The shape is checked ([`Error::ShapeOverflow`]) and the buffer allocated fallibly
+    /// ([`Error::OutOfMemory`]), as every buffer sized by a caller's shape.
     pub fn full(target: &Target, shape: &[usize], value: T) -> Result<Storage<T>> {
+        let n = crate::shape::checked_numel("full", shape)?;
         match target {
-            Target::Cpu => Ok(Storage::Cpu(ArrayD::from_elem(shape, value))),
+            Target::Cpu => {
+                let data = if bytemuck::bytes_of(&value).iter().all(|&b| b == 0) {
+                    // Zeroed by the allocator: untouched pages cost nothing.
+                    crate::alloc::try_zeroed("full", n)?
+                } else {
+                    let mut v = crate::alloc::try_with_capacity("full", n)?;
+                    v.resize(n, value);
+                    v
+                };
+                cpu::from_vec(shape, data).map(Storage::Cpu)
+            }
             Target::Cuda(d) => on_cuda!(d => CudaStorage::full(d, shape, value).map(Storage::Cuda)),
         }
     }
@@ -371,7 +384,7 @@ impl<T: Element> Storage<T> {
             return Err(shape_mismatch("random: rank of the global shape / offset".into(), shape, global));
         }
         match target {
-            Target::Cpu => Ok(Storage::Cpu(cpu::random(fill, global, offset, shape))),
+            Target::Cpu => cpu::random(fill, global, offset, shape).map(Storage::Cpu),
             Target::Cuda(d) => on_cuda!(d => CudaStorage::random(d, fill, global, offset, shape).map(Storage::Cuda)),
         }
     }
