@@ -27,3 +27,23 @@ pub use dtensor_runtime::*;
 #[cfg(doctest)]
 #[doc = include_str!("../README.md")]
 pub struct ReadmeDoctests;
+
+/// The Rust snippets of docs/CHECKPOINTS.md, compiled and run as doctests.
+#[cfg(doctest)]
+#[doc = include_str!("../docs/CHECKPOINTS.md")]
+pub struct CheckpointsDoctests;
+
+/// The Rust snippets of docs/EXAMPLES.md, compiled and run as doctests.
+#[cfg(doctest)]
+#[doc = include_str!("../docs/EXAMPLES.md")]
+pub struct ExamplesDoctests;
+
+/// The Rust snippets of docs/MIXED_PRECISION.md, compiled and run as doctests.
+#[cfg(doctest)]
+#[doc = include_str!("../docs/MIXED_PRECISION.md")]
+pub struct MixedPrecisionDoctests;
+
+/// The Rust snippets of docs/OVERLAP.md, compiled and run as doctests.
+#[cfg(doctest)]
+#[doc = include_str!("../docs/OVERLAP.md")]
+pub struct OverlapDoctests;
