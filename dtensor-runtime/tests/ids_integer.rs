@@ -15,6 +15,7 @@
 //! infinite, past i64) is an `InvalidArgument` naming the op; a negative id or one past the
 //! indexed dim is an `InvalidArgument` for every id dtype.
 
+use dtensor_runtime::module::{parallelize_module, ColwiseParallel, Embedding, ParallelStyle, RowwiseParallel};
 use dtensor_runtime::ndarray::{ArrayD, Axis, IxDyn};
 use dtensor_runtime::{
     bf16, distribute_tensor, f16, run, DTensor, DType, DeviceMesh, Element, Error, IndexElement, Placement, Replicate,
@@ -219,6 +220,35 @@ fn huge_ids<T: Element, I: IndexElement>(table: &ArrayD<T>, ids: &[i64]) -> usiz
     }
     count(cases);
     cases
+}
+
+/// The `Embedding` module takes integer ids for every table type (`forward_ids`; its `Forward`
+/// impl reads ids held in the table's type): a bf16 module at ids past 256 and 2048, on one
+/// rank and vocab-parallel (`RowwiseParallel`) or dim-parallel (`ColwiseParallel`) over 2 ranks,
+/// against the rows of its weight.
+#[test]
+fn embedding_module_takes_integer_ids() {
+    let (ids, ia) = id_array::<i64>(&ids_large_vocab());
+    for world in [1, 2] {
+        let outs = on_mesh(world, |m| {
+            let (row, col) = (RowwiseParallel::new(), ColwiseParallel::new());
+            let mut out = Vec::new();
+            for style in [&row as &dyn ParallelStyle, &col] {
+                let emb = Embedding::<bf16>::new(VOCAB, 2)?;
+                let w = emb.weight.to_host()?;
+                let emb = parallelize_module(emb, m, &[("", style)])?;
+                let y = emb.forward_ids(&distribute_tensor(&ia, m, &[Replicate], None)?)?.full_tensor()?;
+                out.push((w, y));
+            }
+            Ok(out)
+        });
+        for (w, y) in outs.into_iter().flatten() {
+            let want = ArrayD::from_shape_fn(IxDyn(&[ids.len(), 2]), |ix| w[[ids[ix[0]] as usize, ix[1]]]);
+            assert_eq!(y, want, "Embedding<bf16>::forward_ids on {world}");
+            count(1);
+        }
+    }
+    println!("{} Embedding module cases (bf16, i64 ids, row- and column-parallel)", cases());
 }
 
 // ------------------------------------------------------------------ one_hot
