@@ -324,6 +324,9 @@ pub(crate) fn select<'a, T: Scalar>(
     Ok(Chosen { inputs, output })
 }
 
+/// The two inputs of [`select_pair`], each moved in its own type, and the output placements.
+pub(crate) type ChosenPair<'a, T, U> = (Cow<'a, DTensor<T>>, Cow<'a, DTensor<U>>, Vec<Placement>);
+
 /// [`select`] for an op of a tensor `x` (input 0) and a tensor of another element type
 /// (input 1: the `i64` ids of an indexing op), each moved in its own type.
 pub(crate) fn select_pair<'a, T: Scalar, U: Scalar>(
@@ -332,7 +335,7 @@ pub(crate) fn select_pair<'a, T: Scalar, U: Scalar>(
     y: &'a DTensor<U>,
     rules: &[DimRule],
     knobs: Select<'_>,
-) -> Result<(Cow<'a, DTensor<T>>, Cow<'a, DTensor<U>>, Vec<Placement>)> {
+) -> Result<ChosenPair<'a, T, U>> {
     let (ins, output) = strategy(op, &[x, y], rules, knobs)?;
     let [wx, wy]: [Vec<Placement>; 2] = ins.try_into().map_err(|_| Error::NoShardingRule {
         op: op.into(),
