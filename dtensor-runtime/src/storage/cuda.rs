@@ -14,8 +14,9 @@
 //! (first index on ties, NaN as the extreme), `cat`, and `index_select`, `gather` and their
 //! backwards. Ids are `i64` buffers for every element type (never a float, which would round
 //! them), and `argmax`/`argmin` write `i64` indices. Invalid ids are the host's typed
-//! [`Error::InvalidArgument`], checked on the device before use. The backwards sum each output element's contributions in index order
-//! instead of with atomics: deterministic, and bit-identical to the host. Inputs the kernels
+//! [`Error::InvalidArgument`], checked on the device before use. The backwards sum each output
+//! element's contributions in index order instead of with atomics: deterministic, and
+//! bit-identical to the host. Inputs the kernels
 //! cannot index are typed errors: more than [`MAX_DIMS`](crate::cuda::source::MAX_DIMS) dims,
 //! or dimensions beyond cuBLAS' 32-bit limit.
 //!
@@ -903,7 +904,7 @@ impl<T: Scalar> CudaStorage<T> {
 impl CudaStorage<i64> {
     /// Ones of `U` at these ids along a new last dim of `classes` (zeros elsewhere); an id
     /// outside `[0, classes)` is the host's typed error.
-    pub(super) fn one_hot<U: Scalar>(&self, classes: usize) -> Result<CudaStorage<U>> {
+    pub(super) fn one_hot<U: Element>(&self, classes: usize) -> Result<CudaStorage<U>> {
         let mut shape = self.shape.clone();
         shape.push(classes);
         let mut out = CudaStorage::<U>::zeros(&self.device, &shape)?;
