@@ -127,7 +127,7 @@ fn linear(x: &DTensor<f32>, w: &DTensor<f32>) -> Result<DTensor<f32>> {
 fn forward(a: &Args, w: &HashMap<String, DTensor<f32>>, mesh: &DeviceMesh) -> Result<DTensor<f32>> {
     let (b, s, h, nh) = (a.batch, a.seq, a.hidden, a.heads);
     let hd = h / nh;
-    let ids = ndarray::ArrayD::from_shape_fn(vec![b, s], |ix| ((ix[0] * 31 + ix[1] * 7) % a.vocab) as f32);
+    let ids = ndarray::ArrayD::from_shape_fn(vec![b, s], |ix| ((ix[0] * 31 + ix[1] * 7) % a.vocab) as i64);
     let ids = distribute_tensor(&ids, mesh, &vec![Replicate; mesh.ndim()], None)?;
     let mask = ndarray::ArrayD::from_shape_fn(vec![s, s], |ix| if ix[1] > ix[0] { -1e9f32 } else { 0.0 });
     let mask = distribute_tensor(&mask, mesh, &vec![Replicate; mesh.ndim()], None)?;

@@ -172,8 +172,9 @@ fn expected_comm(layers: usize) -> BTreeMap<(CollectiveKind, String), usize> {
 }
 
 /// Sequences of the rule `t[i+1] = (5·t[i] + 3) mod vocab` from random starts: the ids
-/// `[batch, seq]` and the next tokens (the targets), the same on every rank.
-fn batch_data(cfg: &GptConfig) -> Result<(ArrayD<f64>, ArrayD<f64>)> {
+/// `[batch, seq]` and the next tokens (the targets), the same on every rank, as `i64` (ids are
+/// integers: read in the model's float type they would round past its exact integers).
+fn batch_data(cfg: &GptConfig) -> Result<(ArrayD<i64>, ArrayD<i64>)> {
     let starts = rand::<f64>(&[cfg.batch], &TensorOptions::new().mesh(&local_mesh()))?.to_host()?;
     let v = cfg.vocab;
     let tokens = Array2::from_shape_fn((cfg.batch, cfg.seq + 1), |(b, i)| {
@@ -181,14 +182,14 @@ fn batch_data(cfg: &GptConfig) -> Result<(ArrayD<f64>, ArrayD<f64>)> {
         for _ in 0..i {
             t = (5 * t + 3) % v;
         }
-        t as f64
+        t as i64
     });
     let ids = tokens.slice(ndarray::s![.., ..cfg.seq]).to_owned().into_dyn();
     let targets = tokens.slice(ndarray::s![.., 1..]).to_owned().into_dyn();
     Ok((ids, targets))
 }
 
-type Tokens = Dt<f64, (dp, tp), (Shard<0>, Replicate), 2>;
+type Tokens = Dt<i64, (dp, tp), (Shard<0>, Replicate), 2>;
 
 /// Trains on this rank's part of a `dp × tp` mesh.
 fn train(

@@ -202,8 +202,12 @@ pub trait Element:
 }
 
 /// Element types that can carry indices ([`DTensor::embedding`](crate::DTensor::embedding) ids,
-/// [`DTensor::cross_entropy`](crate::DTensor::cross_entropy) targets): the signed integers, and
-/// the floats for whole-number ids (exact up to 2²⁴ in f32, 2⁸ in bf16).
+/// [`DTensor::cross_entropy`](crate::DTensor::cross_entropy) targets, `one_hot`,
+/// `index_select` / `gather` indices): the signed integers, and the floats for whole-number
+/// ids (a float type holds every integer only up to 2²⁴ in f32, 2¹¹ in f16, 2⁸ in bf16).
+/// Every op converts ids once to `i64` (integers exactly; floats only when whole numbers, else
+/// an [`Error::InvalidArgument`](crate::Error::InvalidArgument)) and its kernels read `i64`,
+/// never the data's element type: a bf16 table serves every id of a large vocabulary.
 pub trait IndexElement: Scalar {}
 impl IndexElement for i64 {}
 impl IndexElement for i32 {}

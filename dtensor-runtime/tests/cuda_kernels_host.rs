@@ -154,8 +154,8 @@ type ReduceK<T> = unsafe extern "C" fn(*const T, *mut T, u64, u64, i32, i32, <T 
 type Softmax<T> = unsafe extern "C" fn(*const T, *mut T, u64, u64, u64, i32);
 type SoftmaxBwd<T> = unsafe extern "C" fn(*const T, *const T, *mut T, u64, u64, u64, i32);
 type Pack<T> = unsafe extern "C" fn(*const T, *mut T, *const u64, u64, u64);
-type Embed<T> = unsafe extern "C" fn(*const T, *const T, *mut T, u64, u64, u64, u64, u64, *mut i32);
-type OneHot<T> = unsafe extern "C" fn(*const T, *mut T, u64, u64, *mut i32);
+type Embed<T> = unsafe extern "C" fn(*const T, *const i64, *mut T, u64, u64, u64, u64, u64, *mut i32);
+type OneHot<T> = unsafe extern "C" fn(*const i64, *mut T, u64, u64, *mut i32);
 type Random<T> = unsafe extern "C" fn(*mut T, u64, Strided, u64, u32, u32, u64, i32);
 type Arg<T> = <T as Dev>::A;
 type SgdK<T> = unsafe extern "C" fn(*mut T, *const T, u64, Arg<T>, Arg<T>);
@@ -166,11 +166,11 @@ type Fill<T> = unsafe extern "C" fn(*mut T, u64, T);
 type Cast<A, B> = unsafe extern "C" fn(*const A, *mut B, u64);
 type Where<T> = unsafe extern "C" fn(*const T, *const T, *const T, *mut T, u64, Strided, Strided);
 type Tri<T> = unsafe extern "C" fn(*const T, *mut T, u64, u64, u64, i32, i64, i64, i64);
-type ArgReduce<T> = unsafe extern "C" fn(*const T, *mut T, u64, u64, u64, i32);
+type ArgReduce<T> = unsafe extern "C" fn(*const T, *mut i64, u64, u64, u64, i32);
 type CatK<T> = unsafe extern "C" fn(*const T, *mut T, u64, u64, u64, u64);
-type CheckIds<T> = unsafe extern "C" fn(*const T, u64, u64, *mut i32);
-type IndexK<T> = unsafe extern "C" fn(*const T, *const T, *mut T, u64, u64, u64, u64);
-type GatherK<T> = unsafe extern "C" fn(*const T, *const T, *mut T, u64, u64, Gather);
+type CheckIds = unsafe extern "C" fn(*const i64, u64, u64, *mut i32);
+type IndexK<T> = unsafe extern "C" fn(*const T, *const i64, *mut T, u64, u64, u64, u64);
+type GatherK<T> = unsafe extern "C" fn(*const T, *const i64, *mut T, u64, u64, Gather);
 
 fn elementwise<T: Dev>(e: &Emu) {
     let s = sfx::<T>();
@@ -388,8 +388,7 @@ fn pack_embedding_random<T: Dev>(e: &Emu) {
     assert!(same(&run_plan(&pack::permute(&[5, 6, 7], &[1, 0, 2]), &a), &cpu(sa.transpose(0, 1).unwrap())));
 
     let table = arr::<T>(&[6, 5], 12, 1.0);
-    let ids = ArrayD::from_shape_vec(IxDyn(&[2, 4]), [3.0, 0.0, 7.0, 3.0, 9.0, 2.0, 3.0, 8.0].map(T::of_f64).to_vec())
-        .unwrap();
+    let ids = ArrayD::from_shape_vec(IxDyn(&[2, 4]), vec![3i64, 0, 7, 3, 9, 2, 3, 8]).unwrap();
     let emb: Embed<T> = e.kernel(&format!("embedding_{s}"));
     let oh: OneHot<T> = e.kernel(&format!("one_hot_{s}"));
     let mut bad = 0i32;
@@ -405,15 +404,16 @@ fn pack_embedding_random<T: Dev>(e: &Emu) {
     let mut o = zeros::<T>(&[2, 4, 10]);
     // SAFETY: 8 ids, 10 classes.
     e.grid(3, || unsafe { oh(ids.as_ptr(), o.as_mut_ptr(), 8, 10, &mut bad) });
-    assert!(bad == 0 && same(&o, &cpu(Storage::Cpu(ids.clone()).one_hot(10).unwrap())), "one_hot {s}");
-    for v in [1.5, -1.0, 10.0, f64::NAN] {
-        let one = [T::of_f64(v)];
+    assert!(bad == 0 && same(&o, &cpu(Storage::Cpu(ids.clone()).one_hot::<T>(10).unwrap())), "one_hot {s}");
+    for v in [-1i64, 10, i64::MIN, i64::MAX, 1 << 40] {
+        let one = [v];
         let mut o = zeros::<T>(&[10]);
         let mut flag = 0i32;
         // SAFETY: one id, 10 classes.
         e.grid(1, || unsafe { oh(one.as_ptr(), o.as_mut_ptr(), 1, 10, &mut flag) });
         assert_eq!(flag, 1, "id {v} is flagged");
     }
+    ids_past_float_exactness::<T>(e);
 
     let rnd: Random<T> = e.kernel(&format!("random_{s}"));
     for dist in [Distribution::Uniform, Distribution::Normal] {
@@ -430,10 +430,49 @@ fn pack_embedding_random<T: Dev>(e: &Emu) {
     }
 }
 
+/// Issue 33: ids are i64 in the kernels, so ids past the integers a float holds (257 in bf16,
+/// 2049 in f16, 2^24 + 1 in f32) reach their own rows. A 6-row shard at row 2^24 - 2 of a
+/// vocabulary of 2^25 (no table that large is needed), its ids around 2^24 and the 16-bit
+/// limits: the embedding and one-hot kernels against the host and against the rows and
+/// classes the ids name.
+fn ids_past_float_exactness<T: Dev>(e: &Emu) {
+    let s = sfx::<T>();
+    let (row0, vocab) = ((1i64 << 24) - 2, 1u64 << 25);
+    let table = arr::<T>(&[6, 3], 14, 1.0);
+    let idv = vec![row0 + 3, row0 + 1, 257, row0 + 5, 2049, row0 + 2, (1 << 24) + 1, row0];
+    let ids = ArrayD::from_shape_vec(IxDyn(&[8]), idv.clone()).unwrap();
+    let emb: Embed<T> = e.kernel(&format!("embedding_{s}"));
+    let mut bad = 0i32;
+    let mut out = zeros::<T>(&[8, 3]);
+    // SAFETY: 8 ids, 3 columns, a 6-row shard.
+    e.grid(3, || unsafe { emb(table.as_ptr(), ids.as_ptr(), out.as_mut_ptr(), 8, 3, 6, row0 as u64, vocab, &mut bad) });
+    let host =
+        cpu(Storage::Cpu(table.clone()).embedding(&Storage::Cpu(ids.clone()), row0 as usize, vocab as usize).unwrap());
+    assert!(bad == 0 && same(&out, &host), "embedding past float exactness {s}");
+    for (k, &id) in idv.iter().enumerate() {
+        let r = id - row0;
+        for c in 0..3 {
+            let want = if (0..6).contains(&r) { table[[r as usize, c]] } else { T::zero() };
+            assert!(out[[k, c]] == want, "id {id} column {c} {s}");
+        }
+    }
+    // One-hot of ids around 2^11 and 2^8 into 2100 classes: the one sits at the id itself.
+    let small = ArrayD::from_shape_vec(IxDyn(&[4]), vec![257i64, 2049, 2047, 255]).unwrap();
+    let oh: OneHot<T> = e.kernel(&format!("one_hot_{s}"));
+    let mut o = zeros::<T>(&[4, 2100]);
+    // SAFETY: 4 ids, 2100 classes.
+    e.grid(3, || unsafe { oh(small.as_ptr(), o.as_mut_ptr(), 4, 2100, &mut bad) });
+    assert!(bad == 0 && same(&o, &cpu(Storage::Cpu(small.clone()).one_hot::<T>(2100).unwrap())), "one_hot {s}");
+    for (k, &id) in small.iter().enumerate() {
+        let row = o.index_axis(dtensor_runtime::ndarray::Axis(0), k);
+        assert_eq!(row.iter().position(|&v| v == T::one()), Some(id as usize), "one_hot id {id} {s}");
+    }
+}
+
 /// The device's embedding backward of the 8 ids into a 6-row shard at row 2 of a vocab of 10:
 /// the atomic kernel for f32 and f64; for the 16-bit floats the same steps as
-/// `CudaStorage::embedding_backward`, which widens to f32 around it.
-fn embedding_bwd<T: Dev>(e: &Emu, g: &ArrayD<T>, ids: &ArrayD<T>, bad: &mut i32) -> ArrayD<T> {
+/// `CudaStorage::embedding_backward`, which widens the gradient (not the ids) to f32 around it.
+fn embedding_bwd<T: Dev>(e: &Emu, g: &ArrayD<T>, ids: &ArrayD<i64>, bad: &mut i32) -> ArrayD<T> {
     let s = sfx::<T>();
     if !T::DTYPE.is_half() {
         let embb: Embed<T> = e.kernel(&format!("embedding_bwd_{s}"));
@@ -449,11 +488,11 @@ fn embedding_bwd<T: Dev>(e: &Emu, g: &ArrayD<T>, ids: &ArrayD<T>, bad: &mut i32)
         e.grid(2, || unsafe { k(a.as_ptr(), o.as_mut_ptr(), a.len() as u64) });
         o
     };
-    let (g32, ids32) = (widen(g), widen(ids));
+    let g32 = widen(g);
     let embb: Embed<f32> = e.kernel("embedding_bwd_f32");
     let mut gt = zeros::<f32>(&[6, 5]);
     // SAFETY: 8 ids, 5 columns, a 6-row shard.
-    e.grid(3, || unsafe { embb(g32.as_ptr(), ids32.as_ptr(), gt.as_mut_ptr(), 8, 5, 6, 2, 10, bad) });
+    e.grid(3, || unsafe { embb(g32.as_ptr(), ids.as_ptr(), gt.as_mut_ptr(), 8, 5, 6, 2, 10, bad) });
     let round: Cast<f32, T> = e.kernel(&format!("cast_f32_{s}"));
     let mut out = zeros::<T>(&[6, 5]);
     // SAFETY: 30 elements each.
@@ -518,14 +557,14 @@ fn optimizers_cast_fill<T: Dev>(e: &Emu) {
     assert_eq!(f, ArrayD::from_elem(IxDyn(&[3, 5]), T::of_f64(-2.5)));
 }
 
-/// Ids as element values: `v` reshaped to `shape`.
-fn ids<T: Element>(shape: &[usize], v: &[f64]) -> ArrayD<T> {
-    ArrayD::from_shape_vec(IxDyn(shape), v.iter().map(|&x| T::of_f64(x)).collect()).unwrap()
+/// Ids (`i64`, as every kernel reads them): `v` reshaped to `shape`.
+fn ids(shape: &[usize], v: &[i64]) -> ArrayD<i64> {
+    ArrayD::from_shape_vec(IxDyn(shape), v.to_vec()).unwrap()
 }
 
 /// Ids in `[0, n)` of `shape`, repeats included.
-fn ids_below<T: Element>(shape: &[usize], n: usize, seed: u64) -> ArrayD<T> {
-    global(shape, seed).mapv(|v| T::of_f64((v + 48.0).rem_euclid(n.max(1) as f64)))
+fn ids_below(shape: &[usize], n: usize, seed: u64) -> ArrayD<i64> {
+    global(shape, seed).mapv(|v| (v + 48.0).rem_euclid(n.max(1) as f64) as i64)
 }
 
 fn where_tri_arg<T: Dev>(e: &Emu) -> usize {
@@ -587,15 +626,31 @@ fn where_tri_arg<T: Dev>(e: &Emu) -> usize {
         for dim in 0..3 {
             for max in [true, false] {
                 for keep in [false, true] {
-                    let want = cpu(Storage::Cpu(a.clone()).arg_reduce(dim, max, keep).unwrap());
+                    let want = Storage::Cpu(a.clone()).arg_reduce(dim, max, keep).unwrap().into_host().unwrap();
                     let (lanes, len, inner) = args::lanes(a.shape(), dim);
-                    let mut out = zeros::<T>(want.shape());
+                    let mut out = ArrayD::<i64>::zeros(want.raw_dim());
                     // SAFETY: lanes·len elements in, lanes out.
                     e.grid(3, || unsafe { ar(a.as_ptr(), out.as_mut_ptr(), lanes, len, inner, i32::from(max)) });
-                    assert!(same(&out, &want), "arg_reduce dim {dim} max {max} keepdim {keep} nan {nan} {s}");
+                    assert_eq!(out, want, "arg_reduce dim {dim} max {max} keepdim {keep} nan {nan} {s}");
                     cases += 1;
                 }
             }
+        }
+    }
+    // Issue 33: indices past the integers a 16-bit float holds (an odd index above 256 in
+    // bf16, above 2048 in f16) come back exact, as i64.
+    for (len, at) in [(300usize, 257usize), (300, 299), (2100, 2049)] {
+        let mut a = ArrayD::from_elem(IxDyn(&[2, len]), T::zero());
+        a[[0, at]] = T::one();
+        a[[1, at]] = -T::one();
+        let mut out = ArrayD::<i64>::zeros(IxDyn(&[2]));
+        for max in [true, false] {
+            // SAFETY: 2 lanes of len elements in, 2 out.
+            e.grid(2, || unsafe { ar(a.as_ptr(), out.as_mut_ptr(), 2, len as u64, 1, i32::from(max)) });
+            let want = Storage::Cpu(a.clone()).arg_reduce(1, max, false).unwrap().into_host().unwrap();
+            assert_eq!(out, want, "arg_reduce over {len} max {max} {s}");
+            assert_eq!(out[[usize::from(!max)]], at as i64, "argmax/argmin index {at} of {len} {s}");
+            cases += 1;
         }
     }
     cases
@@ -633,15 +688,14 @@ fn cat_index_gather<T: Dev>(e: &Emu) -> usize {
         cases += 1;
     }
 
-    let chk: CheckIds<T> = e.kernel(&format!("check_ids_{s}"));
-    for (v, ok) in [(0.0, true), (4.0, true), (1.5, false), (-1.0, false), (5.0, false), (f64::NAN, false)] {
-        let one = [T::zero(), T::of_f64(v), T::zero()];
+    let chk: CheckIds = e.kernel("check_ids_i64");
+    for (v, ok) in [(0i64, true), (4, true), (-1, false), (5, false), (i64::MIN, false), (i64::MAX, false)] {
+        let one = [0, v, 0];
         let mut bad = 0i32;
         // SAFETY: 3 ids.
         e.grid(2, || unsafe { chk(one.as_ptr(), 3, 5, &mut bad) });
         assert_eq!(bad == 0, ok, "id {v} below 5 {s}");
-        let host =
-            Storage::Cpu(arr::<T>(&[5, 2], 1, 1.0)).index_select(0, &Storage::Cpu(ids::<T>(&[3], &[0.0, v, 0.0])));
+        let host = Storage::Cpu(arr::<T>(&[5, 2], 1, 1.0)).index_select(0, &Storage::Cpu(ids(&[3], &[0, v, 0])));
         assert_eq!(host.is_ok(), ok, "the host agrees on id {v}");
         cases += 1;
     }
@@ -652,7 +706,7 @@ fn cat_index_gather<T: Dev>(e: &Emu) -> usize {
     for dim in 0..3 {
         let len = a.shape()[dim];
         for nids in [0usize, 1, 7] {
-            let i = ids_below::<T>(&[nids], len, 41 + dim as u64);
+            let i = ids_below(&[nids], len, 41 + dim as u64);
             let want = cpu(Storage::Cpu(a.clone()).index_select(dim, &Storage::Cpu(i.clone())).unwrap());
             let (_, l, inner) = args::along(a.shape(), dim);
             let mut out = zeros::<T>(want.shape());
@@ -684,7 +738,7 @@ fn cat_index_gather<T: Dev>(e: &Emu) -> usize {
         for ishape in [[3usize, 6, 2], [4, 2, 3], [2, 0, 3], [1, 1, 1]] {
             let mut ishape = ishape.to_vec();
             ishape.swap(1, dim);
-            let i = ids_below::<T>(&ishape, a.shape()[dim], 50 + dim as u64);
+            let i = ids_below(&ishape, a.shape()[dim], 50 + dim as u64);
             let want = cpu(Storage::Cpu(a.clone()).gather(dim, &Storage::Cpu(i.clone())).unwrap());
             let g = args::gather("gather", &ishape, a.shape(), dim).unwrap();
             let mut out = zeros::<T>(&ishape);
@@ -709,7 +763,8 @@ fn cat_index_gather<T: Dev>(e: &Emu) -> usize {
     cases
 }
 
-/// The copy kernels (fill, pack, cat) of a dtype against the host: bit for bit.
+/// The copy kernels (fill, pack, cat, index_select, gather) of a dtype against the host: bit
+/// for bit.
 fn copies<T: Scalar>(e: &Emu) -> usize {
     let s = T::DTYPE.to_string();
     let v = |shape: &[usize], seed: u64| global(shape, seed).mapv(|x| T::of_f64(x + 48.0));
@@ -746,6 +801,32 @@ fn copies<T: Scalar>(e: &Emu) -> usize {
         assert_eq!(out, want, "cat dim {dim} {s}");
         cases += 1;
     }
+    // index_select and gather only move elements: every dtype has them, at i64 ids.
+    let a = v(&[4, 5, 3], 62);
+    let sel: IndexK<T> = e.kernel(&format!("index_select_{s}"));
+    let ga: GatherK<T> = e.kernel(&format!("gather_{s}"));
+    for dim in 0..3 {
+        let len = a.shape()[dim];
+        let i = ids_below(&[7], len, 63 + dim as u64);
+        let want = Storage::Cpu(a.clone()).index_select(dim, &Storage::Cpu(i.clone())).unwrap().into_host().unwrap();
+        let (_, l, inner) = args::along(a.shape(), dim);
+        let mut out = ArrayD::<T>::zeros(want.raw_dim());
+        let n = want.len() as u64;
+        // SAFETY: in-range ids index inside a.
+        e.grid(3, || unsafe { sel(a.as_ptr(), i.as_ptr(), out.as_mut_ptr(), n, l, 7, inner) });
+        assert_eq!(out, want, "index_select dim {dim} {s}");
+        let mut ishape = vec![3usize, 6, 2];
+        ishape.swap(1, dim);
+        let i = ids_below(&ishape, len, 64 + dim as u64);
+        let want = Storage::Cpu(a.clone()).gather(dim, &Storage::Cpu(i.clone())).unwrap().into_host().unwrap();
+        let g = args::gather("gather", &ishape, a.shape(), dim).unwrap();
+        let mut out = ArrayD::<T>::zeros(want.raw_dim());
+        let n = want.len() as u64;
+        // SAFETY: in-range ids index inside a.
+        e.grid(3, || unsafe { ga(a.as_ptr(), i.as_ptr(), out.as_mut_ptr(), n, len as u64, g) });
+        assert_eq!(out, want, "gather dim {dim} {s}");
+        cases += 2;
+    }
     let fill: Fill<T> = e.kernel(&format!("fill_{s}"));
     let mut f = ArrayD::<T>::zeros(IxDyn(&[3, 5]));
     // SAFETY: 15 elements.
@@ -764,7 +845,7 @@ fn copy_kernels_of_every_dtype_match_the_host() {
         + copies::<i64>(&e)
         + copies::<i32>(&e)
         + copies::<u8>(&e);
-    println!("{cases} fill/pack/cat cases of 7 dtypes match the host");
+    println!("{cases} fill/pack/cat/index_select/gather cases of 7 dtypes match the host");
 }
 
 /// The element-wise kernels of a 16-bit float against the host: every one of the 65536 bit

@@ -16,7 +16,7 @@ use cuda_device::{device, down as host, up};
 use dtensor_runtime::cuda::CudaDevice;
 use dtensor_runtime::layout::pack;
 use dtensor_runtime::module::{distribute_module, Forward, Linear, Module};
-use dtensor_runtime::ndarray::{ArrayD, IxDyn};
+use dtensor_runtime::ndarray::{ArrayD, Axis, IxDyn};
 use dtensor_runtime::optim::{AdamW, Sgd};
 use dtensor_runtime::storage::op::{BinaryOp, Distribution, RandomFill, Reduction, SgdStep, SoftmaxKind, UnaryOp};
 use dtensor_runtime::storage::{CudaStorage, Target};
@@ -294,7 +294,7 @@ fn pack_plans_transpose_slice_pad_broadcast() {
 fn embedding_gather_scatter_add_one_hot() {
     let Some(dev) = device("embedding_gather_scatter_add_one_hot") else { return };
     let table = global(&[6, 5], 12);
-    let ids = ArrayD::from_shape_vec(IxDyn(&[2, 4]), vec![3.0, 0.0, 7.0, 3.0, 9.0, 2.0, 3.0, 8.0]).unwrap();
+    let ids = ArrayD::from_shape_vec(IxDyn(&[2, 4]), vec![3i64, 0, 7, 3, 9, 2, 3, 8]).unwrap();
     let g = global(&[2, 4, 5], 13).mapv(|v| v / 7.0);
     // The shard holding rows 2..8 of a 10-row table.
     let (ct, dt) = (Storage::Cpu(table.clone()), up(&dev, &table));
@@ -304,15 +304,15 @@ fn embedding_gather_scatter_add_one_hot() {
     let got = host(up(&dev, &g).embedding_backward(&di, 6, 2, 10).unwrap());
     // Duplicate ids add in any order on the device.
     assert!(rel_err(&got, &want) <= 1e-15, "embedding_backward");
-    assert!(same_bits(&host(di.one_hot(10).unwrap()), &host(ci.one_hot(10).unwrap())));
-    for bad in [vec![1.5], vec![-1.0], vec![10.0], vec![f64::NAN]] {
+    assert!(same_bits(&host(di.one_hot::<f64>(10).unwrap()), &host(ci.one_hot::<f64>(10).unwrap())));
+    for bad in [vec![-1i64], vec![10], vec![i64::MIN], vec![1 << 40]] {
         let b = up(&dev, &ArrayD::from_shape_vec(IxDyn(&[1]), bad.clone()).unwrap());
         assert!(matches!(dt.embedding(&b, 2, 10), Err(Error::InvalidArgument { .. })), "{bad:?}");
         assert!(matches!(
             up(&dev, &global(&[1, 5], 0)).embedding_backward(&b, 6, 2, 10),
             Err(Error::InvalidArgument { .. })
         ));
-        assert!(matches!(b.one_hot(10), Err(Error::InvalidArgument { .. })), "{bad:?}");
+        assert!(matches!(b.one_hot::<f64>(10), Err(Error::InvalidArgument { .. })), "{bad:?}");
     }
     println!("GPUCHECK embedding_gather_scatter_add_one_hot | PASS | gather exact, atomicAdd scatter rel <= 1e-15, one_hot exact, 4 bad ids typed");
 }
@@ -322,8 +322,20 @@ fn embedding_gather_scatter_add_one_hot() {
 fn indexing_cases<T: Element>(dev: &Arc<CudaDevice>) -> usize {
     let v = |shape: &[usize], seed: u64, scale: f64| global(shape, seed).mapv(|x| T::of_f64(x * scale));
     let ids =
-        |shape: &[usize], n: usize, seed: u64| global(shape, seed).mapv(|x| T::of_f64((x + 48.0).rem_euclid(n as f64)));
+        |shape: &[usize], n: usize, seed: u64| global(shape, seed).mapv(|x| (x + 48.0).rem_euclid(n as f64) as i64);
+    // argmax / argmin: i64 indices, exact (a lane of 300: in bf16 an index above 256 would round).
+    let mut a = v(&[7, 300, 5], 25, 1.0 / 16.0).mapv(|x| T::of_f64(x.as_f64().floor()));
+    a[[1, 200, 3]] = T::nan();
+    a[[2, 257, 1]] = T::of_f64(1e3);
     let mut cases = 0;
+    for dim in 0..3 {
+        for (max, keep) in [(true, false), (false, true)] {
+            let want = Storage::Cpu(a.clone()).arg_reduce(dim, max, keep).unwrap().into_host().unwrap();
+            let got = up(dev, &a).arg_reduce(dim, max, keep).unwrap().into_host().unwrap();
+            assert_eq!(got, want, "arg_reduce dim {dim} max {max}");
+            cases += 1;
+        }
+    }
     let mut check = |what: String, want: Result<Storage<T>, Error>, got: Result<Storage<T>, Error>| {
         match (want, got) {
             (Ok(w), Ok(g)) => assert!(same_bits(&host(g), &host(w)), "{what}"),
@@ -350,14 +362,6 @@ fn indexing_cases<T: Element>(dev: &Arc<CudaDevice>) -> usize {
         for (lower, diagonal, row0, col0) in [(true, 0, 0, 0), (true, -2, 8, 4), (false, 1, 0, 8), (false, 3, 5, 0)] {
             let want = Storage::Cpu(a.clone()).tri(lower, diagonal, row0, col0);
             check(format!("tri {shape:?}"), want, up(dev, &a).tri(lower, diagonal, row0, col0));
-        }
-    }
-    let mut a = v(&[7, 300, 5], 25, 1.0 / 16.0).mapv(|x| T::of_f64(x.as_f64().floor()));
-    a[[1, 200, 3]] = T::nan();
-    for dim in 0..3 {
-        for (max, keep) in [(true, false), (false, true)] {
-            let want = Storage::Cpu(a.clone()).arg_reduce(dim, max, keep);
-            check(format!("arg_reduce dim {dim}"), want, up(dev, &a).arg_reduce(dim, max, keep));
         }
     }
     for dim in 0..3 {
@@ -398,8 +402,8 @@ fn indexing_cases<T: Element>(dev: &Arc<CudaDevice>) -> usize {
         }
     }
     // Invalid ids: the host's typed error on the device too, for every indexing op.
-    for bad in [1.5, -1.0, 4.0, f64::NAN] {
-        let i = ArrayD::from_shape_vec(IxDyn(&[2]), vec![T::zero(), T::of_f64(bad)]).unwrap();
+    for bad in [-1i64, 4, i64::MIN, i64::MAX] {
+        let i = ArrayD::from_shape_vec(IxDyn(&[2]), vec![0, bad]).unwrap();
         let i2 = i.clone().into_shape_with_order(IxDyn(&[1, 2])).unwrap();
         let (hi, di, hi2, di2) = (Storage::Cpu(i.clone()), up(dev, &i), Storage::Cpu(i2.clone()), up(dev, &i2));
         let a = v(&[4, 2], 3, 1.0);
@@ -458,6 +462,22 @@ fn copy_cases<T: Scalar>(dev: &Arc<CudaDevice>) -> usize {
         assert_eq!(got, want, "cat dim {dim} {}", T::DTYPE);
         cases += 1;
     }
+    // index_select and gather only move elements: every dtype, at i64 ids.
+    let a = v(&[4, 5, 3], 62);
+    for dim in 0..3 {
+        let len = a.shape()[dim];
+        let i = global(&[7], 63).mapv(|x| (x + 48.0).rem_euclid(len as f64) as i64);
+        let (hi, di) = (Storage::Cpu(i.clone()), up(dev, &i));
+        let want = Storage::Cpu(a.clone()).index_select(dim, &hi).unwrap().into_host().unwrap();
+        assert_eq!(dup(&a).index_select(dim, &di).unwrap().into_host().unwrap(), want, "index_select {}", T::DTYPE);
+        let mut ishape = vec![3usize, 6, 2];
+        ishape.swap(1, dim);
+        let i = global(&ishape, 64).mapv(|x| (x + 48.0).rem_euclid(len as f64) as i64);
+        let (hi, di) = (Storage::Cpu(i.clone()), up(dev, &i));
+        let want = Storage::Cpu(a.clone()).gather(dim, &hi).unwrap().into_host().unwrap();
+        assert_eq!(dup(&a).gather(dim, &di).unwrap().into_host().unwrap(), want, "gather {}", T::DTYPE);
+        cases += 2;
+    }
     let target = Target::Cuda(Arc::clone(dev));
     let want = ArrayD::from_elem(IxDyn(&[3, 4]), T::of_f64(7.0));
     assert_eq!(Storage::<T>::full(&target, &[3, 4], T::of_f64(7.0)).unwrap().into_host().unwrap(), want);
@@ -474,7 +494,7 @@ fn copy_kernels_of_every_dtype() {
         + copy_cases::<i64>(&dev)
         + copy_cases::<i32>(&dev)
         + copy_cases::<u8>(&dev);
-    println!("GPUCHECK copy_kernels_of_every_dtype | PASS | {n} fill/pack/cat cases of f32 f64 bf16 f16 i64 i32 u8 bit-exact vs host");
+    println!("GPUCHECK copy_kernels_of_every_dtype | PASS | {n} fill/pack/cat/index_select/gather cases of f32 f64 bf16 f16 i64 i32 u8 bit-exact vs host");
 }
 
 /// The unary and binary ops of a 16-bit float on the device against the host: every bit
@@ -820,22 +840,36 @@ fn half_kernel_cases<T: Element>(dev: &Arc<CudaDevice>, ulp: f64) -> usize {
         n += 1;
     }
     let table = v(&[6, 5], 12, 1.0);
-    let ids = ArrayD::from_shape_vec(IxDyn(&[2, 4]), [3.0, 0.0, 7.0, 3.0, 9.0, 2.0, 3.0, 8.0].map(T::of_f64).to_vec())
-        .unwrap();
+    let ids = ArrayD::from_shape_vec(IxDyn(&[2, 4]), vec![3i64, 0, 7, 3, 9, 2, 3, 8]).unwrap();
     let g = v(&[2, 4, 5], 13, 1.0 / 7.0);
     let (ct, dt, ci, di) = (Storage::Cpu(table.clone()), up(dev, &table), Storage::Cpu(ids.clone()), up(dev, &ids));
     assert!(same_bits(&host(dt.embedding(&di, 2, 10).unwrap()), &host(ct.embedding(&ci, 2, 10).unwrap())));
     let want = host(Storage::Cpu(g.clone()).embedding_backward(&ci, 6, 2, 10).unwrap());
     assert!(rel_err(&host(up(dev, &g).embedding_backward(&di, 6, 2, 10).unwrap()), &want) <= ulp);
-    assert!(same_bits(&host(di.one_hot(10).unwrap()), &host(ci.one_hot(10).unwrap())));
-    for bad in [1.5, -1.0, 10.0, f64::NAN] {
-        let b = up(dev, &ArrayD::from_elem(IxDyn(&[1]), T::of_f64(bad)));
+    assert!(same_bits(&host(di.one_hot::<T>(10).unwrap()), &host(ci.one_hot::<T>(10).unwrap())));
+    for bad in [-1i64, 10, i64::MIN, 1 << 40] {
+        let b = up(dev, &ArrayD::from_elem(IxDyn(&[1]), bad));
         assert!(matches!(dt.embedding(&b, 2, 10), Err(Error::InvalidArgument { .. })), "{bad}");
         let g1 = up(dev, &v(&[1, 5], 0, 1.0));
         assert!(matches!(g1.embedding_backward(&b, 6, 2, 10), Err(Error::InvalidArgument { .. })), "{bad}");
-        assert!(matches!(b.one_hot(10), Err(Error::InvalidArgument { .. })), "{bad}");
+        assert!(matches!(b.one_hot::<T>(10), Err(Error::InvalidArgument { .. })), "{bad}");
     }
-    n + 15
+    // Issue 33: ids past the integers a 16-bit float holds reach their own rows and classes.
+    // A 6-row shard at row 2^24 - 2 of a vocabulary of 2^25 (no table that large needed).
+    let row0 = (1i64 << 24) - 2;
+    let ids = ArrayD::from_shape_vec(IxDyn(&[6]), vec![row0 + 3, 257, row0 + 5, 2049, (1 << 24) + 1, row0]).unwrap();
+    let t6 = v(&[6, 3], 14, 1.0);
+    let (hi, di) = (Storage::Cpu(ids.clone()), up(dev, &ids));
+    let want = host(Storage::Cpu(t6.clone()).embedding(&hi, row0 as usize, 1 << 25).unwrap());
+    assert!(same_bits(&host(up(dev, &t6).embedding(&di, row0 as usize, 1 << 25).unwrap()), &want));
+    assert_eq!(want.index_axis(Axis(0), 4), t6.index_axis(Axis(0), 3), "id 2^24 + 1 reads its own row");
+    let small = ArrayD::from_shape_vec(IxDyn(&[3]), vec![257i64, 2049, 255]).unwrap();
+    let got = host(up(dev, &small).one_hot::<T>(2100).unwrap());
+    assert!(same_bits(&got, &host(Storage::Cpu(small.clone()).one_hot::<T>(2100).unwrap())));
+    for (k, &id) in small.iter().enumerate() {
+        assert_eq!(got.index_axis(Axis(0), k).iter().position(|&x| x == T::one()), Some(id as usize));
+    }
+    n + 18
 }
 
 #[test]

@@ -506,14 +506,14 @@ fn check_scatter_adds_accumulate_in_f32<T: Element>() {
     use dtensor_runtime::storage::Storage;
     let n = 4097;
     let ones = Storage::from(ArrayD::from_elem(IxDyn(&[n, 1]), T::one()));
-    let ids = Storage::from(ArrayD::from_elem(IxDyn(&[n]), T::zero()));
+    let ids = Storage::from(ArrayD::from_elem(IxDyn(&[n]), 0i64));
     let want = T::of_f64(4097.0);
     assert_eq!(want.as_f64(), 4096.0);
     let emb = ones.embedding_backward(&ids, 2, 0, 2).unwrap().to_host().unwrap();
     assert_eq!(emb[[0, 0]], want, "{} embedding_backward", T::DTYPE);
     let ia = ones.index_add(0, &ids, 2).unwrap().to_host().unwrap();
     assert_eq!(ia[[0, 0]], want, "{} index_add", T::DTYPE);
-    let ids2 = Storage::from(ArrayD::from_elem(IxDyn(&[n, 1]), T::zero()));
+    let ids2 = Storage::from(ArrayD::from_elem(IxDyn(&[n, 1]), 0i64));
     let sa = ones.scatter_add(0, &ids2, &[2, 1]).unwrap().to_host().unwrap();
     assert_eq!(sa[[0, 0]], want, "{} scatter_add", T::DTYPE);
 }

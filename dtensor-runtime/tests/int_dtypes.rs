@@ -439,7 +439,8 @@ fn bad_integer_ids_are_typed_errors() {
             let logits = distribute_tensor(ArrayD::<f32>::ones(IxDyn(&[2, 5])), &m, &[Replicate], None)?;
             errs.push(logits.cross_entropy(&ids).map(|_| ()).unwrap_err());
         }
-        // An i32 id beyond bf16's whole numbers cannot be carried in a bf16 table's type.
+        // An i32 id of 257 into a bf16 table of 5 rows: out of range (read as i64, never
+        // rounded to a row bf16 holds).
         let wb = w.cast::<dtensor_runtime::bf16>()?;
         let ids = distribute_tensor(ArrayD::from_elem(IxDyn(&[1]), 257i32), &m, &[Replicate], None)?;
         errs.push(wb.embedding(&ids).map(|_| ()).unwrap_err());

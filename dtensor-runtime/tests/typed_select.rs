@@ -53,12 +53,13 @@ fn min_and_arg_reduction_rules_match_dynamic() {
             $cb!(unary_case [$m, 2, "min(0)", |t: &Dt<_, _, _, 2>| t.min(Dim::<0>), |d: &DTensor<f64>| d.min_dim(0, true), &x, &m0, $mesh, $fails]; $($l)*);
             $cb!(unary_case [$m, 2, "min(1)", |t: &Dt<_, _, _, 2>| t.min(Dim::<1>), |d: &DTensor<f64>| d.min_dim(1, true), &x, &m1, $mesh, $fails]; $($l)*);
             $cb!(unary_case [$m, 2, "min(1) [1, 4]", |t: &Dt<_, _, _, 2>| t.min(Dim::<1>), |d: &DTensor<f64>| d.min_dim(1, true), &x1, &m1x1, $mesh, $fails]; $($l)*);
-            // argmax over dim 1: rows may stay sharded; over dim 0: columns may.
-            $cb!(unary_case [$m, 2, "argmax(1)", |t: &Dt<_, _, _, 2>| t.argmax(Dim::<1>), |d: &DTensor<f64>| d.argmax(1, true), &x, &amax1, $mesh, $fails]; (R, R) (S0, R));
-            $cb!(unary_case [$m, 2, "argmin(1)", |t: &Dt<_, _, _, 2>| t.argmin(Dim::<1>), |d: &DTensor<f64>| d.argmin(1, true), &x, &amin1, $mesh, $fails]; (R, R) (S0, R));
-            $cb!(unary_case [$m, 2, "argmax(1) [1, 4]", |t: &Dt<_, _, _, 2>| t.argmax(Dim::<1>), |d: &DTensor<f64>| d.argmax(1, true), &x1, &amax1x1, $mesh, $fails]; (R, R) (S0, R));
-            $cb!(unary_case [$m, 2, "argmax(0)", |t: &Dt<_, _, _, 2>| t.argmax(Dim::<0>), |d: &DTensor<f64>| d.argmax(0, true), &x, &amax0, $mesh, $fails]; (R, R) (S1, R));
-            $cb!(unary_case [$m, 2, "argmin(0)", |t: &Dt<_, _, _, 2>| t.argmin(Dim::<0>), |d: &DTensor<f64>| d.argmin(0, true), &x, &amin0, $mesh, $fails]; (R, R) (S1, R));
+            // argmax over dim 1: rows may stay sharded; over dim 0: columns may. The indices are
+            // i64, compared as f64 (exact at these sizes).
+            $cb!(unary_case [$m, 2, "argmax(1)", |t: &Dt<_, _, _, 2>| t.argmax(Dim::<1>).and_then(|i| i.cast::<f64>()), |d: &DTensor<f64>| d.argmax(1, true).and_then(|i| i.cast::<f64>()), &x, &amax1, $mesh, $fails]; (R, R) (S0, R));
+            $cb!(unary_case [$m, 2, "argmin(1)", |t: &Dt<_, _, _, 2>| t.argmin(Dim::<1>).and_then(|i| i.cast::<f64>()), |d: &DTensor<f64>| d.argmin(1, true).and_then(|i| i.cast::<f64>()), &x, &amin1, $mesh, $fails]; (R, R) (S0, R));
+            $cb!(unary_case [$m, 2, "argmax(1) [1, 4]", |t: &Dt<_, _, _, 2>| t.argmax(Dim::<1>).and_then(|i| i.cast::<f64>()), |d: &DTensor<f64>| d.argmax(1, true).and_then(|i| i.cast::<f64>()), &x1, &amax1x1, $mesh, $fails]; (R, R) (S0, R));
+            $cb!(unary_case [$m, 2, "argmax(0)", |t: &Dt<_, _, _, 2>| t.argmax(Dim::<0>).and_then(|i| i.cast::<f64>()), |d: &DTensor<f64>| d.argmax(0, true).and_then(|i| i.cast::<f64>()), &x, &amax0, $mesh, $fails]; (R, R) (S1, R));
+            $cb!(unary_case [$m, 2, "argmin(0)", |t: &Dt<_, _, _, 2>| t.argmin(Dim::<0>).and_then(|i| i.cast::<f64>()), |d: &DTensor<f64>| d.argmin(0, true).and_then(|i| i.cast::<f64>()), &x, &amin0, $mesh, $fails]; (R, R) (S1, R));
         }};
     }
     on_meshes(

@@ -131,7 +131,7 @@ pub struct Gpt {
 /// (both sharded on dp), loss-parallel over tp. The loss stays a partial sum on both mesh
 /// dims: only its reader sums it.
 #[distribute(mesh = "dp,tp", placements = [Shard(0), Replicate], returns = [Partial(Sum), Partial(Sum)])]
-pub fn loss(model: &Gpt, ids: &DTensor<f64>, targets: &DTensor<f64>, heads: usize) -> Result<DTensor<f64, 0>> {
+pub fn loss(model: &Gpt, ids: &DTensor<i64>, targets: &DTensor<i64>, heads: usize) -> Result<DTensor<f64, 0>> {
     // Vocab-parallel lookup: ids outside this rank's rows give zeros; one all-reduce over tp.
     let x: Dt<f64, (dp, tp), (Shard<0>, Partial<Sum>), 3> = model.wte.embedding(ids)?;
     let mut x: Dt<f64, (dp, tp), (Shard<0>, Replicate), 3> = x.redistribute()?;

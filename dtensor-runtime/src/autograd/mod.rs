@@ -137,8 +137,9 @@ pub struct GradKernels<T: Scalar> {
     pub(crate) scatter_add: IndexGrad<T>,
 }
 
-/// The gradient of an indexing op: (output gradient, ids, dim, input shape) → input gradient.
-pub(crate) type IndexGrad<T> = fn(&DTensor<T>, &DTensor<T>, usize, &[usize]) -> Result<DTensor<T>>;
+/// The gradient of an indexing op: (output gradient, `i64` ids, dim, input shape) → input
+/// gradient.
+pub(crate) type IndexGrad<T> = fn(&DTensor<T>, &DTensor<i64>, usize, &[usize]) -> Result<DTensor<T>>;
 
 impl<T: Element> GradKernels<T> {
     /// The kernels of a float type.

@@ -5,8 +5,11 @@
 //! The kernels are written once and instantiated per dtype: the copy kernels ([`COPY_KERNELS`])
 //! over `T` for every dtype, the arithmetic kernels ([`FLOAT_KERNELS`]) over a storage type `S`
 //! and a compute type `T` for each row of [`FLOATS`] (the 16-bit floats load into f32 and round
-//! once on store), and the casts between all dtypes from the [`CASTS`] table. Kernels are named
-//! `name_<dtype>` (`reduce_bf16`). Kernels take raw element
+//! once on store), the id check ([`ID_KERNELS`], once), and the casts between all dtypes from
+//! the [`CASTS`] table. Kernels are named `name_<dtype>` (`reduce_bf16`). Ids (embedding,
+//! one-hot, indexing) are `long long` (`i64`) in every kernel, whatever the element type, and
+//! `argmax`/`argmin` write `long long` indices: an index never passes through a float, which
+//! would round it (bf16 holds every integer only up to 256). Kernels take raw element
 //! counts, a grid-stride loop covers any grid, and index arithmetic is 64-bit. Op codes are the `*_CODE` functions
 //! of `storage::cuda`, which the `switch`es here must agree with (the device tests check every
 //! code against the host kernels).
@@ -30,8 +33,9 @@ pub const FLOATS: [(&str, &str, &str, &str, &str); 4] = [
     ("f16", "unsigned short", "float", "dt_f16_to_f32(x)", "dt_f32_to_f16(x)"),
 ];
 
-/// The integers: (kernel name suffix, C type). They have the copy kernels and the casts (every
-/// other op needs a float tensor, so an integer tensor reaches no other kernel).
+/// The integers: (kernel name suffix, C type). They have the copy kernels (moves, including
+/// `index_select` and `gather`) and the casts (every other op needs a float tensor, so an
+/// integer tensor reaches no other kernel).
 pub const INTS: [(&str, &str); 3] = [("i64", "long long"), ("i32", "int"), ("u8", "unsigned char")];
 
 /// Most dims a strided kernel indexes (more is a typed error before launch).
@@ -40,12 +44,19 @@ pub const MAX_DIMS: usize = 8;
 /// Threads per block of every launch (the block reductions assume this power of two).
 pub const BLOCK: u32 = 256;
 
-/// The kernels that only move elements (fills, pack plans, concatenation): instantiated for
-/// every dtype, so every dtype redistributes and concatenates on a device.
-pub const COPY_KERNELS: [&str; 3] = ["fill", "pack", "cat"];
+/// The kernels that only move elements (fills, pack plans, concatenation, selection at `i64`
+/// ids): instantiated for every dtype, so every dtype redistributes, concatenates and is
+/// indexed on a device.
+pub const COPY_KERNELS: [&str; 5] = ["fill", "pack", "cat", "index_select", "gather"];
+
+/// The kernels of the ids themselves, compiled once for their type, `i64` ([`ID_DTYPE`]).
+pub const ID_KERNELS: [&str; 1] = ["check_ids"];
+
+/// The suffix of [`ID_KERNELS`]: ids are `i64` on every device.
+pub const ID_DTYPE: &str = "i64";
 
 /// The arithmetic kernels of every float ([`FLOATS`]; base names, compiled as `name_<sfx>`).
-pub const FLOAT_KERNELS: [&str; 19] = [
+pub const FLOAT_KERNELS: [&str; 16] = [
     "unary",
     "binary",
     "reduce",
@@ -60,10 +71,7 @@ pub const FLOAT_KERNELS: [&str; 19] = [
     "where",
     "tri",
     "arg_reduce",
-    "check_ids",
-    "index_select",
     "index_add",
-    "gather",
     "scatter_add",
 ];
 
@@ -98,7 +106,8 @@ pub const CASTS: [(&str, &str, bool, &str, &str, &str); 7] = [
 ];
 
 /// Every compiled kernel name: the copy kernels of every dtype, the arithmetic kernels of the
-/// floats, the atomic ones of f32/f64, and the casts `cast_<from>_<to>` between all dtypes.
+/// floats, the atomic ones of f32/f64, the id kernels of i64, and the casts `cast_<from>_<to>`
+/// between all dtypes.
 pub fn kernel_names() -> Vec<String> {
     let mut names = Vec::new();
     for (sfx, ..) in CASTS {
@@ -115,6 +124,9 @@ pub fn kernel_names() -> Vec<String> {
         for k in ATOMIC_KERNELS {
             names.push(format!("{k}_{sfx}"));
         }
+    }
+    for k in ID_KERNELS {
+        names.push(format!("{k}_{ID_DTYPE}"));
     }
     for (from, ..) in CASTS {
         for (to, ..) in CASTS {
@@ -134,6 +146,7 @@ pub fn has_kernel(name: &str, sfx: &str) -> bool {
     (dtype(sfx) && COPY_KERNELS.contains(&name))
         || (FLOATS.iter().any(|f| f.0 == sfx) && FLOAT_KERNELS.contains(&name))
         || (ATOMIC_DTYPES.contains(&sfx) && ATOMIC_KERNELS.contains(&name))
+        || (sfx == ID_DTYPE && ID_KERNELS.contains(&name))
 }
 
 /// The counter-based random numbers: Philox4x32-10 and the conversions to uniform and normal
@@ -349,11 +362,8 @@ DEV i64 dt_offset_of(u64 i, int nd, const i64* shape, const i64* stride) {
     return o;
 }
 
-/* A whole-number id in [0, n), or -1. */
-DEV i64 dt_index(double v, u64 n) {
-    if (!(v >= 0.0 && v < (double)n && v == floor(v))) return -1;
-    return (i64)v;
-}
+/* An id in [0, n), or -1. Ids are i64 in every kernel: never a float, which would round them. */
+DEV i64 dt_id(i64 v, u64 n) { return v >= 0 && (u64)v < n ? v : -1; }
 
 /* Gather and its gradient: the iterated shape, and the row-major strides and shape of the other
    operand (the gathered input, or the gradient a scatter reads). */
@@ -488,19 +498,19 @@ extern "C" __global__ void K(softmax_bwd)(const S* y, const S* g, S* o, u64 lane
 }
 
 /* Rows ids - row0 of a [rows, cols] table shard, zeros for other ids; *bad = 1 on an invalid id. */
-extern "C" __global__ void K(embedding)(const S* table, const S* ids, S* o, u64 nids, u64 cols, u64 rows, u64 row0, u64 vocab, int* bad) {
+extern "C" __global__ void K(embedding)(const S* table, const i64* ids, S* o, u64 nids, u64 cols, u64 rows, u64 row0, u64 vocab, int* bad) {
     GRID_LOOP(i, nids * cols) {
         u64 k = i / cols, c = i % cols;
-        i64 v = dt_index((double)LD(ids[k]), vocab);
+        i64 v = dt_id(ids[k], vocab);
         if (v < 0) { atomicExch(bad, 1); o[i] = ST((T)0); continue; }
         o[i] = ((u64)v >= row0 && (u64)v < row0 + rows) ? table[((u64)v - row0) * cols + c] : ST((T)0);
     }
 }
 
 /* Ones at ids in a zeroed [nids, classes] output. */
-extern "C" __global__ void K(one_hot)(const S* ids, S* o, u64 nids, u64 classes, int* bad) {
+extern "C" __global__ void K(one_hot)(const i64* ids, S* o, u64 nids, u64 classes, int* bad) {
     GRID_LOOP(k, nids) {
-        i64 v = dt_index((double)LD(ids[k]), classes);
+        i64 v = dt_id(ids[k], classes);
         if (v < 0) { atomicExch(bad, 1); continue; }
         o[k * classes + (u64)v] = ST((T)1);
     }
@@ -536,8 +546,8 @@ extern "C" __global__ void K(tri)(const S* a, S* o, u64 n, u64 rows, u64 cols, i
 }
 
 /* First index of the maximum (max) or minimum of each lane (softmax's lane layout), one thread
-   per lane; a NaN counts as the extreme, so the scan stops at the first one (PyTorch). */
-extern "C" __global__ void K(arg_reduce)(const S* a, S* o, u64 lanes, u64 len, u64 inner, int max) {
+   per lane, as i64 (PyTorch); a NaN counts as the extreme, so the scan stops at the first one. */
+extern "C" __global__ void K(arg_reduce)(const S* a, i64* o, u64 lanes, u64 len, u64 inner, int max) {
     GRID_LOOP(l, lanes) {
         u64 base = (l / inner) * len * inner + l % inner, at = 0;
         T best = LD(a[base]);
@@ -545,55 +555,26 @@ extern "C" __global__ void K(arg_reduce)(const S* a, S* o, u64 lanes, u64 len, u
             T v = LD(a[base + k * inner]);
             if (v != v || (max ? v > best : v < best)) { best = v; at = k; }
         }
-        o[l] = ST((T)at);
-    }
-}
-
-/* *bad = 1 when an id is not a whole number in [0, bound). */
-extern "C" __global__ void K(check_ids)(const S* ids, u64 n, u64 bound, int* bad) {
-    GRID_LOOP(i, n) if (dt_index((double)LD(ids[i]), bound) < 0) atomicExch(bad, 1);
-}
-
-/* [outer, nids, inner] from [outer, len, inner] at ids (checked before, skipped if bad). */
-extern "C" __global__ void K(index_select)(const S* a, const S* ids, S* o, u64 n, u64 len, u64 nids, u64 inner) {
-    GRID_LOOP(i, n) {
-        u64 c = i % inner, k = (i / inner) % nids, outer = i / (inner * nids);
-        i64 v = dt_index((double)LD(ids[k]), len);
-        o[i] = v < 0 ? ST((T)0) : a[(outer * len + (u64)v) * inner + c];
+        o[l] = (i64)at;
     }
 }
 
 /* Gradient of index_select, [outer, len, inner] from g [outer, nids, inner]. Each output sums
    its ids' slices in id order (no atomics): deterministic and bit-identical to the host. */
-extern "C" __global__ void K(index_add)(const S* g, const S* ids, S* o, u64 n, u64 len, u64 nids, u64 inner) {
+extern "C" __global__ void K(index_add)(const S* g, const i64* ids, S* o, u64 n, u64 len, u64 nids, u64 inner) {
     GRID_LOOP(i, n) {
         u64 c = i % inner, j = (i / inner) % len, outer = i / (inner * len);
         T acc = (T)0;
         for (u64 k = 0; k < nids; ++k)
-            if (dt_index((double)LD(ids[k]), len) == (i64)j) acc += LD(g[(outer * nids + k) * inner + c]);
+            if (dt_id(ids[k], len) == (i64)j) acc += LD(g[(outer * nids + k) * inner + c]);
         o[i] = ST(acc);
-    }
-}
-
-/* out[ix] = a[ix with ix[dim] = ids[ix]]: g iterates the ids' shape over a's strides. */
-extern "C" __global__ void K(gather)(const S* a, const S* ids, S* o, u64 n, u64 len, Gather g) {
-    GRID_LOOP(i, n) {
-        i64 src = 0;
-        u64 r = i;
-        for (int d = g.nd - 1; d >= 0; --d) {
-            i64 k = (i64)(r % (u64)g.shape[d]);
-            r /= (u64)g.shape[d];
-            if (d != g.dim) src += k * g.stride[d];
-        }
-        i64 v = dt_index((double)LD(ids[i]), len);
-        o[i] = v < 0 ? ST((T)0) : a[src + v * g.stride[g.dim]];
     }
 }
 
 /* Gradient of gather: g iterates the output's shape over the gradient's strides and shape; each
    output sums the gradient entries of its lane whose id names it, in lane order (no atomics):
    deterministic and bit-identical to the host. */
-extern "C" __global__ void K(scatter_add)(const S* gr, const S* ids, S* o, u64 n, u64 len, Gather g) {
+extern "C" __global__ void K(scatter_add)(const S* gr, const i64* ids, S* o, u64 n, u64 len, Gather g) {
     GRID_LOOP(i, n) {
         i64 base = 0, at = 0;
         u64 r = i;
@@ -607,7 +588,7 @@ extern "C" __global__ void K(scatter_add)(const S* gr, const S* ids, S* o, u64 n
         T acc = (T)0;
         for (i64 k = 0; inside && k < g.bound[g.dim]; ++k) {
             i64 p = base + k * g.stride[g.dim];
-            if (dt_index((double)LD(ids[p]), len) == at) acc += LD(gr[p]);
+            if (dt_id(ids[p], len) == at) acc += LD(gr[p]);
         }
         o[i] = ST(acc);
     }
@@ -647,10 +628,10 @@ extern "C" __global__ void K(adamw)(S* w, const S* g, S* m, S* v, u64 n, T lr, T
 /// The kernels of [`ATOMIC_KERNELS`] (`T` and `SFX` defined in front, f32 and f64 only).
 const ATOMIC: &str = r#"
 /* Scatter-add of the gradient rows into a zeroed [rows, cols] shard. */
-extern "C" __global__ void K(embedding_bwd)(const T* g, const T* ids, T* o, u64 nids, u64 cols, u64 rows, u64 row0, u64 vocab, int* bad) {
+extern "C" __global__ void K(embedding_bwd)(const T* g, const i64* ids, T* o, u64 nids, u64 cols, u64 rows, u64 row0, u64 vocab, int* bad) {
     GRID_LOOP(i, nids * cols) {
         u64 k = i / cols, c = i % cols;
-        i64 v = dt_index((double)ids[k], vocab);
+        i64 v = dt_id(ids[k], vocab);
         if (v < 0) { atomicExch(bad, 1); continue; }
         if ((u64)v >= row0 && (u64)v < row0 + rows) atomicAdd(&o[((u64)v - row0) * cols + c], g[i]);
     }
@@ -686,6 +667,38 @@ extern "C" __global__ void K(pack)(const T* src, T* dst, const u64* table, u64 n
 extern "C" __global__ void K(cat)(const T* src, T* o, u64 n, u64 width, u64 stride, u64 offset) {
     GRID_LOOP(i, n) o[(i / width) * stride + offset + i % width] = src[i];
 }
+
+/* [outer, nids, inner] from [outer, len, inner] at ids (checked before; zeros if bad). */
+extern "C" __global__ void K(index_select)(const T* a, const i64* ids, T* o, u64 n, u64 len, u64 nids, u64 inner) {
+    GRID_LOOP(i, n) {
+        u64 c = i % inner, k = (i / inner) % nids, outer = i / (inner * nids);
+        i64 v = dt_id(ids[k], len);
+        o[i] = v < 0 ? (T)0 : a[(outer * len + (u64)v) * inner + c];
+    }
+}
+
+/* out[ix] = a[ix with ix[dim] = ids[ix]]: g iterates the ids' shape over a's strides. */
+extern "C" __global__ void K(gather)(const T* a, const i64* ids, T* o, u64 n, u64 len, Gather g) {
+    GRID_LOOP(i, n) {
+        i64 src = 0;
+        u64 r = i;
+        for (int d = g.nd - 1; d >= 0; --d) {
+            i64 k = (i64)(r % (u64)g.shape[d]);
+            r /= (u64)g.shape[d];
+            if (d != g.dim) src += k * g.stride[d];
+        }
+        i64 v = dt_id(ids[i], len);
+        o[i] = v < 0 ? (T)0 : a[src + v * g.stride[g.dim]];
+    }
+}
+"#;
+
+/// The kernels of [`ID_KERNELS`] (`SFX` defined in front as [`ID_DTYPE`]).
+const IDS: &str = r#"
+/* *bad = 1 when an id is not in [0, bound). */
+extern "C" __global__ void K(check_ids)(const i64* ids, u64 n, u64 bound, int* bad) {
+    GRID_LOOP(i, n) if (dt_id(ids[i], bound) < 0) atomicExch(bad, 1);
+}
 "#;
 
 /// Number of terms of the `ln` series of [`RNG_SOURCE`] (also used by `crate::rng`).
@@ -709,8 +722,8 @@ pub fn rng_defines() -> String {
     )
 }
 
-/// The whole CUDA C module: constants, prelude, random numbers, the kernels of every dtype
-/// and the casts between dtypes.
+/// The whole CUDA C module: constants, prelude, random numbers, the kernels of every dtype,
+/// the id kernels and the casts between dtypes.
 pub fn module_source() -> String {
     let mut s = format!(
         "#define MAX_DIMS {MAX_DIMS}\n#define BLOCK {BLOCK}\n#define GELU_C {GELU_C:?}\n#define GELU_A {GELU_A:?}\n{}",
@@ -730,6 +743,7 @@ pub fn module_source() -> String {
         }
         s.push_str("#undef SFX\n#undef S\n#undef T\n#undef LD\n#undef ST\n");
     }
+    s.push_str(&format!("\n#define SFX {ID_DTYPE}\n{IDS}\n#undef SFX\n"));
     for (fsfx, from, fint, widen, ..) in CASTS {
         for (tsfx, to, _, _, of_f64, of_i64) in CASTS {
             let round = if fint { of_i64 } else { of_f64 };
@@ -750,15 +764,16 @@ mod tests {
     fn every_kernel_name_is_defined_once_per_dtype() {
         let src = module_source();
         let defined = |block: &str, k: &str| block.contains(&format!("void K({k})("));
-        for k in COPY_KERNELS.iter().chain(&FLOAT_KERNELS).chain(&ATOMIC_KERNELS) {
-            let homes = [COPY, TYPED, ATOMIC].iter().filter(|b| defined(b, k)).count();
+        for k in COPY_KERNELS.iter().chain(&FLOAT_KERNELS).chain(&ATOMIC_KERNELS).chain(&ID_KERNELS) {
+            let homes = [COPY, TYPED, ATOMIC, IDS].iter().filter(|b| defined(b, k)).count();
             assert_eq!(homes, 1, "{k} is not defined exactly once");
         }
         let names = kernel_names();
         let casts = CASTS.len() * CASTS.len();
         let per_dtype = CASTS.len() * COPY_KERNELS.len()
             + FLOATS.len() * FLOAT_KERNELS.len()
-            + ATOMIC_DTYPES.len() * ATOMIC_KERNELS.len();
+            + ATOMIC_DTYPES.len() * ATOMIC_KERNELS.len()
+            + ID_KERNELS.len();
         assert_eq!(names.len(), per_dtype + casts);
         for n in &names {
             let (name, sfx) = match n.strip_prefix("cast_") {
@@ -768,6 +783,11 @@ mod tests {
             assert!(has_kernel(&name, sfx), "{n}");
         }
         assert!(!has_kernel("embedding_bwd", "bf16") && !has_kernel("unary", "i64") && !has_kernel("cast_u8", "x"));
+        assert!(has_kernel("check_ids", "i64") && !has_kernel("check_ids", "f32") && has_kernel("gather", "u8"));
+        // No kernel reads an id (or writes an index) as a float: every id parameter is i64.
+        for block in [TYPED, ATOMIC, COPY, IDS] {
+            assert!(!block.contains("S* ids") && !block.contains("T* ids"), "an id read as an element");
+        }
         assert!(src.contains("cast_f64_f32") && src.contains("cast_i64_u8"));
     }
 }

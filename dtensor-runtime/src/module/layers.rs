@@ -4,7 +4,7 @@
 use super::{Forward, LayerHooks, LayerKind, Module};
 use crate::autograd::{local_mesh, no_grad};
 use crate::dtensor::DTensor;
-use crate::element::Element;
+use crate::element::{Element, IndexElement};
 use crate::error::{Error, Result};
 use crate::factory::{ones, rand, randn, zeros, TensorOptions};
 
@@ -82,7 +82,10 @@ impl<T: Element> Forward<T> for Linear<T> {
 }
 
 /// Lookup table `[num_embeddings, dim]`, N(0, 1) init (PyTorch `nn.Embedding`). Its input is
-/// a tensor of whole-number ids (see [`DTensor::embedding`]).
+/// a tensor of ids (see [`DTensor::embedding`]): [`Embedding::forward_ids`] takes `i64`/`i32`
+/// ids for every table type; [`Forward::forward`] takes ids in the table's own type `T`
+/// (whole numbers), which holds every id only up to 256 in bf16, 2048 in f16 and 2^24 in
+/// f32, so a large vocabulary in a 16-bit type needs `forward_ids`.
 pub struct Embedding<T: Element> {
     /// Table `[num_embeddings, dim]`; row `i` is the vector for id `i`.
     pub weight: DTensor<T>,
@@ -111,10 +114,20 @@ impl<T: Element> Module<T> for Embedding<T> {
     }
 }
 
-impl<T: Element> Forward<T> for Embedding<T> {
-    fn forward(&self, ids: &DTensor<T>) -> Result<DTensor<T>> {
+impl<T: Element> Embedding<T> {
+    /// The rows at `ids` of any index type (`i64`, `i32`, or whole-number floats), read as
+    /// `i64` (never through `T`), with the layer's input and output layouts applied.
+    pub fn forward_ids<I: IndexElement>(&self, ids: &DTensor<I>) -> Result<DTensor<T>> {
         let ids = self.hooks.input(ids)?;
         self.hooks.output(&self.weight.embedding(&ids)?)
+    }
+}
+
+impl<T: Element> Forward<T> for Embedding<T> {
+    /// [`Embedding::forward_ids`] at ids held in `T` (whole numbers; see the type's docs for
+    /// the largest id each float type holds).
+    fn forward(&self, ids: &DTensor<T>) -> Result<DTensor<T>> {
+        self.forward_ids(ids)
     }
 }
 

@@ -51,7 +51,7 @@ pub use layers::{Dropout, Embedding, LayerNorm, Linear, RmsNorm};
 pub use parallel::{parallelize_module, ColwiseParallel, ParallelStyle, RowwiseParallel, SequenceParallel};
 
 use crate::dtensor::DTensor;
-use crate::element::Element;
+use crate::element::{Element, Scalar};
 use crate::error::Result;
 use crate::placement::Placement;
 
@@ -122,9 +122,9 @@ impl LayerHooks {
         LayerHooks { kind, mesh_dim: 0, input: None, output: None }
     }
 
-    fn apply<T: Element>(&self, x: &DTensor<T>, want: Option<Placement>) -> Result<DTensor<T>> {
+    fn apply<T: Scalar>(&self, x: &DTensor<T>, want: Option<Placement>) -> Result<DTensor<T>> {
         let Some(p) = want else { return Ok(x.clone()) };
-        if x.is_local_tensor() || self.mesh_dim >= x.device_mesh().ndim() {
+        if crate::autograd::is_local_mesh(x.device_mesh()) || self.mesh_dim >= x.device_mesh().ndim() {
             return Ok(x.clone());
         }
         let mut target = x.placements().to_vec();
@@ -136,8 +136,9 @@ impl LayerHooks {
         }
     }
 
-    /// Applies the input layout.
-    pub fn input<T: Element>(&self, x: &DTensor<T>) -> Result<DTensor<T>> {
+    /// Applies the input layout (to an input of any element type: an `Embedding`'s ids are
+    /// integers).
+    pub fn input<T: Scalar>(&self, x: &DTensor<T>) -> Result<DTensor<T>> {
         self.apply(x, self.input)
     }
 

@@ -1,16 +1,18 @@
-//! Embedding lookup and one-hot encoding. Indices are carried in an integer DTensor (`i64`,
-//! `i32`) or one of the table's float type (whole numbers; exact up to 2^24 in f32), so they
-//! shard and redistribute like any tensor.
+//! Embedding lookup and one-hot encoding. Ids are carried in a DTensor of any
+//! [`IndexElement`] type (`i64`, `i32`, or whole-number floats), so they shard and redistribute
+//! like any tensor, and are read by the kernels as `i64` whatever the table's type: an id never
+//! passes through the table's float type, which would round it (bf16 holds every integer only
+//! up to 256, f16 up to 2048, f32 up to 2^24).
 //!
 //! Rules per mesh dim (table `[V, D]`, ids `[..]` → out `[.., D]`): `(R,R)→R`,
 //! `(R,S(d))→S(d)`, `(S(1),R)→S(last)`, `(S(0),R)→Partial(sum)` (vocab-parallel: ids outside
 //! this rank's rows give zeros), `(P,R)→P`.
 
 use super::new_output;
-use super::strategy::{partial_ops, select, DimRule, Select};
+use super::strategy::{partial_ops, select, select_pair, DimRule, Select};
 use crate::autograd::{record, recording};
 use crate::dtensor::DTensor;
-use crate::element::{Element, IndexElement, Scalar};
+use crate::element::{Element, IndexElement};
 use crate::error::{Error, Result};
 use crate::layout::local_shape_and_offset;
 use crate::placement::{Placement, ReduceOp};
@@ -26,7 +28,7 @@ fn shard(d: usize) -> Placement {
 /// Gradient of the table: scatter-add of `g`'s rows at `ids`, laid out preferably as `prefer`.
 fn embedding_backward<T: Element>(
     g: &DTensor<T>,
-    ids: &DTensor<T>,
+    ids: &DTensor<i64>,
     vocab: usize,
     prefer: &[Placement],
 ) -> Result<DTensor<T>> {
@@ -39,36 +41,48 @@ fn embedding_backward<T: Element>(
     for op in partial_ops(&[g], &LINEAR) {
         rs.push(DimRule::new(&[Placement::Partial(op), R], Placement::Partial(op)));
     }
-    let c = select("embedding_backward", &[g, ids], &rs, Select { valid: None, prefer_output: Some(prefer) })?;
-    let (gi, ii) = (&*c.inputs[0], &*c.inputs[1]);
+    let knobs = Select { valid: None, prefer_output: Some(prefer) };
+    let (gi, ii, output) = select_pair("embedding_backward", g, ids, &rs, knobs)?;
     let dim = g.shape[q];
     let shape = vec![vocab, dim];
-    let (lshape, loff) = local_shape_and_offset(&shape, gi.mesh.shape(), gi.mesh.coordinate(), &c.output);
+    let (lshape, loff) = local_shape_and_offset(&shape, gi.mesh.shape(), gi.mesh.coordinate(), &output);
     let out = gi.local.embedding_backward(&ii.local, lshape[0], loff[0], vocab)?;
-    Ok(new_output(out, &gi.mesh, c.output, shape))
+    Ok(new_output(out, &gi.mesh, output, shape))
 }
 
-/// `ids` as a tensor of the table's element type `T`: the tensor itself when it already is
-/// one, else a cast whose every value must convert back unchanged (an id `T` cannot hold
-/// exactly is an [`Error::InvalidArgument`] naming `op`; range checks are the kernels').
-pub(crate) fn ids_as<'a, T: Scalar, I: IndexElement>(op: &str, ids: &'a DTensor<I>) -> Result<Cow<'a, DTensor<T>>> {
-    let t = super::in_type::<T, I>(ids)?;
-    if I::DTYPE != T::DTYPE && t.local.cast::<I>()? != *ids.local {
-        return Err(Error::InvalidArgument {
-            context: op.into(),
-            reason: format!("an id of dtype {} is not exactly representable in {}", I::DTYPE, T::DTYPE),
-        });
+/// Whether a float id `v` is a whole number that `i64` holds (NaN and infinities are not).
+fn whole_i64(v: f64) -> bool {
+    // 2^63 itself is not an i64; -2^63 is.
+    const TWO_63: f64 = 9_223_372_036_854_775_808.0;
+    v.fract() == 0.0 && (-TWO_63..TWO_63).contains(&v)
+}
+
+/// `ids` as the `i64` ids every indexing kernel reads: the tensor itself when it is one, an
+/// exact cast for the other integer types, and for float ids a cast after checking that every
+/// id is a whole number in `i64`'s range (else an [`Error::InvalidArgument`] naming `op`).
+/// Never a conversion to the data's element type, which would round ids. Ranges (negative
+/// ids, ids past the indexed dim) are the kernels' typed errors.
+pub(crate) fn ids_i64<'a, I: IndexElement>(op: &str, ids: &'a DTensor<I>) -> Result<Cow<'a, DTensor<i64>>> {
+    if I::DTYPE.is_float() {
+        if let Some(v) = ids.local.host_data()?.iter().map(|v| v.as_f64()).find(|&v| !whole_i64(v)) {
+            return Err(Error::InvalidArgument {
+                context: op.into(),
+                reason: format!("id {v} (dtype {}) is not a whole number in the range of i64", I::DTYPE),
+            });
+        }
     }
-    Ok(t)
+    super::in_type::<i64, I>(ids)
 }
 
 impl<T: Element> DTensor<T> {
-    /// Looks up rows of this table (`[V, D]`) at `ids` (whole numbers in `[0, V)`), giving
-    /// `ids.shape + [D]`. With a vocab-sharded table (`Shard(0)`) every rank looks up only
-    /// its rows and the result is Partial(sum). `ids` may be `i64`/`i32` or `T` itself;
-    /// a negative or out-of-range id is an [`Error::InvalidArgument`].
+    /// Looks up rows of this table (`[V, D]`) at `ids` (in `[0, V)`), giving `ids.shape + [D]`.
+    /// With a vocab-sharded table (`Shard(0)`) every rank looks up only its rows and the result
+    /// is Partial(sum). `ids` may be `i64`/`i32`, or floats holding whole numbers; they are read
+    /// as `i64` whatever `T` is, so a bf16 table serves every id of a large vocabulary. A
+    /// negative or out-of-range id, or a float id that is not a whole number, is an
+    /// [`Error::InvalidArgument`].
     pub fn embedding<I: IndexElement>(&self, ids: &DTensor<I>) -> Result<DTensor<T>> {
-        let ids = &*ids_as::<T, I>("embedding", ids)?;
+        let ids = &*ids_i64("embedding", ids)?;
         if self.ndim() != 2 {
             return Err(Error::ShapeMismatch {
                 context: "embedding: table must be [vocab, dim]".into(),
@@ -85,29 +99,45 @@ impl<T: Element> DTensor<T> {
         for op in partial_ops(&[self], &LINEAR) {
             rs.push(DimRule::new(&[Placement::Partial(op), R], Placement::Partial(op)));
         }
-        let c = select("embedding", &[self, ids], &rs, Select::default())?;
-        let (w, ii) = (&*c.inputs[0], &*c.inputs[1]);
+        let (w, ii, output) = select_pair("embedding", self, ids, &rs, Select::default())?;
+        let w = &*w;
         let vocab = self.shape[0];
         let out = w.local.embedding(&ii.local, w.local_offset()[0], vocab)?;
         let mut shape = ids.shape.clone();
         shape.push(self.shape[1]);
-        let out = new_output(out, &w.mesh, c.output, shape);
+        let out = new_output(out, &w.mesh, output, shape);
         if !recording(&[w]) {
             return Ok(out);
         }
-        let (sids, wpl) = (ii.detach(), w.placements.clone());
+        let (sids, wpl) = (ii.into_owned(), w.placements.clone());
         Ok(record("embedding_backward", out, &[w], move |g| Ok(vec![Some(embedding_backward(g, &sids, vocab, &wpl)?)])))
     }
+}
 
-    /// One-hot encoding of whole-number ids into `classes` classes: `ids.shape + [classes]`.
-    /// Layout follows the ids (R → R, S(d) → S(d)). No gradient.
-    pub fn one_hot(&self, classes: usize) -> Result<DTensor<T>> {
+impl<I: IndexElement> DTensor<I> {
+    /// One-hot encoding of these ids (in `[0, classes)`) as ones of the float type `T`:
+    /// `shape + [classes]` (PyTorch `one_hot`, in the float type a loss multiplies by). The ids
+    /// are read as `i64`, never through `T`; float ids must be whole numbers. Layout follows
+    /// the ids (R → R, S(d) → S(d)). No gradient.
+    ///
+    /// ```
+    /// use dtensor_runtime::{distribute_tensor, run, Replicate};
+    /// let out = run(1, |ctx| {
+    ///     let mesh = ctx.init_device_mesh(&[1], &["x"])?;
+    ///     let ids = distribute_tensor(ndarray::arr1(&[2i64, 0]).into_dyn(), &mesh, &[Replicate], None)?;
+    ///     ids.one_hot::<f32>(3)?.full_tensor()
+    /// })
+    /// .unwrap();
+    /// assert_eq!(out[0].as_slice().unwrap(), &[0.0, 0.0, 1.0, 1.0, 0.0, 0.0]);
+    /// ```
+    pub fn one_hot<T: Element>(&self, classes: usize) -> Result<DTensor<T>> {
+        let ids = ids_i64("one_hot", self)?;
         let mut rs = vec![DimRule::new(&[R], R)];
-        rs.extend((0..self.ndim()).map(|d| DimRule::new(&[shard(d)], shard(d))));
-        let c = select("one_hot", &[self], &rs, Select::default())?;
+        rs.extend((0..ids.ndim()).map(|d| DimRule::new(&[shard(d)], shard(d))));
+        let c = select("one_hot", &[&*ids], &rs, Select::default())?;
         let ii = &*c.inputs[0];
-        let out = ii.local.one_hot(classes)?;
-        let mut shape = self.shape.clone();
+        let out = ii.local.one_hot::<T>(classes)?;
+        let mut shape = ids.shape.clone();
         shape.push(classes);
         Ok(new_output(out, &ii.mesh, c.output, shape))
     }

@@ -1,7 +1,9 @@
 //! Indexing by tensors of ids: `index_select` and `gather`.
 //!
-//! Ids are whole numbers of `i64`/`i32` or the element type (as `embedding`'s); every element
-//! type can be indexed, integers included. Rules per mesh dim:
+//! Ids are `i64`/`i32`, or floats holding whole numbers (as `embedding`'s), read as `i64`
+//! whatever the indexed tensor's type (never converted to it: a bf16 or `u8` tensor would
+//! round or wrap them); every element type can be indexed, integers included. Rules per mesh
+//! dim:
 //! `index_select(dim, index)` — the indexed dim of the input must be Replicate; other shards
 //! of the input are kept; a sharded (1-D) index with a replicated input shards the output on
 //! `dim`; Partial inputs stay Partial (linear). `gather(dim, index)` — input and index sharded
@@ -10,9 +12,9 @@
 //! Partial. The gradients scatter-add the output's gradient back, under the mirrored rules
 //! (an output sharded on `dim` gives a Partial(sum) gradient).
 
-use super::embedding::ids_as;
+use super::embedding::ids_i64;
 use super::slice::ALL_OPS;
-use super::strategy::{partial_ops, select, DimRule, Select};
+use super::strategy::{partial_ops, select_pair, DimRule, Select};
 use super::{new_output, norm_dim};
 use crate::autograd::{grad_kernels, record};
 use crate::dtensor::DTensor;
@@ -34,23 +36,27 @@ fn sh(d: usize) -> Placement {
 }
 
 /// Gradient of index_select: `g`'s slices added at `ids` along `d` into zeros of `shape`.
-pub(crate) fn index_add<T: Element>(g: &DTensor<T>, ids: &DTensor<T>, d: usize, shape: &[usize]) -> Result<DTensor<T>> {
+pub(crate) fn index_add<T: Element>(
+    g: &DTensor<T>,
+    ids: &DTensor<i64>,
+    d: usize,
+    shape: &[usize],
+) -> Result<DTensor<T>> {
     let mut rs = vec![DimRule::new(&[R, R], R)];
     rs.extend((0..g.ndim()).filter(|&e| e != d).map(|e| DimRule::new(&[sh(e), R], sh(e))));
     rs.push(DimRule::new(&[sh(d), sh(0)], Placement::PARTIAL_SUM));
     for o in partial_ops(&[g], &[ReduceOp::Sum, ReduceOp::Avg]) {
         rs.push(DimRule::new(&[Placement::Partial(o), R], Placement::Partial(o)));
     }
-    let c = select("index_select_backward", &[g, ids], &rs, Select::default())?;
-    let (gi, ii) = (&*c.inputs[0], &*c.inputs[1]);
+    let (gi, ii, output) = select_pair("index_select_backward", g, ids, &rs, Select::default())?;
     let local = gi.local.index_add(d, &ii.local, shape[d])?;
-    Ok(new_output(local, &gi.mesh, c.output, shape.to_vec()))
+    Ok(new_output(local, &gi.mesh, output, shape.to_vec()))
 }
 
 /// Gradient of gather: `g` added at the gathered positions of zeros of `shape`.
 pub(crate) fn scatter_add<T: Element>(
     g: &DTensor<T>,
-    ids: &DTensor<T>,
+    ids: &DTensor<i64>,
     d: usize,
     shape: &[usize],
 ) -> Result<DTensor<T>> {
@@ -62,21 +68,21 @@ pub(crate) fn scatter_add<T: Element>(
     for o in partial_ops(&[g], &[ReduceOp::Sum, ReduceOp::Avg]) {
         rs.push(DimRule::new(&[Placement::Partial(o), R], Placement::Partial(o)));
     }
-    let c = select("gather_backward", &[g, ids], &rs, Select::default())?;
-    let (gi, ii) = (&*c.inputs[0], &*c.inputs[1]);
-    let (local_shape, _) = local_shape_and_offset(shape, gi.mesh.shape(), gi.mesh.coordinate(), &c.output);
+    let (gi, ii, output) = select_pair("gather_backward", g, ids, &rs, Select::default())?;
+    let (local_shape, _) = local_shape_and_offset(shape, gi.mesh.shape(), gi.mesh.coordinate(), &output);
     let local = gi.local.scatter_add(d, &ii.local, &local_shape)?;
-    Ok(new_output(local, &gi.mesh, c.output, shape.to_vec()))
+    Ok(new_output(local, &gi.mesh, output, shape.to_vec()))
 }
 
 /// Indexing, for every element type (integer tensors never record a gradient).
 impl<T: Scalar> DTensor<T> {
-    /// The slices of `dim` at the whole-number ids of the 1-D `index` (PyTorch
-    /// `index_select`); the gradient flows to `self`. `index` may be `i64`/`i32` or `T`
-    /// itself; an id `T` cannot hold exactly (e.g. 300 for a `u8` tensor) is an
-    /// [`Error::InvalidArgument`], and so is a negative or out-of-range one.
+    /// The slices of `dim` at the ids of the 1-D `index` (PyTorch `index_select`); the
+    /// gradient flows to `self`. `index` may be `i64`/`i32`, or floats holding whole numbers,
+    /// read as `i64` whatever `T` is (a `u8` or bf16 tensor is indexed at any id of its dim);
+    /// a negative or out-of-range id, or a float id that is not a whole number, is an
+    /// [`Error::InvalidArgument`].
     pub fn index_select<I: IndexElement>(&self, dim: isize, index: &DTensor<I>) -> Result<DTensor<T>> {
-        let index = &*ids_as::<T, I>("index_select", index)?;
+        let index = &*ids_i64("index_select", index)?;
         let d = norm_dim("index_select", dim, self.ndim())?;
         if index.ndim() != 1 {
             return Err(Error::ShapeMismatch {
@@ -91,22 +97,22 @@ impl<T: Scalar> DTensor<T> {
         for o in partial_ops(&[self], &ALL_OPS) {
             rs.push(DimRule::new(&[Placement::Partial(o), R], Placement::Partial(o)));
         }
-        let c = select("index_select", &[self, index], &rs, Select::default())?;
-        let (xi, ii) = (&*c.inputs[0], &*c.inputs[1]);
+        let (xi, ii, output) = select_pair("index_select", self, index, &rs, Select::default())?;
+        let xi = &*xi;
         let mut shape = xi.shape.clone();
         shape[d] = index.shape[0];
-        let out = new_output(xi.local.index_select(d, &ii.local)?, &xi.mesh, c.output, shape);
-        let (ids, in_shape) = (ii.detach(), xi.shape.clone());
+        let out = new_output(xi.local.index_select(d, &ii.local)?, &xi.mesh, output, shape);
+        let (ids, in_shape) = (ii.into_owned(), xi.shape.clone());
         Ok(record("index_select_backward", out, &[xi], move |g| {
             Ok(vec![Some((grad_kernels::<T>()?.index_add)(g, &ids, d, &in_shape)?)])
         }))
     }
 
     /// PyTorch `gather(dim, index)`: `out[i][j] = self[i][index[i][j]]` for `dim = 1`, of the
-    /// shape of `index` (same rank; other dims no larger than `self`'s). `index` may be
-    /// `i64`/`i32` or `T` itself, as for [`index_select`](DTensor::index_select).
+    /// shape of `index` (same rank; other dims no larger than `self`'s). `index` holds ids as
+    /// for [`index_select`](DTensor::index_select), read as `i64`.
     pub fn gather<I: IndexElement>(&self, dim: isize, index: &DTensor<I>) -> Result<DTensor<T>> {
-        let index = &*ids_as::<T, I>("gather", index)?;
+        let index = &*ids_i64("gather", index)?;
         let d = norm_dim("gather", dim, self.ndim())?;
         let fits = index.ndim() == self.ndim() && (0..self.ndim()).all(|e| e == d || index.shape[e] <= self.shape[e]);
         if !fits {
@@ -126,10 +132,10 @@ impl<T: Scalar> DTensor<T> {
         for o in partial_ops(&[self], &ALL_OPS) {
             rs.push(DimRule::new(&[Placement::Partial(o), R], Placement::Partial(o)));
         }
-        let c = select("gather", &[self, index], &rs, Select::default())?;
-        let (xi, ii) = (&*c.inputs[0], &*c.inputs[1]);
-        let out = new_output(xi.local.gather(d, &ii.local)?, &xi.mesh, c.output, index.shape.clone());
-        let (ids, in_shape) = (ii.detach(), xi.shape.clone());
+        let (xi, ii, output) = select_pair("gather", self, index, &rs, Select::default())?;
+        let xi = &*xi;
+        let out = new_output(xi.local.gather(d, &ii.local)?, &xi.mesh, output, index.shape.clone());
+        let (ids, in_shape) = (ii.into_owned(), xi.shape.clone());
         Ok(record("gather_backward", out, &[xi], move |g| {
             Ok(vec![Some((grad_kernels::<T>()?.scatter_add)(g, &ids, d, &in_shape)?)])
         }))

@@ -6,12 +6,15 @@ use crate::error::{Error, Result};
 use crate::placement::Placement;
 
 impl<T: Element> DTensor<T> {
-    /// Mean cross-entropy of logits `[.., C]` against class ids `[..]` (whole numbers in
-    /// `[0, C)`), as PyTorch `cross_entropy(reduction="mean")`. A 0-d result; Partial(sum)
-    /// when the batch is sharded (read it with `full_tensor`).
-    /// `target` may be `i64`/`i32` or `T` itself.
+    /// Mean cross-entropy of logits `[.., C]` against class ids `[..]` (in `[0, C)`), as
+    /// PyTorch `cross_entropy(reduction="mean")`. A 0-d result; Partial(sum) when the batch is
+    /// sharded (read it with `full_tensor`). `target` may be `i64`/`i32`, or floats holding
+    /// whole numbers; it is read as `i64` (never through `T`, so a bf16 model scores every
+    /// class of a large vocabulary). A float id that is not a whole number is an
+    /// [`Error::InvalidArgument`] naming `cross_entropy`; an id outside `[0, C)` one naming
+    /// `one_hot`.
     pub fn cross_entropy<I: IndexElement>(&self, target: &DTensor<I>) -> Result<DTensor<T>> {
-        let target = &*super::embedding::ids_as::<T, I>("cross_entropy", target)?;
+        let target = &*super::embedding::ids_i64("cross_entropy", target)?;
         let nd = self.ndim();
         if nd == 0 || target.shape() != &self.shape[..nd - 1] {
             return Err(Error::ShapeMismatch {
@@ -22,7 +25,8 @@ impl<T: Element> DTensor<T> {
         }
         let classes = self.shape[nd - 1];
         let count = target.numel().max(1);
-        let onehot = target.one_hot(classes)?;
+        // The one-hot is made from the i64 ids: only its ones and zeros are `T`.
+        let onehot = target.one_hot::<T>(classes)?;
         // Loss parallelism: where the logits are sharded on the class dim, cut the one-hot
         // to the same shards (a local slice of a replicated tensor, no collective), so that
         // the `mul` below needs no redistribution of its own.

@@ -198,19 +198,21 @@ impl<T: Element> DTensor<T> {
     }
 
     /// Index of the maximum along `dim` (first occurrence; a NaN counts as the maximum), as
-    /// element values; no gradient. An empty `dim` is an error (PyTorch).
-    pub fn argmax(&self, dim: isize, keepdim: bool) -> Result<DTensor<T>> {
+    /// an `i64` tensor (PyTorch's int64: an index in the element type would round, e.g. in
+    /// bf16 beyond 256); no gradient. An empty `dim` is an error (PyTorch).
+    pub fn argmax(&self, dim: isize, keepdim: bool) -> Result<DTensor<i64>> {
         arg_reduce(self, dim, keepdim, true)
     }
 
-    /// Index of the minimum along `dim` (first occurrence; a NaN counts as the minimum).
-    pub fn argmin(&self, dim: isize, keepdim: bool) -> Result<DTensor<T>> {
+    /// Index of the minimum along `dim` (first occurrence; a NaN counts as the minimum), as
+    /// an `i64` tensor, as [`argmax`](DTensor::argmax).
+    pub fn argmin(&self, dim: isize, keepdim: bool) -> Result<DTensor<i64>> {
         arg_reduce(self, dim, keepdim, false)
     }
 }
 
 /// argmax (`max`) or argmin over `dim`.
-fn arg_reduce<T: Element>(x: &DTensor<T>, dim: isize, keepdim: bool, max: bool) -> Result<DTensor<T>> {
+fn arg_reduce<T: Element>(x: &DTensor<T>, dim: isize, keepdim: bool, max: bool) -> Result<DTensor<i64>> {
     let op = if max { "argmax" } else { "argmin" };
     let d = norm_dim(op, dim, x.ndim())?;
     if x.shape[d] == 0 {

@@ -11,8 +11,9 @@
 use crate::dtensor::DTensor;
 use crate::element::Scalar;
 use crate::error::{Error, Result};
+use crate::mesh::DeviceMesh;
 use crate::placement::{fmt_placements, Placement, ReduceOp};
-use crate::redistribute::plan_redistribute_at;
+use crate::redistribute::{plan_redistribute_at, RedistributePlan};
 use std::borrow::Cow;
 use std::cell::RefCell;
 
@@ -98,16 +99,39 @@ pub(crate) struct Chosen<'a, T: Scalar> {
     pub output: Vec<Placement>,
 }
 
+/// An input of a strategy search, seen without its element type: an op may read tensors of
+/// several dtypes (a float table and `i64` ids), and a move's cost depends on the dtype's size.
+pub(crate) trait Operand {
+    /// The mesh the input lives on.
+    fn mesh(&self) -> &DeviceMesh;
+    /// Its placements.
+    fn placements(&self) -> &[Placement];
+    /// The plan moving it from its placements to `to` (the same on every rank).
+    fn plan(&self, to: &[Placement]) -> Result<RedistributePlan>;
+}
+
+impl<T: Scalar> Operand for DTensor<T> {
+    fn mesh(&self) -> &DeviceMesh {
+        &self.mesh
+    }
+    fn placements(&self) -> &[Placement] {
+        &self.placements
+    }
+    fn plan(&self, to: &[Placement]) -> Result<RedistributePlan> {
+        plan_redistribute_at::<T>(&self.shape, &self.mesh, &vec![0; self.mesh.ndim()], &self.placements, to)
+    }
+}
+
 /// Placements of several tensors, for error messages.
-pub(crate) fn fmt_inputs<T: Scalar>(inputs: &[&DTensor<T>]) -> String {
-    inputs.iter().map(|x| fmt_placements(&x.placements)).collect::<Vec<_>>().join(" and ")
+pub(crate) fn fmt_inputs(inputs: &[&dyn Operand]) -> String {
+    inputs.iter().map(|x| fmt_placements(x.placements())).collect::<Vec<_>>().join(" and ")
 }
 
 /// Checks that every input lives on the mesh (and device) of the first.
-pub(crate) fn same_mesh<T: Scalar>(op: &str, inputs: &[&DTensor<T>]) -> Result<()> {
-    let first = &inputs[0].mesh;
+pub(crate) fn same_mesh(op: &str, inputs: &[&dyn Operand]) -> Result<()> {
+    let first = inputs[0].mesh();
     for x in &inputs[1..] {
-        first.check_compatible(&x.mesh, op)?;
+        first.check_compatible(x.mesh(), op)?;
     }
     Ok(())
 }
@@ -142,13 +166,13 @@ pub(crate) fn reduce_partials(placements: &[Placement], kept: &[ReduceOp]) -> Ve
 
 /// Output placements of the strategy the inputs already match on every mesh dim (the one
 /// closest to `knobs.prefer_output` when several match), if any.
-fn exact_strategy<T: Scalar>(inputs: &[&DTensor<T>], rules: &[DimRule], knobs: &Select<'_>) -> Option<Vec<Placement>> {
-    let m = inputs[0].mesh.ndim();
+fn exact_strategy(inputs: &[&dyn Operand], rules: &[DimRule], knobs: &Select<'_>) -> Option<Vec<Placement>> {
+    let m = inputs[0].mesh().ndim();
     // Per mesh dim, the rules whose inputs are exactly the current placements.
     let fits: Vec<Vec<usize>> = (0..m)
         .map(|d| {
             (0..rules.len())
-                .filter(|&r| inputs.iter().zip(&rules[r].inputs).all(|(x, p)| x.placements[d] == *p))
+                .filter(|&r| inputs.iter().zip(&rules[r].inputs).all(|(x, p)| x.placements()[d] == *p))
                 .collect()
         })
         .collect();
@@ -163,7 +187,7 @@ fn exact_strategy<T: Scalar>(inputs: &[&DTensor<T>], rules: &[DimRule], knobs: &
         let mut ok = pops.next().is_none_or(|first| pops.all(|o| o == first));
         if ok {
             if let Some(v) = knobs.valid {
-                let ins: Vec<Vec<Placement>> = inputs.iter().map(|x| x.placements.clone()).collect();
+                let ins: Vec<Vec<Placement>> = inputs.iter().map(|x| x.placements().to_vec()).collect();
                 ok = v(&ins, &out);
             }
         }
@@ -188,18 +212,17 @@ fn exact_strategy<T: Scalar>(inputs: &[&DTensor<T>], rules: &[DimRule], knobs: &
     }
 }
 
-/// Picks the cheapest strategy for `inputs` from `rules` (the same rules on every mesh dim)
-/// and redistributes the inputs to it. Collectives are attributed to `op`.
-pub(crate) fn select<'a, T: Scalar>(
+/// The cheapest strategy for `inputs` (of any element types) from `rules` (the same rules on
+/// every mesh dim): the placements each input must be moved to (its own where it already
+/// fits) and the output's.
+fn strategy(
     op: &'static str,
-    inputs: &[&'a DTensor<T>],
+    inputs: &[&dyn Operand],
     rules: &[DimRule],
     knobs: Select<'_>,
-) -> Result<Chosen<'a, T>> {
+) -> Result<(Vec<Vec<Placement>>, Vec<Placement>)> {
     same_mesh(op, inputs)?;
-    let mesh = inputs[0].mesh.clone();
-    let m = mesh.ndim();
-    let zero = vec![0usize; m];
+    let m = inputs[0].mesh().ndim();
     let no_rule =
         |hint: &str| Error::NoShardingRule { op: op.into(), placements: fmt_inputs(inputs), hint: hint.to_string() };
     if rules.is_empty() {
@@ -209,7 +232,7 @@ pub(crate) fn select<'a, T: Scalar>(
     // beats every candidate the search below would cost (each of those has >= 1 step); take
     // it without planning anything.
     if let Some(output) = exact_strategy(inputs, rules, &knobs) {
-        return Ok(Chosen { inputs: inputs.iter().map(|x| Cow::Borrowed(*x)).collect(), output });
+        return Ok((inputs.iter().map(|x| x.placements().to_vec()).collect(), output));
     }
     // Cost of a candidate: (wire bytes, collectives then steps, output mismatches vs preference).
     let mut best: Option<Candidate> = None;
@@ -232,10 +255,10 @@ pub(crate) fn select<'a, T: Scalar>(
         if ok {
             let mut cost = (0usize, 0usize, 0usize);
             for (x, want) in inputs.iter().zip(&ins) {
-                if &x.placements == want {
+                if x.placements() == want.as_slice() {
                     continue;
                 }
-                match plan_redistribute_at::<T>(&x.shape, &mesh, &zero, &x.placements, want) {
+                match x.plan(want) {
                     Ok(plan) => {
                         cost.0 += plan.wire_bytes();
                         cost.1 += plan.num_collectives() * 1000 + plan.steps.len().max(1);
@@ -266,18 +289,60 @@ pub(crate) fn select<'a, T: Scalar>(
     let Some((_, ins, output)) = best else {
         return Err(no_rule("no strategy is reachable from these placements (Shard→Partial is not allowed)"));
     };
-    let mut moved = Vec::with_capacity(inputs.len());
-    for (j, (x, want)) in inputs.iter().zip(ins).enumerate() {
-        if x.placements == want {
-            moved.push(Cow::Borrowed(*x));
-        } else {
-            super::implicit::check(op, j, &x.placements, &want)?;
-            let bytes = plan_redistribute_at::<T>(&x.shape, &mesh, &zero, &x.placements, &want)?.wire_bytes();
-            log(ImplicitRedistribute { op, input: j, from: x.placements.clone(), to: want.clone(), bytes });
-            moved.push(Cow::Owned(T::redistribute_recorded(x, &want, op)?));
-        }
+    Ok((ins, output))
+}
+
+/// Input `j` of `op` moved to `want` (recorded on the autograd tape for floats, and in the
+/// implicit-redistribution log), or borrowed when it already is there.
+fn moved<'a, T: Scalar>(
+    op: &'static str,
+    j: usize,
+    x: &'a DTensor<T>,
+    want: Vec<Placement>,
+) -> Result<Cow<'a, DTensor<T>>> {
+    if x.placements == want {
+        return Ok(Cow::Borrowed(x));
     }
-    Ok(Chosen { inputs: moved, output })
+    super::implicit::check(op, j, &x.placements, &want)?;
+    let bytes = Operand::plan(x, &want)?.wire_bytes();
+    log(ImplicitRedistribute { op, input: j, from: x.placements.clone(), to: want.clone(), bytes });
+    Ok(Cow::Owned(T::redistribute_recorded(x, &want, op)?))
+}
+
+/// Picks the cheapest strategy for `inputs` from `rules` (the same rules on every mesh dim)
+/// and redistributes the inputs to it. Collectives are attributed to `op`.
+pub(crate) fn select<'a, T: Scalar>(
+    op: &'static str,
+    inputs: &[&'a DTensor<T>],
+    rules: &[DimRule],
+    knobs: Select<'_>,
+) -> Result<Chosen<'a, T>> {
+    let dyns: Vec<&dyn Operand> = inputs.iter().map(|&x| x as &dyn Operand).collect();
+    let (ins, output) = strategy(op, &dyns, rules, knobs)?;
+    let inputs =
+        inputs.iter().zip(ins).enumerate().map(|(j, (x, want))| moved(op, j, x, want)).collect::<Result<_>>()?;
+    Ok(Chosen { inputs, output })
+}
+
+/// The two inputs of [`select_pair`], each moved in its own type, and the output placements.
+pub(crate) type ChosenPair<'a, T, U> = (Cow<'a, DTensor<T>>, Cow<'a, DTensor<U>>, Vec<Placement>);
+
+/// [`select`] for an op of a tensor `x` (input 0) and a tensor of another element type
+/// (input 1: the `i64` ids of an indexing op), each moved in its own type.
+pub(crate) fn select_pair<'a, T: Scalar, U: Scalar>(
+    op: &'static str,
+    x: &'a DTensor<T>,
+    y: &'a DTensor<U>,
+    rules: &[DimRule],
+    knobs: Select<'_>,
+) -> Result<ChosenPair<'a, T, U>> {
+    let (ins, output) = strategy(op, &[x, y], rules, knobs)?;
+    let [wx, wy]: [Vec<Placement>; 2] = ins.try_into().map_err(|_| Error::NoShardingRule {
+        op: op.into(),
+        placements: fmt_inputs(&[x, y]),
+        hint: "the strategy search lost an input".into(),
+    })?;
+    Ok((moved(op, 0, x, wx)?, moved(op, 1, y, wy)?, output))
 }
 
 #[cfg(test)]

@@ -282,8 +282,9 @@ pub(super) fn tri<T: Element>(a: &ArrayD<T>, lower: bool, diagonal: i64, row0: u
 }
 
 /// Index (first occurrence) of the maximum (`max`) or minimum of every lane along `dim`, as
-/// element values; a NaN counts as the extreme (PyTorch). The lanes are not empty (checked).
-pub(super) fn arg_reduce<T: Element>(a: &ArrayD<T>, dim: usize, max: bool, keepdim: bool) -> ArrayD<T> {
+/// `i64` (PyTorch; never an element value, which would round an index in the 16-bit floats);
+/// a NaN counts as the extreme (PyTorch). The lanes are not empty (checked).
+pub(super) fn arg_reduce<T: Element>(a: &ArrayD<T>, dim: usize, max: bool, keepdim: bool) -> ArrayD<i64> {
     let better = |v: T, best: T| {
         if best.is_nan() {
             false
@@ -302,7 +303,7 @@ pub(super) fn arg_reduce<T: Element>(a: &ArrayD<T>, dim: usize, max: bool, keepd
                 best = (k, v);
             }
         }
-        T::of_f64(best.0 as f64)
+        best.0 as i64
     });
     if keepdim {
         out.insert_axis_inplace(Axis(dim));
@@ -318,23 +319,23 @@ pub(super) fn cat<T: Scalar>(parts: &[&ArrayD<T>], dim: usize) -> Result<ArrayD<
         .map_err(|e| Error::Unsupported { op: "cat".into(), reason: e.to_string() })
 }
 
-/// Whole-number element values of `ids` as indices below `n`.
-fn indices<T: Scalar>(op: &str, ids: &ArrayD<T>, n: usize) -> Result<Vec<usize>> {
+/// `ids` as indices below `n`.
+fn indices(op: &str, ids: &ArrayD<i64>, n: usize) -> Result<Vec<usize>> {
     row_major(ids).iter().map(|&v| index_of(op, v, n)).collect()
 }
 
 /// The slices `ids` (1-D) of `a` along `dim`.
-pub(super) fn index_select<T: Scalar>(a: &ArrayD<T>, dim: usize, ids: &ArrayD<T>) -> Result<ArrayD<T>> {
+pub(super) fn index_select<T: Scalar>(a: &ArrayD<T>, dim: usize, ids: &ArrayD<i64>) -> Result<ArrayD<T>> {
     let idx = indices("index_select", ids, a.shape()[dim])?;
     Ok(into_standard(a.select(Axis(dim), &idx)))
 }
 
 /// Gradient of [`index_select`]: the slices of `g` added at `ids` along `dim` of a zero
 /// tensor whose `dim` has size `n`.
-pub(super) fn index_add<T: Element>(g: &ArrayD<T>, dim: usize, ids: &ArrayD<T>, n: usize) -> Result<ArrayD<T>> {
-    // The 16-bit floats accumulate in f32 and round once (ids are exact in f32).
+pub(super) fn index_add<T: Element>(g: &ArrayD<T>, dim: usize, ids: &ArrayD<i64>, n: usize) -> Result<ArrayD<T>> {
+    // The 16-bit floats accumulate in f32 and round once.
     if T::DTYPE.is_half() {
-        return index_add(&cast::<T, f32>(g), dim, &cast::<T, f32>(ids), n).map(|a| cast(&a));
+        return index_add(&cast::<T, f32>(g), dim, ids, n).map(|a| cast(&a));
     }
     let idx = indices("index_select_backward", ids, n)?;
     let mut shape = g.shape().to_vec();
@@ -348,7 +349,7 @@ pub(super) fn index_add<T: Element>(g: &ArrayD<T>, dim: usize, ids: &ArrayD<T>, 
 }
 
 /// `out[ix] = a[ix with ix[dim] = ids[ix]]` (PyTorch `gather`): the shape of `ids`.
-pub(super) fn gather<T: Scalar>(a: &ArrayD<T>, dim: usize, ids: &ArrayD<T>) -> Result<ArrayD<T>> {
+pub(super) fn gather<T: Scalar>(a: &ArrayD<T>, dim: usize, ids: &ArrayD<i64>) -> Result<ArrayD<T>> {
     let n = a.shape()[dim];
     let mut out = ArrayD::<T>::zeros(ids.raw_dim());
     let mut src = vec![0usize; a.ndim()];
@@ -364,12 +365,12 @@ pub(super) fn gather<T: Scalar>(a: &ArrayD<T>, dim: usize, ids: &ArrayD<T>) -> R
 pub(super) fn scatter_add<T: Element>(
     g: &ArrayD<T>,
     dim: usize,
-    ids: &ArrayD<T>,
+    ids: &ArrayD<i64>,
     shape: &[usize],
 ) -> Result<ArrayD<T>> {
-    // The 16-bit floats accumulate in f32 and round once (ids are exact in f32).
+    // The 16-bit floats accumulate in f32 and round once.
     if T::DTYPE.is_half() {
-        return scatter_add(&cast::<T, f32>(g), dim, &cast::<T, f32>(ids), shape).map(|a| cast(&a));
+        return scatter_add(&cast::<T, f32>(g), dim, ids, shape).map(|a| cast(&a));
     }
     let n = shape[dim];
     let mut out = ArrayD::<T>::zeros(IxDyn(shape));
@@ -619,23 +620,19 @@ fn copy_block<T: Copy, D>(src: &[T], dst: &mut [D], b: &CopyBlock, put: impl Fn(
     }
 }
 
-/// Checks one id and converts it to an index.
-fn index_of<T: Scalar>(op: &str, id: T, n: usize) -> Result<usize> {
-    let v = id.as_f64();
-    if v.fract() != 0.0 || v < 0.0 || v >= n as f64 {
-        return Err(Error::InvalidArgument {
-            context: op.into(),
-            reason: format!("index {v} is not a whole number in [0, {n})"),
-        });
+/// Checks one id and converts it to an index (in integers: no id is rounded).
+fn index_of(op: &str, id: i64, n: usize) -> Result<usize> {
+    match usize::try_from(id) {
+        Ok(v) if v < n => Ok(v),
+        _ => Err(Error::InvalidArgument { context: op.into(), reason: format!("index {id} is out of range [0, {n})") }),
     }
-    Ok(v as usize)
 }
 
 /// Rows `ids - row0` of the table shard `table` (`[rows, cols]`), zeros for ids outside it:
 /// `ids.shape + [cols]`.
 pub(super) fn embedding<T: Element>(
     table: &ArrayD<T>,
-    ids: &ArrayD<T>,
+    ids: &ArrayD<i64>,
     row0: usize,
     vocab: usize,
 ) -> Result<ArrayD<T>> {
@@ -658,14 +655,14 @@ pub(super) fn embedding<T: Element>(
 /// of `rows` rows; ids outside it are skipped.
 pub(super) fn embedding_backward<T: Element>(
     g: &ArrayD<T>,
-    ids: &ArrayD<T>,
+    ids: &ArrayD<i64>,
     rows: usize,
     row0: usize,
     vocab: usize,
 ) -> Result<ArrayD<T>> {
-    // The 16-bit floats accumulate in f32 and round once (ids are exact in f32).
+    // The 16-bit floats accumulate in f32 and round once.
     if T::DTYPE.is_half() {
-        return embedding_backward(&cast::<T, f32>(g), &cast::<T, f32>(ids), rows, row0, vocab).map(|a| cast(&a));
+        return embedding_backward(&cast::<T, f32>(g), ids, rows, row0, vocab).map(|a| cast(&a));
     }
     let cols = *g.shape().last().unwrap_or(&0);
     let gd = row_major(g);
@@ -682,7 +679,8 @@ pub(super) fn embedding_backward<T: Element>(
     from_vec(&[rows, cols], out)
 }
 
-pub(super) fn one_hot<T: Element>(ids: &ArrayD<T>, classes: usize) -> Result<ArrayD<T>> {
+/// Ones of `T` at `ids` along a new last dim of `classes`, zeros elsewhere.
+pub(super) fn one_hot<T: Element>(ids: &ArrayD<i64>, classes: usize) -> Result<ArrayD<T>> {
     let mut out = vec![T::zero(); ids.len() * classes];
     for (k, &id) in row_major(ids).iter().enumerate() {
         out[k * classes + index_of("one_hot", id, classes)?] = T::one();

@@ -12,25 +12,28 @@
 //! Philox random fills bit-identical to the host's, cuBLAS gemm / strided-batched gemm, `where`
 //! (broadcast by strides), `tril`/`triu` of a shard at any global offset, `argmax`/`argmin`
 //! (first index on ties, NaN as the extreme), `cat`, and `index_select`, `gather` and their
-//! backwards. Invalid ids are the host's typed [`Error::InvalidArgument`], checked on the
-//! device before use. The backwards sum each output element's contributions in index order
-//! instead of with atomics: deterministic, and bit-identical to the host. Inputs the kernels
+//! backwards. Ids are `i64` buffers for every element type (never a float, which would round
+//! them), and `argmax`/`argmin` write `i64` indices. Invalid ids are the host's typed
+//! [`Error::InvalidArgument`], checked on the device before use. The backwards sum each output
+//! element's contributions in index order instead of with atomics: deterministic, and
+//! bit-identical to the host. Inputs the kernels
 //! cannot index are typed errors: more than [`MAX_DIMS`](crate::cuda::source::MAX_DIMS) dims,
 //! or dimensions beyond cuBLAS' 32-bit limit.
 //!
 //! The floats all have these kernels: f32 and f64 compute in themselves, bf16 and f16 load
 //! into f32, compute, and round each result once, as the host kernels do (matmul through
 //! `cublasGemmEx` with f32 accumulation; the embedding backward, which adds with atomics,
-//! through an f32 copy). The integers have the kernels that move elements (fills, pack plans,
-//! `cat`) and the casts to and from every dtype (Rust's `as`, as on the host); every other op
-//! needs a float tensor, so they reach no other kernel.
+//! through an f32 copy of the gradient). The integers have the kernels that move elements
+//! (fills, pack plans, `cat`, `index_select`, `gather`) and the casts to and from every dtype
+//! (Rust's `as`, as on the host); every other op needs a float tensor, so they reach no other
+//! kernel.
 
 use super::op::{AdamWStep, BinaryOp, Distribution, RandomFill, Reduction, SgdStep, SoftmaxKind, UnaryOp};
 use super::Storage;
 use crate::comm::buf::{CudaBytes, CudaBytesMut};
 use crate::comm::{Buf, BufMut};
 use crate::cuda::args::{self, binary_code, reduce_code, unary_code, Gather, Reduce, Strided};
-use crate::cuda::source::BLOCK;
+use crate::cuda::source::{BLOCK, ID_DTYPE};
 use crate::cuda::{cuda_err, CudaDevice};
 use crate::element::{Element, Scalar};
 use crate::error::{Error, Result};
@@ -401,7 +404,7 @@ impl<T: Scalar> CudaStorage<T> {
         &self.device
     }
 
-    fn same_device(&self, other: &Self, op: &str) -> Result<()> {
+    fn same_device<U: Scalar>(&self, other: &CudaStorage<U>, op: &str) -> Result<()> {
         if Arc::ptr_eq(&self.device, &other.device) {
             Ok(())
         } else {
@@ -587,13 +590,13 @@ impl<T: Scalar> CudaStorage<T> {
         if flag.first().copied().unwrap_or(0) != 0 {
             return Err(Error::InvalidArgument {
                 context: op.into(),
-                reason: format!("an index is not a whole number in [0, {vocab})"),
+                reason: format!("an index is out of range [0, {vocab})"),
             });
         }
         Ok(())
     }
 
-    pub(super) fn embedding(&self, ids: &Self, row0: usize, vocab: usize) -> Result<Self> {
+    pub(super) fn embedding(&self, ids: &CudaStorage<i64>, row0: usize, vocab: usize) -> Result<Self> {
         self.same_device(ids, "embedding")?;
         let (rows, cols) = (self.shape[0], self.shape[1]);
         let mut shape = ids.shape.clone();
@@ -621,13 +624,18 @@ impl<T: Scalar> CudaStorage<T> {
         Ok(out)
     }
 
-    pub(super) fn embedding_backward(&self, ids: &Self, rows: usize, row0: usize, vocab: usize) -> Result<Self> {
+    pub(super) fn embedding_backward(
+        &self,
+        ids: &CudaStorage<i64>,
+        rows: usize,
+        row0: usize,
+        vocab: usize,
+    ) -> Result<Self> {
         self.same_device(ids, "embedding_backward")?;
         if T::DTYPE.is_half() {
             // The 16-bit floats have no atomicAdd of their own: accumulate in f32 and round
-            // once, as the host does (ids are exact in f32).
-            let (g, i) = (self.cast::<f32>()?, ids.cast::<f32>()?);
-            return g.embedding_backward(&i, rows, row0, vocab)?.cast::<T>();
+            // once, as the host does (the ids stay i64).
+            return self.cast::<f32>()?.embedding_backward(ids, rows, row0, vocab)?.cast::<T>();
         }
         let cols = *self.shape.last().unwrap_or(&0);
         let mut out = Self::zeros(&self.device, &[rows, cols])?;
@@ -655,30 +663,6 @@ impl<T: Scalar> CudaStorage<T> {
         Ok(out)
     }
 
-    pub(super) fn one_hot(&self, classes: usize) -> Result<Self> {
-        let mut shape = self.shape.clone();
-        shape.push(classes);
-        let mut out = Self::zeros(&self.device, &shape)?;
-        let nids = self.len() as u64;
-        let c64 = classes as u64;
-        let Some(i) = &self.data else { return Ok(out) };
-        let Some(o) = out.data_mut()? else {
-            // No classes: every id is out of range (as on the host).
-            return Err(Error::InvalidArgument {
-                context: "one_hot".into(),
-                reason: format!("an index is not a whole number in [0, {classes})"),
-            });
-        };
-        let f = self.device.kernels()?.function("one_hot", T::SUFFIX)?;
-        let dev = Arc::clone(&self.device);
-        self.checked_ids("one_hot", nids, classes, |bad| {
-            let mut b = dev.stream().launch_builder(&f);
-            b.arg(&**i).arg(o).arg(&nids).arg(&c64).arg(bad);
-            launch("one_hot", &mut b, per_element(nids))
-        })?;
-        Ok(out)
-    }
-
     /// A fresh output of `shape` whose every element the kernel `name` writes, launched by
     /// `build` (output, kernel, element count) only when the output is not empty.
     fn launch_into(
@@ -694,20 +678,6 @@ impl<T: Scalar> CudaStorage<T> {
             build(o, &f, n)?;
         }
         Ok(out)
-    }
-
-    /// Checks that these ids are whole numbers in `[0, bound)` (as the host kernels do, every
-    /// id, before any use), or the typed error of `op`.
-    fn check_ids(&self, op: &str, bound: usize) -> Result<()> {
-        let Some(i) = &self.data else { return Ok(()) };
-        let (n, b64) = (self.len() as u64, bound as u64);
-        let f = self.device.kernels()?.function("check_ids", T::SUFFIX)?;
-        let dev = Arc::clone(&self.device);
-        self.checked_ids(op, n, bound, |bad| {
-            let mut b = dev.stream().launch_builder(&f);
-            b.arg(&**i).arg(&n).arg(&b64).arg(bad);
-            launch(op, &mut b, per_element(n))
-        })
     }
 
     /// `a` where this mask is non-zero, else `b`, all broadcast to `shape` by strides.
@@ -739,8 +709,9 @@ impl<T: Scalar> CudaStorage<T> {
         })
     }
 
-    /// One thread per lane scans it in order, so ties go to the first index as on the host.
-    pub(super) fn arg_reduce(&self, dim: usize, max: bool, keepdim: bool) -> Result<Self> {
+    /// One thread per lane scans it in order, so ties go to the first index as on the host;
+    /// the indices are `i64` (PyTorch).
+    pub(super) fn arg_reduce(&self, dim: usize, max: bool, keepdim: bool) -> Result<CudaStorage<i64>> {
         let mut shape = self.shape.clone();
         if keepdim {
             shape[dim] = 1;
@@ -748,13 +719,16 @@ impl<T: Scalar> CudaStorage<T> {
             shape.remove(dim);
         }
         let (lanes, len, inner) = args::lanes(&self.shape, dim);
-        let Some(a) = &self.data else { return Self::zeros(&self.device, &shape) };
-        let (max, dev) = (i32::from(max), Arc::clone(&self.device));
-        self.launch_into(&shape, "arg_reduce", |o, f, _| {
-            let mut k = dev.stream().launch_builder(f);
-            k.arg(&**a).arg(o).arg(&lanes).arg(&len).arg(&inner).arg(&max);
-            launch("arg_reduce", &mut k, per_element(lanes))
-        })
+        let mut out = CudaStorage::<i64>::uninit(&self.device, &shape)?;
+        let (Some(a), Some(o)) = (&self.data, out.data_mut()?) else {
+            return CudaStorage::zeros(&self.device, &shape); // an empty input has no lanes
+        };
+        let f = self.device.kernels()?.function("arg_reduce", T::SUFFIX)?;
+        let max = i32::from(max);
+        let mut k = self.device.stream().launch_builder(&f);
+        k.arg(&**a).arg(o).arg(&lanes).arg(&len).arg(&inner).arg(&max);
+        launch("arg_reduce", &mut k, per_element(lanes))?;
+        Ok(out)
     }
 
     /// One launch per non-empty part (shapes and devices checked by the caller).
@@ -794,7 +768,7 @@ impl<T: Scalar> CudaStorage<T> {
         Ok(out)
     }
 
-    pub(super) fn index_select(&self, dim: usize, ids: &Self) -> Result<Self> {
+    pub(super) fn index_select(&self, dim: usize, ids: &CudaStorage<i64>) -> Result<Self> {
         self.same_device(ids, "index_select")?;
         ids.check_ids("index_select", self.shape[dim])?;
         let mut shape = self.shape.clone();
@@ -812,7 +786,7 @@ impl<T: Scalar> CudaStorage<T> {
     /// Each output element sums its ids' slices in id order: deterministic, unlike atomics,
     /// and bit-identical to the host, at the cost of a scan of the ids per element (the ids of
     /// an `index_select` are few).
-    pub(super) fn index_add(&self, dim: usize, ids: &Self, n: usize) -> Result<Self> {
+    pub(super) fn index_add(&self, dim: usize, ids: &CudaStorage<i64>, n: usize) -> Result<Self> {
         self.same_device(ids, "index_select_backward")?;
         ids.check_ids("index_select_backward", n)?;
         let mut shape = self.shape.clone();
@@ -827,7 +801,7 @@ impl<T: Scalar> CudaStorage<T> {
         })
     }
 
-    pub(super) fn gather(&self, dim: usize, ids: &Self) -> Result<Self> {
+    pub(super) fn gather(&self, dim: usize, ids: &CudaStorage<i64>) -> Result<Self> {
         self.same_device(ids, "gather")?;
         ids.check_ids("gather", self.shape[dim])?;
         let g = args::gather("gather", &ids.shape, &self.shape, dim)?;
@@ -843,7 +817,7 @@ impl<T: Scalar> CudaStorage<T> {
     /// Each output element sums the gradient entries of its lane whose id names it, in lane
     /// order: deterministic, unlike PyTorch's atomics, and bit-identical to the host, at the
     /// cost of a scan of the lane (the gradient's `dim`) per element.
-    pub(super) fn scatter_add(&self, dim: usize, ids: &Self, shape: &[usize]) -> Result<Self> {
+    pub(super) fn scatter_add(&self, dim: usize, ids: &CudaStorage<i64>, shape: &[usize]) -> Result<Self> {
         self.same_device(ids, "gather_backward")?;
         ids.check_ids("gather_backward", shape[dim])?;
         let g = args::gather("gather_backward", shape, &self.shape, dim)?;
@@ -923,5 +897,48 @@ impl<T: Scalar> CudaStorage<T> {
         b.arg(w).arg(&**gd).arg(md).arg(vd).arg(&n);
         b.arg(&lr).arg(&b1).arg(&b2).arg(&eps).arg(&wd).arg(&c1).arg(&c2);
         launch("adamw", &mut b, per_element(n))
+    }
+}
+
+/// The kernels of id tensors (`i64` on every device).
+impl CudaStorage<i64> {
+    /// Ones of `U` at these ids along a new last dim of `classes` (zeros elsewhere); an id
+    /// outside `[0, classes)` is the host's typed error.
+    pub(super) fn one_hot<U: Element>(&self, classes: usize) -> Result<CudaStorage<U>> {
+        let mut shape = self.shape.clone();
+        shape.push(classes);
+        let mut out = CudaStorage::<U>::zeros(&self.device, &shape)?;
+        let nids = self.len() as u64;
+        let c64 = classes as u64;
+        let Some(i) = &self.data else { return Ok(out) };
+        let Some(o) = out.data_mut()? else {
+            // No classes: every id is out of range (as on the host).
+            return Err(Error::InvalidArgument {
+                context: "one_hot".into(),
+                reason: format!("an index is out of range [0, {classes})"),
+            });
+        };
+        let f = self.device.kernels()?.function("one_hot", U::SUFFIX)?;
+        let dev = Arc::clone(&self.device);
+        self.checked_ids("one_hot", nids, classes, |bad| {
+            let mut b = dev.stream().launch_builder(&f);
+            b.arg(&**i).arg(o).arg(&nids).arg(&c64).arg(bad);
+            launch("one_hot", &mut b, per_element(nids))
+        })?;
+        Ok(out)
+    }
+
+    /// Checks that these ids lie in `[0, bound)` (as the host kernels do, every id, before any
+    /// use), or the typed error of `op`.
+    fn check_ids(&self, op: &str, bound: usize) -> Result<()> {
+        let Some(i) = &self.data else { return Ok(()) };
+        let (n, b64) = (self.len() as u64, bound as u64);
+        let f = self.device.kernels()?.function("check_ids", ID_DTYPE)?;
+        let dev = Arc::clone(&self.device);
+        self.checked_ids(op, n, bound, |bad| {
+            let mut b = dev.stream().launch_builder(&f);
+            b.arg(&**i).arg(&n).arg(&b64).arg(bad);
+            launch(op, &mut b, per_element(n))
+        })
     }
 }

@@ -478,8 +478,9 @@ impl<T: Element> Storage<T> {
     }
 
     /// Embedding lookup in this table shard (`[rows, cols]`, rows `row0..` of a table of
-    /// `vocab` rows) at whole-number `ids`: `ids.shape + [cols]`, zeros for ids of other shards.
-    pub fn embedding(&self, ids: &Storage<T>, row0: usize, vocab: usize) -> Result<Storage<T>> {
+    /// `vocab` rows) at `ids` in `[0, vocab)`: `ids.shape + [cols]`, zeros for ids of other
+    /// shards. Ids are `i64` for every table type (a float id would round in the 16-bit types).
+    pub fn embedding(&self, ids: &Storage<i64>, row0: usize, vocab: usize) -> Result<Storage<T>> {
         if self.ndim() != 2 {
             return Err(shape_mismatch("embedding: table must be [rows, dim]".into(), &[0, 0], self.shape()));
         }
@@ -492,7 +493,7 @@ impl<T: Element> Storage<T> {
 
     /// Gradient of [`Storage::embedding`] for a table shard of `rows` rows from `row0`: the
     /// rows of this gradient (`ids.shape + [cols]`) scatter-added at `ids`.
-    pub fn embedding_backward(&self, ids: &Storage<T>, rows: usize, row0: usize, vocab: usize) -> Result<Storage<T>> {
+    pub fn embedding_backward(&self, ids: &Storage<i64>, rows: usize, row0: usize, vocab: usize) -> Result<Storage<T>> {
         if self.ndim() != ids.ndim() + 1 || self.shape()[..ids.ndim()] != *ids.shape() {
             return Err(shape_mismatch("embedding_backward: gradient vs ids".into(), ids.shape(), self.shape()));
         }
@@ -519,8 +520,8 @@ impl<T: Element> Storage<T> {
     }
 
     /// Index of the maximum (`max`) or minimum along `dim` (first occurrence; NaN counts as
-    /// the extreme), as element values. An empty `dim` is an error (PyTorch).
-    pub fn arg_reduce(&self, dim: usize, max: bool, keepdim: bool) -> Result<Storage<T>> {
+    /// the extreme), as `i64` (PyTorch). An empty `dim` is an error (PyTorch).
+    pub fn arg_reduce(&self, dim: usize, max: bool, keepdim: bool) -> Result<Storage<i64>> {
         let op = if max { "argmax" } else { "argmin" };
         self.check_dim(op, dim)?;
         if self.shape()[dim] == 0 {
@@ -534,7 +535,7 @@ impl<T: Element> Storage<T> {
 
     /// Gradient of [`Storage::index_select`]: this gradient's slices added at `ids` along `dim`
     /// of zeros whose `dim` has size `n`.
-    pub fn index_add(&self, dim: usize, ids: &Storage<T>, n: usize) -> Result<Storage<T>> {
+    pub fn index_add(&self, dim: usize, ids: &Storage<i64>, n: usize) -> Result<Storage<T>> {
         self.check_dim("index_select_backward", dim)?;
         if ids.ndim() != 1 || ids.len() != self.shape()[dim] {
             return Err(shape_mismatch("index_select_backward: index vs gradient".into(), self.shape(), ids.shape()));
@@ -548,7 +549,7 @@ impl<T: Element> Storage<T> {
 
     /// Gradient of [`Storage::gather`]: this gradient (the shape of `ids`) added at the
     /// gathered positions of zeros of `shape`.
-    pub fn scatter_add(&self, dim: usize, ids: &Storage<T>, shape: &[usize]) -> Result<Storage<T>> {
+    pub fn scatter_add(&self, dim: usize, ids: &Storage<i64>, shape: &[usize]) -> Result<Storage<T>> {
         let fits = ids.shape() == self.shape()
             && shape.len() == self.ndim()
             && dim < shape.len()
@@ -560,14 +561,6 @@ impl<T: Element> Storage<T> {
             (Storage::Cpu(g), Storage::Cpu(i)) => cpu::scatter_add(g, dim, i, shape).map(Storage::Cpu),
             (Storage::Cuda(g), Storage::Cuda(i)) => on_cuda!(g, i => g.scatter_add(dim, i, shape).map(Storage::Cuda)),
             _ => Err(device_mismatch("gather_backward", self.device(), ids.device())),
-        }
-    }
-
-    /// One-hot encoding of whole-number ids into `classes` classes: `shape + [classes]`.
-    pub fn one_hot(&self, classes: usize) -> Result<Storage<T>> {
-        match self {
-            Storage::Cpu(a) => cpu::one_hot(a, classes).map(Storage::Cpu),
-            Storage::Cuda(c) => on_cuda!(c => c.one_hot(classes).map(Storage::Cuda)),
         }
     }
 
@@ -622,6 +615,18 @@ impl<T: Element> Storage<T> {
     }
 }
 
+/// Kernels of id tensors.
+impl Storage<i64> {
+    /// One-hot encoding of these ids (in `[0, classes)`) as ones of `T`: `shape + [classes]`.
+    /// The ids stay integers; only the ones and zeros are `T`.
+    pub fn one_hot<T: Element>(&self, classes: usize) -> Result<Storage<T>> {
+        match self {
+            Storage::Cpu(a) => cpu::one_hot(a, classes).map(Storage::Cpu),
+            Storage::Cuda(c) => on_cuda!(c => c.one_hot::<T>(classes).map(Storage::Cuda)),
+        }
+    }
+}
+
 /// A host kernel of a two-input op on shards broadcast to a shape (`cpu::binary`, `cpu::compare`).
 type HostBinary<T> = fn(&ArrayD<T>, &ArrayD<T>, BinaryOp, &[usize]) -> Result<ArrayD<T>>;
 
@@ -657,8 +662,8 @@ impl<T: Scalar> Storage<T> {
         }
     }
 
-    /// The slices at whole-number `ids` (1-D) along `dim` (PyTorch `index_select`).
-    pub fn index_select(&self, dim: usize, ids: &Storage<T>) -> Result<Storage<T>> {
+    /// The slices at `ids` (1-D) along `dim` (PyTorch `index_select`).
+    pub fn index_select(&self, dim: usize, ids: &Storage<i64>) -> Result<Storage<T>> {
         self.check_dim("index_select", dim)?;
         if ids.ndim() != 1 {
             return Err(shape_mismatch("index_select: index must be 1-D".into(), &[0], ids.shape()));
@@ -670,9 +675,9 @@ impl<T: Scalar> Storage<T> {
         }
     }
 
-    /// PyTorch `gather` along `dim` at whole-number `ids` (same rank; every other dim of `ids`
-    /// no larger than this tensor's): the shape of `ids`.
-    pub fn gather(&self, dim: usize, ids: &Storage<T>) -> Result<Storage<T>> {
+    /// PyTorch `gather` along `dim` at `ids` (same rank; every other dim of `ids` no larger
+    /// than this tensor's): the shape of `ids`.
+    pub fn gather(&self, dim: usize, ids: &Storage<i64>) -> Result<Storage<T>> {
         self.check_dim("gather", dim)?;
         let fits = ids.ndim() == self.ndim() && (0..self.ndim()).all(|d| d == dim || ids.shape()[d] <= self.shape()[d]);
         if !fits {
@@ -963,7 +968,7 @@ mod tests {
             ArrayD::from_shape_fn(IxDyn(&[3, 4]), |ix| if ix[1] + 2 <= ix[0] + 1 { a[[ix[0], ix[1]]] } else { 0.0 })
         );
         // argmax / argmin (first occurrence)
-        let am = cpu(s.arg_reduce(1, true, false).unwrap());
+        let am = s.arg_reduce(1, true, false).unwrap().into_host().unwrap();
         for (r, &v) in am.iter().enumerate() {
             let row = a.index_axis(Axis(0), r);
             let mx = row.iter().copied().fold(f64::MIN, f64::max);
@@ -979,17 +984,17 @@ mod tests {
         let padded = cpu(s.pad_into(&[5, 6], &[1, 2]).unwrap());
         assert_eq!(padded.slice(ndarray::s![1..4, 2..6]).into_dyn(), a);
         assert_eq!(padded.sum(), a.sum());
-        let ids = Storage::Cpu(ArrayD::from_shape_vec(IxDyn(&[3]), vec![3.0, 0.0, 3.0]).unwrap());
+        let ids = Storage::Cpu(ArrayD::from_shape_vec(IxDyn(&[3]), vec![3i64, 0, 3]).unwrap());
         assert_eq!(cpu(s.index_select(1, &ids).unwrap()), a.select(Axis(1), &[3, 0, 3]));
         let back = cpu(Storage::Cpu(a.select(Axis(1), &[3, 0, 3])).index_add(1, &ids, 4).unwrap());
         assert_eq!(back.index_axis(Axis(1), 3), a.index_axis(Axis(1), 3).mapv(|v| 2.0 * v));
         assert_eq!(back.index_axis(Axis(1), 1).sum(), 0.0);
-        let gi = Storage::Cpu(ArrayD::from_shape_vec(IxDyn(&[2, 2]), vec![1.0, 3.0, 0.0, 0.0]).unwrap());
+        let gi = Storage::Cpu(ArrayD::from_shape_vec(IxDyn(&[2, 2]), vec![1i64, 3, 0, 0]).unwrap());
         let g = cpu(s.gather(1, &gi).unwrap());
         assert_eq!(g.into_raw_vec_and_offset().0, vec![a[[0, 1]], a[[0, 3]], a[[1, 0]], a[[1, 0]]]);
         let sc = cpu(Storage::Cpu(arr(&[2, 2], |_| 1.0)).scatter_add(1, &gi, &[3, 4]).unwrap());
         assert_eq!((sc[[1, 0]], sc[[0, 1]], sc[[0, 3]], sc.sum()), (2.0, 1.0, 1.0, 4.0));
-        assert!(s.gather(1, &Storage::Cpu(arr(&[1, 1], |_| 4.0))).is_err());
+        assert!(s.gather(1, &Storage::Cpu(ArrayD::from_elem(IxDyn(&[1, 1]), 4i64))).is_err());
         // NaN-propagating max/min folds
         let n = Storage::Cpu(ArrayD::from_shape_vec(IxDyn(&[3]), vec![1.0, f64::NAN, 3.0]).unwrap());
         assert!(cpu(n.reduce(Reduction::Max, &[0], false).unwrap()).iter().all(|v| v.is_nan()));
@@ -1108,7 +1113,7 @@ mod tests {
     #[test]
     fn embedding_gather_scatter_and_one_hot() {
         let table = arr(&[4, 3], |i| i as f64);
-        let ids = ArrayD::from_shape_vec(IxDyn(&[2, 2]), vec![3.0, 0.0, 1.0, 3.0]).unwrap();
+        let ids = ArrayD::from_shape_vec(IxDyn(&[2, 2]), vec![3i64, 0, 1, 3]).unwrap();
         // A shard holding rows 2..4 of a 5-row table.
         let shard = Storage::Cpu(table.slice(ndarray::s![2..4, ..]).to_owned().into_dyn());
         let out = cpu(shard.embedding(&Storage::Cpu(ids.clone()), 2, 5).unwrap());
@@ -1121,12 +1126,14 @@ mod tests {
         let gd = g.as_cpu().unwrap().clone().into_shape_with_order((4, 3)).unwrap();
         assert_eq!(gt.slice(ndarray::s![1, ..]), &gd.row(0) + &gd.row(3));
         assert!(gt.slice(ndarray::s![0, ..]).iter().all(|&v| v == 0.0));
-        let oh = cpu(Storage::Cpu(ids.clone()).one_hot(4).unwrap());
+        let oh = cpu(Storage::Cpu(ids.clone()).one_hot::<f64>(4).unwrap());
         assert_eq!(oh.sum_axis(Axis(2)), ArrayD::<f64>::ones(IxDyn(&[2, 2])));
         assert_eq!(oh[[0, 0, 3]], 1.0);
-        let bad = Storage::Cpu(ArrayD::from_elem(IxDyn(&[1]), 1.5)).one_hot(4);
-        assert!(matches!(bad, Err(Error::InvalidArgument { .. })));
-        assert!(shard.embedding(&Storage::Cpu(ArrayD::from_elem(IxDyn(&[1]), 5.0)), 2, 5).is_err());
+        for bad in [-1i64, 4, i64::MIN] {
+            let bad = Storage::Cpu(ArrayD::from_elem(IxDyn(&[1]), bad)).one_hot::<f64>(4);
+            assert!(matches!(bad, Err(Error::InvalidArgument { .. })));
+        }
+        assert!(shard.embedding(&Storage::Cpu(ArrayD::from_elem(IxDyn(&[1]), 5i64)), 2, 5).is_err());
     }
 
     #[test]

@@ -65,7 +65,8 @@ impl<N, const Q: usize> EmbeddingRule<Replicate, N, Ids<Q>> for Partial<Avg> {
 pub type EmbeddingOut<Lw, Li, M, const Q: usize> = <Lw as EmbeddingLayout<Li, M, Ids<Q>>>::Out;
 
 impl<T: Element, M: MeshDims, L: TypedLayout<M>> Dt<T, M, L, 2> {
-    /// Looks up rows of this table `[V, D]` at `ids` (integers, or whole floats, in `[0, V)`), giving
+    /// Looks up rows of this table `[V, D]` at `ids` (integers, or whole floats, in `[0, V)`;
+    /// read as `i64` whatever `T` is, so a bf16 table serves every id), giving
     /// `ids.shape + [D]`; the output rank `RO` is `Q + 1` (checked at `cargo build`; name it
     /// in the result's type). See the module for the layouts.
     ///

@@ -1,5 +1,6 @@
 //! Typed `index_select` and `gather` (the rules of [`ops::index`](crate::ops::index)): ids are
-//! whole numbers held in the element type, as `embedding`'s.
+//! `i64`/`i32`, or whole numbers held in a float type, read as `i64` whatever the indexed
+//! tensor's type, as `embedding`'s.
 //!
 //! Per mesh dim (input, index → output), for the indexed dim `D`:
 //! - `index_select` (a rank-1 index): `Replicate`, `Replicate` → `Replicate`; `Shard<e>`
@@ -103,9 +104,9 @@ shard_rules!([0 1 2 3 4 5] at [0 1 2 3 4 5]);
 pub type IndexOut<L, Li, M, Ctx> = <L as IndexLayout<Li, M, Ctx>>::Out;
 
 impl<T: Scalar, M: MeshDims, L: TypedLayout<M>, const R: usize> Dt<T, M, L, R> {
-    /// The slices of dim `D` at the whole-number ids of the rank-1 `index` (PyTorch
-    /// `index_select(D, index)`); see the module for the layouts. No communication. Any
-    /// element type can be indexed; `index` holds `i64`/`i32` ids or ids of `T` itself.
+    /// The slices of dim `D` at the ids of the rank-1 `index` (PyTorch `index_select(D,
+    /// index)`); see the module for the layouts. No communication. Any element type can be
+    /// indexed; `index` holds `i64`/`i32` ids or whole-number float ids, read as `i64`.
     ///
     /// ```
     /// use dtensor_runtime::typed::{dims::tp, Dim, Dt, Replicate, Shard};
@@ -113,7 +114,7 @@ impl<T: Scalar, M: MeshDims, L: TypedLayout<M>, const R: usize> Dt<T, M, L, R> {
     ///     let mesh = ctx.init_device_mesh(&[2], &["tp"])?;
     ///     let g = ndarray::ArrayD::from_shape_fn(vec![3, 4], |ix| (4 * ix[0] + ix[1]) as f32);
     ///     let x: Dt<f32, (tp,), (Shard<0>,), 2> = Dt::distribute(&g, &mesh)?;
-    ///     let ids: Dt<f32, (tp,), (Replicate,), 1> = Dt::distribute(&ndarray::arr1(&[3.0, 0.0]).into_dyn(), &mesh)?;
+    ///     let ids: Dt<i64, (tp,), (Replicate,), 1> = Dt::distribute(&ndarray::arr1(&[3, 0]).into_dyn(), &mesh)?;
     ///     let y: Dt<f32, (tp,), (Shard<0>,), 2> = x.index_select(Dim::<1>, &ids)?; // columns 3, 0
     ///     y.full_tensor()
     /// })

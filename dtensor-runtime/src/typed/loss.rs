@@ -1,5 +1,5 @@
 //! Typed losses (the rules of [`ops::loss`](crate::ops::loss), which composes them from
-//! `log_softmax`, `one_hot`, `sub`, `mul` and a full reduction): a rank-0 result.
+//! `log_softmax`, `one_hot` (of the `i64` targets), `mul` and a full reduction): a rank-0 result.
 //!
 //! `cross_entropy` of logits `[.., C]` (rank `R`) against class ids `[..]` (rank `R - 1`),
 //! per mesh dim (logits, ids → loss): `Replicate`, `Replicate` → `Replicate`; `Shard<d>`,
@@ -83,7 +83,8 @@ pub type CrossEntropyOut<L, Lt, M, const C: usize> = <L as CrossEntropyLayout<Lt
 
 impl<T: Element, M: MeshDims, L: TypedLayout<M>, const R: usize> Dt<T, M, L, R> {
     /// Mean cross-entropy of these logits `[.., C]` against class ids `[..]` of rank `R - 1`
-    /// (integers, or whole floats; PyTorch `cross_entropy(reduction="mean")`); see the module for the layouts.
+    /// (integers, or whole floats, read as `i64` whatever `T` is; PyTorch
+    /// `cross_entropy(reduction="mean")`); see the module for the layouts.
     ///
     /// ```
     /// use dtensor_runtime::typed::{dims::tp, Dt, Partial, Replicate, Shard, Sum};

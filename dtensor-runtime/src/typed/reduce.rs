@@ -307,9 +307,9 @@ impl<T: Scalar, M: MeshDims, L: TypedLayout<M>, const R: usize> Dt<T, M, L, R> {
         Dt::from_op("min", self.as_dtensor().min_dim(DIM as isize, true))
     }
 
-    /// Index of the maximum over tensor dim `DIM` (kept, size 1; the index as an element
-    /// value, first occurrence). A `Shard<DIM>` or a `Partial` does not compile; other shards
-    /// stay.
+    /// Index of the maximum over tensor dim `DIM` (kept, size 1; first occurrence), as an
+    /// `i64` tensor (PyTorch's int64: an index in the element type would round, e.g. in bf16
+    /// beyond 256). A `Shard<DIM>` or a `Partial` does not compile; other shards stay.
     ///
     /// ```
     /// use dtensor_runtime::typed::{dims::tp, Dim, Dt, Shard};
@@ -317,17 +317,17 @@ impl<T: Scalar, M: MeshDims, L: TypedLayout<M>, const R: usize> Dt<T, M, L, R> {
     ///     let mesh = ctx.init_device_mesh(&[2], &["tp"])?;
     ///     let g = ndarray::ArrayD::from_shape_fn(vec![3, 4], |ix| ((ix[0] + 2 * ix[1]) % 4) as f32);
     ///     let x: Dt<f32, (tp,), (Shard<0>,), 2> = Dt::distribute(&g, &mesh)?;
-    ///     let i: Dt<f32, (tp,), (Shard<0>,), 2> = x.argmax(Dim::<1>)?; // rows stay sharded
+    ///     let i: Dt<i64, (tp,), (Shard<0>,), 2> = x.argmax(Dim::<1>)?; // rows stay sharded
     ///     i.full_tensor()
     /// })
     /// .unwrap();
-    /// assert_eq!(out[0].as_slice().unwrap(), &[1.0, 1.0, 0.0]);
+    /// assert_eq!(out[0].as_slice().unwrap(), &[1, 1, 0]);
     /// ```
     #[track_caller]
     pub fn argmax<const DIM: usize, Lx>(
         &self,
         _dim: Dim<DIM>,
-    ) -> Result<Dt<T, M, <Lx as ArgReduceLayout<M, Arg<kinds::ArgMax, Dim<DIM>>>>::Out, R>>
+    ) -> Result<Dt<i64, M, <Lx as ArgReduceLayout<M, Arg<kinds::ArgMax, Dim<DIM>>>>::Out, R>>
     where
         T: Element,
         L: SameLayout<Lx>,
@@ -337,12 +337,13 @@ impl<T: Scalar, M: MeshDims, L: TypedLayout<M>, const R: usize> Dt<T, M, L, R> {
         Dt::from_op("argmax", self.as_dtensor().argmax(DIM as isize, true))
     }
 
-    /// Index of the minimum over tensor dim `DIM`; the layouts of [`argmax`](Dt::argmax).
+    /// Index of the minimum over tensor dim `DIM`, as an `i64` tensor; the layouts of
+    /// [`argmax`](Dt::argmax).
     #[track_caller]
     pub fn argmin<const DIM: usize, Lx>(
         &self,
         _dim: Dim<DIM>,
-    ) -> Result<Dt<T, M, <Lx as ArgReduceLayout<M, Arg<kinds::ArgMin, Dim<DIM>>>>::Out, R>>
+    ) -> Result<Dt<i64, M, <Lx as ArgReduceLayout<M, Arg<kinds::ArgMin, Dim<DIM>>>>::Out, R>>
     where
         T: Element,
         L: SameLayout<Lx>,

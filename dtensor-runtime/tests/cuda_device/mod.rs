@@ -4,7 +4,7 @@
 use dtensor_runtime::cuda::CudaDevice;
 use dtensor_runtime::ndarray::ArrayD;
 use dtensor_runtime::storage::CudaStorage;
-use dtensor_runtime::{Element, Error, Storage};
+use dtensor_runtime::{Error, Scalar, Storage};
 use std::sync::Arc;
 
 /// Device 0, or `None` after checking the error is typed and printing the test's
@@ -21,11 +21,11 @@ pub fn device(test: &str) -> Option<Arc<CudaDevice>> {
 }
 
 /// `a` copied to the device.
-pub fn up<T: Element>(dev: &Arc<CudaDevice>, a: &ArrayD<T>) -> Storage<T> {
+pub fn up<T: Scalar>(dev: &Arc<CudaDevice>, a: &ArrayD<T>) -> Storage<T> {
     Storage::Cuda(CudaStorage::from_host(dev, a).unwrap())
 }
 
 /// The storage's data on the host.
-pub fn down<T: Element>(s: Storage<T>) -> ArrayD<T> {
+pub fn down<T: Scalar>(s: Storage<T>) -> ArrayD<T> {
     s.into_host().unwrap()
 }

@@ -18,12 +18,13 @@ fn main() {
         let mn: Dt<f32, _, (Shard<0>, Partial<Min>), 2> = x.min(Dim::<1>)?;
         let na: Dt<f32, _, (Partial<Min>, Partial<Min>), 0> = x.min_all()?;
         let rows: Dt<f32, _, (Shard<0>, Replicate), 2> = x.redistribute()?;
-        let am: Dt<f32, _, (Shard<0>, Replicate), 2> = rows.argmax(Dim::<1>)?;
-        let an: Dt<f32, _, (Shard<0>, Replicate), 2> = rows.argmin(Dim::<1>)?;
+        // Indices are i64 (PyTorch's int64), whatever the element type.
+        let am: Dt<i64, _, (Shard<0>, Replicate), 2> = rows.argmax(Dim::<1>)?;
+        let an: Dt<i64, _, (Shard<0>, Replicate), 2> = rows.argmin(Dim::<1>)?;
         let first = |max: bool| {
             g.map_axis(Axis(1), |l| {
                 let pick = |a: usize, (i, v): (usize, &f32)| if (max && *v > l[a]) || (!max && *v < l[a]) { i } else { a };
-                l.iter().enumerate().fold(0, pick) as f32
+                l.iter().enumerate().fold(0, pick) as i64
             })
             .insert_axis(Axis(1))
         };
@@ -39,8 +40,8 @@ fn main() {
             && close(&xa.full_tensor()?, &ArrayD::from_elem(IxDyn(&[]), 4.0))
             && close(&mn.full_tensor()?, &g.fold_axis(Axis(1), f32::MAX, |a, b| a.min(*b)).insert_axis(Axis(1)))
             && close(&na.full_tensor()?, &ArrayD::from_elem(IxDyn(&[]), -2.0))
-            && close(&am.full_tensor()?, &first(true))
-            && close(&an.full_tensor()?, &first(false))
+            && am.full_tensor()? == first(true)
+            && an.full_tensor()? == first(false)
             && close(&kept.full_tensor()?, &ArrayD::from_elem(IxDyn(&[]), total));
         Ok(ok)
     })
