@@ -127,3 +127,19 @@ fn concatenation_checks_its_sum() {
     })
     .unwrap();
 }
+
+/// `one_hot`'s class count is the caller's: `ids × classes` is checked, and a representable
+/// but huge one-hot is an allocation error.
+#[test]
+fn one_hot_checks_ids_times_classes() {
+    run(1, |ctx| {
+        ctx.init_device_mesh(&[1], &["x"])?;
+        let ids = DTensor::local_tensor(ArrayD::<f32>::zeros(vec![4])).cast::<i64>()?;
+        overflow(ids.one_hot::<f32>(usize::MAX / 2), "one_hot");
+        out_of_memory(ids.one_hot::<f32>(1 << 40), "one_hot materializes");
+        let none = DTensor::local_tensor(ArrayD::<f32>::zeros(vec![0, 1 << 40])).cast::<i64>()?;
+        overflow(none.one_hot::<f32>(1 << 40), "one_hot of zero ids with huge dims");
+        Ok(())
+    })
+    .unwrap();
+}

@@ -132,13 +132,14 @@ impl<I: IndexElement> DTensor<I> {
     /// ```
     pub fn one_hot<T: Element>(&self, classes: usize) -> Result<DTensor<T>> {
         let ids = ids_i64("one_hot", self)?;
+        let mut shape = ids.shape.clone();
+        shape.push(classes);
+        crate::shape::checked_bytes::<T>("one_hot", &shape)?;
         let mut rs = vec![DimRule::new(&[R], R)];
         rs.extend((0..ids.ndim()).map(|d| DimRule::new(&[shard(d)], shard(d))));
         let c = select("one_hot", &[&*ids], &rs, Select::default())?;
         let ii = &*c.inputs[0];
         let out = ii.local.one_hot::<T>(classes)?;
-        let mut shape = ids.shape.clone();
-        shape.push(classes);
         Ok(new_output(out, &ii.mesh, c.output, shape))
     }
 }

@@ -638,7 +638,10 @@ pub(super) fn embedding<T: Element>(
 ) -> Result<ArrayD<T>> {
     let (rows, cols) = (table.shape()[0], table.shape()[1]);
     let t = row_major(table);
-    let mut out = vec![T::zero(); ids.len() * cols];
+    let mut shape = ids.shape().to_vec();
+    shape.push(cols);
+    // As many rows as ids: sized by the caller's ids, so checked and allocated fallibly.
+    let mut out = crate::alloc::try_zeroed::<T>("embedding output", crate::shape::checked_numel("embedding", &shape)?)?;
     for (dst, &id) in out.chunks_exact_mut(cols.max(1)).zip(row_major(ids).iter()) {
         let v = index_of("embedding", id, vocab)?;
         if v >= row0 && v < row0 + rows {
@@ -646,8 +649,6 @@ pub(super) fn embedding<T: Element>(
             dst.copy_from_slice(&t[r * cols..(r + 1) * cols]);
         }
     }
-    let mut shape = ids.shape().to_vec();
-    shape.push(cols);
     from_vec(&shape, out)
 }
 
@@ -666,7 +667,10 @@ pub(super) fn embedding_backward<T: Element>(
     }
     let cols = *g.shape().last().unwrap_or(&0);
     let gd = row_major(g);
-    let mut out = vec![T::zero(); rows * cols];
+    let mut out = crate::alloc::try_zeroed::<T>(
+        "embedding_backward output",
+        crate::shape::checked_numel("embedding_backward", &[rows, cols])?,
+    )?;
     for (row, &id) in gd.chunks_exact(cols.max(1)).zip(row_major(ids).iter()) {
         let v = index_of("embedding_backward", id, vocab)?;
         if v >= row0 && v < row0 + rows {
@@ -681,12 +685,13 @@ pub(super) fn embedding_backward<T: Element>(
 
 /// Ones of `T` at `ids` along a new last dim of `classes`, zeros elsewhere.
 pub(super) fn one_hot<T: Element>(ids: &ArrayD<i64>, classes: usize) -> Result<ArrayD<T>> {
-    let mut out = vec![T::zero(); ids.len() * classes];
+    let mut shape = ids.shape().to_vec();
+    shape.push(classes);
+    // `classes` is the caller's: the product is checked and the buffer allocated fallibly.
+    let mut out = crate::alloc::try_zeroed::<T>("one_hot output", crate::shape::checked_numel("one_hot", &shape)?)?;
     for (k, &id) in row_major(ids).iter().enumerate() {
         out[k * classes + index_of("one_hot", id, classes)?] = T::one();
     }
-    let mut shape = ids.shape().to_vec();
-    shape.push(classes);
     from_vec(&shape, out)
 }
 

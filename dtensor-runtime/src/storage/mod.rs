@@ -620,6 +620,7 @@ impl Storage<i64> {
     /// One-hot encoding of these ids (in `[0, classes)`) as ones of `T`: `shape + [classes]`.
     /// The ids stay integers; only the ones and zeros are `T`.
     pub fn one_hot<T: Element>(&self, classes: usize) -> Result<Storage<T>> {
+        crate::shape::checked_bytes::<T>("one_hot", &[self.len(), classes])?;
         match self {
             Storage::Cpu(a) => cpu::one_hot(a, classes).map(Storage::Cpu),
             Storage::Cuda(c) => on_cuda!(c => c.one_hot::<T>(classes).map(Storage::Cuda)),
