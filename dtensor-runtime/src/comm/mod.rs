@@ -133,10 +133,12 @@ pub unsafe trait Communicator: Send + Sync + fmt::Debug {
         let n = group.len();
         check::all_to_all_strided(send.len(), recv.len(), rows, run, n)?;
         let mut packed = Vec::with_capacity(send.len());
-        for j in 0..n {
-            for r in 0..rows {
-                let at = (r * n + j) * run;
-                packed.extend_from_slice(&send[at..at + run]);
+        // Bounded by the bytes: with runs of 0 bytes there is no row to walk, however many.
+        if run > 0 {
+            for j in 0..n {
+                for row in send.chunks_exact(n * run) {
+                    packed.extend_from_slice(&row[j * run..(j + 1) * run]);
+                }
             }
         }
         self.all_to_all(group, &packed, recv)
