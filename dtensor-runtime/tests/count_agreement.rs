@@ -149,6 +149,12 @@ fn reduce_scatter_v_counts_that_disagree_with_equal_totals() {
     }
 }
 
+/// One member's all-to-all-v layout: rows, runs, recv counts.
+type Layout = (usize, Vec<usize>, Vec<usize>);
+
+/// One member's side of a collective call.
+type Call<'a> = dyn Fn(usize, &dyn Communicator) -> Result<(), Error> + Sync + 'a;
+
 /// Finding 2: `all_to_all_v` where rank 0 sends rank 1 three bytes but rank 1 expects two
 /// (and rank 1 sends rank 0 two where it expects three): every member's send and receive
 /// totals are equal, only the pairs disagree. Also with many rows of empty runs on one side.
@@ -156,7 +162,7 @@ fn reduce_scatter_v_counts_that_disagree_with_equal_totals() {
 fn all_to_all_v_pairs_that_disagree_with_equal_totals() {
     for backend in BACKENDS {
         // (rows, runs, recv counts) of each member.
-        let cases: [[(usize, Vec<usize>, Vec<usize>); 2]; 2] = [
+        let cases: [[Layout; 2]; 2] = [
             [(1, vec![1, 3], vec![1, 2]), (1, vec![3, 1], vec![2, 1])],
             // Rank 0: 2 rows of [1, 1]; rank 1 believes it gets 1 byte from rank 0 and 3 from itself.
             [(2, vec![1, 1], vec![2, 2]), (1, vec![2, 2], vec![1, 3])],
@@ -180,7 +186,7 @@ fn all_to_all_v_pairs_that_disagree_with_equal_totals() {
 fn equal_block_collectives_with_lengths_that_disagree() {
     let g = [0, 1];
     let len = |r: usize| if r == 0 { 8 } else { 4 };
-    let cases: Vec<(&str, Box<dyn Fn(usize, &dyn Communicator) -> Result<(), Error> + Sync>)> = vec![
+    let cases: Vec<(&str, Box<Call<'_>>)> = vec![
         ("all_gather", Box::new(|r, c| c.all_gather(&g, &vec![1; len(r)], (&mut vec![0; 2 * len(r)]).into()))),
         ("all_reduce", Box::new(|r, c| c.all_reduce(&g, &mut vec![0; len(r)], DType::F32, ReduceOp::Sum))),
         (

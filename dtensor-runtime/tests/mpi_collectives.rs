@@ -520,11 +520,11 @@ fn disagreeing_counts_are_typed_errors(ctx: &RankCtx) -> Result<Outcome, String>
         let mut recv = vec![0u8; bytes[me]];
         let r = c.reduce_scatter_v(&g, &send, &bytes, (&mut recv).into(), DType::F32, ReduceOp::Sum);
         typed_disagreement("reduce_scatter_v", r, None)?;
-        // All-to-all-v: member 0 sends member 1 two bytes, member 1 expects one (and gets its
-        // one extra byte from itself instead): every member sends and receives n + 1 bytes.
+        // All-to-all-v: member 0 sends member 1 two bytes where member 1 expects one, and
+        // member 1 expects two from itself where it sends one: every member sends and
+        // receives n + 1 bytes, only the pairs disagree.
         let runs: Vec<usize> = (0..n).map(|j| if (me == 0 && j == 1) || (me == 1 && j == 0) { 2 } else { 1 }).collect();
-        let recv_counts: Vec<usize> =
-            (0..n).map(|i| if (me == 0 && i == 1) || (me == 1 && i == 1) { 2 } else { 1 }).collect();
+        let recv_counts: Vec<usize> = (0..n).map(|i| if me <= 1 && i == 1 { 2 } else { 1 }).collect();
         let send = vec![me as u8; runs.iter().sum()];
         let mut recv = vec![0u8; recv_counts.iter().sum()];
         let r = c.all_to_all_v(&g, &send, 1, &runs, (&mut recv).into(), &recv_counts);
@@ -617,8 +617,7 @@ fn empty_rows_are_bounded(ctx: &RankCtx) -> Result<Outcome, String> {
 fn agreement_cost(ctx: &RankCtx) -> Result<Outcome, String> {
     let c = ctx.comm();
     let w: Vec<usize> = (0..ctx.world_size()).collect();
-    let iters = 2000;
-    let mut time = |f: &mut dyn FnMut() -> Result<(), Error>| -> Result<f64, String> {
+    let time = |iters: usize, f: &mut dyn FnMut() -> Result<(), Error>| -> Result<f64, String> {
         c.barrier(&w).map_err(fail)?;
         let t0 = Instant::now();
         for _ in 0..iters {
@@ -627,13 +626,16 @@ fn agreement_cost(ctx: &RankCtx) -> Result<Outcome, String> {
         Ok(t0.elapsed().as_secs_f64() / iters as f64 * 1e6)
     };
     let mut small = [0u8; 8];
-    let reduce = time(&mut || c.all_reduce(&w, &mut small, DType::F32, ReduceOp::Sum))?;
-    let barrier = time(&mut || c.barrier(&w))?;
+    let reduce = time(2000, &mut || c.all_reduce(&w, &mut small, DType::F32, ReduceOp::Sum))?;
+    let barrier = time(2000, &mut || c.barrier(&w))?;
+    let mut gathered = vec![0u8; 8 * w.len()];
+    let gather = time(2000, &mut || c.all_gather(&w, &small, (&mut gathered).into()))?;
     let mut big = vec![0u8; 1 << 20];
-    let large = time(&mut || c.all_reduce(&w, &mut big, DType::F32, ReduceOp::Sum))?;
+    let large = time(40, &mut || c.all_reduce(&w, &mut big, DType::F32, ReduceOp::Sum))?;
     if ctx.rank() == 0 {
         println!(
-            "  agreement cost on {} ranks: barrier (= the agreement) {barrier:.1} us, all_reduce 8 B {reduce:.1} us, all_reduce 1 MiB {large:.1} us",
+            "  {} ranks: barrier {barrier:.1} us, all_reduce 8 B {reduce:.1} us, all_gather 8 B {gather:.1} us, \
+             all_reduce 1 MiB {large:.0} us",
             w.len()
         );
     }

@@ -7,7 +7,7 @@
 //! arguments that must agree: the per-member counts of a variable-size collective, what each
 //! gradient bucket of an overlapped backward holds) — and every member compares all of them.
 //! Members that issued different collectives (swapped order with equal sizes, different
-//! roots, reduce ops, element types — every [`DType`](crate::DType) is told apart — counts or
+//! roots, reduce ops, element types — every [`DType`] is told apart — counts or
 //! placements) all get [`Error::CollectiveMismatch`] naming the field and both calls, instead
 //! of silently diverging. The exchange goes through the same [`Communicator`], so it works on
 //! every backend (threads, MPI, NCCL staged through the host); it costs one small all-gather

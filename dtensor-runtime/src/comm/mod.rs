@@ -55,6 +55,14 @@ pub use recv::RecvBuf;
 /// Buffers are raw bytes of elements of `dtype`; `root` is an index into `group`.
 /// A backend must fail (never hang forever) when a peer dies: time out or propagate.
 ///
+/// Members that disagree — on a length, a count (equal totals included), an element type, a
+/// reduction or a root — get a typed error on every member before any data moves, never
+/// `Ok` with wrong data: the thread backend compares what the members publish, MPI starts
+/// every collective with a small agreement (`comm::mpi`), and the variable-size defaults
+/// exchange the counts first (`comm::variable`). NCCL's equal-block collectives compare
+/// nothing themselves: there the collective fingerprint check ([`fingerprint`], on with
+/// `DTENSOR_DEBUG=detail`) is what catches disagreement.
+///
 /// # Safety
 /// A [`RecvBuf`] may be uninitialised memory that the caller treats as initialised once the
 /// call returns `Ok`: an implementation must then have written every one of its bytes.

@@ -475,10 +475,10 @@ impl MpiComm {
     /// enters) and returns its error; every other member returns one naming it. Any field on
     /// which the members disagree is a typed error on every member ([`Error::BufferMismatch`]
     /// for sizes, [`Error::CollectiveMismatch`] for the others), so the collective runs on all
-    /// members or on none. It costs one small all-reduce per collective (see the README).
-    /// A barrier is this agreement alone: an all-reduce returns nowhere before every member
-    /// has contributed.
-    #[allow(clippy::too_many_arguments)]
+    /// members or on none. It costs one small all-reduce per collective: an 8-byte all-reduce
+    /// of 2 ranks on one machine went from 1.6 to 3.5 µs (the data collectives themselves are
+    /// unchanged). A barrier is this agreement alone: an all-reduce returns nowhere before every
+    /// member has contributed.
     fn agree(
         &self,
         op: &'static str,

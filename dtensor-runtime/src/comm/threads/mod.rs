@@ -228,14 +228,6 @@ impl ThreadComm {
         }
     }
 
-    /// The rendezvous. `body` runs once every member has published its buffers; it gets
-    /// every member's buffers and this rank's index. The call returns after every member
-    /// has finished its body, however it ended (so what the buffers point to stays alive
-    /// while any peer still uses it); `body` must not block on the peers.
-    ///
-    /// Also the rendezvous of a backend layered on this one (the `cuda-threads` device path,
-    /// whose records hold device addresses), under the `*_buf` names of [`OPS`]: their own
-    /// tags, so that a host collective never reads a device record as its data.
     /// Member `i` passed other arguments (element type, reduction, root) than this rank.
     fn args_mismatch(&self, op: &str, group: &[usize], i: usize, all: &[Bufs]) -> Error {
         let me = group.iter().position(|&r| r == self.rank).unwrap_or(0);
@@ -249,6 +241,16 @@ impl ThreadComm {
         }
     }
 
+    /// The rendezvous. `body` runs once every member has published its buffers; it gets
+    /// every member's buffers and this rank's index. The call returns after every member
+    /// has finished its body, however it ended (so what the buffers point to stays alive
+    /// while any peer still uses it); `body` must not block on the peers. Members whose tags
+    /// (collectives) or `args` (element type, reduction, root) differ all fail before any
+    /// `body` runs: a root that disagreed would have read a peer's unpublished buffer.
+    ///
+    /// Also the rendezvous of a backend layered on this one (the `cuda-threads` device path,
+    /// whose records hold device addresses), under the `*_buf` names of [`OPS`]: their own
+    /// tags, so that a host collective never reads a device record as its data.
     pub(crate) fn rendezvous<R>(
         &self,
         op: &'static str,
