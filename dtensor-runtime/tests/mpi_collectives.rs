@@ -578,6 +578,13 @@ fn disagreeing_arguments_are_typed_errors(ctx: &RankCtx) -> Result<Outcome, Stri
     let op = if me == 0 { ReduceOp::Sum } else { ReduceOp::Max };
     typed_disagreement("sum vs max", c.all_reduce(&w, &mut [0; 8], DType::F64, op), Some("reduce op"))?;
     typed_disagreement("two roots", c.broadcast(&w, &mut [0; 4], me % 2), Some("root"))?;
+    // A started all-reduce (MPI_Iallreduce) never matches a blocking one (MPI_Allreduce).
+    let r = if me == 0 {
+        c.all_reduce(&w, &mut [0; 8], DType::F32, ReduceOp::Sum)
+    } else {
+        c.all_reduce_start(&w, Box::new(vec![0f32; 2]), DType::F32, ReduceOp::Sum).and_then(|p| p.wait()).map(|_| ())
+    };
+    typed_disagreement("started vs blocking all_reduce", r, Some("kind"))?;
     typed_disagreement("two scatter roots", c.scatter(&w, &vec![0; 4 * n], &mut [0; 4], me % 2), Some("root"))?;
     // Rank 0 passes a recv buffer of the wrong size: it gets its own error, its peers one
     // naming it, nobody waits.

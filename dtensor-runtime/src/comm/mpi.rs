@@ -475,10 +475,13 @@ impl MpiComm {
     /// enters) and returns its error; every other member returns one naming it. Any field on
     /// which the members disagree is a typed error on every member ([`Error::BufferMismatch`]
     /// for sizes, [`Error::CollectiveMismatch`] for the others), so the collective runs on all
-    /// members or on none. It costs one small all-reduce per collective: an 8-byte all-reduce
-    /// of 2 ranks on one machine went from 1.6 to 3.5 µs (the data collectives themselves are
-    /// unchanged). A barrier is this agreement alone: an all-reduce returns nowhere before every
-    /// member has contributed.
+    /// members or on none.
+    ///
+    /// It costs one small all-reduce per collective, measured on 2 ranks of one machine
+    /// (tests/mpi_collectives.rs `agreement_cost`): an 8-byte all-reduce went from 1.1–1.8 to
+    /// 2.2–2.3 µs, a 1 MiB one stayed at 1.1–1.4 ms; with 4 ranks on 2 cores (oversubscribed)
+    /// 13 µs became 25–40 µs. A barrier is this agreement alone: an all-reduce returns nowhere
+    /// before every member has contributed.
     fn agree(
         &self,
         op: &'static str,
@@ -523,6 +526,12 @@ impl MpiComm {
                 let (field, a, b) = with(lo).differ(with(hi)).unwrap_or(("arguments", lo.to_string(), hi.to_string()));
                 disagree(field, format!("the members called `{op}` with {field} {a} and {b}"))
             }
+            _ if op == "all_reduce" => disagree(
+                "kind",
+                "one member starts an MPI_Iallreduce (a started all-reduce) while another runs a blocking \
+                 MPI_Allreduce (a blocking call, or a started one whose buffer is not aligned for its dtype)"
+                    .into(),
+            ),
             _ => check::mismatch(
                 op,
                 format!("the members split their buffers differently (runs of {lo} and {hi} bytes)"),
@@ -699,15 +708,18 @@ unsafe impl Communicator for MpiComm {
         self.my_index("all_reduce", group)?;
         let bytes = buf.bytes_mut();
         let local = check::whole("all_reduce", bytes.len(), dtype).and_then(|()| reduce::check_op(dtype, op));
+        let datatype = mpi_datatype(dtype);
+        let aligned = (bytes.as_ptr() as usize).is_multiple_of(dtype.size_of());
+        let background = datatype.is_some() && !reduce::drops_nan(dtype, op) && aligned && !bytes.is_empty();
         // Agreed (blocking) before the transfer starts: a started all-reduce of disagreeing
-        // sizes would read or write past the buffers while this rank went on.
-        self.agree("all_reduce", group, bytes.len(), check::Args::reduce(dtype, op), 0, local)?;
+        // sizes would read or write past the buffers while this rank went on. Whether it runs
+        // in the background travels as the layout: an `MPI_Iallreduce` never matches a peer's
+        // blocking `MPI_Allreduce` (the alignment of a buffer is this rank's own).
+        self.agree("all_reduce", group, bytes.len(), check::Args::reduce(dtype, op), u64::from(background), local)?;
         if self.nothing_to_move("all_reduce", group, bytes.len())? {
             return Ok(PendingAllReduce::done(Ok(buf)));
         }
-        let datatype = mpi_datatype(dtype);
-        let aligned = (bytes.as_ptr() as usize).is_multiple_of(dtype.size_of());
-        let (Some(datatype), false, true) = (datatype, reduce::drops_nan(dtype, op), aligned) else {
+        let (Some(datatype), true) = (datatype, background) else {
             // 16-bit floats are gathered and folded here, max/min carry a NaN mask: both are
             // several MPI calls, run blocking; so does a buffer not aligned for its dtype (a
             // `Vec<T>` always is).
