@@ -5,7 +5,8 @@
 //! (glibc maps them and unmaps them on free), so their first touch page-faults once per 4 KiB
 //! page. On Linux they are advised to use transparent huge pages, which takes 512 times fewer
 //! faults: a fresh 512 MiB copy took 310 ms against 155 ms advised (a warm copy: 45 ms) on
-//! the 2-core machine of the README's tables. `DTENSOR_HUGE_PAGES=0` turns the advice off.
+//! the 2-core machine of the README's tables. `DTENSOR_HUGE_PAGES=0` turns the advice off
+//! (see [`env`](crate::env) for the values it accepts).
 
 use crate::error::{Error, Result};
 
@@ -55,8 +56,14 @@ fn advise_huge_pages<T>(v: &Vec<T>) {
 }
 
 fn huge_pages_enabled() -> bool {
-    static ON: std::sync::LazyLock<bool> =
-        std::sync::LazyLock::new(|| std::env::var("DTENSOR_HUGE_PAGES").map_or(true, |v| v != "0"));
+    // Read deep inside an allocation, which cannot fail for it: a bad value is reported once
+    // and the default kept (launchers reject it first, through `env::check`).
+    static ON: std::sync::LazyLock<bool> = std::sync::LazyLock::new(|| {
+        crate::env::huge_pages().unwrap_or_else(|e| {
+            crate::env::warn_once(crate::env::HUGE_PAGES, &e);
+            true
+        })
+    });
     *ON
 }
 

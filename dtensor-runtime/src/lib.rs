@@ -18,6 +18,7 @@ pub mod comm;
 pub mod cuda;
 pub mod dtensor;
 pub mod element;
+pub mod env;
 pub mod error;
 pub mod factory;
 pub mod launch;

@@ -52,6 +52,13 @@ impl DeviceMesh {
     /// same arguments. `names` may be empty (dims are then called `dim0`, `dim1`, ...).
     pub fn new(comm: Arc<dyn Communicator>, shape: &[usize], names: &[&str]) -> Result<DeviceMesh> {
         let world = comm.world_size();
+        // Before the list of the world's ranks is built (one entry per rank): a shape that
+        // does not cover the world is an error whatever the world's size.
+        if let Ok(size) = crate::shape::checked_numel("device mesh", shape) {
+            if size != world && size > 0 && !shape.is_empty() {
+                return Err(Error::MeshSizeMismatch { shape: shape.to_vec(), mesh_size: size, world_size: world });
+            }
+        }
         let mesh = Self::build(comm, shape, names, (0..world).collect())?;
         mesh.inner.comm.prepare_groups(&mesh.prepared_partitions())?;
         Ok(mesh)
@@ -139,7 +146,7 @@ impl DeviceMesh {
             .ok_or(Error::RankOutOfRange { rank: me, world_size: comm.world_size() })?;
         let coord = unravel(pos, shape);
         let target = target_of(comm.as_ref())?;
-        let checks = AtomicBool::new(crate::comm::fingerprint::enabled_by_env());
+        let checks = AtomicBool::new(crate::comm::fingerprint::from_env()?);
         let mut mesh = MeshInner { comm, shape: shape.to_vec(), names, ranks, coord, groups: vec![], target, checks };
         mesh.groups = (0..shape.len()).map(|d| group_of(&mesh, d, &mesh.coord)).collect();
         Ok(DeviceMesh { inner: Arc::new(mesh) })
@@ -361,6 +368,7 @@ impl DeviceMesh {
     /// Prepares a collective on `g`: first completes what this thread started in the
     /// background on `g` (so the call cannot overtake it), then, with the fingerprint check
     /// on, agrees with the group on this call before it runs.
+    #[allow(clippy::too_many_arguments)] // the fields of a fingerprint
     fn agree(
         &self,
         g: &[usize],
@@ -369,6 +377,7 @@ impl DeviceMesh {
         count: usize,
         root: Option<usize>,
         op: Option<ReduceOp>,
+        detail: u64,
     ) -> Result<()> {
         in_flight::settle(g);
         if !self.collective_checks() {
@@ -381,7 +390,7 @@ impl DeviceMesh {
             None if kind == CollectiveKind::Barrier => "",
             None => "u64",
         };
-        fingerprint::agree(comm.as_ref(), g, Fingerprint { seq, kind, dtype, count, root, op })
+        fingerprint::agree(comm.as_ref(), g, Fingerprint { seq, kind, dtype, count, root, op, detail })
     }
 
     /// Runs `run` (a `*_buf` collective on host or device buffers) on the group of `along`,
@@ -406,7 +415,7 @@ impl DeviceMesh {
             crate::comm::reduce::check_op(dtype, op)?;
         }
         self.note(kind, along, bytes);
-        self.agree(g, kind, Some(dtype), count, root, op)?;
+        self.agree(g, kind, Some(dtype), count, root, op, 0)?;
         run(self.comm().as_ref(), g)
     }
 
@@ -420,7 +429,7 @@ impl DeviceMesh {
     pub fn all_gather<T: Scalar>(&self, along: Along, send: &[T]) -> Result<Vec<T>> {
         let (g, _) = self.group_of(along)?;
         self.note(CollectiveKind::AllGather, along, std::mem::size_of_val(send));
-        self.agree(g, CollectiveKind::AllGather, Some(T::DTYPE), send.len(), None, None)?;
+        self.agree(g, CollectiveKind::AllGather, Some(T::DTYPE), send.len(), None, None, 0)?;
         // SAFETY (of `filled`): a `Communicator` writes all of its `RecvBuf` on `Ok`.
         unsafe {
             filled("all_gather", send.len() * g.len(), |r| self.comm().all_gather(g, bytemuck::cast_slice(send), r))
@@ -432,7 +441,7 @@ impl DeviceMesh {
         let (g, _) = self.group_of(along)?;
         crate::comm::reduce::check_op(T::DTYPE, op)?;
         self.note(CollectiveKind::AllReduce, along, std::mem::size_of_val(buf));
-        self.agree(g, CollectiveKind::AllReduce, Some(T::DTYPE), buf.len(), None, Some(op))?;
+        self.agree(g, CollectiveKind::AllReduce, Some(T::DTYPE), buf.len(), None, Some(op), 0)?;
         self.comm().all_reduce(g, bytemuck::cast_slice_mut(buf), T::DTYPE, op)
     }
 
@@ -442,7 +451,7 @@ impl DeviceMesh {
         let (g, _) = self.group_of(along)?;
         crate::comm::reduce::check_op(T::DTYPE, op)?;
         self.note(CollectiveKind::AllReduce, along, std::mem::size_of_val(send));
-        self.agree(g, CollectiveKind::AllReduce, Some(T::DTYPE), send.len(), None, Some(op))?;
+        self.agree(g, CollectiveKind::AllReduce, Some(T::DTYPE), send.len(), None, Some(op), 0)?;
         let send_bytes = bytemuck::cast_slice(send);
         // SAFETY (of `filled`): a `Communicator` writes all of its `RecvBuf` on `Ok`.
         unsafe { filled("all_reduce", send.len(), |r| self.comm().all_reduce_into(g, send_bytes, r, T::DTYPE, op)) }
@@ -469,6 +478,18 @@ impl DeviceMesh {
     /// assert_eq!(sums, vec![vec![3.0; 3], vec![3.0; 3]]);
     /// ```
     pub fn all_reduce_start<T: Scalar>(&self, along: Along, buf: Vec<T>, op: ReduceOp) -> Result<PendingReduce<T>> {
+        self.all_reduce_start_of(along, buf, op, 0)
+    }
+
+    /// [`all_reduce_start`](Self::all_reduce_start) whose fingerprint also carries `detail`
+    /// ([`Fingerprint::detail`]: what a gradient bucket holds), when the check is on.
+    pub(crate) fn all_reduce_start_of<T: Scalar>(
+        &self,
+        along: Along,
+        buf: Vec<T>,
+        op: ReduceOp,
+        detail: u64,
+    ) -> Result<PendingReduce<T>> {
         let (g, _) = self.group_of(along)?;
         crate::comm::reduce::check_op(T::DTYPE, op)?;
         self.note(CollectiveKind::AllReduce, along, std::mem::size_of_val(buf.as_slice()));
@@ -478,7 +499,7 @@ impl DeviceMesh {
         // so a wait at each start keeps the peers' transfers moving together (mlp_tp, 2x1,
         // 128/256/1024: 0.31–0.37 s against 0.39–0.43 s, plain 0.41–0.48 s); on the thread
         // backend it made no difference.
-        self.agree(g, CollectiveKind::AllReduce, Some(T::DTYPE), buf.len(), None, Some(op))?;
+        self.agree(g, CollectiveKind::AllReduce, Some(T::DTYPE), buf.len(), None, Some(op), detail)?;
         let pending = self.comm().all_reduce_start(g, Box::new(buf), T::DTYPE, op)?;
         Ok(PendingReduce::register(g, pending))
     }
@@ -488,7 +509,7 @@ impl DeviceMesh {
         let (g, _) = self.group_of(along)?;
         crate::comm::reduce::check_op(T::DTYPE, op)?;
         self.note(CollectiveKind::ReduceScatter, along, std::mem::size_of_val(send));
-        self.agree(g, CollectiveKind::ReduceScatter, Some(T::DTYPE), send.len(), None, Some(op))?;
+        self.agree(g, CollectiveKind::ReduceScatter, Some(T::DTYPE), send.len(), None, Some(op), 0)?;
         let send_bytes = bytemuck::cast_slice(send);
         // SAFETY (of `filled`): a `Communicator` writes all of its `RecvBuf` on `Ok`.
         unsafe {
@@ -502,7 +523,7 @@ impl DeviceMesh {
     pub fn all_to_all<T: Scalar>(&self, along: Along, send: &[T]) -> Result<Vec<T>> {
         let (g, _) = self.group_of(along)?;
         self.note(CollectiveKind::AllToAll, along, std::mem::size_of_val(send));
-        self.agree(g, CollectiveKind::AllToAll, Some(T::DTYPE), send.len(), None, None)?;
+        self.agree(g, CollectiveKind::AllToAll, Some(T::DTYPE), send.len(), None, None, 0)?;
         // SAFETY (of `filled`): a `Communicator` writes all of its `RecvBuf` on `Ok`.
         unsafe { filled("all_to_all", send.len(), |r| self.comm().all_to_all(g, bytemuck::cast_slice(send), r)) }
     }
@@ -514,7 +535,9 @@ impl DeviceMesh {
     pub fn all_to_all_strided<T: Scalar>(&self, along: Along, send: &[T], rows: usize, run: usize) -> Result<Vec<T>> {
         let (g, _) = self.group_of(along)?;
         self.note(CollectiveKind::AllToAll, along, std::mem::size_of_val(send));
-        self.agree(g, CollectiveKind::AllToAll, Some(T::DTYPE), send.len(), None, None)?;
+        // Every member splits its rows alike (the thread backend checks it too).
+        let layout = fingerprint::hash_words([rows as u64, run as u64]);
+        self.agree(g, CollectiveKind::AllToAll, Some(T::DTYPE), send.len(), None, None, layout)?;
         let (es, send_bytes) = (std::mem::size_of::<T>(), bytemuck::cast_slice(send));
         // SAFETY (of `filled`): a `Communicator` writes all of its `RecvBuf` on `Ok`.
         unsafe {
@@ -541,7 +564,7 @@ impl DeviceMesh {
         let total = variable::total("all_gather_v", counts)?;
         let bytes = byte_counts::<T>("all_gather_v", counts)?;
         self.note(CollectiveKind::AllGather, along, std::mem::size_of_val(send));
-        self.agree(g, CollectiveKind::AllGather, Some(T::DTYPE), total, None, None)?;
+        self.agree(g, CollectiveKind::AllGather, Some(T::DTYPE), total, None, None, counts_hash(counts))?;
         // SAFETY (of `filled`): a `Communicator` writes all of its `RecvBuf` on `Ok`.
         unsafe { filled("all_gather_v", total, |r| self.comm().all_gather_v(g, bytemuck::cast_slice(send), &bytes, r)) }
     }
@@ -563,7 +586,7 @@ impl DeviceMesh {
         variable::one_per_member("reduce_scatter_v", "counts", counts, g.len())?;
         let mine = counts[me];
         self.note(CollectiveKind::ReduceScatter, along, std::mem::size_of_val(send));
-        self.agree(g, CollectiveKind::ReduceScatter, Some(T::DTYPE), send.len(), None, Some(op))?;
+        self.agree(g, CollectiveKind::ReduceScatter, Some(T::DTYPE), send.len(), None, Some(op), counts_hash(counts))?;
         let send_bytes = bytemuck::cast_slice(send);
         // SAFETY (of `filled`): a `Communicator` writes all of its `RecvBuf` on `Ok`.
         unsafe {
@@ -575,8 +598,10 @@ impl DeviceMesh {
     /// (`runs[j]` elements for member `j`); members may differ in `rows` and `runs`. Returns
     /// what each member sends this rank, in group order: `recv_counts[i]` elements from member
     /// `i` (its run for us, row after row), which must be member `i`'s `rows × runs[me]`.
-    /// `rows = 1` is a plain all-to-all of blocks of `runs[j]` elements. (The fingerprint
-    /// check compares the number of blocks, as the counts differ between members.)
+    /// `rows = 1` is a plain all-to-all of blocks of `runs[j]` elements. Every backend checks
+    /// before any data moves that what each member sends each peer is what that peer expects
+    /// (a typed error on every member otherwise); the fingerprint check compares the number of
+    /// blocks, as the counts differ between members.
     pub fn all_to_all_v<T: Scalar>(
         &self,
         along: Along,
@@ -590,7 +615,7 @@ impl DeviceMesh {
         let run_bytes = byte_counts::<T>("all_to_all_v", runs)?;
         let recv_bytes = byte_counts::<T>("all_to_all_v", recv_counts)?;
         self.note(CollectiveKind::AllToAll, along, std::mem::size_of_val(send));
-        self.agree(g, CollectiveKind::AllToAll, Some(T::DTYPE), runs.len(), None, None)?;
+        self.agree(g, CollectiveKind::AllToAll, Some(T::DTYPE), runs.len(), None, None, 0)?;
         let send_bytes = bytemuck::cast_slice(send);
         // SAFETY (of `filled`): a `Communicator` writes all of its `RecvBuf` on `Ok`.
         unsafe {
@@ -602,7 +627,7 @@ impl DeviceMesh {
     pub fn broadcast<T: Scalar>(&self, along: Along, buf: &mut [T], root: usize) -> Result<()> {
         let (g, _) = self.group_of(along)?;
         self.note(CollectiveKind::Broadcast, along, std::mem::size_of_val(buf));
-        self.agree(g, CollectiveKind::Broadcast, Some(T::DTYPE), buf.len(), Some(root), None)?;
+        self.agree(g, CollectiveKind::Broadcast, Some(T::DTYPE), buf.len(), Some(root), None, 0)?;
         self.comm().broadcast(g, bytemuck::cast_slice_mut(buf), root)
     }
 
@@ -611,7 +636,7 @@ impl DeviceMesh {
     pub fn broadcast_u64(&self, along: Along, buf: &mut [u64], root: usize) -> Result<()> {
         let (g, _) = self.group_of(along)?;
         self.note(CollectiveKind::Broadcast, along, std::mem::size_of_val(buf));
-        self.agree(g, CollectiveKind::Broadcast, None, buf.len(), Some(root), None)?;
+        self.agree(g, CollectiveKind::Broadcast, None, buf.len(), Some(root), None, 0)?;
         self.comm().broadcast(g, bytemuck::cast_slice_mut(buf), root)
     }
 
@@ -619,7 +644,7 @@ impl DeviceMesh {
     pub fn all_gather_u64(&self, along: Along, send: &[u64]) -> Result<Vec<u64>> {
         let (g, _) = self.group_of(along)?;
         self.note(CollectiveKind::AllGather, along, std::mem::size_of_val(send));
-        self.agree(g, CollectiveKind::AllGather, None, send.len(), None, None)?;
+        self.agree(g, CollectiveKind::AllGather, None, send.len(), None, None, 0)?;
         // SAFETY (of `filled`): a `Communicator` writes all of its `RecvBuf` on `Ok`.
         unsafe {
             filled("all_gather", send.len() * g.len(), |r| self.comm().all_gather(g, bytemuck::cast_slice(send), r))
@@ -631,7 +656,7 @@ impl DeviceMesh {
         let (g, _) = self.group_of(along)?;
         let mut out = vec![T::zero(); block];
         self.note(CollectiveKind::Scatter, along, std::mem::size_of_val(send));
-        self.agree(g, CollectiveKind::Scatter, Some(T::DTYPE), block, Some(root), None)?;
+        self.agree(g, CollectiveKind::Scatter, Some(T::DTYPE), block, Some(root), None, 0)?;
         self.comm().scatter(g, bytemuck::cast_slice(send), bytemuck::cast_slice_mut(&mut out), root)?;
         Ok(out)
     }
@@ -640,7 +665,7 @@ impl DeviceMesh {
     pub fn barrier(&self, along: Along) -> Result<()> {
         let (g, _) = self.group_of(along)?;
         self.note(CollectiveKind::Barrier, along, 0);
-        self.agree(g, CollectiveKind::Barrier, None, 0, None, None)?;
+        self.agree(g, CollectiveKind::Barrier, None, 0, None, None, 0)?;
         self.comm().barrier(g)
     }
 }
@@ -663,6 +688,11 @@ impl fmt::Debug for DeviceMesh {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         write!(f, "{self} ranks={:?} backend={}", self.inner.ranks, self.inner.comm.backend())
     }
+}
+
+/// [`Fingerprint::detail`] of a variable-size collective: its per-member counts.
+fn counts_hash(counts: &[usize]) -> u64 {
+    fingerprint::hash_words(counts.iter().map(|&c| c as u64))
 }
 
 /// Element counts as byte counts of `T`.

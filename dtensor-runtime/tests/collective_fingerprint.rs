@@ -156,3 +156,83 @@ fn matching_collectives_pass_with_the_check_on_and_results_are_unchanged() {
         assert_eq!(r.unwrap(), ([3.0; 3], vec![0.0, 1.0]));
     }
 }
+
+/// An all-reduce (sum) of `count` elements of `dtype` through the typed mesh collective.
+fn all_reduce_of(mesh: &dtensor_runtime::DeviceMesh, dtype: dtensor_runtime::DType, count: usize) -> Result<(), Error> {
+    use dtensor_runtime::{bf16, f16, DType};
+    let x = Along::Dim(0);
+    match dtype {
+        DType::F32 => mesh.all_reduce(x, &mut vec![0f32; count], ReduceOp::Sum),
+        DType::F64 => mesh.all_reduce(x, &mut vec![0f64; count], ReduceOp::Sum),
+        DType::BF16 => mesh.all_reduce(x, &mut vec![bf16::ZERO; count], ReduceOp::Sum),
+        DType::F16 => mesh.all_reduce(x, &mut vec![f16::ZERO; count], ReduceOp::Sum),
+        DType::I64 => mesh.all_reduce(x, &mut vec![0i64; count], ReduceOp::Sum),
+        DType::I32 => mesh.all_reduce(x, &mut vec![0i32; count], ReduceOp::Sum),
+        DType::U8 => mesh.all_reduce(x, &mut vec![0u8; count], ReduceOp::Sum),
+    }
+}
+
+/// Issue 33, finding 5: the fingerprint knew only f32, f64 and u64, so a bf16 collective met
+/// an f16 one (or i32 an f32 one) unnoticed. Every ordered pair of distinct element types is
+/// now a dtype mismatch on every rank, whether or not the byte sizes match.
+#[test]
+fn every_pair_of_distinct_dtypes_is_told_apart() {
+    use dtensor_runtime::DType;
+    for a in DType::ALL {
+        for b in DType::ALL.into_iter().filter(|&b| b != a) {
+            all_mismatch(each_rank(|ctx, mesh| all_reduce_of(mesh, if ctx.rank() == 0 { a } else { b }, 4)), "dtype");
+            // Equal bytes: 8 bytes of each.
+            all_mismatch(
+                each_rank(|ctx, mesh| {
+                    let d = if ctx.rank() == 0 { a } else { b };
+                    all_reduce_of(mesh, d, 8 / d.size_of())
+                }),
+                "dtype",
+            );
+        }
+    }
+    // The metadata collectives (u64 words) against an i64 one of the same count.
+    all_mismatch(
+        each_rank(|ctx, mesh| {
+            if ctx.rank() == 0 {
+                mesh.all_gather_u64(Along::Dim(0), &[1, 2]).map(|_| ())
+            } else {
+                mesh.all_gather(Along::Dim(0), &[1i64, 2]).map(|_| ())
+            }
+        }),
+        "dtype",
+    );
+}
+
+/// Issue 33, finding 5 (counts): the variable-size collectives' fingerprints carry their
+/// counts, so counts that differ with equal totals are a mismatch of the call's arguments.
+#[test]
+fn variable_size_counts_that_differ_with_equal_totals() {
+    all_mismatch(
+        each_rank(|ctx, mesh| {
+            let counts = if ctx.rank() == 0 { [2, 1] } else { [1, 2] };
+            mesh.all_gather_v(Along::Dim(0), &[1.0f32; 2], &counts).map(|_| ())
+        }),
+        "arguments",
+    );
+    all_mismatch(
+        each_rank(|ctx, mesh| {
+            let counts = if ctx.rank() == 0 { [3, 1] } else { [1, 3] };
+            mesh.reduce_scatter_v(Along::Dim(0), &[1.0f64; 4], &counts, ReduceOp::Sum).map(|_| ())
+        }),
+        "arguments",
+    );
+    // The strided all-to-all's layout: 2 rows of runs of 2 against 4 rows of runs of 1.
+    all_mismatch(
+        each_rank(|ctx, mesh| {
+            let (rows, run) = if ctx.rank() == 0 { (2, 2) } else { (4, 1) };
+            mesh.all_to_all_strided(Along::Dim(0), &[1.0f32; 8], rows, run).map(|_| ())
+        }),
+        "arguments",
+    );
+    // Agreeing counts pass, with the right data.
+    for r in each_rank(|ctx, mesh| mesh.all_gather_v(Along::Dim(0), &vec![ctx.rank() as f32; 2 - ctx.rank()], &[2, 1]))
+    {
+        assert_eq!(r.unwrap(), vec![0.0, 0.0, 1.0]);
+    }
+}

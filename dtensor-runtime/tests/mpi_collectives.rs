@@ -485,6 +485,170 @@ fn fingerprint_check_names_the_mismatch(ctx: &RankCtx) -> Result<Outcome, String
     Ok(Outcome::Pass)
 }
 
+/// Every rank got a typed disagreement error (never `Ok`, never an abort): `BufferMismatch`
+/// for sizes and counts, `CollectiveMismatch` on `field` for the other arguments.
+fn typed_disagreement<T: std::fmt::Debug>(what: &str, r: Result<T, Error>, field: Option<&str>) -> Result<(), String> {
+    match (&r, field) {
+        (Err(Error::BufferMismatch { .. }), None) => Ok(()),
+        (Err(Error::CollectiveMismatch { field: f, .. }), Some(want)) if f == want => Ok(()),
+        _ => Err(format!("{what}: expected a typed disagreement ({field:?}), got {r:?}")),
+    }
+}
+
+/// Issue 33, finding 2 on MPI: variable-size collectives whose members disagree on counts
+/// with equal totals returned wrong data on every rank (only totals or block counts were
+/// compared); every rank now gets a typed error before any data moves, over every group, and
+/// the communicator stays usable.
+fn disagreeing_counts_are_typed_errors(ctx: &RankCtx) -> Result<Outcome, String> {
+    let c = ctx.comm();
+    if ctx.world_size() < 2 {
+        return Ok(Outcome::Skip("needs two ranks".into()));
+    }
+    for g in groups(ctx) {
+        let n = g.len();
+        if n < 2 {
+            continue;
+        }
+        let me = g.iter().position(|&r| r == ctx.rank()).unwrap();
+        // Member 0 believes the counts are [2, 1, 1, ..], the others [1, 2, 1, ..]: equal totals.
+        let counts: Vec<usize> = (0..n).map(|i| if i == usize::from(me != 0) { 2 } else { 1 }).collect();
+        let send = vec![me as u8; counts[me]];
+        let mut recv = vec![0u8; counts.iter().sum()];
+        typed_disagreement("all_gather_v", c.all_gather_v(&g, &send, &counts, (&mut recv).into()), None)?;
+        let bytes: Vec<usize> = counts.iter().map(|x| 4 * x).collect();
+        let send = vec![0u8; bytes.iter().sum()];
+        let mut recv = vec![0u8; bytes[me]];
+        let r = c.reduce_scatter_v(&g, &send, &bytes, (&mut recv).into(), DType::F32, ReduceOp::Sum);
+        typed_disagreement("reduce_scatter_v", r, None)?;
+        // All-to-all-v: member 0 sends member 1 two bytes where member 1 expects one, and
+        // member 1 expects two from itself where it sends one: every member sends and
+        // receives n + 1 bytes, only the pairs disagree.
+        let runs: Vec<usize> = (0..n).map(|j| if (me == 0 && j == 1) || (me == 1 && j == 0) { 2 } else { 1 }).collect();
+        let recv_counts: Vec<usize> = (0..n).map(|i| if me <= 1 && i == 1 { 2 } else { 1 }).collect();
+        let send = vec![me as u8; runs.iter().sum()];
+        let mut recv = vec![0u8; recv_counts.iter().sum()];
+        let r = c.all_to_all_v(&g, &send, 1, &runs, (&mut recv).into(), &recv_counts);
+        typed_disagreement("all_to_all_v", r, None)?;
+        // Still usable: the same collectives with agreeing counts deliver.
+        let counts: Vec<usize> = (0..n).map(|i| i % 2 + 1).collect();
+        let send: Vec<u8> = (0..counts[me]).map(|b| pat(me, 0, b)).collect();
+        let mut recv = vec![0u8; counts.iter().sum()];
+        c.all_gather_v(&g, &send, &counts, (&mut recv).into()).map_err(fail)?;
+        let want: Vec<u8> = (0..n).flat_map(|i| (0..counts[i]).map(move |b| pat(i, 0, b))).collect();
+        if recv != want {
+            return Err(format!("all_gather_v after the mismatches on {g:?}: {recv:?}, expected {want:?}"));
+        }
+    }
+    Ok(Outcome::Pass)
+}
+
+/// Issue 33, finding 2 on MPI (equal blocks): members that pass buffers of different
+/// lengths, element types of one size (bf16 and f16), reductions or roots ended with wrong
+/// data or a crash; each is now a typed error on every rank before any data moves. A member
+/// with nothing to move meeting one with bytes (which returned early before) and a member
+/// whose own arguments are bad (its peers waited in MPI for it) included.
+fn disagreeing_arguments_are_typed_errors(ctx: &RankCtx) -> Result<Outcome, String> {
+    let c = ctx.comm();
+    let n = ctx.world_size();
+    if n < 2 {
+        return Ok(Outcome::Skip("needs two ranks".into()));
+    }
+    let w: Vec<usize> = (0..n).collect();
+    let me = ctx.rank();
+    for len in [if me == 0 { 8 } else { 4 }, if me == 0 { 0 } else { 4 }] {
+        let all = |what: &str, r: Result<(), Error>| typed_disagreement(&format!("{what} ({len} bytes)"), r, None);
+        all("all_gather", c.all_gather(&w, &vec![1; len], (&mut vec![0; n * len]).into()))?;
+        all("all_reduce", c.all_reduce(&w, &mut vec![0; len], DType::F32, ReduceOp::Sum))?;
+        all("all_reduce bf16", c.all_reduce(&w, &mut vec![0; len], DType::BF16, ReduceOp::Sum))?;
+        let mut out = vec![0; len];
+        all("reduce_scatter", c.reduce_scatter(&w, &vec![0; n * len], (&mut out).into(), DType::F32, ReduceOp::Sum))?;
+        all("all_to_all", c.all_to_all(&w, &vec![0; n * len], (&mut vec![0; n * len]).into()))?;
+        all("broadcast", c.broadcast(&w, &mut vec![0; len], 0))?;
+        all("scatter", c.scatter(&w, &vec![0; n * len], &mut vec![0; len], 0))?;
+        let started = ctx.comm().all_reduce_start(&w, Box::new(vec![0f32; len / 4]), DType::F32, ReduceOp::Sum);
+        all("all_reduce_start", started.and_then(|p| p.wait()).map(|_| ()))?;
+    }
+    let (rows, run) = if me == 0 { (2, 2) } else { (4, 1) };
+    let r = c.all_to_all_strided(&w, &vec![0; 4 * n], rows, run, (&mut vec![0; 4 * n]).into());
+    typed_disagreement("all_to_all_strided", r, None)?;
+    let dtype = if me == 0 { DType::BF16 } else { DType::F16 };
+    typed_disagreement("bf16 vs f16", c.all_reduce(&w, &mut [0; 8], dtype, ReduceOp::Sum), Some("dtype"))?;
+    let dtype = if me == 0 { DType::F32 } else { DType::I32 };
+    typed_disagreement("f32 vs i32", c.all_reduce(&w, &mut [0; 8], dtype, ReduceOp::Max), Some("dtype"))?;
+    let op = if me == 0 { ReduceOp::Sum } else { ReduceOp::Max };
+    typed_disagreement("sum vs max", c.all_reduce(&w, &mut [0; 8], DType::F64, op), Some("reduce op"))?;
+    typed_disagreement("two roots", c.broadcast(&w, &mut [0; 4], me % 2), Some("root"))?;
+    // A started all-reduce (MPI_Iallreduce) never matches a blocking one (MPI_Allreduce).
+    let r = if me == 0 {
+        c.all_reduce(&w, &mut [0; 8], DType::F32, ReduceOp::Sum)
+    } else {
+        c.all_reduce_start(&w, Box::new(vec![0f32; 2]), DType::F32, ReduceOp::Sum).and_then(|p| p.wait()).map(|_| ())
+    };
+    typed_disagreement("started vs blocking all_reduce", r, Some("kind"))?;
+    typed_disagreement("two scatter roots", c.scatter(&w, &vec![0; 4 * n], &mut [0; 4], me % 2), Some("root"))?;
+    // Rank 0 passes a recv buffer of the wrong size: it gets its own error, its peers one
+    // naming it, nobody waits.
+    let recv_len = if me == 0 { 3 } else { 2 * n };
+    let r = c.all_gather(&w, &[0, 0], (&mut vec![0; recv_len]).into());
+    typed_disagreement("one member's bad recv", r, None)?;
+    let root = if me == 0 { n } else { 0 };
+    match c.broadcast(&w, &mut [0; 4], root) {
+        Err(Error::RankOutOfRange { .. }) if me == 0 => {}
+        Err(Error::BufferMismatch { .. }) if me != 0 => {}
+        other => return Err(format!("one member's root out of range: {other:?}")),
+    }
+    // Still usable afterwards.
+    let mut b = [1.0f32; 3];
+    c.all_reduce(&w, bytemuck::cast_slice_mut(&mut b), DType::F32, ReduceOp::Sum).map_err(fail)?;
+    close(&b.map(f64::from), &[n as f64; 3], "all_reduce after the mismatches")?;
+    Ok(Outcome::Pass)
+}
+
+/// Issue 33, finding 3 on MPI: an all-to-all-v of 2^40 rows of empty runs (an empty shard
+/// with a huge leading dim) finishes at once.
+fn empty_rows_are_bounded(ctx: &RankCtx) -> Result<Outcome, String> {
+    let c = ctx.comm();
+    let n = ctx.world_size();
+    let w: Vec<usize> = (0..n).collect();
+    let t0 = Instant::now();
+    c.all_to_all_v(&w, &[], 1 << 40, &vec![0; n], (&mut []).into(), &vec![0; n]).map_err(fail)?;
+    c.all_to_all_strided(&w, &[], 1 << 40, 0, (&mut []).into()).map_err(fail)?;
+    if t0.elapsed() > Duration::from_secs(2) {
+        return Err(format!("2^40 empty rows took {:?}", t0.elapsed()));
+    }
+    Ok(Outcome::Pass)
+}
+
+/// What the agreement every collective now starts with costs: the time of a small all-reduce
+/// and of a barrier (the agreement alone), printed by rank 0 (always passes).
+fn agreement_cost(ctx: &RankCtx) -> Result<Outcome, String> {
+    let c = ctx.comm();
+    let w: Vec<usize> = (0..ctx.world_size()).collect();
+    let time = |iters: usize, f: &mut dyn FnMut() -> Result<(), Error>| -> Result<f64, String> {
+        c.barrier(&w).map_err(fail)?;
+        let t0 = Instant::now();
+        for _ in 0..iters {
+            f().map_err(fail)?;
+        }
+        Ok(t0.elapsed().as_secs_f64() / iters as f64 * 1e6)
+    };
+    let mut small = [0u8; 8];
+    let reduce = time(2000, &mut || c.all_reduce(&w, &mut small, DType::F32, ReduceOp::Sum))?;
+    let barrier = time(2000, &mut || c.barrier(&w))?;
+    let mut gathered = vec![0u8; 8 * w.len()];
+    let gather = time(2000, &mut || c.all_gather(&w, &small, (&mut gathered).into()))?;
+    let mut big = vec![0u8; 1 << 20];
+    let large = time(40, &mut || c.all_reduce(&w, &mut big, DType::F32, ReduceOp::Sum))?;
+    if ctx.rank() == 0 {
+        println!(
+            "  {} ranks: barrier {barrier:.1} us, all_reduce 8 B {reduce:.1} us, all_gather 8 B {gather:.1} us, \
+             all_reduce 1 MiB {large:.0} us",
+            w.len()
+        );
+    }
+    Ok(Outcome::Pass)
+}
+
 fn backend_name_and_world(ctx: &RankCtx) -> Result<Outcome, String> {
     let n: usize = std::env::var("OMPI_COMM_WORLD_SIZE").ok().and_then(|v| v.parse().ok()).unwrap_or(1);
     if ctx.comm().backend() != "mpi" || ctx.world_size() != n || ctx.rank() >= n {
@@ -526,6 +690,10 @@ fn main() {
         ("max_min_propagate_nan", max_min_propagate_nan),
         ("fingerprint_check_names_the_mismatch", fingerprint_check_names_the_mismatch),
         ("launch_rejects_a_wrong_world_size", launch_rejects_a_wrong_world_size),
+        ("disagreeing_counts_are_typed_errors", disagreeing_counts_are_typed_errors),
+        ("disagreeing_arguments_are_typed_errors", disagreeing_arguments_are_typed_errors),
+        ("empty_rows_are_bounded", empty_rows_are_bounded),
+        ("agreement_cost", agreement_cost),
     ];
     mpi_harness::main("mpi_collectives", tests);
 }

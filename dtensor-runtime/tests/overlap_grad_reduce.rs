@@ -217,3 +217,105 @@ fn buckets_on_two_mesh_dims_with_uneven_shards_finish_and_match_plain_backward()
         }
     }
 }
+
+// ------------------------------------------------------------------ bucket agreement
+// Issue 33, finding 9: ranks whose buckets have the same size but different contents mixed
+// unrelated gradients silently. With the collective fingerprint check on, each bucket's
+// all-reduce carries what it holds (shapes, placements, local sizes, in order): a typed error
+// on every rank. Element types that differ are refused by the thread backend even without it.
+
+/// One rank's backward over a dp mesh of 2 whose two replicated weights have `hidden`
+/// columns (which may differ between ranks: a program that diverged), in `T`.
+fn diverged_rank<T: dtensor_runtime::Element>(
+    mesh: &dtensor_runtime::DeviceMesh,
+    hidden: [usize; 2],
+    opts: Option<BackwardOptions>,
+) -> Result<()> {
+    let cast = |a: ArrayD<f64>| a.mapv(T::of_f64);
+    let x = distribute_tensor(cast(host(&[4, DIM], 9)), mesh, &[Shard(0)], None)?;
+    let w: Vec<DTensor<T>> = hidden
+        .iter()
+        .enumerate()
+        .map(|(i, &h)| {
+            let local = cast(host(&[DIM, h], 50 + i));
+            Ok(dtensor_runtime::from_local(local, mesh, &[Replicate], Default::default())?.requires_grad_(true))
+        })
+        .collect::<Result<_>>()?;
+    let loss = |w: &DTensor<T>| -> Result<DTensor<T>> {
+        let h = x.matmul(w)?;
+        h.mul(&h)?.sum()
+    };
+    let l = loss(&w[0])?.add(&loss(&w[1])?)?;
+    match &opts {
+        Some(o) => l.backward_opts(o),
+        None => l.backward(),
+    }
+}
+
+/// [`diverged_rank`] on both ranks (rank `r`'s weights have `hidden[r]` columns), in `f64` on
+/// both or (`mixed`) in bf16 on rank 0 and f16 on rank 1; every rank's outcome.
+fn diverged_backward(
+    hidden: [[usize; 2]; 2],
+    opts: Option<BackwardOptions>,
+    checks: bool,
+    mixed: bool,
+) -> Vec<Result<()>> {
+    dtensor_runtime::LocalWorld::new(2)
+        .timeout(std::time::Duration::from_secs(20))
+        .run(|ctx| {
+            let mesh = ctx.init_device_mesh(&[2], &["dp"])?;
+            mesh.set_collective_checks(checks);
+            let h = hidden[ctx.rank()];
+            Ok(match (mixed, ctx.rank()) {
+                (false, _) => diverged_rank::<f64>(&mesh, h, opts),
+                (true, 0) => diverged_rank::<dtensor_runtime::bf16>(&mesh, h, opts),
+                (true, _) => diverged_rank::<dtensor_runtime::f16>(&mesh, h, opts),
+            })
+        })
+        .unwrap()
+}
+
+fn every_rank_fails(what: &str, out: Vec<Result<()>>, field: Option<&str>) {
+    use dtensor_runtime::Error;
+    for (r, res) in out.into_iter().enumerate() {
+        match (&res, field) {
+            (Err(Error::CollectiveMismatch { field: f, .. }), Some(want)) if f == want => {}
+            (Err(Error::BufferMismatch { .. } | Error::CollectiveMismatch { .. }), None) => {}
+            (other, _) => panic!("{what}, rank {r}: expected a typed error ({field:?}), got {other:?}"),
+        }
+    }
+}
+
+/// Finding 9: rank 0's weights have 2 and 4 columns, rank 1's 4 and 2: one bucket of 6 x DIM
+/// elements on both, holding different gradients.
+#[test]
+fn buckets_of_equal_size_but_different_contents_fail_with_the_check_on() {
+    let hidden = [[2, 4], [4, 2]];
+    let one_bucket = Some(BackwardOptions::new().overlap_grad_reduce(usize::MAX));
+    // Plain backward: one all-reduce per gradient, whose sizes differ: a typed error.
+    every_rank_fails("plain", diverged_backward(hidden, None, false, false), None);
+    every_rank_fails("plain, check on", diverged_backward(hidden, None, true, false), Some("element count"));
+    // Overlapped with the check on: the buckets' contents differ.
+    every_rank_fails("overlapped, check on", diverged_backward(hidden, one_bucket, true, false), Some("arguments"));
+    // With one all-reduce per gradient the sizes differ again, check off.
+    let per_grad = Some(BackwardOptions::new().overlap_grad_reduce(0));
+    every_rank_fails("overlapped per gradient", diverged_backward(hidden, per_grad, false, false), None);
+    // The same weights on every rank pass with the check on.
+    for out in diverged_backward([[2, 4], [2, 4]], one_bucket, true, false) {
+        out.unwrap();
+    }
+}
+
+/// Finding 9 (element types): a bf16 bucket meeting an f16 one of the same size fails on
+/// every rank, with the fingerprint check on and off (the thread backend compares element
+/// types itself), as plain backward does.
+#[test]
+fn buckets_of_different_element_types_fail() {
+    let hidden = [[2, 4], [2, 4]];
+    for opts in [None, Some(BackwardOptions::new().overlap_grad_reduce(usize::MAX))] {
+        for checks in [false, true] {
+            let out = diverged_backward(hidden, opts, checks, true);
+            every_rank_fails(&format!("bf16 vs f16, {opts:?}, check {checks}"), out, Some("dtype"));
+        }
+    }
+}

@@ -12,9 +12,18 @@
 //! shards), so every rank starts the same buckets at the same point of its backward: the
 //! thread backend's per-rank worker then runs the same sequence of all-reduces on every rank,
 //! which is what keeps a worker from waiting on a peer whose worker waits on another group.
+//!
+//! With the collective fingerprint check on ([`crate::comm::fingerprint`]), each bucket's
+//! all-reduce carries a hash of what the bucket holds — every gradient's global shape, target
+//! placements and local element count, in order (the element type and total count are in the
+//! fingerprint already) — so members whose buckets have equal sizes but different contents
+//! (other parameters, another order) fail with `CollectiveMismatch` instead of summing
+//! unrelated gradients. See [`BackwardOptions::overlap_grad_reduce`](super::BackwardOptions::overlap_grad_reduce)
+//! for what is not checked with the check off.
 
 use super::{redistribute_grad, Node};
 use crate::comm::debug::op_scope;
+use crate::comm::fingerprint::hash_words;
 use crate::comm::PendingReduce;
 use crate::dtensor::DTensor;
 use crate::element::{DType, Element, Scalar};
@@ -53,6 +62,9 @@ struct Bucket<T: Scalar> {
     dim: usize,
     op: ReduceOp,
     data: Vec<T>,
+    /// What the bucket holds, gradient after gradient (see [`describe`]): the fingerprint
+    /// detail of its all-reduce.
+    layout: Vec<u64>,
     /// The nominal bytes of its gradients (see [`nominal_bytes`]).
     nominal: usize,
     /// The all-reduce, once started; then the reduced data once waited for.
@@ -110,6 +122,7 @@ impl<T: Element> GradReducer<T> {
             bucket.data.extend_from_slice(&g.local().host_data()?);
         }
         let len = bucket.data.len() - at;
+        bucket.layout.extend(describe(&like, len));
         self.parts.push((Arc::clone(node), Part::Bucketed { bucket: b, at, len, local, like }));
         if bucket.nominal >= self.bucket_bytes {
             self.start(b)?;
@@ -131,6 +144,7 @@ impl<T: Element> GradReducer<T> {
                     dim,
                     op,
                     data: Vec::new(),
+                    layout: Vec::new(),
                     nominal: 0,
                     pending: None,
                     reduced: None,
@@ -146,8 +160,10 @@ impl<T: Element> GradReducer<T> {
         self.open.retain(|&i| i != b);
         let bucket = &mut self.buckets[b];
         let data = std::mem::take(&mut bucket.data);
-        let pending =
-            op_scope("grad_bucket", || bucket.mesh.all_reduce_start(Along::Dim(bucket.dim), data, bucket.op))?;
+        let detail = hash_words(std::mem::take(&mut bucket.layout));
+        let pending = op_scope("grad_bucket", || {
+            bucket.mesh.all_reduce_start_of(Along::Dim(bucket.dim), data, bucket.op, detail)
+        })?;
         bucket.pending = Some(pending);
         Ok(())
     }
@@ -192,6 +208,19 @@ impl<T: Element> GradReducer<T> {
         }
         Ok(out)
     }
+}
+
+/// One gradient of a bucket as words: its global shape, its target placements and its local
+/// element count (the same on every member of the bucket's group, whose members differ only
+/// in their coordinate on the Partial mesh dim).
+fn describe(like: &Like, len: usize) -> impl Iterator<Item = u64> + '_ {
+    // One word per placement (a hash of its name: `S(0)`, `R`, `P(sum)`).
+    let placements = like.placements.iter().map(|p| hash_words(p.to_string().bytes().map(u64::from)));
+    std::iter::once(like.shape.len() as u64)
+        .chain(like.shape.iter().map(|&s| s as u64))
+        .chain(std::iter::once(like.placements.len() as u64))
+        .chain(placements)
+        .chain(std::iter::once(len as u64))
 }
 
 /// The one mesh dim and reduce op if `g` reaches `target` by a single Partial → Replicate

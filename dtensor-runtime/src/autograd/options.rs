@@ -58,6 +58,22 @@ impl BackwardOptions {
     /// `MPI_Iallreduce`), a bucket's all-reduce runs while the pass goes on; elsewhere it
     /// runs when started. A reduction in another dtype ([`reduce_in`](Self::reduce_in)), of
     /// device storage, or over several mesh dims at once runs as plain `backward()` runs it.
+    ///
+    /// # What is checked
+    /// Every member of a bucket's group must put the same gradients (the same parameters'
+    /// gradients, in the same order) in its buckets, as it would pass them to plain
+    /// `backward()` one by one. With the collective fingerprint check on
+    /// (`DTENSOR_DEBUG=detail` or [`DeviceMesh::set_collective_checks`](crate::DeviceMesh::set_collective_checks)),
+    /// each bucket's all-reduce is fingerprinted like a plain collective — element type, element
+    /// count, reduce op, and a hash of the bucket's contents (every gradient's global shape,
+    /// placements and local element count, in order) — so members whose buckets differ fail
+    /// with [`Error::CollectiveMismatch`](crate::Error::CollectiveMismatch) on every member.
+    /// With the check off, a bucket's all-reduce is one collective on one flat buffer: the
+    /// backends compare its byte length (and element type and reduce op) only, so members whose
+    /// buckets hold different gradients (other parameters, another order, other shapes) of the
+    /// same total bytes are *not* detected and sum unrelated elements — where plain `backward()`,
+    /// one all-reduce per gradient, fails with a typed error when those gradients' sizes
+    /// differ.
     pub fn overlap_grad_reduce(mut self, bucket_bytes: usize) -> Self {
         self.overlap = Some(bucket_bytes);
         self

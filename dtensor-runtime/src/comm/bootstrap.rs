@@ -6,7 +6,7 @@
 use crate::error::{Error, Result};
 use std::io::{Read, Write};
 use std::net::{TcpListener, TcpStream};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 /// Where this process sits in a torchrun-style job.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -24,9 +24,13 @@ fn bad(reason: String) -> Error {
 }
 
 impl Rendezvous {
-    /// Reads the four variables from the process environment.
+    /// Reads the four variables from the process environment (a value that is not UTF-8 is
+    /// an error naming the variable).
     pub fn from_env() -> Result<Rendezvous> {
-        Self::from_lookup(|k| std::env::var(k).ok())
+        for k in ["RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT"] {
+            crate::env::var(k)?;
+        }
+        Self::from_lookup(|k| crate::env::var(k).ok().flatten())
     }
 
     /// Reads the four variables through `get` (testable without touching the environment).
@@ -69,7 +73,8 @@ impl Rendezvous {
             backend: "bootstrap".into(),
             message: format!("rank {}: {what}: {e}", self.rank),
         };
-        let deadline = Instant::now() + timeout;
+        // A timeout too long to add to now (Duration::MAX) means no limit.
+        let deadline = super::timeout::deadline(timeout);
         if self.rank == 0 {
             let blob = make()?;
             let listener = TcpListener::bind(("0.0.0.0", *port)).map_err(|e| io(format!("bind port {port}"), e))?;
@@ -82,7 +87,7 @@ impl Rendezvous {
                         s.write_all(&blob).map_err(|e| io("send".into(), e))?;
                         served += 1;
                     }
-                    Err(e) if e.kind() == std::io::ErrorKind::WouldBlock && Instant::now() < deadline => {
+                    Err(e) if e.kind() == std::io::ErrorKind::WouldBlock && !super::timeout::passed(deadline) => {
                         std::thread::sleep(Duration::from_millis(10));
                     }
                     Err(e) => return Err(io(format!("only {served} of {} peers connected", self.world_size - 1), e)),
@@ -98,7 +103,7 @@ impl Rendezvous {
                         s.read_exact(&mut blob).map_err(|e| io(format!("receive from {addr}:{port}"), e))?;
                         return Ok(blob);
                     }
-                    Err(_) if Instant::now() < deadline => std::thread::sleep(Duration::from_millis(50)),
+                    Err(_) if !super::timeout::passed(deadline) => std::thread::sleep(Duration::from_millis(50)),
                     Err(e) => return Err(io(format!("connect to {addr}:{port}"), e)),
                 }
             }

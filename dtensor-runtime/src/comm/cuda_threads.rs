@@ -39,12 +39,30 @@ use crate::storage::Device;
 use std::sync::Arc;
 
 /// The environment variable that picks the path of collectives on device buffers: `host`
-/// stages them through the host; anything else, or unset, moves them device to device.
+/// stages them through the host; `device`, or unset, moves them device to device.
 pub const STAGE_ENV: &str = "DTENSOR_CUDA_THREADS_STAGE";
 
-/// Whether [`STAGE_ENV`] leaves the device-to-device path on (each rank reads it when created).
+/// Whether [`STAGE_ENV`] asks for the host-staged path.
+///
+/// Errors: [`Error::InvalidArgument`](crate::Error::InvalidArgument) naming the variable and
+/// its value for anything but `host` or `device` (any case), checked by the launch before
+/// any rank starts.
+pub fn stage_from_env() -> Result<bool> {
+    let Some(v) = crate::env::var(STAGE_ENV)? else { return Ok(false) };
+    match v.trim().to_ascii_lowercase().as_str() {
+        "host" => Ok(true),
+        "device" => Ok(false),
+        _ => Err(crate::env::invalid(STAGE_ENV, &format!("{v:?}"), "host or device")),
+    }
+}
+
+/// Whether [`STAGE_ENV`] leaves the device-to-device path on (each rank reads it when created;
+/// a value [`stage_from_env`] rejects is reported once on stderr and leaves it on).
 pub fn device_path_from_env() -> bool {
-    std::env::var(STAGE_ENV).map_or(true, |v| v != "host")
+    !stage_from_env().unwrap_or_else(|e| {
+        crate::env::warn_once(STAGE_ENV, &e);
+        false
+    })
 }
 
 /// A thread-backend rank whose shards live on `device` (see the [module docs](self)).
@@ -243,6 +261,7 @@ unsafe impl Communicator for CudaThreadsComm {
 mod d2d {
     use super::CudaThreadsComm;
     use crate::comm::buf::{Buf, BufMut, CudaBytes, CudaBytesMut, Reduce};
+    use crate::comm::check::Args;
     use crate::comm::threads::Bufs;
     use crate::comm::{check, group, reduce, Communicator};
     use crate::cuda::cuda_err;
@@ -311,6 +330,7 @@ mod d2d {
             op: &'static str,
             group: &[usize],
             send: &CudaBytes<'_>,
+            args: Args,
             copy: impl FnOnce(&[u64], usize) -> Result<()>,
         ) -> Result<bool> {
             let me = group::index_of(op, self.rank(), group)?;
@@ -322,7 +342,15 @@ mod d2d {
             // Peers read `send` from their own streams: it must be complete first.
             self.device.synchronize()?;
             let ordinal = self.device.ordinal();
-            let mine = Bufs { send: sp as usize, send_len: send.len(), extra: ordinal, ..Bufs::default() };
+            // The element type, reduction and root travel as `args`: the rendezvous fails every
+            // member alike when they differ.
+            let mine = Bufs {
+                send: sp as usize,
+                send_len: send.len(),
+                extra: ordinal,
+                args: args.packed(),
+                ..Bufs::default()
+            };
             self.inner.rendezvous(op, group, mine, |all, _| {
                 if let Some(i) = all.iter().position(|b| b.send_len != send.len()) {
                     let why = format!(
@@ -353,7 +381,7 @@ mod d2d {
             check::blocks("all_gather", "recv", r.len(), group.len(), s.len())?;
             let l = s.len();
             let dev = &self.device;
-            self.exchange("all_gather_buf", group, s, |peers, _| {
+            self.exchange("all_gather_buf", group, s, Args::default(), |peers, _| {
                 let (rp, _write) = r.view.device_ptr_mut(dev.stream());
                 for (j, &p) in peers.iter().enumerate() {
                     // SAFETY: member j's send (l bytes, checked) into block j of recv (n * l).
@@ -372,7 +400,7 @@ mod d2d {
             check::all_to_all(s.len(), r.len(), group.len())?;
             let l = s.len() / group.len();
             let dev = &self.device;
-            self.exchange("all_to_all_buf", group, s, |peers, me| {
+            self.exchange("all_to_all_buf", group, s, Args::default(), |peers, me| {
                 let (rp, _write) = r.view.device_ptr_mut(dev.stream());
                 for (j, &p) in peers.iter().enumerate() {
                     // SAFETY: block `me` of member j's send (n * l bytes, checked) into block j
@@ -393,7 +421,7 @@ mod d2d {
             check::root(root, group.len())?;
             check::same_len("broadcast", s.len(), r.len())?;
             let (dev, l) = (&self.device, r.len());
-            self.exchange("broadcast_buf", group, s, |peers, _| {
+            self.exchange("broadcast_buf", group, s, Args::root(root), |peers, _| {
                 let (rp, _write) = r.view.device_ptr_mut(dev.stream());
                 // SAFETY: the root's send, as long as recv (checked).
                 unsafe { dev.copy_raw(rp, peers[root], l) }
@@ -426,7 +454,7 @@ mod d2d {
             let stream = dev.stream();
             if n == 1 || b == 0 {
                 // One member: its input is the result (`Avg` divides by 1, exactly).
-                return self.exchange(name, group, s, |peers, _| {
+                return self.exchange(name, group, s, Args::reduce(dtype, op), |peers, _| {
                     let (rp, _write) = r.view.device_ptr_mut(stream);
                     // SAFETY: b bytes of this member's send into recv (b bytes).
                     unsafe { dev.copy_raw(rp, peers[0], b) }
@@ -443,7 +471,7 @@ mod d2d {
                 _ => None,
             };
             let (count, f) = (b / dtype.size_of(), fold_op(op));
-            self.exchange(name, group, s, |peers, me| {
+            self.exchange(name, group, s, Args::reduce(dtype, op), |peers, me| {
                 let (sc, _s) = scratch.device_ptr_mut(stream);
                 let (rp, _write) = r.view.device_ptr_mut(stream);
                 let block = if kind == Reduce::Scatter { me * b } else { 0 } as u64;

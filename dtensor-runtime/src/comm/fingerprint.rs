@@ -3,14 +3,23 @@
 //!
 //! When it is on, every typed collective on a [`DeviceMesh`](crate::DeviceMesh) first
 //! all-gathers a fingerprint of the call over its group — (sequence number on that group,
-//! kind, group, element type, element count, root, reduce op) — and every member compares all
-//! of them. Members that issued different collectives (swapped order with equal sizes,
-//! different roots, reduce ops or placements) all get [`Error::CollectiveMismatch`] naming the
-//! field and both calls, instead of silently diverging. The exchange goes through the same
-//! [`Communicator`], so it works on every backend (threads, MPI, NCCL staged through the host);
-//! it costs one small all-gather per collective.
+//! kind, group, element type, element count, root, reduce op, and a hash of the further
+//! arguments that must agree: the per-member counts of a variable-size collective, what each
+//! gradient bucket of an overlapped backward holds) — and every member compares all of them.
+//! Members that issued different collectives (swapped order with equal sizes, different
+//! roots, reduce ops, element types — every [`DType`] is told apart — counts or
+//! placements) all get [`Error::CollectiveMismatch`] naming the field and both calls, instead
+//! of silently diverging. The exchange goes through the same [`Communicator`], so it works on
+//! every backend (threads, MPI, NCCL staged through the host); it costs one small all-gather
+//! per collective.
 //!
-//! Switch it on with `DTENSOR_DEBUG=detail` (read when a mesh is created) or per mesh with
+//! The check is what makes NCCL collectives safe against disagreeing arguments: the thread
+//! and MPI backends compare sizes, counts, element types, reductions and roots themselves
+//! before any data moves, NCCL does not (members that disagree there hang until the timeout
+//! or corrupt data).
+//!
+//! Switch it on with `DTENSOR_DEBUG=detail` (read when a mesh is created; `off` and `info`
+//! leave it off, any other value is an [`Error::InvalidArgument`]) or per mesh with
 //! [`DeviceMesh::set_collective_checks`](crate::DeviceMesh::set_collective_checks); every
 //! rank must use the same setting.
 //!
@@ -27,8 +36,10 @@
 //! assert!(matches!(err, Error::CollectiveMismatch { ref field, .. } if field == "root"), "{err}");
 //! ```
 
+use super::check::REDUCE_OPS;
 use super::debug::CollectiveKind;
 use super::Communicator;
+use crate::element::DType;
 use crate::error::{Error, Result};
 use crate::placement::ReduceOp;
 use std::collections::HashMap;
@@ -37,10 +48,31 @@ use std::sync::{Mutex, OnceLock};
 /// The environment variable that switches the check on for new meshes (value `detail`).
 pub const DEBUG_ENV: &str = "DTENSOR_DEBUG";
 
-/// Whether `DTENSOR_DEBUG=detail` is set (read once per process).
+/// Whether `DTENSOR_DEBUG` switches the check on (read once per process): `detail` does;
+/// unset, empty, `off` and `info` (PyTorch's level that adds no check) do not.
+///
+/// Errors: [`Error::InvalidArgument`] naming the variable and its value for any other value
+/// (a typo must not silently leave the check off), not UTF-8 included.
+pub fn from_env() -> Result<bool> {
+    static ON: OnceLock<Result<bool>> = OnceLock::new();
+    ON.get_or_init(|| parse(crate::env::var(DEBUG_ENV)?.as_deref())).clone()
+}
+
+/// [`from_env`] on a given value (`None`: unset).
+pub fn parse(value: Option<&str>) -> Result<bool> {
+    let Some(v) = value else { return Ok(false) };
+    match v.trim().to_ascii_lowercase().as_str() {
+        "" | "off" | "info" => Ok(false),
+        "detail" => Ok(true),
+        _ => Err(crate::env::invalid(DEBUG_ENV, &format!("{v:?}"), "off, info or detail")),
+    }
+}
+
+/// Whether `DTENSOR_DEBUG=detail` is set (read once per process); `false` for a value
+/// [`from_env`] rejects (meshes are not created then: [`DeviceMesh::new`](crate::DeviceMesh::new)
+/// returns that error).
 pub fn enabled_by_env() -> bool {
-    static ON: OnceLock<bool> = OnceLock::new();
-    *ON.get_or_init(|| std::env::var(DEBUG_ENV).is_ok_and(|v| v.trim().eq_ignore_ascii_case("detail")))
+    from_env().unwrap_or(false)
 }
 
 /// Sequence numbers of checked collectives, per group, of one communicator.
@@ -68,7 +100,8 @@ pub struct Fingerprint {
     pub seq: u64,
     /// Which collective this member is entering.
     pub kind: CollectiveKind,
-    /// Element type name (`f32`, `f64`, `u64`; empty for a barrier).
+    /// Element type name: a [`DType`] name (every one of [`DType::ALL`]), `u64` for metadata,
+    /// empty for a barrier.
     pub dtype: &'static str,
     /// Elements this member contributes.
     pub count: usize,
@@ -76,38 +109,61 @@ pub struct Fingerprint {
     pub root: Option<usize>,
     /// Reduction of a reducing collective (`None` for the others).
     pub op: Option<ReduceOp>,
+    /// A hash ([`hash_words`]) of the further arguments every member must pass alike: the
+    /// per-member counts of `all_gather_v` / `reduce_scatter_v`, the layout of a gradient
+    /// bucket (see [`BackwardOptions::overlap_grad_reduce`](crate::autograd::BackwardOptions::overlap_grad_reduce));
+    /// 0 when there are none.
+    pub detail: u64,
 }
 
-const DTYPES: [&str; 4] = ["", "f32", "f64", "u64"];
-const OPS: [ReduceOp; 5] = [ReduceOp::Sum, ReduceOp::Avg, ReduceOp::Min, ReduceOp::Max, ReduceOp::Product];
 /// Field names of the encoded words, in order.
-const FIELDS: [&str; 8] =
-    ["version", "sequence number", "kind", "group", "dtype", "element count", "root", "reduce op"];
-const VERSION: u64 = 0x6474_6670_0001;
+const FIELDS: [&str; 9] =
+    ["version", "sequence number", "kind", "group", "dtype", "element count", "root", "reduce op", "arguments"];
+const VERSION: u64 = 0x6474_6670_0002;
 
-/// FNV-1a over the group's ranks: members that meet on one slot but name the group
-/// differently (reordered) disagree here.
-fn group_hash(group: &[usize]) -> u64 {
-    group
-        .iter()
-        .flat_map(|r| (*r as u64).to_le_bytes())
+/// The element type names a fingerprint tells apart, in encoding order: none (a barrier),
+/// metadata words, then every [`DType`].
+fn dtype_names() -> impl Iterator<Item = &'static str> {
+    ["", "u64"].into_iter().chain(DType::ALL.iter().map(|d| d.name()))
+}
+
+/// Encoding of an element type name: its index among [`dtype_names`], or (a name outside
+/// them, which the runtime never passes) a hash of the name with the top bit set, so that two
+/// different names never share a code.
+fn dtype_code(name: &str) -> u64 {
+    match dtype_names().position(|d| d == name) {
+        Some(i) => i as u64,
+        None => hash_words(name.bytes().map(u64::from)) | 1 << 63,
+    }
+}
+
+/// FNV-1a over 64-bit words: the group's ranks (members that meet on one slot but name the
+/// group differently, reordered, disagree here) and [`Fingerprint::detail`].
+pub fn hash_words(words: impl IntoIterator<Item = u64>) -> u64 {
+    words
+        .into_iter()
+        .flat_map(u64::to_le_bytes)
         .fold(0xcbf2_9ce4_8422_2325, |h, b| (h ^ u64::from(b)).wrapping_mul(0x0100_0000_01b3))
 }
 
+fn group_hash(group: &[usize]) -> u64 {
+    hash_words(group.iter().map(|&r| r as u64))
+}
+
 impl Fingerprint {
-    fn encode(&self, group: &[usize]) -> [u64; 8] {
+    fn encode(&self, group: &[usize]) -> [u64; 9] {
         let kind = CollectiveKind::ALL.iter().position(|&k| k == self.kind).unwrap_or(0);
-        let dtype = DTYPES.iter().position(|&d| d == self.dtype).unwrap_or(0);
-        let op = self.op.and_then(|o| OPS.iter().position(|&x| x == o)).map_or(0, |i| i + 1);
+        let op = self.op.and_then(|o| REDUCE_OPS.iter().position(|&x| x == o)).map_or(0, |i| i + 1);
         [
             VERSION,
             self.seq,
             kind as u64,
             group_hash(group),
-            dtype as u64,
+            dtype_code(self.dtype),
             self.count as u64,
-            self.root.map_or(0, |r| r as u64 + 1),
+            self.root.map_or(0, |r| (r as u64).saturating_add(1)),
             op as u64,
+            self.detail,
         ]
     }
 }
@@ -115,12 +171,16 @@ impl Fingerprint {
 /// `all_gather(words)`: a human description of one member's encoded fingerprint.
 fn describe(w: &[u64]) -> String {
     let kind = CollectiveKind::ALL.get(w[2] as usize).map_or("?", |k| k.name());
-    let mut s = format!("{kind} #{} ({} x {}", w[1], w[5], DTYPES.get(w[4] as usize).copied().unwrap_or("?"));
+    let dtype = usize::try_from(w[4]).ok().and_then(|i| dtype_names().nth(i)).unwrap_or("?");
+    let mut s = format!("{kind} #{} ({} x {dtype}", w[1], w[5]);
     if w[6] > 0 {
         s.push_str(&format!(", root {}", w[6] - 1));
     }
-    if let Some(op) = (w[7] as usize).checked_sub(1).and_then(|i| OPS.get(i)) {
+    if let Some(op) = (w[7] as usize).checked_sub(1).and_then(|i| REDUCE_OPS.get(i)) {
         s.push_str(&format!(", op {op}"));
+    }
+    if w[8] != 0 {
+        s.push_str(&format!(", arguments {:#018x}", w[8]));
     }
     s.push(')');
     s
@@ -170,10 +230,54 @@ mod tests {
             count: 4,
             root: Some(1),
             op: Some(ReduceOp::Max),
+            detail: 0,
         };
         let w = fp.encode(&[0, 1]);
         assert_eq!(describe(&w), "broadcast #3 (4 x f32, root 1, op max)");
         assert_ne!(w[3], fp.encode(&[1, 0])[3]);
         assert_eq!(describe(&Fingerprint { root: None, op: None, ..fp }.encode(&[0])), "broadcast #3 (4 x f32)");
+        assert_eq!(
+            describe(&Fingerprint { detail: 0xab, ..fp }.encode(&[0])),
+            "broadcast #3 (4 x f32, root 1, op max, arguments 0x00000000000000ab)"
+        );
+    }
+
+    /// Finding 5 of issue 33: only "", f32, f64 and u64 had codes, so a bf16 collective met
+    /// an f16 one unnoticed. Every pair of distinct element types now encodes differently.
+    #[test]
+    fn every_pair_of_dtypes_is_told_apart() {
+        let names: Vec<&str> = dtype_names().collect();
+        assert_eq!(names.len(), DType::ALL.len() + 2);
+        for (i, a) in names.iter().enumerate() {
+            for b in &names[i + 1..] {
+                assert_ne!(dtype_code(a), dtype_code(b), "{a} vs {b}");
+            }
+            assert_eq!(
+                describe(
+                    &Fingerprint {
+                        seq: 0,
+                        kind: CollectiveKind::AllReduce,
+                        dtype: a,
+                        count: 1,
+                        root: None,
+                        op: None,
+                        detail: 0
+                    }
+                    .encode(&[0])
+                ),
+                format!("all_reduce #0 (1 x {a})")
+            );
+        }
+        assert_ne!(dtype_code("c64"), dtype_code("c128"));
+    }
+
+    #[test]
+    fn debug_values() {
+        assert_eq!(parse(None), Ok(false));
+        assert_eq!(parse(Some("DETAIL ")), Ok(true));
+        assert_eq!(parse(Some("off")), Ok(false));
+        assert_eq!(parse(Some("info")), Ok(false));
+        let e = parse(Some("details")).unwrap_err();
+        assert!(e.to_string().contains("DTENSOR_DEBUG") && e.to_string().contains("details"), "{e}");
     }
 }

@@ -55,6 +55,14 @@ pub use recv::RecvBuf;
 /// Buffers are raw bytes of elements of `dtype`; `root` is an index into `group`.
 /// A backend must fail (never hang forever) when a peer dies: time out or propagate.
 ///
+/// Members that disagree — on a length, a count (equal totals included), an element type, a
+/// reduction or a root — get a typed error on every member before any data moves, never
+/// `Ok` with wrong data: the thread backend compares what the members publish, MPI starts
+/// every collective with a small agreement (`comm::mpi`), and the variable-size defaults
+/// exchange the counts first (`comm::variable`). NCCL's equal-block collectives compare
+/// nothing themselves: there the collective fingerprint check ([`fingerprint`], on with
+/// `DTENSOR_DEBUG=detail`) is what catches disagreement.
+///
 /// # Safety
 /// A [`RecvBuf`] may be uninitialised memory that the caller treats as initialised once the
 /// call returns `Ok`: an implementation must then have written every one of its bytes.
@@ -133,10 +141,12 @@ pub unsafe trait Communicator: Send + Sync + fmt::Debug {
         let n = group.len();
         check::all_to_all_strided(send.len(), recv.len(), rows, run, n)?;
         let mut packed = Vec::with_capacity(send.len());
-        for j in 0..n {
-            for r in 0..rows {
-                let at = (r * n + j) * run;
-                packed.extend_from_slice(&send[at..at + run]);
+        // Bounded by the bytes: with runs of 0 bytes there is no row to walk, however many.
+        if run > 0 {
+            for j in 0..n {
+                for row in send.chunks_exact(n * run) {
+                    packed.extend_from_slice(&row[j * run..(j + 1) * run]);
+                }
             }
         }
         self.all_to_all(group, &packed, recv)

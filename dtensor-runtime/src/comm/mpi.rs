@@ -10,8 +10,15 @@
 //!   which only the members of that group take part in — they all call the same collective.
 //!   The whole world in rank order is `MPI_COMM_WORLD` itself.
 //! * Collectives map one to one (`MPI_Allgather`, `MPI_Allreduce`, `MPI_Reduce_scatter_block`,
-//!   `MPI_Alltoall`, `MPI_Bcast`, `MPI_Scatter`, `MPI_Barrier`); `Avg` is a sum divided by the
-//!   group size afterwards. Uneven collectives arrive already padded to equal blocks.
+//!   `MPI_Alltoall`, `MPI_Bcast`, `MPI_Scatter`; uneven ones `MPI_Allgatherv`,
+//!   `MPI_Alltoallv`, a padded reduce-scatter); `Avg` is a sum divided by the group size
+//!   afterwards.
+//! * Before any data moves, the members agree on the call: one small `MPI_Allreduce` of what
+//!   each member was called with (collective, bytes, element type, reduction, root; the
+//!   variable-size ones then compare every count), since MPI itself compares none of it and
+//!   disagreeing members would read or write past each other's buffers or return different
+//!   data. A disagreement, or a member whose own arguments are bad, is a typed error on every
+//!   member (see `MpiComm::agree`). A barrier is that all-reduce alone.
 //!
 //! # Failures never hang
 //! MPI's default error handler (`MPI_ERRORS_ARE_FATAL`) aborts the whole job on any MPI error
@@ -216,10 +223,11 @@ impl MpiComm {
         group::member(op, self.rank, self.size, group)
     }
 
-    /// Whether a collective whose every member moves `bytes` (the same on every member) has
-    /// nothing to do: then no member calls MPI, whose libraries reject zero-length calls with
-    /// aliased buffers (two empty `Vec`s share a dangling address: `MPI_ERR_ARG`, which aborts
-    /// the job). Still an error when this rank is not in `group`.
+    /// Whether a collective whose every member moves `bytes` (the same on every member: the
+    /// members agreed on their sizes first, see [`agree`](Self::agree)) has nothing to do:
+    /// then no member calls MPI, whose libraries reject zero-length calls with aliased buffers
+    /// (two empty `Vec`s share a dangling address: `MPI_ERR_ARG`, which aborts the job). Still
+    /// an error when this rank is not in `group`.
     fn nothing_to_move(&self, op: &str, group: &[usize], bytes: usize) -> Result<bool> {
         self.my_index(op, group)?;
         Ok(bytes == 0)
@@ -423,6 +431,223 @@ fn mpi_datatype(dtype: DType) -> Option<mpi::ffi::MPI_Datatype> {
     })
 }
 
+/// The collectives as the agreement header names them (its first word is the index plus one).
+const KINDS: [&str; 11] = [
+    "all_gather",
+    "all_reduce",
+    "reduce_scatter",
+    "all_to_all",
+    "all_to_all_strided",
+    "all_gather_v",
+    "reduce_scatter_v",
+    "all_to_all_v",
+    "broadcast",
+    "scatter",
+    "barrier",
+];
+
+/// Words of the agreement header: kind, bytes, dtype, reduce op, root, layout.
+const HEADER: usize = 6;
+
+fn kind_name(w: u64) -> &'static str {
+    usize::try_from(w).ok().and_then(|w| w.checked_sub(1)).and_then(|i| KINDS.get(i)).copied().unwrap_or("?")
+}
+
+/// `bytes` fit MPI's per-call count (a C int).
+fn within_count(op: &str, bytes: &[usize]) -> Result<()> {
+    match bytes.iter().find(|&&b| b > i32::MAX as usize) {
+        Some(b) => Err(check::mismatch(op, format!("{b} bytes exceed MPI's count limit of {} per call", i32::MAX))),
+        None => Ok(()),
+    }
+}
+
+impl MpiComm {
+    /// The agreement every collective starts with, before any data moves: one
+    /// `MPI_Allreduce(MAX)` of this member's header — collective, bytes, element type,
+    /// reduction, root, layout — next to its bitwise complement (the maximum of `!w` is `!min w`,
+    /// so each field's least and largest value over the group arrive together), and of the
+    /// rank that rejected its own arguments. MPI itself compares none of this: members that
+    /// passed buffers of different lengths, element types, reductions or roots would read or
+    /// write past each other's data, or each return different results.
+    ///
+    /// `local` is this member's verdict on its own arguments: a member whose arguments are bad
+    /// still takes part (its peers would otherwise wait for it in a collective it never
+    /// enters) and returns its error; every other member returns one naming it. Any field on
+    /// which the members disagree is a typed error on every member ([`Error::BufferMismatch`]
+    /// for sizes, [`Error::CollectiveMismatch`] for the others), so the collective runs on all
+    /// members or on none.
+    ///
+    /// It costs one small all-reduce per collective, measured on 2 ranks of one machine
+    /// (tests/mpi_collectives.rs `agreement_cost`): an 8-byte all-reduce went from 1.1–1.8 to
+    /// 2.2–2.3 µs, a 1 MiB one stayed at 1.1–1.4 ms; with 4 ranks on 2 cores (oversubscribed)
+    /// 13 µs became 25–40 µs. A barrier is this agreement alone: an all-reduce returns nowhere
+    /// before every member has contributed.
+    fn agree(
+        &self,
+        op: &'static str,
+        group: &[usize],
+        bytes: usize,
+        args: check::Args,
+        layout: u64,
+        local: Result<()>,
+    ) -> Result<()> {
+        let kind = KINDS.iter().position(|&k| k == op).map_or(u64::MAX, |i| i as u64 + 1);
+        let [dtype, red, root] = args.words();
+        let words = [kind, bytes as u64, dtype, red, root, layout];
+        let mut send = [0u64; 2 * HEADER + 1];
+        send[..HEADER].copy_from_slice(&words);
+        for (k, w) in words.iter().enumerate() {
+            send[HEADER + k] = !w;
+        }
+        send[2 * HEADER] = if local.is_err() { self.rank as u64 + 1 } else { 0 };
+        let mut out = [0u64; 2 * HEADER + 1];
+        self.with_group(op, group, &[], |c, _| c.all_reduce_into(&send[..], &mut out[..], SystemOperation::max()))?;
+        local?;
+        if let Some(r) = out[2 * HEADER].checked_sub(1) {
+            return Err(check::mismatch(op, format!("rank {r} rejected its own arguments (see its error)")));
+        }
+        let Some(k) = (0..HEADER).find(|&k| out[k] != !out[HEADER + k]) else { return Ok(()) };
+        let (lo, hi) = (!out[HEADER + k], out[k]);
+        let disagree = |field: &str, detail: String| Error::CollectiveMismatch {
+            rank: self.rank,
+            group: group.to_vec(),
+            field: field.into(),
+            detail,
+        };
+        Err(match k {
+            0 => disagree("kind", format!("the members called `{}` and `{}`", kind_name(lo), kind_name(hi))),
+            1 => check::mismatch(op, format!("the members pass buffers of different sizes, from {lo} to {hi} bytes")),
+            2..=4 => {
+                let with = |w: u64| {
+                    let mut a = [dtype, red, root];
+                    a[k - 2] = w;
+                    check::Args::from_words(a)
+                };
+                let (field, a, b) = with(lo).differ(with(hi)).unwrap_or(("arguments", lo.to_string(), hi.to_string()));
+                disagree(field, format!("the members called `{op}` with {field} {a} and {b}"))
+            }
+            _ if op == "all_reduce" => disagree(
+                "kind",
+                "one member starts an MPI_Iallreduce (a started all-reduce) while another runs a blocking \
+                 MPI_Allreduce (a blocking call, or a started one whose buffer is not aligned for its dtype)"
+                    .into(),
+            ),
+            _ => check::mismatch(
+                op,
+                format!("the members split their buffers differently (runs of {lo} and {hi} bytes)"),
+            ),
+        })
+    }
+
+    /// After [`agree`](Self::agree): the members of a variable-size collective agree on every
+    /// count (one `MPI_Allreduce(MAX)` of the counts and their complements: exact, whatever
+    /// the totals), so that counts that disagree are a typed error on every member, never
+    /// wrong data.
+    fn agree_counts(&self, op: &'static str, group: &[usize], counts: &[usize]) -> Result<()> {
+        let n = counts.len();
+        let send: Vec<u64> = counts.iter().map(|&c| c as u64).chain(counts.iter().map(|&c| !(c as u64))).collect();
+        let mut out = vec![0u64; 2 * n];
+        self.with_group(op, group, &[], |c, _| c.all_reduce_into(&send[..], &mut out[..], SystemOperation::max()))?;
+        match (0..n).find(|&i| out[i] != !out[n + i]) {
+            None => Ok(()),
+            Some(i) => Err(check::mismatch(
+                op,
+                format!(
+                    "the members pass different counts: counts[{i}] is {} on one and {} on another",
+                    !out[n + i],
+                    out[i]
+                ),
+            )),
+        }
+    }
+
+    /// `MPI_Allgather` (arguments checked and agreed).
+    fn raw_all_gather(&self, group: &[usize], send: &[u8], recv: &mut [u8]) -> Result<()> {
+        if self.nothing_to_move("all_gather", group, recv.len())? {
+            return Ok(());
+        }
+        self.with_group("all_gather", group, &[recv.len()], |c, _| c.all_gather_into(send, recv))
+    }
+
+    /// `MPI_Alltoall` (arguments checked and agreed).
+    fn raw_all_to_all(&self, group: &[usize], send: &[u8], recv: &mut [u8]) -> Result<()> {
+        if self.nothing_to_move("all_to_all", group, recv.len())? {
+            return Ok(());
+        }
+        self.with_group("all_to_all", group, &[send.len()], |c, _| c.all_to_all_into(send, recv))
+    }
+
+    /// The all-reduce (arguments checked and agreed).
+    fn raw_all_reduce(&self, group: &[usize], buf: &mut [u8], dtype: DType, op: ReduceOp) -> Result<()> {
+        if self.nothing_to_move("all_reduce", group, buf.len())? {
+            return Ok(());
+        }
+        if dtype.is_half() {
+            // MPI has no 16-bit float datatype: gather every member's buffer and fold it here,
+            // in group order, so every member gets the same bits.
+            let mut all = vec![0u8; buf.len() * group.len()];
+            self.raw_all_gather(group, buf, &mut all)?;
+            return reduce::fold_blocks(dtype, op, &all, buf);
+        }
+        // MPI_MAX/MPI_MIN drop NaN operands: reduce a NaN mask alongside (as PyTorch, a NaN wins).
+        let mut mask = reduce::drops_nan(dtype, op).then(|| reduce::nan_mask(dtype, buf));
+        let Some(datatype) = mpi_datatype(dtype) else { unreachable!("16-bit floats are reduced above") };
+        self.with_group("all_reduce", group, &[buf.len()], |c, _| {
+            all_reduce_raw(c, buf, datatype, dtype.size_of(), op);
+            if let Some(m) = &mut mask {
+                all_reduce_raw(c, m, datatype, dtype.size_of(), ReduceOp::Max);
+            }
+        })?;
+        if let Some(m) = &mask {
+            reduce::apply_nan_mask(dtype, buf, m);
+        }
+        reduce::finish(dtype, op, buf, group.len());
+        Ok(())
+    }
+
+    /// The reduce-scatter (arguments checked and agreed).
+    fn raw_reduce_scatter(
+        &self,
+        group: &[usize],
+        send: &[u8],
+        recv: &mut [u8],
+        dtype: DType,
+        op: ReduceOp,
+    ) -> Result<()> {
+        if self.nothing_to_move("reduce_scatter", group, recv.len())? {
+            return Ok(());
+        }
+        if dtype.is_half() {
+            // As in all_reduce, reduced locally: member i receives every member's block i.
+            let mut mine = vec![0u8; send.len()];
+            self.raw_all_to_all(group, send, &mut mine)?;
+            return reduce::fold_blocks(dtype, op, &mine, recv);
+        }
+        // As in all_reduce: MPI_MAX/MPI_MIN drop NaN operands, a reduced mask restores them.
+        let send_mask = reduce::drops_nan(dtype, op).then(|| reduce::nan_mask(dtype, send));
+        let mut recv_mask = send_mask.as_ref().map(|_| vec![0u8; recv.len()]);
+        self.with_group("reduce_scatter", group, &[send.len()], |c, _| {
+            let reduce = |s: &[u8], r: &mut [u8], op| match dtype {
+                DType::F32 => reduce_scatter_typed::<f32>(c, s, r, op),
+                DType::F64 => reduce_scatter_typed::<f64>(c, s, r, op),
+                DType::I64 => reduce_scatter_typed::<i64>(c, s, r, op),
+                DType::I32 => reduce_scatter_typed::<i32>(c, s, r, op),
+                DType::U8 => reduce_scatter_typed::<u8>(c, s, r, op),
+                DType::BF16 | DType::F16 => unreachable!("16-bit floats are reduced above"),
+            };
+            reduce(send, recv, op);
+            if let (Some(s), Some(r)) = (&send_mask, &mut recv_mask) {
+                reduce(s, r, ReduceOp::Max);
+            }
+        })?;
+        if let Some(m) = &recv_mask {
+            reduce::apply_nan_mask(dtype, recv, m);
+        }
+        reduce::finish(dtype, op, recv, group.len());
+        Ok(())
+    }
+}
+
 // SAFETY: MPI writes into initialised memory only, so every `RecvBuf` is zero-filled first
 // (`RecvBuf::zeroed`) and then overwritten by the collective.
 unsafe impl Communicator for MpiComm {
@@ -459,41 +684,18 @@ unsafe impl Communicator for MpiComm {
     }
 
     fn all_gather(&self, group: &[usize], send: &[u8], mut recv: RecvBuf<'_>) -> Result<()> {
+        self.my_index("all_gather", group)?;
         let recv = recv.zeroed();
-        check::blocks("all_gather", "recv", recv.len(), group.len(), send.len())?;
-        if self.nothing_to_move("all_gather", group, recv.len())? {
-            return Ok(());
-        }
-        self.with_group("all_gather", group, &[recv.len()], |c, _| c.all_gather_into(send, recv))
+        let local = check::blocks("all_gather", "recv", recv.len(), group.len(), send.len());
+        self.agree("all_gather", group, send.len(), check::Args::default(), 0, local)?;
+        self.raw_all_gather(group, send, recv)
     }
 
     fn all_reduce(&self, group: &[usize], buf: &mut [u8], dtype: DType, op: ReduceOp) -> Result<()> {
-        check::whole("all_reduce", buf.len(), dtype)?;
-        reduce::check_op(dtype, op)?;
-        if self.nothing_to_move("all_reduce", group, buf.len())? {
-            return Ok(());
-        }
-        if dtype.is_half() {
-            // MPI has no 16-bit float datatype: gather every member's buffer and fold it here,
-            // in group order, so every member gets the same bits.
-            let mut all = vec![0u8; buf.len() * group.len()];
-            self.all_gather(group, buf, (&mut all).into())?;
-            return reduce::fold_blocks(dtype, op, &all, buf);
-        }
-        // MPI_MAX/MPI_MIN drop NaN operands: reduce a NaN mask alongside (as PyTorch, a NaN wins).
-        let mut mask = reduce::drops_nan(dtype, op).then(|| reduce::nan_mask(dtype, buf));
-        let Some(datatype) = mpi_datatype(dtype) else { unreachable!("16-bit floats are reduced above") };
-        self.with_group("all_reduce", group, &[buf.len()], |c, _| {
-            all_reduce_raw(c, buf, datatype, dtype.size_of(), op);
-            if let Some(m) = &mut mask {
-                all_reduce_raw(c, m, datatype, dtype.size_of(), ReduceOp::Max);
-            }
-        })?;
-        if let Some(m) = &mask {
-            reduce::apply_nan_mask(dtype, buf, m);
-        }
-        reduce::finish(dtype, op, buf, group.len());
-        Ok(())
+        self.my_index("all_reduce", group)?;
+        let local = check::whole("all_reduce", buf.len(), dtype).and_then(|()| reduce::check_op(dtype, op));
+        self.agree("all_reduce", group, buf.len(), check::Args::reduce(dtype, op), 0, local)?;
+        self.raw_all_reduce(group, buf, dtype, op)
     }
 
     fn all_reduce_start(
@@ -503,19 +705,25 @@ unsafe impl Communicator for MpiComm {
         dtype: DType,
         op: ReduceOp,
     ) -> Result<PendingAllReduce> {
+        self.my_index("all_reduce", group)?;
         let bytes = buf.bytes_mut();
-        check::whole("all_reduce", bytes.len(), dtype)?;
-        reduce::check_op(dtype, op)?;
+        let local = check::whole("all_reduce", bytes.len(), dtype).and_then(|()| reduce::check_op(dtype, op));
+        let datatype = mpi_datatype(dtype);
+        let aligned = (bytes.as_ptr() as usize).is_multiple_of(dtype.size_of());
+        let background = datatype.is_some() && !reduce::drops_nan(dtype, op) && aligned && !bytes.is_empty();
+        // Agreed (blocking) before the transfer starts: a started all-reduce of disagreeing
+        // sizes would read or write past the buffers while this rank went on. Whether it runs
+        // in the background travels as the layout: an `MPI_Iallreduce` never matches a peer's
+        // blocking `MPI_Allreduce` (the alignment of a buffer is this rank's own).
+        self.agree("all_reduce", group, bytes.len(), check::Args::reduce(dtype, op), u64::from(background), local)?;
         if self.nothing_to_move("all_reduce", group, bytes.len())? {
             return Ok(PendingAllReduce::done(Ok(buf)));
         }
-        let datatype = mpi_datatype(dtype);
-        let aligned = (bytes.as_ptr() as usize).is_multiple_of(dtype.size_of());
-        let (Some(datatype), false, true) = (datatype, reduce::drops_nan(dtype, op), aligned) else {
+        let (Some(datatype), true) = (datatype, background) else {
             // 16-bit floats are gathered and folded here, max/min carry a NaN mask: both are
             // several MPI calls, run blocking; so does a buffer not aligned for its dtype (a
             // `Vec<T>` always is).
-            self.all_reduce(group, bytes, dtype, op)?;
+            self.raw_all_reduce(group, bytes, dtype, op)?;
             return Ok(PendingAllReduce::done(Ok(buf)));
         };
         let send = aligned_copy(bytes);
@@ -562,58 +770,60 @@ unsafe impl Communicator for MpiComm {
         dtype: DType,
         op: ReduceOp,
     ) -> Result<()> {
+        const OP: &str = "reduce_scatter";
+        self.my_index(OP, group)?;
         let recv = recv.zeroed();
-        check::blocks("reduce_scatter", "send", send.len(), group.len(), recv.len())?;
-        check::whole("reduce_scatter", recv.len(), dtype)?;
-        reduce::check_op(dtype, op)?;
-        if self.nothing_to_move("reduce_scatter", group, recv.len())? {
-            return Ok(());
-        }
-        if dtype.is_half() {
-            // As in all_reduce, reduced locally: member i receives every member's block i.
-            let mut mine = vec![0u8; send.len()];
-            self.all_to_all(group, send, (&mut mine).into())?;
-            return reduce::fold_blocks(dtype, op, &mine, recv);
-        }
-        // As in all_reduce: MPI_MAX/MPI_MIN drop NaN operands, a reduced mask restores them.
-        let send_mask = reduce::drops_nan(dtype, op).then(|| reduce::nan_mask(dtype, send));
-        let mut recv_mask = send_mask.as_ref().map(|_| vec![0u8; recv.len()]);
-        self.with_group("reduce_scatter", group, &[send.len()], |c, _| {
-            let reduce = |s: &[u8], r: &mut [u8], op| match dtype {
-                DType::F32 => reduce_scatter_typed::<f32>(c, s, r, op),
-                DType::F64 => reduce_scatter_typed::<f64>(c, s, r, op),
-                DType::I64 => reduce_scatter_typed::<i64>(c, s, r, op),
-                DType::I32 => reduce_scatter_typed::<i32>(c, s, r, op),
-                DType::U8 => reduce_scatter_typed::<u8>(c, s, r, op),
-                DType::BF16 | DType::F16 => unreachable!("16-bit floats are reduced above"),
-            };
-            reduce(send, recv, op);
-            if let (Some(s), Some(r)) = (&send_mask, &mut recv_mask) {
-                reduce(s, r, ReduceOp::Max);
-            }
-        })?;
-        if let Some(m) = &recv_mask {
-            reduce::apply_nan_mask(dtype, recv, m);
-        }
-        reduce::finish(dtype, op, recv, group.len());
-        Ok(())
+        let local = check::blocks(OP, "send", send.len(), group.len(), recv.len())
+            .and_then(|()| check::whole(OP, recv.len(), dtype))
+            .and_then(|()| reduce::check_op(dtype, op));
+        self.agree(OP, group, recv.len(), check::Args::reduce(dtype, op), 0, local)?;
+        self.raw_reduce_scatter(group, send, recv, dtype, op)
     }
 
     fn all_to_all(&self, group: &[usize], send: &[u8], mut recv: RecvBuf<'_>) -> Result<()> {
+        self.my_index("all_to_all", group)?;
         let recv = recv.zeroed();
-        check::all_to_all(send.len(), recv.len(), group.len())?;
-        if self.nothing_to_move("all_to_all", group, recv.len())? {
-            return Ok(());
+        let local = check::all_to_all(send.len(), recv.len(), group.len());
+        self.agree("all_to_all", group, send.len(), check::Args::default(), 0, local)?;
+        self.raw_all_to_all(group, send, recv)
+    }
+
+    fn all_to_all_strided(
+        &self,
+        group: &[usize],
+        send: &[u8],
+        rows: usize,
+        run: usize,
+        mut recv: RecvBuf<'_>,
+    ) -> Result<()> {
+        const OP: &str = "all_to_all_strided";
+        let n = group.len();
+        self.my_index(OP, group)?;
+        let recv = recv.zeroed();
+        let local = check::all_to_all_strided(send.len(), recv.len(), rows, run, n);
+        // The run length travels as the layout: members that split their rows differently
+        // would each pack other blocks.
+        self.agree(OP, group, send.len(), check::Args::default(), run as u64, local)?;
+        // Block j is run j of every row (bounded by the bytes: with runs of 0 there is no row).
+        let mut packed = Vec::with_capacity(send.len());
+        if run > 0 {
+            for j in 0..n {
+                for row in send.chunks_exact(n * run) {
+                    packed.extend_from_slice(&row[j * run..(j + 1) * run]);
+                }
+            }
         }
-        self.with_group("all_to_all", group, &[send.len()], |c, _| c.all_to_all_into(send, recv))
+        self.raw_all_to_all(group, &packed, recv)
     }
 
     fn all_gather_v(&self, group: &[usize], send: &[u8], counts: &[usize], mut recv: RecvBuf<'_>) -> Result<()> {
         const OP: &str = "all_gather_v";
         let me = self.my_index(OP, group)?;
-        variable::check_all_gather(group.len(), me, send.len(), counts, recv.len())?;
         let recv = recv.zeroed();
-        // The total is the same on every member (so is the verdict).
+        let local = variable::check_all_gather(group.len(), me, send.len(), counts, recv.len());
+        self.agree(OP, group, recv.len(), check::Args::default(), 0, local)?;
+        self.agree_counts(OP, group, counts)?;
+        // The counts are the same on every member (so is the verdict).
         if self.nothing_to_move(OP, group, recv.len())? {
             return Ok(());
         }
@@ -624,8 +834,28 @@ unsafe impl Communicator for MpiComm {
         })
     }
 
-    // `reduce_scatter_v` keeps the padded default: it runs through `reduce_scatter` above, with
-    // its NaN masks and 16-bit folds, and MPI_Reduce_scatter would need both again.
+    // `reduce_scatter_v` pads the blocks to the largest and runs the reduce-scatter above, with
+    // its NaN masks and 16-bit folds (MPI_Reduce_scatter would need both again); it agrees on
+    // the counts first, as `all_gather_v` does.
+    fn reduce_scatter_v(
+        &self,
+        group: &[usize],
+        send: &[u8],
+        counts: &[usize],
+        recv: RecvBuf<'_>,
+        dtype: DType,
+        op: ReduceOp,
+    ) -> Result<()> {
+        const OP: &str = "reduce_scatter_v";
+        let me = self.my_index(OP, group)?;
+        let local = variable::check_reduce_scatter(group.len(), me, send.len(), counts, recv.len(), dtype)
+            .and_then(|()| reduce::check_op(dtype, op));
+        self.agree(OP, group, send.len(), check::Args::reduce(dtype, op), 0, local)?;
+        self.agree_counts(OP, group, counts)?;
+        variable::reduce_scatter_padded(send, counts, me, recv, |blocks, mine| {
+            self.raw_reduce_scatter(group, blocks, mine, dtype, op)
+        })
+    }
 
     fn all_to_all_v(
         &self,
@@ -639,10 +869,38 @@ unsafe impl Communicator for MpiComm {
         const OP: &str = "all_to_all_v";
         let n = group.len();
         self.my_index(OP, group)?;
-        variable::check_all_to_all(n, send.len(), rows, runs, recv.len(), recv_counts)?;
+        let recv = recv.zeroed();
+        let send_counts = variable::send_counts(rows, runs);
+        let local = variable::check_all_to_all(n, send.len(), rows, runs, recv.len(), recv_counts)
+            .and_then(|()| within_count(OP, &[send.len(), recv.len()]));
+        self.agree(OP, group, 0, check::Args::default(), 0, local)?;
+        // Member i sends member j `rows_i × runs_i[j]` bytes, which j must expect: each member
+        // tells each peer what it sends it (an all-to-all of one count per peer), each compares
+        // with its recv counts, and the members agree on the verdict (an all-reduce), so that
+        // every member fails alike.
+        let sent: Vec<u64> = send_counts.iter().flatten().map(|&c| c as u64).collect();
+        let mut got = vec![0u64; n];
+        self.with_group(OP, group, &[], |c, _| c.all_to_all_into(&sent[..], &mut got[..]))?;
+        let wrong = variable::first_disagreement(&got, recv_counts);
+        let mine = [wrong.map_or(0, |_| self.rank as u64 + 1)];
+        let mut any = [0u64];
+        self.with_group(OP, group, &[], |c, _| c.all_reduce_into(&mine[..], &mut any[..], SystemOperation::max()))?;
+        if let Some((i, said, expected)) = wrong {
+            let why = format!(
+                "rank {} sends rank {} {said} bytes, which expects {expected} bytes from it",
+                group[i], self.rank
+            );
+            return Err(check::mismatch(OP, why));
+        }
+        if let Some(r) = any[0].checked_sub(1) {
+            return Err(check::mismatch(
+                OP,
+                format!("a member sends rank {r} another number of bytes than it expects"),
+            ));
+        }
+        let send_counts = send_counts.unwrap_or_default();
         // MPI_Alltoallv takes one contiguous block per destination: rows of runs are packed
         // first (one copy; a single row is already such blocks).
-        let send_counts: Vec<usize> = runs.iter().map(|r| r * rows).collect();
         let packed;
         let send = if rows > 1 {
             packed =
@@ -651,7 +909,6 @@ unsafe impl Communicator for MpiComm {
         } else {
             send
         };
-        let recv = recv.zeroed();
         // A member with nothing to send or receive still takes part (its peers may move data),
         // through buffers of its own: two empty buffers may share one dangling address, which
         // MPI rejects as aliased.
@@ -666,7 +923,9 @@ unsafe impl Communicator for MpiComm {
     }
 
     fn broadcast(&self, group: &[usize], buf: &mut [u8], root: usize) -> Result<()> {
-        check::root(root, group.len())?;
+        self.my_index("broadcast", group)?;
+        let local = check::root(root, group.len());
+        self.agree("broadcast", group, buf.len(), check::Args::root(root), 0, local)?;
         if self.nothing_to_move("broadcast", group, buf.len())? {
             return Ok(());
         }
@@ -674,15 +933,20 @@ unsafe impl Communicator for MpiComm {
     }
 
     fn scatter(&self, group: &[usize], send: &[u8], recv: &mut [u8], root: usize) -> Result<()> {
-        check::root(root, group.len())?;
-        if self.my_index("scatter", group)? == root {
-            check::blocks("scatter", "root send", send.len(), group.len(), recv.len())?;
-        }
-        // `recv` has the same length on every member (the root's `send` is a multiple of it).
+        let me = self.my_index("scatter", group)?;
+        let n = group.len();
+        let local = check::root(root, n).and_then(|()| match me == root {
+            true => check::blocks("scatter", "root send", send.len(), n, recv.len()),
+            false => Ok(()),
+        });
+        self.agree("scatter", group, recv.len(), check::Args::root(root), 0, local)?;
+        // `recv` has the same length on every member (agreed).
         if self.nothing_to_move("scatter", group, recv.len())? {
             return Ok(());
         }
-        self.with_group("scatter", group, &[send.len(), recv.len()], |c, me| {
+        // Non-roots' `send` is ignored: only the root's counts against MPI's limit.
+        let sent = if me == root { send.len() } else { 0 };
+        self.with_group("scatter", group, &[sent, recv.len()], |c, me| {
             let root_proc = c.process_at_rank(root as i32);
             if me == root {
                 root_proc.scatter_into_root(send, recv)
@@ -693,6 +957,8 @@ unsafe impl Communicator for MpiComm {
     }
 
     fn barrier(&self, group: &[usize]) -> Result<()> {
-        self.with_group("barrier", group, &[], |c, _| c.barrier())
+        self.my_index("barrier", group)?;
+        // The agreement is an all-reduce: it returns nowhere before every member has entered.
+        self.agree("barrier", group, 0, check::Args::default(), 0, Ok(()))
     }
 }

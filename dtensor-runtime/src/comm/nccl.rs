@@ -48,7 +48,7 @@ use std::collections::HashMap;
 use std::ffi::c_void;
 use std::fmt;
 use std::sync::{Arc, Mutex};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 fn nccl_err(what: &str, e: impl fmt::Debug) -> Error {
     Error::Backend { backend: "nccl".into(), message: format!("{what}: {e:?}") }
@@ -257,7 +257,8 @@ impl NcclComm {
 
     fn wait(&self, comm: sys::ncclComm_t, op: &str, group: &[usize]) -> Result<()> {
         let ev = self.stream.record_event(None).map_err(|e| cuda_err("recording an event", e))?;
-        let deadline = Instant::now() + self.timeout;
+        // A timeout too long to add to now (Duration::MAX) means no limit.
+        let deadline = super::timeout::deadline(self.timeout);
         loop {
             if ev.try_is_complete().map_err(|e| cuda_err("querying the stream", e))? {
                 return Ok(());
@@ -268,12 +269,12 @@ impl NcclComm {
             if async_err != sys::ncclResult_t::ncclSuccess {
                 return Err(nccl_err(op, format!("asynchronous NCCL error {async_err:?} on group {group:?}")));
             }
-            if Instant::now() >= deadline {
+            if super::timeout::passed(deadline) {
                 return Err(Error::CollectiveTimeout {
                     op: op.into(),
                     group: group.to_vec(),
                     rank: self.rank,
-                    timeout_ms: self.timeout.as_millis() as u64,
+                    timeout_ms: u64::try_from(self.timeout.as_millis()).unwrap_or(u64::MAX),
                 });
             }
             std::thread::sleep(Duration::from_micros(200));

@@ -2,9 +2,12 @@
 //!
 //! The thread backend gives up a collective after it (`CollectiveTimeout`), the MPI watchdog
 //! aborts the job, NCCL aborts its communicators; the TCP bootstrap of NCCL retries until it.
+//!
+//! Any positive timeout is valid, [`Duration::MAX`] included: a timeout too long to be added
+//! to the current time means "no limit" ([`deadline`] is then `None`), never a panic.
 
 use crate::error::{Error, Result};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 /// Default collective timeout (when `DTENSOR_TIMEOUT_MS` is unset).
 pub const DEFAULT_TIMEOUT: Duration = Duration::from_secs(120);
@@ -14,10 +17,22 @@ pub const TIMEOUT_ENV: &str = "DTENSOR_TIMEOUT_MS";
 
 /// The timeout from `DTENSOR_TIMEOUT_MS`, or [`DEFAULT_TIMEOUT`] when it is unset.
 ///
-/// Errors: [`Error::InvalidArgument`] when the value is not a whole number of milliseconds or
-/// is 0 (every collective would fail at once).
+/// Errors: [`Error::InvalidArgument`] naming the variable and its value when the value is not
+/// a whole number of milliseconds (not UTF-8 included) or is 0 (every collective would fail
+/// at once).
 pub fn from_env() -> Result<Duration> {
-    parse(std::env::var(TIMEOUT_ENV).ok().as_deref())
+    parse(crate::env::var(TIMEOUT_ENV)?.as_deref())
+}
+
+/// When a wait of `timeout` that starts now ends; `None` when that lies beyond what an
+/// [`Instant`] can hold (a huge timeout such as [`Duration::MAX`] means no limit).
+pub fn deadline(timeout: Duration) -> Option<Instant> {
+    Instant::now().checked_add(timeout)
+}
+
+/// Whether `deadline` (from [`deadline`]) has passed; never for `None`.
+pub fn passed(deadline: Option<Instant>) -> bool {
+    deadline.is_some_and(|d| Instant::now() >= d)
 }
 
 /// [`from_env`] on a given value (`None`: unset).
@@ -53,5 +68,11 @@ mod tests {
         assert!(matches!(parse(Some("-5")), Err(Error::InvalidArgument { .. })));
         assert!(matches!(parse(Some("1s")), Err(Error::InvalidArgument { .. })));
         assert!(matches!(check(Duration::ZERO), Err(Error::InvalidArgument { .. })));
+        // The largest values are valid: no limit rather than an overflow.
+        assert_eq!(parse(Some(&u64::MAX.to_string())).unwrap(), Duration::from_millis(u64::MAX));
+        assert_eq!(check(Duration::MAX).unwrap(), Duration::MAX);
+        assert_eq!(deadline(Duration::MAX), None);
+        assert!(!passed(deadline(Duration::MAX)));
+        assert!(passed(deadline(Duration::ZERO)));
     }
 }

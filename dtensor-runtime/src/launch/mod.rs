@@ -31,7 +31,7 @@ mod mpi;
 pub mod nccl;
 mod threads;
 
-pub use threads::{run, LocalWorld, DEFAULT_STACK_SIZE};
+pub use threads::{run, LocalWorld, DEFAULT_STACK_SIZE, MAX_WORLD_SIZE};
 
 pub use crate::comm::timeout::DEFAULT_TIMEOUT;
 use crate::comm::Communicator;

@@ -19,6 +19,7 @@ pub fn launch<R, F>(world_size: usize, f: F) -> Result<Vec<R>>
 where
     F: Fn(RankCtx) -> Result<R>,
 {
+    crate::env::check()?;
     let comm = MpiComm::world()?;
     if world_size != 0 && world_size != comm.world_size() {
         return Err(Error::InvalidArgument {

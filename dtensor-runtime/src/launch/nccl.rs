@@ -95,6 +95,7 @@ pub fn check_thread_world(world_size: usize, device_count: usize) -> Result<()> 
             reason: "world size must be at least 1".into(),
         });
     }
+    super::threads::check_world_size("launch(Launch::Nccl)", world_size)?;
     if world_size > device_count {
         return Err(Error::TooFewDevices {
             context: "launch(Launch::Nccl) in thread mode (one GPU per rank; use Launch::CudaThreads to share GPUs)"
@@ -126,8 +127,13 @@ mod run {
         R: Send,
         F: Fn(RankCtx) -> Result<R> + Sync,
     {
+        crate::env::check()?;
         let count = cuda::device_count()?;
-        match process_from_lookup(|k| std::env::var(k).ok(), count)? {
+        // A launcher's variable that is not UTF-8 is an error, not "unset".
+        for name in super::LAUNCHERS.iter().flatten().chain(&["MASTER_ADDR", "MASTER_PORT"]) {
+            crate::env::var(name)?;
+        }
+        match process_from_lookup(|k| crate::env::var(k).ok().flatten(), count)? {
             Some(p) => {
                 let rv = &p.rendezvous;
                 if world_size != 0 && world_size != rv.world_size {

@@ -11,6 +11,28 @@ use std::time::Duration;
 /// Default stack size of a rank's thread.
 pub const DEFAULT_STACK_SIZE: usize = 16 << 20;
 
+/// The largest world of thread ranks (one OS thread each): 65 536, far more threads than one
+/// process usefully runs. A larger world is an [`Error::InvalidArgument`] before anything is
+/// allocated or spawned (rather than an abort allocating per-rank state, or minutes of
+/// spawning threads until the system refuses).
+pub const MAX_WORLD_SIZE: usize = 1 << 16;
+
+/// `size` is a world of thread ranks that can be started: 1 to [`MAX_WORLD_SIZE`].
+pub(crate) fn check_world_size(context: &str, size: usize) -> Result<()> {
+    if size == 0 {
+        return Err(world_of_zero());
+    }
+    if size > MAX_WORLD_SIZE {
+        return Err(Error::InvalidArgument {
+            context: context.into(),
+            reason: format!(
+                "a world of {size} ranks is more than the {MAX_WORLD_SIZE} thread ranks one process can run"
+            ),
+        });
+    }
+    Ok(())
+}
+
 /// The embedded in-process world: one OS thread per rank.
 ///
 /// ```
@@ -52,7 +74,10 @@ impl LocalWorld {
     /// or future collective fails with [`Error::PeerFailed`] instead of hanging. A rank whose
     /// thread cannot be started (thread or memory limits) poisons it the same way, and `run`
     /// returns [`Error::ThreadSpawn`]. A zero or malformed timeout (API or `DTENSOR_TIMEOUT_MS`)
-    /// is an [`Error::InvalidArgument`] before any rank starts.
+    /// is an [`Error::InvalidArgument`] before any rank starts, and so are a world of 0 or of
+    /// more than [`MAX_WORLD_SIZE`] ranks and a bad value of any environment variable the
+    /// runtime reads ([`env`](crate::env)). Any positive timeout is valid, however long
+    /// ([`Duration::MAX`]: no limit).
     pub fn run<R, F>(&self, f: F) -> Result<Vec<R>>
     where
         R: Send,
@@ -70,9 +95,8 @@ impl LocalWorld {
         F: Fn(RankCtx) -> Result<R> + Sync,
         W: Fn(usize, ThreadComm) -> Result<Arc<dyn Communicator>> + Sync,
     {
-        if self.size == 0 {
-            return Err(world_of_zero());
-        }
+        check_world_size("run", self.size)?;
+        crate::env::check()?;
         let timeout = match self.timeout {
             Some(t) => timeout::check(t)?,
             None => timeout::from_env()?,
@@ -110,9 +134,7 @@ where
     R: Send,
     F: Fn(RankCtx) -> Result<R> + Sync,
 {
-    if size == 0 {
-        return Err(world_of_zero());
-    }
+    check_world_size("run", size)?;
     let (spawn_error, results) = std::thread::scope(|s| {
         let mut handles = Vec::with_capacity(size);
         let mut spawn_error = None;

@@ -29,9 +29,10 @@ mod rendezvous;
 mod sync;
 
 use super::background::Background;
+use super::check::Args;
 use super::reduce;
 use super::variable::{self, offsets};
-use super::{check, group};
+use super::{check, group, timeout};
 use super::{Communicator, HostBytes, PendingAllReduce, RecvBuf};
 use crate::element::DType;
 use crate::error::{Error, Result};
@@ -42,13 +43,15 @@ use std::collections::HashMap;
 use std::mem::MaybeUninit;
 use std::ops::Range;
 use std::sync::{Arc, OnceLock};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 use sync::{Mutex, MutexGuard};
 
 #[derive(Debug, Default)]
 struct State {
     failed: Option<(usize, String)>,
-    exited: Vec<bool>,
+    /// The ranks that returned from their closures (a set, so that a world costs nothing per
+    /// rank before its ranks start).
+    exited: std::collections::BTreeSet<usize>,
 }
 
 /// Shared state of all ranks of one in-process world.
@@ -62,13 +65,15 @@ pub struct ThreadWorld {
 }
 
 impl ThreadWorld {
-    /// A world of `size` ranks whose collectives give up after `timeout`.
+    /// A world of `size` ranks whose collectives give up after `timeout` (any timeout: one too
+    /// long to add to the current time means no limit). Nothing is allocated per rank here;
+    /// launchers bound `size` first ([`MAX_WORLD_SIZE`](crate::launch::MAX_WORLD_SIZE)).
     pub fn new(size: usize, timeout: Duration) -> Arc<ThreadWorld> {
         Arc::new(ThreadWorld {
             size,
             timeout,
             cores: std::thread::available_parallelism().map_or(1, |c| c.get()),
-            state: Mutex::new(State { exited: vec![false; size], ..State::default() }),
+            state: Mutex::new(State::default()),
             slots: Mutex::new(HashMap::new()),
         })
     }
@@ -118,8 +123,8 @@ impl ThreadWorld {
     /// Marks `rank` as finished: collectives that wait for it abort instead of timing out.
     pub fn exit(&self, rank: usize) {
         let mut st = self.lock();
-        if let Some(e) = st.exited.get_mut(rank) {
-            *e = true;
+        if rank < self.size {
+            st.exited.insert(rank);
         }
         drop(st);
         self.wake_all();
@@ -130,7 +135,7 @@ impl ThreadWorld {
         if let Some((failed_rank, reason)) = &st.failed {
             return Err(Error::PeerFailed { rank, failed_rank: *failed_rank, reason: reason.clone() });
         }
-        if let Some(&gone) = group.iter().find(|&&r| r != rank && st.exited.get(r).copied().unwrap_or(false)) {
+        if let Some(&gone) = group.iter().find(|&&r| r != rank && st.exited.contains(&r)) {
             return Err(Error::PeerFailed {
                 rank,
                 failed_rank: gone,
@@ -223,10 +228,25 @@ impl ThreadComm {
         }
     }
 
+    /// Member `i` passed other arguments (element type, reduction, root) than this rank.
+    fn args_mismatch(&self, op: &str, group: &[usize], i: usize, all: &[Bufs]) -> Error {
+        let me = group.iter().position(|&r| r == self.rank).unwrap_or(0);
+        let (theirs, mine) = (Args::unpack(all[i].args), Args::unpack(all[me].args));
+        let (field, a, b) = theirs.differ(mine).unwrap_or(("arguments", String::new(), String::new()));
+        Error::CollectiveMismatch {
+            rank: self.rank,
+            group: group.to_vec(),
+            field: field.into(),
+            detail: format!("rank {} called `{op}` with {field} {a} while rank {} passed {b}", group[i], self.rank),
+        }
+    }
+
     /// The rendezvous. `body` runs once every member has published its buffers; it gets
     /// every member's buffers and this rank's index. The call returns after every member
     /// has finished its body, however it ended (so what the buffers point to stays alive
-    /// while any peer still uses it); `body` must not block on the peers.
+    /// while any peer still uses it); `body` must not block on the peers. Members whose tags
+    /// (collectives) or `args` (element type, reduction, root) differ all fail before any
+    /// `body` runs: a root that disagreed would have read a peer's unpublished buffer.
     ///
     /// Also the rendezvous of a backend layered on this one (the `cuda-threads` device path,
     /// whose records hold device addresses), under the `*_buf` names of [`OPS`]: their own
@@ -245,15 +265,17 @@ impl ThreadComm {
             return Err(Error::ConcurrentCollective { op: op.into(), rank: self.rank, group: group.to_vec() });
         }
         let _seat = Seat { slot: &slot, me };
-        let deadline = Instant::now() + w.timeout;
+        let deadline = timeout::deadline(w.timeout);
         let (phase, all) = slot.arrive(me, Bufs { tag: tag(op), ..mine }, &mut || {
             w.check_alive(self.rank, group)?;
-            if Instant::now() >= deadline {
+            if timeout::passed(deadline) {
                 return Err(self.timeout_error(op, group));
             }
             Ok(())
         })?;
         let departure = Departure { slot: &slot, phase, done: false };
+        // Each member compares every member with itself: when not all agree, every member
+        // finds one that differs from it, so all fail alike.
         let result = match all.iter().position(|b| b.tag != all[me].tag) {
             Some(i) => Err(Error::BufferMismatch {
                 op: op.into(),
@@ -264,10 +286,13 @@ impl ThreadComm {
                     self.rank
                 ),
             }),
-            None => body(&all, me),
+            None => match all.iter().position(|b| b.args != all[me].args) {
+                Some(i) => Err(self.args_mismatch(op, group, i, &all)),
+                None => body(&all, me),
+            },
         };
         let departed = departure.finish(&mut || {
-            if Instant::now() >= deadline {
+            if timeout::passed(deadline) {
                 return Err(self.timeout_error(op, group));
             }
             Ok(())
@@ -290,7 +315,8 @@ impl ThreadComm {
         op: ReduceOp,
     ) -> Result<()> {
         let len = send.len();
-        let mine = Bufs { send: send.as_ptr() as usize, send_len: len, ..Bufs::default() };
+        let args = Args::reduce(dtype, op).packed();
+        let mine = Bufs { send: send.as_ptr() as usize, send_len: len, args, ..Bufs::default() };
         self.rendezvous("all_reduce", group, mine, |all, _| {
             same_len("all_reduce", all, Side::Send, len, group)?;
             let acc = recv.init_from(peer("all_reduce", &all[0], Side::Send, 0..len)?);
@@ -330,7 +356,9 @@ impl ThreadComm {
             off * es..(off + sz) * es
         };
         let in_place = std::ptr::eq(send, recv.cast());
-        let mine = Bufs { send: send as usize, send_len: len, recv: recv as usize, recv_len: len, ..Bufs::default() };
+        let args = Args::reduce(dtype, op).packed();
+        let mine =
+            Bufs { send: send as usize, send_len: len, recv: recv as usize, recv_len: len, args, ..Bufs::default() };
         // Whole elements; n + 1 blocks stay within a core's L2 cache.
         let block = REDUCE_BLOCK / es * es;
         self.rendezvous("all_reduce", group, mine, |all, me| {
@@ -577,7 +605,8 @@ unsafe impl Communicator for ThreadComm {
         let l = recv.len();
         check::blocks("reduce_scatter", "send", send.len(), n, l)?;
         check::whole("reduce_scatter", l, dtype)?;
-        let mine = Bufs { send: send.as_ptr() as usize, send_len: send.len(), ..Bufs::default() };
+        let args = Args::reduce(dtype, op).packed();
+        let mine = Bufs { send: send.as_ptr() as usize, send_len: send.len(), args, ..Bufs::default() };
         self.rendezvous("reduce_scatter", group, mine, |all, me| {
             same_len("reduce_scatter", all, Side::Send, send.len(), group)?;
             let r = me * l..(me + 1) * l;
@@ -619,8 +648,14 @@ unsafe impl Communicator for ThreadComm {
         let l = rows * run;
         // Every member must use the same layout: the run length travels as `extra`.
         let out = recv.as_mut_ptr();
-        let mine =
-            Bufs { send: send.as_ptr() as usize, send_len: len, recv: out as usize, recv_len: len, tag: 0, extra: run };
+        let mine = Bufs {
+            send: send.as_ptr() as usize,
+            send_len: len,
+            recv: out as usize,
+            recv_len: len,
+            extra: run,
+            ..Bufs::default()
+        };
         self.rendezvous("all_to_all_strided", group, mine, |all, me| {
             same_len("all_to_all", all, Side::Send, len, group)?;
             same_len("all_to_all", all, Side::Recv, len, group)?;
@@ -693,6 +728,7 @@ unsafe impl Communicator for ThreadComm {
             send: send.as_ptr() as usize,
             send_len: send.len(),
             extra: counts.as_ptr() as usize,
+            args: Args::reduce(dtype, op).packed(),
             ..Bufs::default()
         };
         self.rendezvous(OP, group, mine, |all, me| {
@@ -731,8 +767,8 @@ unsafe impl Communicator for ThreadComm {
             send_len: send.len(),
             recv: out as usize,
             recv_len: recv.len(),
-            tag: 0,
             extra: layout.as_ptr() as usize,
+            ..Bufs::default()
         };
         self.rendezvous(OP, group, mine, |all, me| {
             let lay: Vec<&[usize]> = all.iter().map(|b| peer_counts(b, 1 + 2 * n)).collect();
@@ -766,11 +802,14 @@ unsafe impl Communicator for ThreadComm {
                 .map(|(b, l)| (b.recv as *mut MaybeUninit<u8>, b.recv_len, l[1 + n..1 + n + me].iter().sum()))
                 .collect();
             let starts = offsets(runs);
-            let row: usize = runs.iter().sum();
-            for r in 0..rows {
-                for (j, &(dst, len, at)) in to.iter().enumerate() {
-                    let run = runs[j];
-                    let src = &send[r * row + starts[j]..r * row + starts[j] + run];
+            // Only the members we send bytes to, and no rows at all when we send nothing: the
+            // loop is bounded by the bytes moved, never by `rows` alone (an empty shard may
+            // have a huge leading dim and runs of 0 bytes).
+            let targets: Vec<usize> = (0..n).filter(|&j| runs[j] > 0).collect();
+            for (r, row) in send.chunks_exact(variable::total(OP, runs)?.max(1)).enumerate() {
+                for &j in &targets {
+                    let ((dst, len, at), run) = (to[j], runs[j]);
+                    let src = &row[starts[j]..starts[j] + run];
                     // SAFETY: member j published `len` bytes at `dst` and keeps them alive until
                     // it departs; its block from us (`rows × run` bytes at `at`, checked above
                     // against its recv counts, whose sum is its `len`) is written by us alone.
@@ -787,10 +826,11 @@ unsafe impl Communicator for ThreadComm {
         let me = group::index_of("broadcast", self.rank, group)?;
         // Only the root's buffer is read by peers (and the root does not write it); the others
         // publish just their length.
+        let args = Args::root(root).packed();
         let mine = if me == root {
-            Bufs { send: buf.as_ptr() as usize, send_len: len, ..Bufs::default() }
+            Bufs { send: buf.as_ptr() as usize, send_len: len, args, ..Bufs::default() }
         } else {
-            Bufs { send_len: len, ..Bufs::default() }
+            Bufs { send_len: len, args, ..Bufs::default() }
         };
         self.rendezvous("broadcast", group, mine, |all, me| {
             same_len("broadcast", all, Side::Send, len, group)?;
@@ -809,10 +849,11 @@ unsafe impl Communicator for ThreadComm {
         if me == root {
             check::blocks("scatter", "root send", send.len(), n, l)?;
         }
+        let args = Args::root(root).packed();
         let mine = if me == root {
-            Bufs { send: send.as_ptr() as usize, send_len: send.len(), recv_len: l, ..Bufs::default() }
+            Bufs { send: send.as_ptr() as usize, send_len: send.len(), recv_len: l, args, ..Bufs::default() }
         } else {
-            Bufs { recv_len: l, ..Bufs::default() }
+            Bufs { recv_len: l, args, ..Bufs::default() }
         };
         self.rendezvous("scatter", group, mine, |all, me| {
             same_len("scatter", all, Side::Recv, l, group)?;

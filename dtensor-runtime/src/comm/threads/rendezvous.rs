@@ -27,7 +27,8 @@ use std::sync::atomic::Ordering::{AcqRel, Acquire, Relaxed, Release};
 use std::time::{Duration, Instant};
 
 /// Buffers one member published, as integers (pointers and lengths), plus a tag naming the
-/// collective it called and a layout parameter every member must agree on (`extra`).
+/// collective it called, a layout parameter (`extra`) and the other arguments every member
+/// must pass alike (`args`: element type, reduction, root, packed by `check::Args`).
 #[derive(Clone, Copy, Default, Debug, PartialEq, Eq)]
 pub(crate) struct Bufs {
     pub send: usize,
@@ -36,6 +37,7 @@ pub(crate) struct Bufs {
     pub recv_len: usize,
     pub tag: usize,
     pub extra: usize,
+    pub args: usize,
 }
 
 /// One member's published buffers; written only by that member, read by all after arrival.
@@ -47,6 +49,7 @@ struct Cell {
     recv_len: AtomicUsize,
     tag: AtomicUsize,
     extra: AtomicUsize,
+    args: AtomicUsize,
 }
 
 impl Cell {
@@ -57,6 +60,7 @@ impl Cell {
         self.recv_len.store(b.recv_len, Relaxed);
         self.tag.store(b.tag, Relaxed);
         self.extra.store(b.extra, Relaxed);
+        self.args.store(b.args, Relaxed);
     }
     fn load(&self) -> Bufs {
         Bufs {
@@ -66,6 +70,7 @@ impl Cell {
             recv_len: self.recv_len.load(Relaxed),
             tag: self.tag.load(Relaxed),
             extra: self.extra.load(Relaxed),
+            args: self.args.load(Relaxed),
         }
     }
 }
