@@ -141,7 +141,7 @@ impl<T: Scalar, M: MeshDims, L: TypedLayout<M>, const R: usize> Dt<T, M, L, R> {
     /// Element-type conversion with the same layout (see [`DTensor::cast`]; integer to
     /// integer is exact with Rust's `as` semantics, float to integer truncates and saturates).
     /// A `Partial` layout whose reduction the conversion would change (a float `Partial<Sum>`
-    /// into an integer, for one) is an [`Error::PartialNotAllowed`](crate::Error::PartialNotAllowed):
+    /// into an integer, for one) is an [`Error::PartialNotAllowed`]:
     /// redistribute first.
     /// The way from integer ids to float arithmetic: `ids.cast::<f32>()?.exp()`.
     #[track_caller]
