@@ -7,56 +7,12 @@
 //! padded defaults, the largest blocks), which a check of totals alone would miss. The MPI
 //! backend's cases are in `mpi_collectives.rs` (`disagreeing_counts_are_typed_errors`).
 
-use dtensor_runtime::comm::RecvBuf;
-use dtensor_runtime::{run, Along, Communicator, DType, Error, ReduceOp, ThreadComm, ThreadWorld};
+mod equal_blocks;
+
+use dtensor_runtime::{run, Along, Communicator, DType, Error, ReduceOp, ThreadWorld};
+use equal_blocks::EqualBlocksOnly;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
-
-/// A communicator with only the required methods (delegated to the thread backend): the
-/// variable-size collectives run the trait's padded defaults over the equal-block ones.
-#[derive(Debug)]
-struct EqualBlocksOnly(ThreadComm);
-
-// SAFETY: every method delegates to `ThreadComm`, which writes all of its `RecvBuf` on `Ok`.
-unsafe impl Communicator for EqualBlocksOnly {
-    fn rank(&self) -> usize {
-        self.0.rank()
-    }
-    fn world_size(&self) -> usize {
-        self.0.world_size()
-    }
-    fn backend(&self) -> &'static str {
-        "equal-blocks-only"
-    }
-    fn all_gather(&self, g: &[usize], send: &[u8], recv: RecvBuf<'_>) -> Result<(), Error> {
-        self.0.all_gather(g, send, recv)
-    }
-    fn all_reduce(&self, g: &[usize], buf: &mut [u8], dtype: DType, op: ReduceOp) -> Result<(), Error> {
-        self.0.all_reduce(g, buf, dtype, op)
-    }
-    fn reduce_scatter(
-        &self,
-        g: &[usize],
-        send: &[u8],
-        recv: RecvBuf<'_>,
-        dtype: DType,
-        op: ReduceOp,
-    ) -> Result<(), Error> {
-        self.0.reduce_scatter(g, send, recv, dtype, op)
-    }
-    fn all_to_all(&self, g: &[usize], send: &[u8], recv: RecvBuf<'_>) -> Result<(), Error> {
-        self.0.all_to_all(g, send, recv)
-    }
-    fn broadcast(&self, g: &[usize], buf: &mut [u8], root: usize) -> Result<(), Error> {
-        self.0.broadcast(g, buf, root)
-    }
-    fn scatter(&self, g: &[usize], send: &[u8], recv: &mut [u8], root: usize) -> Result<(), Error> {
-        self.0.scatter(g, send, recv, root)
-    }
-    fn barrier(&self, g: &[usize]) -> Result<(), Error> {
-        self.0.barrier(g)
-    }
-}
 
 /// Which implementation of the variable-size collectives runs.
 #[derive(Debug, Clone, Copy)]

@@ -4,11 +4,11 @@
 //! redistribution transition, and every variable-size collective gets huge row counts of
 //! empty runs, on every CPU backend: each must finish in milliseconds.
 
-use dtensor_runtime::comm::RecvBuf;
+mod equal_blocks;
+
 use dtensor_runtime::ndarray::{ArrayD, IxDyn};
-use dtensor_runtime::{
-    distribute_tensor, run, Along, Communicator, DType, Error, Placement, ReduceOp, ThreadComm, ThreadWorld,
-};
+use dtensor_runtime::{distribute_tensor, run, Along, Communicator, DType, Placement, ReduceOp, ThreadWorld};
+use equal_blocks::EqualBlocksOnly;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -120,52 +120,6 @@ fn empty_tensors_with_huge_dims_on_a_2d_mesh() {
         Ok(())
     })
     .unwrap();
-}
-
-/// A communicator with only the required methods (the thread backend's): the trait's padded
-/// variable-size defaults run (what NCCL uses).
-#[derive(Debug)]
-struct EqualBlocksOnly(ThreadComm);
-
-// SAFETY: every method delegates to `ThreadComm`, which writes all of its `RecvBuf` on `Ok`.
-unsafe impl Communicator for EqualBlocksOnly {
-    fn rank(&self) -> usize {
-        self.0.rank()
-    }
-    fn world_size(&self) -> usize {
-        self.0.world_size()
-    }
-    fn backend(&self) -> &'static str {
-        "equal-blocks-only"
-    }
-    fn all_gather(&self, g: &[usize], send: &[u8], recv: RecvBuf<'_>) -> Result<(), Error> {
-        self.0.all_gather(g, send, recv)
-    }
-    fn all_reduce(&self, g: &[usize], buf: &mut [u8], dtype: DType, op: ReduceOp) -> Result<(), Error> {
-        self.0.all_reduce(g, buf, dtype, op)
-    }
-    fn reduce_scatter(
-        &self,
-        g: &[usize],
-        send: &[u8],
-        recv: RecvBuf<'_>,
-        dtype: DType,
-        op: ReduceOp,
-    ) -> Result<(), Error> {
-        self.0.reduce_scatter(g, send, recv, dtype, op)
-    }
-    fn all_to_all(&self, g: &[usize], send: &[u8], recv: RecvBuf<'_>) -> Result<(), Error> {
-        self.0.all_to_all(g, send, recv)
-    }
-    fn broadcast(&self, g: &[usize], buf: &mut [u8], root: usize) -> Result<(), Error> {
-        self.0.broadcast(g, buf, root)
-    }
-    fn scatter(&self, g: &[usize], send: &[u8], recv: &mut [u8], root: usize) -> Result<(), Error> {
-        self.0.scatter(g, send, recv, root)
-    }
-    fn barrier(&self, g: &[usize]) -> Result<(), Error> {
-        self.0.barrier(g)
-    }
 }
 
 /// Finding 3 at the collectives: `all_to_all_v` and `all_to_all_strided` of 2^40 rows of empty

@@ -140,16 +140,7 @@ pub unsafe trait Communicator: Send + Sync + fmt::Debug {
     ) -> Result<()> {
         let n = group.len();
         check::all_to_all_strided(send.len(), recv.len(), rows, run, n)?;
-        let mut packed = Vec::with_capacity(send.len());
-        // Bounded by the bytes: with runs of 0 bytes there is no row to walk, however many.
-        if run > 0 {
-            for j in 0..n {
-                for row in send.chunks_exact(n * run) {
-                    packed.extend_from_slice(&row[j * run..(j + 1) * run]);
-                }
-            }
-        }
-        self.all_to_all(group, &packed, recv)
+        self.all_to_all(group, &variable::pack_strided(send, n, run), recv)
     }
     /// Variable-size [`all_gather`](Self::all_gather) (uneven shards): member `i` sends
     /// `counts[i]` bytes, and `recv` (`Σ counts` bytes) receives every member's `send`, back to

@@ -804,16 +804,7 @@ unsafe impl Communicator for MpiComm {
         // The run length travels as the layout: members that split their rows differently
         // would each pack other blocks.
         self.agree(OP, group, send.len(), check::Args::default(), run as u64, local)?;
-        // Block j is run j of every row (bounded by the bytes: with runs of 0 there is no row).
-        let mut packed = Vec::with_capacity(send.len());
-        if run > 0 {
-            for j in 0..n {
-                for row in send.chunks_exact(n * run) {
-                    packed.extend_from_slice(&row[j * run..(j + 1) * run]);
-                }
-            }
-        }
-        self.raw_all_to_all(group, &packed, recv)
+        self.raw_all_to_all(group, &variable::pack_strided(send, n, run), recv)
     }
 
     fn all_gather_v(&self, group: &[usize], send: &[u8], counts: &[usize], mut recv: RecvBuf<'_>) -> Result<()> {

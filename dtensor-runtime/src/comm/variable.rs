@@ -17,6 +17,21 @@ use crate::element::DType;
 use crate::error::{Error, Result};
 use crate::placement::ReduceOp;
 
+/// The blocks of an all-to-all with rows of `n` runs of `run` bytes each: block `j` is run `j`
+/// of every row, one block after the other (what an equal-block all-to-all sends). Bounded by
+/// the bytes: with runs of 0 bytes there is no row to walk, however many there are.
+pub(crate) fn pack_strided(send: &[u8], n: usize, run: usize) -> Vec<u8> {
+    let mut packed = Vec::with_capacity(send.len());
+    if run > 0 {
+        for j in 0..n {
+            for row in send.chunks_exact(n * run) {
+                packed.extend_from_slice(&row[j * run..(j + 1) * run]);
+            }
+        }
+    }
+    packed
+}
+
 /// Byte offset of every block when blocks of `counts` bytes lie back to back.
 pub(crate) fn offsets(counts: &[usize]) -> Vec<usize> {
     counts
