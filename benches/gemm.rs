@@ -20,8 +20,9 @@ mod common;
 
 use common::{env_list, measuring};
 use dtensor::ndarray::{linalg::general_mat_mul, Array3, ArrayD, Axis};
-use dtensor::storage::{Storage, Target};
+use dtensor::storage::Storage;
 use dtensor::Element;
+use dtensor::Target;
 use std::time::Instant;
 
 /// Batch of the batched row.

@@ -1,14 +1,16 @@
 //! `DTensor<T>`: a logical (global) tensor laid out over a [`DeviceMesh`].
 
 use crate::autograd::AutogradMeta;
-use crate::comm::storage as comm_storage;
+use crate::device::Device;
 use crate::element::{DType, Scalar};
 use crate::error::{Error, Result};
 use crate::layout::pack;
-use crate::layout::{checked_global_shape_from_local, contiguous_strides, local_shape_and_offset};
+use crate::layout::{checked_global_shape_from_local, local_shape_and_offset};
+use crate::mesh::storage as comm_storage;
 use crate::mesh::DeviceMesh;
 use crate::placement::{fmt_placements, normalize_placements, Placement, ReduceOp};
-use crate::storage::{pack_host, Device, Storage};
+use crate::shape::contiguous_strides;
+use crate::storage::{pack_host, Storage};
 use crate::Along;
 use ndarray::{ArrayD, IxDyn};
 use std::fmt;

@@ -90,7 +90,7 @@ impl fmt::Display for DType {
 /// What the `cuda` feature needs of an element type on top of [`Scalar`]'s host bounds
 /// (cudarc's device traits and a cuBLAS gemm); nothing without the feature.
 #[cfg(feature = "cuda")]
-pub use crate::storage::cuda::CudaElement as DeviceElement;
+pub use crate::cuda::CudaElement as DeviceElement;
 
 /// What the `cuda` feature needs of an element type on top of [`Scalar`]'s host bounds
 /// (cudarc's device traits and a cuBLAS gemm); nothing without the feature.
@@ -151,21 +151,6 @@ pub trait Scalar:
     /// Conversion to i64 with Rust's `as`: exact for the integers, truncated toward zero and
     /// saturated for the floats (casts between integers go through this, never through f64).
     fn as_i64(self) -> i64;
-    /// Redistribution recorded on the autograd tape for floats; integers carry no gradient.
-    #[doc(hidden)]
-    fn redistribute_recorded(
-        x: &crate::DTensor<Self>,
-        to: &[crate::Placement],
-        label: &'static str,
-    ) -> crate::Result<crate::DTensor<Self>>;
-    /// `x.requires_grad_(requires_grad)` for floats; for integers `false` is a no-op and `true`
-    /// an [`Error::Unsupported`](crate::Error::Unsupported) (only floats have gradients).
-    #[doc(hidden)]
-    fn with_requires_grad(x: crate::DTensor<Self>, requires_grad: bool) -> crate::Result<crate::DTensor<Self>>;
-    /// The float-only ops the backward rules of ops generic over `Scalar` call; `None` for
-    /// integers, whose tensors never require grad and so never reach a backward.
-    #[doc(hidden)]
-    fn grad_kernels() -> Option<crate::autograd::GradKernels<Self>>;
 }
 
 /// A floating point element usable in a [`DTensor`](crate::DTensor): `f32`, `f64`, and the
@@ -216,31 +201,11 @@ impl IndexElement for f64 {}
 impl IndexElement for bf16 {}
 impl IndexElement for f16 {}
 
-/// Floats record redistributions on the autograd tape.
-macro_rules! float_redistribute {
-    () => {
-        fn redistribute_recorded(
-            x: &crate::DTensor<Self>,
-            to: &[crate::Placement],
-            label: &'static str,
-        ) -> crate::Result<crate::DTensor<Self>> {
-            crate::autograd::redistribute_op(x, to, label, None)
-        }
-        fn with_requires_grad(x: crate::DTensor<Self>, requires_grad: bool) -> crate::Result<crate::DTensor<Self>> {
-            Ok(x.requires_grad_(requires_grad))
-        }
-        fn grad_kernels() -> Option<crate::autograd::GradKernels<Self>> {
-            Some(crate::autograd::GradKernels::FLOAT)
-        }
-    };
-}
-
 macro_rules! half_element {
     ($t:ty, $d:expr) => {
         impl Element for $t {}
         impl Scalar for $t {
             const DTYPE: DType = $d;
-            float_redistribute!();
             /// Through f32, as PyTorch converts a double to a 16-bit float.
             fn of_f64(v: f64) -> Self {
                 <$t>::from_f32(v as f32)
@@ -264,7 +229,6 @@ half_element!(f16, DType::F16);
 impl Element for f32 {}
 impl Scalar for f32 {
     const DTYPE: DType = DType::F32;
-    float_redistribute!();
     fn of_f64(v: f64) -> Self {
         v as f32
     }
@@ -282,7 +246,6 @@ impl Scalar for f32 {
 impl Element for f64 {}
 impl Scalar for f64 {
     const DTYPE: DType = DType::F64;
-    float_redistribute!();
     fn of_f64(v: f64) -> Self {
         v
     }
@@ -313,28 +276,17 @@ macro_rules! int_scalar {
             fn as_i64(self) -> i64 {
                 self as i64
             }
-            fn redistribute_recorded(
-                x: &crate::DTensor<Self>,
-                to: &[crate::Placement],
-                label: &'static str,
-            ) -> crate::Result<crate::DTensor<Self>> {
-                x.redistribute_scoped(to, label)
-            }
-            fn with_requires_grad(x: crate::DTensor<Self>, requires_grad: bool) -> crate::Result<crate::DTensor<Self>> {
-                if requires_grad {
-                    return Err(crate::Error::Unsupported {
-                        op: "requires_grad".into(),
-                        reason: format!("dtype {} has no gradients (only floating point tensors do)", $d),
-                    });
-                }
-                Ok(x)
-            }
-            fn grad_kernels() -> Option<crate::autograd::GradKernels<Self>> {
-                None
-            }
         }
     };
 }
 int_scalar!(i64, DType::I64);
 int_scalar!(i32, DType::I32);
 int_scalar!(u8, DType::U8);
+
+/// `v` as a `U`, when `U` is `V` itself (an identity, never a conversion); `None` otherwise.
+/// How code written once for every [`Scalar`] reaches a float-only path: on the type's
+/// identity, so no element type carries hooks into the layers above.
+pub(crate) fn same_type<V: 'static, U: 'static>(v: V) -> Option<U> {
+    let mut slot = Some(v);
+    (&mut slot as &mut dyn std::any::Any).downcast_mut::<Option<U>>().and_then(Option::take)
+}

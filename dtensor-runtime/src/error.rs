@@ -1,7 +1,7 @@
 //! The one error type of the runtime.
 
-use crate::checkpoint::FileProblem;
 use crate::placement::Placement;
+use std::fmt;
 use thiserror::Error;
 
 /// Everything that can go wrong in dtensor-rs. Every variant names what was wrong.
@@ -369,7 +369,7 @@ pub enum Error {
         reason: String,
     },
     /// A file that is refused for reading or writing: not a regular file, a symbolic link out
-    /// of its directory, larger than allowed (see [`crate::checkpoint::FileProblem`]).
+    /// of its directory, larger than allowed (see [`FileProblem`]).
     #[error("file `{path}` refused: {problem}")]
     UnsafeFile {
         /// The file.
@@ -381,3 +381,75 @@ pub enum Error {
 
 /// Result alias used throughout dtensor-rs.
 pub type Result<T, E = Error> = std::result::Result<T, E>;
+
+/// What a directory entry is, when it is not a regular file.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum FileKind {
+    /// A directory.
+    Directory,
+    /// A named pipe (FIFO): opening it for reading blocks until a writer appears.
+    Fifo,
+    /// A character device (e.g. `/dev/null`).
+    CharDevice,
+    /// A block device (e.g. a disk).
+    BlockDevice,
+    /// A Unix domain socket.
+    Socket,
+    /// A symbolic link (not followed).
+    Symlink,
+    /// Any other kind the platform reports.
+    Other,
+}
+
+impl fmt::Display for FileKind {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(match self {
+            FileKind::Directory => "a directory",
+            FileKind::Fifo => "a FIFO (named pipe)",
+            FileKind::CharDevice => "a character device",
+            FileKind::BlockDevice => "a block device",
+            FileKind::Socket => "a socket",
+            FileKind::Symlink => "a symbolic link",
+            FileKind::Other => "not a regular file",
+        })
+    }
+}
+
+/// Why a file was refused ([`Error::UnsafeFile`]).
+#[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum FileProblem {
+    /// The entry (or the target of its link) is not a regular file.
+    NotRegular(FileKind),
+    /// A symbolic link whose resolved target lies outside the directory.
+    LeavesDirectory {
+        /// Where the link resolves to.
+        target: String,
+    },
+    /// Longer than the cap of a whole-file read.
+    TooLarge {
+        /// The file's length, in bytes.
+        len: u64,
+        /// The cap of this read, in bytes.
+        max: u64,
+    },
+    /// The name is not a plain file name inside the directory.
+    NotPlainName,
+    /// The entry changed between its inspection and its opening.
+    Replaced,
+}
+
+impl fmt::Display for FileProblem {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            FileProblem::NotRegular(k) => write!(f, "it is {k}, not a regular file"),
+            FileProblem::LeavesDirectory { target } => {
+                write!(f, "it is a symbolic link to `{target}`, outside the directory")
+            }
+            FileProblem::TooLarge { len, max } => write!(f, "it has {len} bytes, more than the {max} allowed"),
+            FileProblem::NotPlainName => f.write_str("not a plain file name inside the directory"),
+            FileProblem::Replaced => f.write_str("it was replaced while being opened"),
+        }
+    }
+}

@@ -1,16 +1,17 @@
 //! Factories: `empty zeros ones full rand randn arange linspace logspace` build only this rank's
 //! shard of a tensor of the given *global* size.
 
+use crate::device::Target;
 use crate::dtensor::DTensor;
 use crate::element::{Element, Scalar};
 use crate::error::{Error, Result};
 use crate::launch::current_mesh;
 use crate::layout::{local_shape_and_offset, shard_from_global_index};
 use crate::mesh::DeviceMesh;
+use crate::op::{Distribution, RandomFill};
 use crate::placement::{normalize_placements, Placement};
 use crate::rng;
-use crate::storage::op::{Distribution, RandomFill};
-use crate::storage::{Storage, Target};
+use crate::storage::Storage;
 
 /// Options of every factory (PyTorch's keyword arguments; the dtype is the element type).
 ///
@@ -94,7 +95,7 @@ fn build<T: Scalar>(op: &str, size: &[usize], opts: &TensorOptions, fill: Fill<'
         Fill::Host(f) => Storage::from_host(shard_from_global_index(size, &offset, &shape, f)?, mesh.target())?,
     };
     let dt = DTensor::new_unchecked(local, mesh, placements, size.to_vec(), None);
-    T::with_requires_grad(dt, opts.requires_grad)
+    crate::autograd::with_requires_grad(dt, opts.requires_grad)
 }
 
 /// Uninitialised in PyTorch; zeros here (Rust never exposes uninitialised memory).

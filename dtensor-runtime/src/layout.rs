@@ -12,7 +12,7 @@ pub mod pack;
 
 use crate::error::{Error, Result};
 use crate::placement::{normalize_placements, Placement};
-use crate::shape::checked_numel;
+use crate::shape::{checked_numel, contiguous_strides};
 
 /// Size and offset of chunk `rank` when `size` is split over `n` ranks (torch.chunk).
 ///
@@ -168,16 +168,6 @@ pub fn checked_global_shape_from_local(
     Ok(shape)
 }
 
-/// Row-major (C-contiguous) strides of a shape within [`checked_numel`]'s bound (a zero-sized
-/// dim counts as 1, as in ndarray); [`crate::shape::checked_strides`] checks first.
-pub(crate) fn contiguous_strides(shape: &[usize]) -> Vec<usize> {
-    let mut strides = vec![1; shape.len()];
-    for i in (0..shape.len().saturating_sub(1)).rev() {
-        strides[i] = strides[i + 1] * shape[i + 1].max(1);
-    }
-    strides
-}
-
 /// The shard of `shape` at `offset` inside a row-major tensor of shape `global`, element `i`
 /// set to `f(i)` for its flat index `i` in the global tensor, in row-major order.
 ///
@@ -294,13 +284,11 @@ mod tests {
     }
 
     #[test]
-    fn global_from_local_and_strides() {
+    fn global_from_local() {
         let g = |l: &[usize], p: &[Placement]| checked_global_shape_from_local(l, &[2, 4], p).unwrap();
         assert_eq!(g(&[2, 3], &[Shard(0), Shard(1)]), vec![4, 12]);
         assert_eq!(g(&[2, 3], &[Replicate, Shard(0)]), vec![8, 3]);
         assert_eq!(g(&[2, 3], &[Replicate, Shard(-1)]), vec![2, 12]);
-        assert_eq!(contiguous_strides(&[2, 3, 4]), vec![12, 4, 1]);
-        assert_eq!(contiguous_strides(&[]), Vec::<usize>::new());
     }
 
     /// Bad arguments to the public helpers are errors, never panics (zero ranks, more

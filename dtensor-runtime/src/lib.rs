@@ -16,6 +16,7 @@ pub mod autograd;
 pub mod checkpoint;
 pub mod comm;
 pub mod cuda;
+pub mod device;
 pub mod dtensor;
 pub mod element;
 pub mod env;
@@ -25,6 +26,7 @@ pub mod launch;
 pub mod layout;
 pub mod mesh;
 pub mod module;
+pub mod op;
 pub mod ops;
 pub mod optim;
 pub mod placement;
@@ -41,6 +43,7 @@ pub use autograd::{from_local_grad, local_mesh, no_grad, BackwardOptions};
 pub use comm::debug::{op_scope, CollectiveKind, CollectiveRecord, CommDebugGuard, CommDebugMode, CommStats};
 pub use comm::threads::{ThreadComm, ThreadWorld};
 pub use comm::{Communicator, RecvBuf};
+pub use device::{Device, Target};
 pub use dtensor::{distribute_tensor, from_local, DTensor, DistributeSource, FromLocal};
 pub use element::{bf16, f16, DType, Element, IndexElement, Scalar};
 pub use error::{Error, Result};
@@ -59,7 +62,7 @@ pub use redistribute::{
     plan_redistribute, plan_redistribute_at, redistribute_local, RedistributePlan, RedistributeStep,
 };
 pub use rng::manual_seed;
-pub use storage::{Device, Storage};
+pub use storage::Storage;
 // The typed markers share their names with the placement constructors above: those live in
 // the value namespace, these in the type namespace, so `Shard(0)` and `Shard<0>` coexist.
 pub use typed::{Avg, Dt, Max, Min, Partial, Product, Replicate, Shard, Sum};

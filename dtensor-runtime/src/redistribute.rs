@@ -8,12 +8,12 @@
 //! found whenever they are legal, since they move far fewer bytes than all-gather + chunk.
 
 use crate::comm::debug::{op_scope, CollectiveKind};
-use crate::comm::storage as comm_storage;
 use crate::dtensor::DTensor;
 use crate::element::Scalar;
 use crate::error::{Error, Result};
 use crate::layout::pack::{self, with_dim, PackPlan};
 use crate::layout::{chunk_size_and_offset, level_shape, padded_chunk};
+use crate::mesh::storage as comm_storage;
 use crate::mesh::DeviceMesh;
 use crate::placement::{fmt_placements, normalize_placements, Placement, ReduceOp};
 use crate::shape::checked_numel;
@@ -382,7 +382,7 @@ impl<T: Scalar> DTensor<T> {
     /// elsewhere, no communication); `Shard → Partial(avg|max|min|product)` and changing a
     /// Partial's reduce op are errors.
     pub fn redistribute(&self, to: &[Placement]) -> Result<DTensor<T>> {
-        T::redistribute_recorded(self, to, "redistribute")
+        crate::autograd::redistribute_recorded(self, to, "redistribute")
     }
 
     /// Redistribution without autograd bookkeeping whose collectives are attributed to `label`

@@ -58,15 +58,31 @@ pub fn checked_bytes<T>(context: &str, shape: &[usize]) -> Result<usize> {
         .ok_or_else(|| overflow(context, shape))
 }
 
+/// Row-major (C-contiguous) strides of a shape within [`checked_numel`]'s bound (a zero-sized
+/// dim counts as 1, as in ndarray); [`checked_strides`] checks first.
+pub(crate) fn contiguous_strides(shape: &[usize]) -> Vec<usize> {
+    let mut strides = vec![1; shape.len()];
+    for i in (0..shape.len().saturating_sub(1)).rev() {
+        strides[i] = strides[i + 1] * shape[i + 1].max(1);
+    }
+    strides
+}
+
 /// Row-major (C-contiguous) strides of `shape`, after [`checked_numel`]'s check.
 pub fn checked_strides(context: &str, shape: &[usize]) -> Result<Vec<usize>> {
     checked_numel(context, shape)?;
-    Ok(crate::layout::contiguous_strides(shape))
+    Ok(contiguous_strides(shape))
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn strides() {
+        assert_eq!(contiguous_strides(&[2, 3, 4]), vec![12, 4, 1]);
+        assert_eq!(contiguous_strides(&[]), Vec::<usize>::new());
+    }
 
     #[test]
     fn numel_and_its_bound() {

@@ -94,8 +94,8 @@ pub fn check_layout(
 
 /// AdamW hyper-parameters (PyTorch's defaults, weight decay 0.1) at step `t` (from 1), with
 /// the bias corrections the optimizer computes.
-pub fn adamw_step_at(t: i32) -> dtensor_runtime::storage::op::AdamWStep {
-    dtensor_runtime::storage::op::AdamWStep {
+pub fn adamw_step_at(t: i32) -> dtensor_runtime::op::AdamWStep {
+    dtensor_runtime::op::AdamWStep {
         lr: 0.01,
         beta1: 0.9,
         beta2: 0.999,

@@ -12,7 +12,7 @@ mod cuda_device;
 
 use cuda_device::device;
 use dtensor_runtime::cuda::CudaDevice;
-use dtensor_runtime::storage::op::{BinaryOp, Reduction, UnaryOp};
+use dtensor_runtime::op::{BinaryOp, Reduction, UnaryOp};
 use dtensor_runtime::storage::Storage;
 use dtensor_runtime::{
     from_local, launch, manual_seed, rand, Along, DTensor, DeviceMesh, FromLocal, Launch, Partial, Placement, RankCtx,

@@ -10,14 +10,16 @@ mod one_rank_comm;
 use common::{coord_of, expected_shard, global};
 use cuda_device::{device, down, up};
 use dtensor_runtime::comm::nccl::NcclComm;
+use dtensor_runtime::comm::{Buf, BufMut};
 use dtensor_runtime::cuda::{self, CudaDevice};
 use dtensor_runtime::ndarray::{ArrayD, Ix2, IxDyn};
-use dtensor_runtime::storage::op::{BinaryOp, Reduction, UnaryOp};
-use dtensor_runtime::storage::{CudaStorage, Device, Storage, Target};
+use dtensor_runtime::op::{BinaryOp, Reduction, UnaryOp};
+use dtensor_runtime::storage::{CudaStorage, Storage};
 use dtensor_runtime::{
     distribute_tensor, from_local, zeros, Communicator, DType, DeviceMesh, Error, FromLocal, ReduceOp, Replicate,
     Shard, TensorOptions,
 };
+use dtensor_runtime::{Device, Target};
 use one_rank_comm::OneRankComm;
 use std::sync::Arc;
 
@@ -352,7 +354,7 @@ fn buf_collectives_case<T: dtensor_runtime::Scalar>(
     let send = rank_values::<T>(comm.rank(), k);
     let d_send = dev_bytes::<T>(dev, &send);
     let mut d_recv = out(n * k);
-    comm.all_gather_buf(group, d_send.buf(), d_recv.buf_mut()?)?;
+    comm.all_gather_buf(group, Buf::of_cuda(&d_send), BufMut::of_cuda(&mut d_recv)?)?;
     let mut h_recv = vec![0u8; n * k * es];
     comm.all_gather_buf(group, Buf::Host(&send), BufMut::Host(&mut h_recv))?;
     let want: Vec<u8> = group.iter().flat_map(|&r| rank_values::<T>(r, k)).collect();
@@ -364,7 +366,7 @@ fn buf_collectives_case<T: dtensor_runtime::Scalar>(
     let send = rank_values::<T>(comm.rank(), n * k);
     let d_send = dev_bytes::<T>(dev, &send);
     let mut d_recv = out(n * k);
-    comm.all_to_all_buf(group, d_send.buf(), d_recv.buf_mut()?)?;
+    comm.all_to_all_buf(group, Buf::of_cuda(&d_send), BufMut::of_cuda(&mut d_recv)?)?;
     let mut h_recv = vec![0u8; n * k * es];
     comm.all_to_all_buf(group, Buf::Host(&send), BufMut::Host(&mut h_recv))?;
     let block = |r: usize, i: usize| rank_values::<T>(r, n * k)[i * k * es..(i + 1) * k * es].to_vec();
@@ -377,7 +379,7 @@ fn buf_collectives_case<T: dtensor_runtime::Scalar>(
     let send = rank_values::<T>(comm.rank(), k);
     let d_send = dev_bytes::<T>(dev, &send);
     let mut d_recv = out(k);
-    comm.broadcast_buf(group, d_send.buf(), d_recv.buf_mut()?, n - 1)?;
+    comm.broadcast_buf(group, Buf::of_cuda(&d_send), BufMut::of_cuda(&mut d_recv)?, n - 1)?;
     let mut h_recv = vec![0u8; k * es];
     comm.broadcast_buf(group, Buf::Host(&send), BufMut::Host(&mut h_recv), n - 1)?;
     let want = rank_values::<T>(group[n - 1], k);
@@ -398,14 +400,14 @@ fn buf_collectives_case<T: dtensor_runtime::Scalar>(
         let send = rank_values::<T>(comm.rank(), k);
         let d_send = dev_bytes::<T>(dev, &send);
         let mut d_recv = out(k);
-        comm.all_reduce_buf(group, d_send.buf(), d_recv.buf_mut()?, dtype, op)?;
+        comm.all_reduce_buf(group, Buf::of_cuda(&d_send), BufMut::of_cuda(&mut d_recv)?, dtype, op)?;
         let want = fold(group.iter().map(|&r| rank_values::<T>(r, k)).collect(), op);
         assert!(same_bits::<T>(&host_bytes(&d_recv), &want), "all_reduce {op} {ctx}");
 
         let send = rank_values::<T>(comm.rank(), n * k);
         let d_send = dev_bytes::<T>(dev, &send);
         let mut d_recv = out(k);
-        comm.reduce_scatter_buf(group, d_send.buf(), d_recv.buf_mut()?, dtype, op)?;
+        comm.reduce_scatter_buf(group, Buf::of_cuda(&d_send), BufMut::of_cuda(&mut d_recv)?, dtype, op)?;
         let want = fold(group.iter().map(|&r| block(r, me)).collect(), op);
         assert!(same_bits::<T>(&host_bytes(&d_recv), &want), "reduce_scatter {op} {ctx}");
         checked += 2;
@@ -442,7 +444,7 @@ fn cuda_threads_buf_collectives() {
             // A receive buffer of the wrong length is a typed error on every rank, no hang.
             let send = dev_bytes::<f32>(&dev, &rank_values::<f32>(ctx.rank(), 3));
             let mut short = CudaStorage::<f32>::zeros(&dev, &[3 * world + 1]).unwrap();
-            let e = comm.all_gather_buf(&groups[0], send.buf(), short.buf_mut()?).unwrap_err();
+            let e = comm.all_gather_buf(&groups[0], Buf::of_cuda(&send), BufMut::of_cuda(&mut short)?).unwrap_err();
             assert!(matches!(e, Error::BufferMismatch { .. }), "{e:?}");
             Ok(checked)
         });

@@ -17,9 +17,10 @@ use dtensor_runtime::cuda::CudaDevice;
 use dtensor_runtime::layout::pack;
 use dtensor_runtime::module::{distribute_module, Forward, Linear, Module};
 use dtensor_runtime::ndarray::{ArrayD, Axis, IxDyn};
+use dtensor_runtime::op::{BinaryOp, Distribution, RandomFill, Reduction, SgdStep, SoftmaxKind, UnaryOp};
 use dtensor_runtime::optim::{AdamW, Sgd};
-use dtensor_runtime::storage::op::{BinaryOp, Distribution, RandomFill, Reduction, SgdStep, SoftmaxKind, UnaryOp};
-use dtensor_runtime::storage::{CudaStorage, Target};
+use dtensor_runtime::storage::CudaStorage;
+use dtensor_runtime::Target;
 use dtensor_runtime::{
     bf16, distribute_tensor, f16, manual_seed, rand, randn, DTensor, Device, DeviceMesh, Element, Error, Replicate,
     Scalar, Storage, TensorOptions,

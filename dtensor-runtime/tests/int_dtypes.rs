@@ -454,7 +454,7 @@ fn bad_integer_ids_are_typed_errors() {
 
 #[test]
 fn byte_masks_in_where_and_masked_fill_equal_the_float_mask_path() {
-    use dtensor_runtime::storage::op::BinaryOp;
+    use dtensor_runtime::op::BinaryOp;
     let a = ArrayD::from_shape_fn(IxDyn(&[5, 3]), |ix| (ix[0] * 3 + ix[1]) as f32 * 0.5 - 3.0);
     let b = ArrayD::from_shape_fn(IxDyn(&[5, 3]), |ix| (ix[1] * 5 + ix[0]) as f32 * 0.3 - 2.0);
     let mut all = Vec::new();

@@ -5,7 +5,7 @@
 //! gradient.
 
 use dtensor_runtime::ndarray::{self, ArrayD, Axis, IxDyn};
-use dtensor_runtime::storage::op::BinaryOp;
+use dtensor_runtime::op::BinaryOp;
 use dtensor_runtime::{
     cat, distribute_tensor, run, stack, CommDebugMode, DTensor, DType, Error, Partial, Placement, ReduceOp, Replicate,
     Scalar, Shard,

@@ -8,14 +8,15 @@
 
 use super::{record, redistribute_grad};
 use crate::comm::self_comm::SelfComm;
+use crate::device::Target;
 use crate::dtensor::{from_local, DTensor, FromLocal};
 use crate::element::Element;
 use crate::error::{Error, Result};
 use crate::layout::local_shape_and_offset;
 use crate::mesh::DeviceMesh;
+use crate::op::UnaryOp;
 use crate::placement::{fmt_placements, normalize_placements, without_partials, Placement, ReduceOp};
-use crate::storage::op::UnaryOp;
-use crate::storage::{Storage, Target};
+use crate::storage::Storage;
 use std::cell::RefCell;
 use std::sync::Arc;
 

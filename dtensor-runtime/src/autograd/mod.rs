@@ -24,11 +24,13 @@
 //! ```
 
 mod engine;
+mod float_split;
 mod grad_reducer;
 mod local;
 mod options;
 
 pub(crate) use engine::input_needs_grad;
+pub(crate) use float_split::{redistribute_recorded, with_requires_grad};
 pub use local::{from_local_grad, is_local_mesh, local_mesh};
 pub use options::BackwardOptions;
 
@@ -122,38 +124,6 @@ impl<T: Scalar> fmt::Debug for AutogradMeta<T> {
             Some(n) => write!(f, "grad_fn={}", n.name),
         }
     }
-}
-
-/// The float-only ops that backward rules of ops generic over [`Scalar`] (views, slices,
-/// `where`, indexing) call: reached through [`Scalar::grad_kernels`], since those rules are
-/// written once for every element type and integers never record a backward.
-#[doc(hidden)]
-pub struct GradKernels<T: Scalar> {
-    /// Sums a broadcast gradient back to a shape.
-    pub(crate) sum_to: fn(DTensor<T>, &[usize]) -> Result<DTensor<T>>,
-    /// The gradient of `index_select`.
-    pub(crate) index_add: IndexGrad<T>,
-    /// The gradient of `gather`.
-    pub(crate) scatter_add: IndexGrad<T>,
-}
-
-/// The gradient of an indexing op: (output gradient, `i64` ids, dim, input shape) → input
-/// gradient.
-pub(crate) type IndexGrad<T> = fn(&DTensor<T>, &DTensor<i64>, usize, &[usize]) -> Result<DTensor<T>>;
-
-impl<T: Element> GradKernels<T> {
-    /// The kernels of a float type.
-    pub(crate) const FLOAT: GradKernels<T> = GradKernels {
-        sum_to: crate::ops::sum_to::<T>,
-        index_add: crate::ops::index::index_add::<T>,
-        scatter_add: crate::ops::index::scatter_add::<T>,
-    };
-}
-
-/// `T`'s [`GradKernels`], or an autograd error for an integer type (unreachable in practice:
-/// integer tensors cannot require grad, so no backward of theirs is recorded).
-pub(crate) fn grad_kernels<T: Scalar>() -> Result<GradKernels<T>> {
-    T::grad_kernels().ok_or_else(|| Error::Autograd(format!("dtype {} has no gradients", T::DTYPE)))
 }
 
 /// Will [`record`] attach a node for these inputs? (Ops check it before copying the tensors

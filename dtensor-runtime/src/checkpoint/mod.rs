@@ -53,8 +53,9 @@ mod index;
 pub(crate) mod safe_file;
 mod shard_file;
 
+pub use crate::error::{FileKind, FileProblem};
 pub use index::{CheckpointIndex, MeshInfo, ShardEntry, TensorEntry, FORMAT, INDEX_FILE, VERSION};
-pub use safe_file::{FileKind, FileProblem, MAX_INDEX_BYTES};
+pub use safe_file::MAX_INDEX_BYTES;
 
 use crate::dtensor::DTensor;
 use crate::element::Scalar;

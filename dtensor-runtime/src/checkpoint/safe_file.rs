@@ -22,8 +22,7 @@
 //! the target's directory, synced, then renamed over the target: a crash leaves the old file
 //! or the new one, and a symbolic link planted at either name is replaced, never followed.
 
-use crate::error::{Error, Result};
-use std::fmt;
+use crate::error::{Error, FileKind, FileProblem, Result};
 use std::fs::{File, Metadata};
 use std::io::{Read, Write};
 use std::path::{Path, PathBuf};
@@ -32,105 +31,32 @@ use std::path::{Path, PathBuf};
 /// shard entries.
 pub const MAX_INDEX_BYTES: u64 = 256 << 20;
 
-/// What a directory entry is, when it is not a regular file.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-#[non_exhaustive]
-pub enum FileKind {
-    /// A directory.
-    Directory,
-    /// A named pipe (FIFO): opening it for reading blocks until a writer appears.
-    Fifo,
-    /// A character device (e.g. `/dev/null`).
-    CharDevice,
-    /// A block device (e.g. a disk).
-    BlockDevice,
-    /// A Unix domain socket.
-    Socket,
-    /// A symbolic link (not followed).
-    Symlink,
-    /// Any other kind the platform reports.
-    Other,
-}
-
-impl FileKind {
-    fn of(meta: &Metadata) -> FileKind {
-        let t = meta.file_type();
-        if t.is_dir() {
-            return FileKind::Directory;
-        }
-        if t.is_symlink() {
-            return FileKind::Symlink;
-        }
-        #[cfg(unix)]
-        {
-            use std::os::unix::fs::FileTypeExt;
-            if t.is_fifo() {
-                return FileKind::Fifo;
-            }
-            if t.is_char_device() {
-                return FileKind::CharDevice;
-            }
-            if t.is_block_device() {
-                return FileKind::BlockDevice;
-            }
-            if t.is_socket() {
-                return FileKind::Socket;
-            }
-        }
-        FileKind::Other
+/// What `meta` says the entry is.
+fn kind_of(meta: &Metadata) -> FileKind {
+    let t = meta.file_type();
+    if t.is_dir() {
+        return FileKind::Directory;
     }
-}
-
-impl fmt::Display for FileKind {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(match self {
-            FileKind::Directory => "a directory",
-            FileKind::Fifo => "a FIFO (named pipe)",
-            FileKind::CharDevice => "a character device",
-            FileKind::BlockDevice => "a block device",
-            FileKind::Socket => "a socket",
-            FileKind::Symlink => "a symbolic link",
-            FileKind::Other => "not a regular file",
-        })
+    if t.is_symlink() {
+        return FileKind::Symlink;
     }
-}
-
-/// Why a file was refused ([`Error::UnsafeFile`]).
-#[derive(Debug, Clone, PartialEq, Eq)]
-#[non_exhaustive]
-pub enum FileProblem {
-    /// The entry (or the target of its link) is not a regular file.
-    NotRegular(FileKind),
-    /// A symbolic link whose resolved target lies outside the directory.
-    LeavesDirectory {
-        /// Where the link resolves to.
-        target: String,
-    },
-    /// Longer than the cap of a whole-file read.
-    TooLarge {
-        /// The file's length, in bytes.
-        len: u64,
-        /// The cap of this read, in bytes.
-        max: u64,
-    },
-    /// The name is not a plain file name inside the directory.
-    NotPlainName,
-    /// The entry changed between its inspection and its opening.
-    Replaced,
-}
-
-impl fmt::Display for FileProblem {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        match self {
-            FileProblem::NotRegular(k) => write!(f, "it is {k}, not a regular file"),
-            FileProblem::LeavesDirectory { target } => {
-                write!(f, "it is a symbolic link to `{target}`, outside the directory")
-            }
-            FileProblem::TooLarge { len, max } => write!(f, "it has {len} bytes, more than the {max} allowed"),
-            FileProblem::NotPlainName => f.write_str("not a plain file name inside the directory"),
-            FileProblem::Replaced => f.write_str("it was replaced while being opened"),
+    #[cfg(unix)]
+    {
+        use std::os::unix::fs::FileTypeExt;
+        if t.is_fifo() {
+            return FileKind::Fifo;
+        }
+        if t.is_char_device() {
+            return FileKind::CharDevice;
+        }
+        if t.is_block_device() {
+            return FileKind::BlockDevice;
+        }
+        if t.is_socket() {
+            return FileKind::Socket;
         }
     }
+    FileKind::Other
 }
 
 fn refused(path: &Path, problem: FileProblem) -> Error {
@@ -210,12 +136,12 @@ impl SafeDir {
             meta = std::fs::symlink_metadata(&target).map_err(|e| io_error(&shown, "cannot open", e))?;
         }
         if !meta.is_file() {
-            return Err(refused(&shown, FileProblem::NotRegular(FileKind::of(&meta))));
+            return Err(refused(&shown, FileProblem::NotRegular(kind_of(&meta))));
         }
         let file = open_no_follow(&target).map_err(|e| io_error(&shown, "cannot open", e))?;
         let opened = file.metadata().map_err(|e| io_error(&shown, "cannot stat", e))?;
         if !opened.is_file() {
-            return Err(refused(&shown, FileProblem::NotRegular(FileKind::of(&opened))));
+            return Err(refused(&shown, FileProblem::NotRegular(kind_of(&opened))));
         }
         if !same_file(&meta, &opened) {
             return Err(refused(&shown, FileProblem::Replaced));
@@ -312,7 +238,7 @@ mod tests {
         let c = std::ffi::CString::new(fifo.to_str().unwrap()).unwrap();
         assert_eq!(unsafe { libc::mkfifo(c.as_ptr(), 0o600) }, 0);
         let f = open_no_follow(&fifo).expect("a FIFO opens at once with O_NONBLOCK");
-        assert_eq!(FileKind::of(&f.metadata().unwrap()), FileKind::Fifo);
+        assert_eq!(kind_of(&f.metadata().unwrap()), FileKind::Fifo);
         let link = dir.path().join("link");
         std::os::unix::fs::symlink(&fifo, &link).unwrap();
         assert!(open_no_follow(&link).is_err(), "O_NOFOLLOW");

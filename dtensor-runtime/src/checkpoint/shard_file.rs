@@ -9,7 +9,7 @@ use super::index::safetensors_dtype;
 use super::safe_file::SafeDir;
 use crate::element::Scalar;
 use crate::error::{Error, Result};
-use crate::layout::contiguous_strides;
+use crate::shape::contiguous_strides;
 use ndarray::ArrayD;
 use safetensors::tensor::Metadata;
 use safetensors::Dtype;

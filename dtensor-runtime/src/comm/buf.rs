@@ -210,11 +210,36 @@ pub mod staged {
 
 #[cfg(feature = "cuda")]
 mod device {
+    use super::{Buf, BufMut};
     use crate::cuda::{cuda_err, CudaDevice};
+    use crate::element::Scalar;
     use crate::error::Result;
+    use crate::storage::CudaStorage;
     use cudarc::driver::{CudaView, CudaViewMut};
     use std::fmt;
     use std::sync::Arc;
+
+    impl<'a> Buf<'a> {
+        /// A device shard as a collective's input: its bytes ([`Buf::Host`] of nothing when
+        /// empty, since an empty shard holds no allocation).
+        pub fn of_cuda<T: Scalar>(s: &'a CudaStorage<T>) -> Buf<'a> {
+            match s.device_bytes() {
+                (Some(view), device) => Buf::Cuda(CudaBytes { view, device }),
+                (None, _) => Buf::Host(&[]),
+            }
+        }
+    }
+
+    impl<'a> BufMut<'a> {
+        /// A device shard as a collective's output (copied first when shared): its bytes, or
+        /// [`BufMut::Host`] of nothing when empty.
+        pub fn of_cuda<T: Scalar>(s: &'a mut CudaStorage<T>) -> Result<BufMut<'a>> {
+            Ok(match s.device_bytes_mut()? {
+                (Some(view), device) => BufMut::Cuda(CudaBytesMut { view, device }),
+                (None, _) => BufMut::Host(&mut []),
+            })
+        }
+    }
 
     /// Bytes of device memory and the device handle whose stream orders work on them.
     pub struct CudaBytes<'a> {
@@ -332,6 +357,7 @@ mod absent {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::comm::Communicator;
     use crate::element::DType;
     use crate::error::Error;
     use crate::placement::ReduceOp;
@@ -340,10 +366,11 @@ mod tests {
     /// thread backend (uneven values, 3 ranks).
     #[test]
     fn host_buffers_match_the_host_collectives() {
-        let out = crate::launch::run(3, |ctx| {
-            let c = ctx.comm();
+        let world = crate::comm::threads::ThreadWorld::new(3, std::time::Duration::from_secs(30));
+        let rank = |r: usize| -> Result<Vec<f32>> {
+            let c = world.communicator(r)?;
             let g = [0usize, 1, 2];
-            let me = ctx.rank() as f32;
+            let me = r as f32;
             let xs: Vec<f32> = (0..6).map(|i| me * 10.0 + i as f32 * 0.5).collect();
             let send: &[u8] = bytemuck::cast_slice(&xs);
             let f32s = |b: &[u8]| bytemuck::pod_collect_to_vec::<u8, f32>(b);
@@ -383,8 +410,11 @@ mod tests {
             let e = c.broadcast_buf(&g, Buf::Host(send), BufMut::Host(&mut short), 0).unwrap_err();
             assert!(matches!(e, Error::BufferMismatch { .. }), "{e:?}");
             Ok(f32s(&a))
-        })
-        .unwrap();
+        };
+        let out: Vec<Vec<f32>> = std::thread::scope(|s| {
+            let ranks: Vec<_> = (0..3).map(|r| s.spawn(move || rank(r))).collect();
+            ranks.into_iter().map(|h| h.join().unwrap().unwrap()).collect()
+        });
         let root: Vec<f32> = (0..6).map(|i| 20.0 + i as f32 * 0.5).collect();
         assert!(out.iter().all(|v| *v == root));
     }

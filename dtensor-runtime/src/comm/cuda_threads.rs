@@ -18,7 +18,7 @@
 //! peer still reads it. A peer that fails surfaces as the thread backend's `PeerFailed` or
 //! `CollectiveTimeout`. Groups of one copy locally without a rendezvous.
 //!
-//! This is the default; `DTENSOR_CUDA_THREADS_STAGE=host` at launch (see [`STAGE_ENV`]) stages
+//! This is the default; `DTENSOR_CUDA_THREADS_STAGE=host` at launch (see [`STAGE_ENV`](crate::env::STAGE_ENV)) stages
 //! every collective through the host instead. Both paths passed the GPU check on an H200
 //! (the redistribution property test, the `*_buf` collectives against the host, `mlp_tp` on a
 //! 2x2 mesh), on one GPU. Always staged through the host: host buffers (the inner collectives
@@ -32,35 +32,17 @@ use super::buf::{self, Buf, BufMut, Reduce};
 use super::threads::ThreadComm;
 use super::{fingerprint, Communicator, RecvBuf};
 use crate::cuda::CudaDevice;
+use crate::device::Device;
 use crate::element::DType;
 use crate::error::Result;
 use crate::placement::ReduceOp;
-use crate::storage::Device;
 use std::sync::Arc;
 
-/// The environment variable that picks the path of collectives on device buffers: `host`
-/// stages them through the host; `device`, or unset, moves them device to device.
-pub const STAGE_ENV: &str = "DTENSOR_CUDA_THREADS_STAGE";
-
-/// Whether [`STAGE_ENV`] asks for the host-staged path.
-///
-/// Errors: [`Error::InvalidArgument`](crate::Error::InvalidArgument) naming the variable and
-/// its value for anything but `host` or `device` (any case), checked by the launch before
-/// any rank starts.
-pub fn stage_from_env() -> Result<bool> {
-    let Some(v) = crate::env::var(STAGE_ENV)? else { return Ok(false) };
-    match v.trim().to_ascii_lowercase().as_str() {
-        "host" => Ok(true),
-        "device" => Ok(false),
-        _ => Err(crate::env::invalid(STAGE_ENV, &format!("{v:?}"), "host or device")),
-    }
-}
-
-/// Whether [`STAGE_ENV`] leaves the device-to-device path on (each rank reads it when created;
-/// a value [`stage_from_env`] rejects is reported once on stderr and leaves it on).
+/// Whether [`STAGE_ENV`](crate::env::STAGE_ENV) leaves the device-to-device path on (each rank reads it when created;
+/// a value [`cuda_threads_stage_host`](crate::env::cuda_threads_stage_host) rejects is reported once on stderr and leaves it on).
 pub fn device_path_from_env() -> bool {
-    !stage_from_env().unwrap_or_else(|e| {
-        crate::env::warn_once(STAGE_ENV, &e);
+    !crate::env::cuda_threads_stage_host().unwrap_or_else(|e| {
+        crate::env::warn_once(crate::env::STAGE_ENV, &e);
         false
     })
 }
@@ -70,19 +52,19 @@ pub fn device_path_from_env() -> bool {
 pub struct CudaThreadsComm {
     inner: ThreadComm,
     device: Arc<CudaDevice>,
-    /// [`STAGE_ENV`] asked for the host-staged path when the rank was created.
+    /// [`STAGE_ENV`](crate::env::STAGE_ENV) asked for the host-staged path when the rank was created.
     stage_host: bool,
 }
 
 impl CudaThreadsComm {
     /// The rank of `inner` with its shards on `device` (open one handle per rank: each owns
-    /// its stream). Reads [`STAGE_ENV`] once, here.
+    /// its stream). Reads [`STAGE_ENV`](crate::env::STAGE_ENV) once, here.
     pub fn new(inner: ThreadComm, device: Arc<CudaDevice>) -> Self {
         let stage_host = !device_path_from_env();
         CudaThreadsComm { inner, device, stage_host }
     }
 
-    /// Whether the device path is off (see [`STAGE_ENV`]).
+    /// Whether the device path is off (see [`STAGE_ENV`](crate::env::STAGE_ENV)).
     pub fn stages_through_host(&self) -> bool {
         self.stage_host
     }
@@ -267,8 +249,8 @@ mod d2d {
     use crate::cuda::cuda_err;
     use crate::element::DType;
     use crate::error::Result;
+    use crate::op::BinaryOp;
     use crate::placement::ReduceOp;
-    use crate::storage::op::BinaryOp;
     use cudarc::driver::{DevicePtr, DevicePtrMut};
 
     /// Whether `dtype` reduces on the device (it has the element-wise `binary` kernel).

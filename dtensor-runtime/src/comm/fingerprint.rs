@@ -43,37 +43,7 @@ use crate::element::DType;
 use crate::error::{Error, Result};
 use crate::placement::ReduceOp;
 use std::collections::HashMap;
-use std::sync::{Mutex, OnceLock};
-
-/// The environment variable that switches the check on for new meshes (value `detail`).
-pub const DEBUG_ENV: &str = "DTENSOR_DEBUG";
-
-/// Whether `DTENSOR_DEBUG` switches the check on (read once per process): `detail` does;
-/// unset, empty, `off` and `info` (PyTorch's level that adds no check) do not.
-///
-/// Errors: [`Error::InvalidArgument`] naming the variable and its value for any other value
-/// (a typo must not silently leave the check off), not UTF-8 included.
-pub fn from_env() -> Result<bool> {
-    static ON: OnceLock<Result<bool>> = OnceLock::new();
-    ON.get_or_init(|| parse(crate::env::var(DEBUG_ENV)?.as_deref())).clone()
-}
-
-/// [`from_env`] on a given value (`None`: unset).
-pub fn parse(value: Option<&str>) -> Result<bool> {
-    let Some(v) = value else { return Ok(false) };
-    match v.trim().to_ascii_lowercase().as_str() {
-        "" | "off" | "info" => Ok(false),
-        "detail" => Ok(true),
-        _ => Err(crate::env::invalid(DEBUG_ENV, &format!("{v:?}"), "off, info or detail")),
-    }
-}
-
-/// Whether `DTENSOR_DEBUG=detail` is set (read once per process); `false` for a value
-/// [`from_env`] rejects (meshes are not created then: [`DeviceMesh::new`](crate::DeviceMesh::new)
-/// returns that error).
-pub fn enabled_by_env() -> bool {
-    from_env().unwrap_or(false)
-}
+use std::sync::Mutex;
 
 /// Sequence numbers of checked collectives, per group, of one communicator.
 #[derive(Debug, Default)]
@@ -269,15 +239,5 @@ mod tests {
             );
         }
         assert_ne!(dtype_code("c64"), dtype_code("c128"));
-    }
-
-    #[test]
-    fn debug_values() {
-        assert_eq!(parse(None), Ok(false));
-        assert_eq!(parse(Some("DETAIL ")), Ok(true));
-        assert_eq!(parse(Some("off")), Ok(false));
-        assert_eq!(parse(Some("info")), Ok(false));
-        let e = parse(Some("details")).unwrap_err();
-        assert!(e.to_string().contains("DTENSOR_DEBUG") && e.to_string().contains("details"), "{e}");
     }
 }

@@ -7,7 +7,7 @@
 //! - [`cuda_threads`]: thread ranks whose shards live on GPUs.
 //!
 //! Redistribution and ops never call a backend directly: they go through the typed collectives of
-//! [`DeviceMesh`](crate::DeviceMesh) (`mesh.rs`),
+//! [`DeviceMesh`](crate::DeviceMesh) (`mesh/`),
 //! which works on typed slices, pads uneven shards and records every call for
 //! [`CommDebugMode`](crate::CommDebugMode).
 
@@ -29,16 +29,15 @@ pub mod pending;
 mod recv;
 pub mod reduce;
 pub(crate) mod self_comm;
-pub(crate) mod storage;
 pub mod threads;
 pub mod timeout;
 pub(crate) mod variable;
 
 use crate::cuda::CudaDevice;
+use crate::device::Device;
 use crate::element::DType;
 use crate::error::Result;
 use crate::placement::ReduceOp;
-use crate::storage::Device;
 use std::fmt;
 use std::sync::Arc;
 

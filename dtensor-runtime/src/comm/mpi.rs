@@ -28,7 +28,7 @@
 //!   collective this rank will never enter;
 //! * a process that dies makes `mpirun` terminate the job;
 //! * a watchdog thread aborts the job when one collective waits longer than
-//!   `DTENSOR_TIMEOUT_MS` (default [`DEFAULT_TIMEOUT`](super::timeout::DEFAULT_TIMEOUT)): the
+//!   `DTENSOR_TIMEOUT_MS` (default [`DEFAULT_TIMEOUT`](crate::env::DEFAULT_TIMEOUT)): the
 //!   peer is alive but never calls it (e.g. ranks called collectives in a different order).
 //!
 //! # Process lifetime
@@ -97,7 +97,7 @@ unsafe extern "C" {
 /// [`Error::Backend`] when the library grants less than `MPI_THREAD_SERIALIZED`, and with
 /// [`Error::InvalidArgument`] when `DTENSOR_TIMEOUT_MS` is malformed or 0.
 pub fn init() -> Result<()> {
-    let t = super::timeout::from_env()?;
+    let t = crate::env::timeout()?;
     let r = INIT.get_or_init(|| {
         if mpi::environment::is_finalized() {
             return Err("MPI was already finalised in this process".into());

@@ -38,10 +38,10 @@ use super::nccl_version::{GroupStrategy, NcclVersion};
 use super::{check, group, reduce};
 use super::{Buf, BufMut, Communicator, RecvBuf};
 use crate::cuda::{cuda_err, require, CudaDevice, CudaLib};
+use crate::device::Device;
 use crate::element::DType;
 use crate::error::{Error, Result};
 use crate::placement::ReduceOp;
-use crate::storage::Device;
 use cudarc::driver::{CudaSlice, CudaStream, DevicePtr, DevicePtrMut};
 use cudarc::nccl::{result, sys};
 use std::collections::HashMap;
@@ -119,7 +119,7 @@ impl NcclComm {
         if rank >= size {
             return Err(Error::RankOutOfRange { rank, world_size: size });
         }
-        let timeout = super::timeout::from_env()?;
+        let timeout = crate::env::timeout()?;
         let version = version()?;
         device.context().bind_to_thread().map_err(|e| cuda_err("binding the CUDA context", e))?;
         let uid = sys::ncclUniqueId { internal: id.map(|b| b as std::ffi::c_char) };
@@ -134,7 +134,7 @@ impl NcclComm {
     /// by `ncclCommInitAll` in this thread: the thread mode of [`Launch::Nccl`](crate::Launch::Nccl).
     pub fn init_all(devices: &[Arc<CudaDevice>]) -> Result<Vec<NcclComm>> {
         require(CudaLib::Nccl)?;
-        let timeout = super::timeout::from_env()?;
+        let timeout = crate::env::timeout()?;
         let version = version()?;
         let n = devices.len();
         let ordinals: Vec<i32> = devices.iter().map(|d| d.ordinal() as i32).collect();
@@ -200,7 +200,7 @@ impl NcclComm {
     /// `DTENSOR_TIMEOUT_MS`.
     pub fn from_env(device: &Arc<CudaDevice>) -> Result<NcclComm> {
         let rv = Rendezvous::from_env()?;
-        let id = rv.share_from_rank0(super::timeout::from_env()?, unique_id)?;
+        let id = rv.share_from_rank0(crate::env::timeout()?, unique_id)?;
         Self::with_id(device, rv.rank, rv.world_size, &id)
     }
 

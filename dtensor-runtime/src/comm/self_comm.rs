@@ -3,10 +3,10 @@
 
 use super::{Communicator, RecvBuf};
 use crate::cuda::CudaDevice;
+use crate::device::{Device, Target};
 use crate::element::DType;
 use crate::error::Result;
 use crate::placement::ReduceOp;
-use crate::storage::{Device, Target};
 use std::sync::Arc;
 
 /// The communicator of a one-rank world on one device: every collective is a copy.

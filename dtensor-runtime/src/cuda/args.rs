@@ -7,9 +7,9 @@
 
 use super::source::MAX_DIMS;
 use crate::error::{Error, Result};
-use crate::layout::contiguous_strides;
 use crate::layout::pack::PackPlan;
-use crate::storage::op::{BinaryOp, Reduction, UnaryOp};
+use crate::op::{BinaryOp, Reduction, UnaryOp};
+use crate::shape::contiguous_strides;
 
 /// Output shape and the element strides of up to two operands: the kernels' `struct Strided`.
 #[repr(C)]

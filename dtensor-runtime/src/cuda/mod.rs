@@ -27,6 +27,8 @@ pub mod args;
 #[cfg(feature = "cuda")]
 mod device;
 #[cfg(feature = "cuda")]
+mod element;
+#[cfg(feature = "cuda")]
 pub mod kernels;
 pub mod source;
 
@@ -34,6 +36,8 @@ pub mod source;
 pub use absent::CudaDevice;
 #[cfg(feature = "cuda")]
 pub use device::CudaDevice;
+#[cfg(feature = "cuda")]
+pub use element::CudaElement;
 
 /// A CUDA library this crate loads at run time.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

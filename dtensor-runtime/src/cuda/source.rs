@@ -20,7 +20,8 @@
 //!
 //! Always compiled (it is only text), so the CPU tests can read it without the `cuda` feature.
 
-use crate::storage::op::{GELU_A, GELU_C};
+use crate::op::{GELU_A, GELU_C};
+use crate::rng::{LN2_HI, LN2_LO, LOG_TERMS, TRIG_TERMS};
 
 /// The floats: (kernel name suffix, C storage type, C compute type, `LD(x)` widening a
 /// stored element to the compute type, `ST(x)` rounding a computed value to the storage type).
@@ -701,16 +702,6 @@ extern "C" __global__ void K(check_ids)(const i64* ids, u64 n, u64 bound, int* b
 }
 "#;
 
-/// Number of terms of the `ln` series of [`RNG_SOURCE`] (also used by `crate::rng`).
-pub const LOG_TERMS: i32 = 12;
-/// Number of terms of the sine and cosine series of [`RNG_SOURCE`].
-pub const TRIG_TERMS: i32 = 11;
-
-/// `ln 2` rounded so that `e·LN2_HI` is exact for any exponent (fdlibm's `ln2_hi`).
-pub const LN2_HI: f64 = 6.931_471_803_691_238e-1;
-/// `ln 2 - LN2_HI` (fdlibm's `ln2_lo`).
-pub const LN2_LO: f64 = 1.908_214_929_270_587_7e-10;
-
 /// The `#define`s [`RNG_SOURCE`] needs: term counts and constants, printed from the Rust
 /// values `crate::rng` uses (shortest round-trip form, so C reads the same doubles).
 pub fn rng_defines() -> String {
@@ -789,5 +780,74 @@ mod tests {
             assert!(!block.contains("S* ids") && !block.contains("T* ids"), "an id read as an element");
         }
         assert!(src.contains("cast_f64_f32") && src.contains("cast_i64_u8"));
+    }
+
+    /// The C text of the CUDA kernels' random numbers, compiled by the host C compiler, gives
+    /// the host generator's values bit for bit (the device computes the same IEEE operations;
+    /// the GPU test checks the device itself).
+    #[test]
+    fn cuda_rng_source_matches_the_host_generator_bit_for_bit() {
+        use crate::rng::{Stream, DEFAULT_SEED};
+        use rand_philox::splitmix64;
+        use std::process::Command;
+        let harness = r#"
+int main(int argc, char** argv) {
+    unsigned int k0 = (unsigned int)strtoul(argv[1], 0, 10), k1 = (unsigned int)strtoul(argv[2], 0, 10);
+    unsigned long long offset = strtoull(argv[3], 0, 10), n = strtoull(argv[4], 0, 10);
+    for (unsigned long long i = 0; i < n; ++i)
+        for (int normal = 0; normal < 2; ++normal) {
+            double v = dt_random(i, k0, k1, offset, normal);
+            unsigned long long bits;
+            memcpy(&bits, &v, 8);
+            printf("%llx\n", bits);
+        }
+    return 0;
+}
+"#;
+        let dir = tempfile::tempdir().unwrap();
+        let c = dir.path().join("rng.c");
+        let exe = dir.path().join("rng");
+        let head =
+            "#include <math.h>\n#include <stdio.h>\n#include <stdlib.h>\n#include <string.h>\n#define DEV static\n";
+        std::fs::write(&c, format!("{head}{}{RNG_SOURCE}{harness}", rng_defines())).unwrap();
+        let cc = std::env::var("CC").unwrap_or_else(|_| "cc".into());
+        let built = Command::new(&cc)
+            .args(["-O2", "-std=c99", "-ffp-contract=off", "-o"])
+            .arg(&exe)
+            .arg(&c)
+            .arg("-lm")
+            .output();
+        match built {
+            Ok(o) if o.status.success() => {}
+            Ok(o) => panic!("{cc} rejected the kernels' RNG source: {}", String::from_utf8_lossy(&o.stderr)),
+            Err(e) => {
+                eprintln!("skipping: no host C compiler `{cc}` ({e})");
+                return;
+            }
+        }
+        let n = 2048usize;
+        for (seed, offset) in [(0u64, 0u64), (DEFAULT_SEED, 17), (42, (1 << 32) - 100), (u64::MAX, 1 << 40)] {
+            let key = splitmix64(seed);
+            let out = Command::new(&exe)
+                .args([(key as u32).to_string(), ((key >> 32) as u32).to_string(), offset.to_string(), n.to_string()])
+                .output()
+                .unwrap();
+            let text = String::from_utf8(out.stdout).unwrap();
+            let got: Vec<u64> = text.lines().map(|l| u64::from_str_radix(l, 16).unwrap()).collect();
+            assert_eq!(got.len(), 2 * n);
+            let mut s = Stream::new(seed, offset);
+            for i in 0..n {
+                assert_eq!(
+                    got[2 * i],
+                    s.uniform::<f64>(i).to_bits(),
+                    "uniform, seed {seed}, offset {offset}, element {i}"
+                );
+                assert_eq!(
+                    got[2 * i + 1],
+                    s.normal::<f64>(i).to_bits(),
+                    "normal, seed {seed}, offset {offset}, element {i}"
+                );
+            }
+        }
     }
 }

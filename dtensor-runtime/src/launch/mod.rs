@@ -33,11 +33,11 @@ mod threads;
 
 pub use threads::{run, LocalWorld, DEFAULT_STACK_SIZE, MAX_WORLD_SIZE};
 
-pub use crate::comm::timeout::DEFAULT_TIMEOUT;
 use crate::comm::Communicator;
+use crate::device::Device;
+pub use crate::env::DEFAULT_TIMEOUT;
 use crate::error::{Error, Result};
 use crate::mesh::DeviceMesh;
-use crate::storage::Device;
 use std::cell::RefCell;
 use std::fmt;
 use std::str::FromStr;

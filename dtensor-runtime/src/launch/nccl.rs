@@ -116,7 +116,7 @@ mod run {
     use super::super::{panic_message, set_current_mesh, RankCtx};
     use super::{check_thread_world, process_from_lookup};
     use crate::comm::nccl::{unique_id, NcclComm};
-    use crate::comm::{timeout, Communicator};
+    use crate::comm::Communicator;
     use crate::cuda::{self, CudaDevice};
     use crate::error::{Error, Result};
     use std::sync::{Arc, Mutex};
@@ -146,7 +146,7 @@ mod run {
                     });
                 }
                 let device = CudaDevice::new(p.local_rank)?;
-                let id = rv.share_from_rank0(timeout::from_env()?, unique_id)?;
+                let id = rv.share_from_rank0(crate::env::timeout()?, unique_id)?;
                 let comm = Arc::new(NcclComm::with_id(&device, rv.rank, rv.world_size, &id)?);
                 let dyn_comm: Arc<dyn Communicator> = comm.clone();
                 let out = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| f(RankCtx::new(dyn_comm))));

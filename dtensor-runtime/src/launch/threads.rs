@@ -2,7 +2,6 @@
 
 use super::{panic_message, set_current_mesh, RankCtx};
 use crate::comm::threads::{ThreadComm, ThreadWorld};
-use crate::comm::timeout;
 use crate::comm::Communicator;
 use crate::error::{Error, Result};
 use std::sync::Arc;
@@ -98,8 +97,8 @@ impl LocalWorld {
         check_world_size("run", self.size)?;
         crate::env::check()?;
         let timeout = match self.timeout {
-            Some(t) => timeout::check(t)?,
-            None => timeout::from_env()?,
+            Some(t) => crate::env::check_timeout(t)?,
+            None => crate::env::timeout()?,
         };
         let world = ThreadWorld::new(self.size, timeout);
         let hooks = RankHooks {

@@ -15,8 +15,8 @@ use crate::dtensor::DTensor;
 use crate::element::Element;
 use crate::error::{Error, Result};
 use crate::layout::local_shape_and_offset;
+use crate::op::{Distribution, RandomFill, UnaryOp};
 use crate::rng;
-use crate::storage::op::{Distribution, RandomFill, UnaryOp};
 use crate::storage::Storage;
 
 impl<T: Element> DTensor<T> {

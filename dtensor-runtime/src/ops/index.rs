@@ -13,10 +13,11 @@
 //! (an output sharded on `dim` gives a Partial(sum) gradient).
 
 use super::embedding::ids_i64;
+use super::grad_kernels;
 use super::slice::ALL_OPS;
 use super::strategy::{partial_ops, select_pair, DimRule, Select};
 use super::{new_output, norm_dim};
-use crate::autograd::{grad_kernels, record};
+use crate::autograd::record;
 use crate::dtensor::DTensor;
 use crate::element::{Element, IndexElement, Scalar};
 use crate::error::{Error, Result};

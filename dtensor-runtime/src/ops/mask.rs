@@ -13,16 +13,17 @@
 //! shard of the matrix dims masks its own part without communication (PyTorch replicates the
 //! two matrix dims instead); they are linear, so Partial(sum/avg) stays.
 
+use super::grad_kernels;
 use super::new_output;
 use super::pointwise::{rules, Linearity};
 use super::strategy::{partial_ops, select, DimRule, Select};
-use crate::autograd::{grad_kernels, input_needs_grad, no_grad, record, recording};
+use crate::autograd::{input_needs_grad, no_grad, record, recording};
 use crate::dtensor::DTensor;
 use crate::element::{Element, Scalar};
 use crate::error::{Error, Result};
+use crate::op::BinaryOp;
 use crate::placement::{contains_op, Placement, ReduceOp};
 use crate::storage::broadcast_shape;
-use crate::storage::op::BinaryOp;
 use std::borrow::Cow;
 
 /// A 0-d replicated tensor of value `v` on `like`'s mesh and device (no history).

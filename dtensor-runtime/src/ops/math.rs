@@ -9,7 +9,7 @@ use super::pointwise::{partials_kept, unary, UnaryKind};
 use crate::dtensor::DTensor;
 use crate::element::Element;
 use crate::error::{Error, Result};
-use crate::storage::op::UnaryOp;
+use crate::op::UnaryOp;
 use std::str::FromStr;
 
 /// The `approximate` argument of PyTorch's `gelu`.

@@ -24,7 +24,7 @@
 //! Comparisons, `where`, `masked_fill`, views, slices, `cat`, `repeat` and indexing are
 //! written once over [`Scalar`], so integer tensors (`i64`, `i32`, `u8`) take
 //! them under the same rules; their backward rules reach float-only ops through
-//! `Scalar::grad_kernels`, and an integer tensor never records one. Every other op needs
+//! `grad_kernels`, and an integer tensor never records one. Every other op needs
 //! [`Element`] (floats).
 //!
 //! When the inputs match no rule, the op redistributes them to the strategy that moves the
@@ -40,6 +40,7 @@ pub mod attention;
 pub mod cat;
 pub mod dropout;
 pub mod embedding;
+mod grad_kernels;
 pub mod implicit;
 pub mod index;
 pub mod loss;
@@ -59,6 +60,8 @@ pub use attention::{rotary_tables, scaled_dot_product_attention};
 pub use cat::{cat, stack};
 pub use math::GeluApproximate;
 pub use strategy::{implicit_redistribution_count, implicit_redistributions, ImplicitRedistribute};
+
+pub(crate) use grad_kernels::grad_kernels;
 
 use crate::dtensor::DTensor;
 use crate::element::{Element, Scalar};

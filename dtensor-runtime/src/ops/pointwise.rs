@@ -13,9 +13,9 @@ use crate::autograd::{input_needs_grad, record, recording};
 use crate::dtensor::DTensor;
 use crate::element::Element;
 use crate::error::{Error, Result};
+use crate::op::{BinaryOp, UnaryOp};
 use crate::placement::{Placement, ReduceOp};
 pub(crate) use crate::storage::broadcast_shape;
-use crate::storage::op::{BinaryOp, UnaryOp};
 
 const R: Placement = Placement::Replicate;
 /// Partial reduce ops a linear op keeps.

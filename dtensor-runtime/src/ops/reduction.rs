@@ -14,10 +14,10 @@ use crate::autograd::{record, recording};
 use crate::dtensor::DTensor;
 use crate::element::Element;
 use crate::error::Result;
+use crate::op::Reduction;
 use crate::placement::fmt_placements;
 use crate::placement::{Placement, ReduceOp};
 use crate::storage::empty_reduction;
-use crate::storage::op::Reduction;
 
 /// The reductions (`mean` is a sum, then a scale).
 #[derive(Clone, Copy, PartialEq, Eq, Debug)]

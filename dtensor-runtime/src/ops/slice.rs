@@ -48,7 +48,7 @@ pub(crate) fn unshard_dim<T: Scalar>(x: &DTensor<T>, dim: usize, op: &'static st
     let to: Vec<Placement> =
         x.placements.iter().map(|p| if p.is_shard_on(dim) { Placement::Replicate } else { *p }).collect();
     super::implicit::check(op, 0, &x.placements, &to)?;
-    T::redistribute_recorded(x, &to, op)
+    crate::autograd::redistribute_recorded(x, &to, op)
 }
 
 fn narrow_impl<T: Scalar>(x: &DTensor<T>, d: usize, start: usize, len: usize) -> Result<DTensor<T>> {

@@ -14,8 +14,8 @@ use crate::comm::debug::op_scope;
 use crate::dtensor::DTensor;
 use crate::element::Element;
 use crate::error::Result;
+use crate::op::SoftmaxKind;
 use crate::placement::Placement;
-use crate::storage::op::SoftmaxKind;
 
 /// Softmax of a tensor sharded on `d`: two all-reduces of per-row statistics.
 fn two_pass<T: Element>(x: &DTensor<T>, d: usize, log: bool) -> Result<DTensor<T>> {

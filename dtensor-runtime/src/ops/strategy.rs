@@ -306,7 +306,7 @@ fn moved<'a, T: Scalar>(
     super::implicit::check(op, j, &x.placements, &want)?;
     let bytes = Operand::plan(x, &want)?.wire_bytes();
     log(ImplicitRedistribute { op, input: j, from: x.placements.clone(), to: want.clone(), bytes });
-    Ok(Cow::Owned(T::redistribute_recorded(x, &want, op)?))
+    Ok(Cow::Owned(crate::autograd::redistribute_recorded(x, &want, op)?))
 }
 
 /// Picks the cheapest strategy for `inputs` from `rules` (the same rules on every mesh dim)

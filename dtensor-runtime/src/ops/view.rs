@@ -7,10 +7,11 @@
 //! merged dim then equals the merge of the chunks); otherwise the input is redistributed.
 //! expand keeps shards of non-broadcast dims and can shard a broadcast dim for free.
 
+use super::grad_kernels;
 use super::slice::ALL_OPS;
 use super::strategy::{partial_ops, select, DimRule, Select};
 use super::{new_output, norm_dim};
-use crate::autograd::{grad_kernels, record};
+use crate::autograd::record;
 use crate::dtensor::DTensor;
 use crate::element::Scalar;
 use crate::error::{Error, Result};

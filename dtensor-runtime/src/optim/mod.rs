@@ -35,7 +35,7 @@ use crate::dtensor::DTensor;
 use crate::element::Element;
 use crate::error::{Error, Result};
 use crate::module::Module;
-use crate::storage::op::{AdamWStep, SgdStep, UnaryOp};
+use crate::op::{AdamWStep, SgdStep, UnaryOp};
 use crate::storage::Storage;
 use std::collections::hash_map::Entry;
 use std::collections::HashMap;

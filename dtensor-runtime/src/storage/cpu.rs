@@ -4,16 +4,16 @@
 //! per element (no `dyn` call per element). Inputs may have any memory layout; outputs are
 //! row-major (standard layout), which the pack plans and the collectives rely on.
 
-use super::op::UnaryOp;
-use super::op::{
-    gelu, gelu_erf, gelu_erf_grad, gelu_grad, AdamWStep, BinaryOp, Distribution, RandomFill, Reduction, SgdStep,
-    SoftmaxKind,
-};
 use super::vmath::{self, Fast};
 use crate::element::{DType, Element, Scalar};
 use crate::error::{Error, Result};
 use crate::layout::pack::{CopyBlock, PackPlan};
 use crate::layout::shard_from_global_index;
+use crate::op::UnaryOp;
+use crate::op::{
+    gelu, gelu_erf, gelu_erf_grad, gelu_grad, AdamWStep, BinaryOp, Distribution, RandomFill, Reduction, SgdStep,
+    SoftmaxKind,
+};
 use crate::rng::Stream;
 use ndarray::{ArrayD, ArrayViewD, Axis, Dimension, IxDyn, Zip};
 use std::borrow::Cow;

@@ -28,127 +28,21 @@
 //! (Rust's `as`, as on the host); every other op needs a float tensor, so they reach no other
 //! kernel.
 
-use super::op::{AdamWStep, BinaryOp, Distribution, RandomFill, Reduction, SgdStep, SoftmaxKind, UnaryOp};
 use super::Storage;
-use crate::comm::buf::{CudaBytes, CudaBytesMut};
-use crate::comm::{Buf, BufMut};
 use crate::cuda::args::{self, binary_code, reduce_code, unary_code, Gather, Reduce, Strided};
 use crate::cuda::source::{BLOCK, ID_DTYPE};
 use crate::cuda::{cuda_err, CudaDevice};
 use crate::element::{Element, Scalar};
 use crate::error::{Error, Result};
 use crate::layout::pack::PackPlan;
-use cudarc::cublas::{sys::cublasOperation_t, CudaBlas, Gemm, GemmConfig, StridedBatchedConfig};
+use crate::op::{AdamWStep, BinaryOp, Distribution, RandomFill, Reduction, SgdStep, SoftmaxKind, UnaryOp};
+use cudarc::cublas::{sys::cublasOperation_t, GemmConfig, StridedBatchedConfig};
 use cudarc::driver::{
-    CudaFunction, CudaSlice, CudaView, DeviceRepr, LaunchArgs, LaunchConfig, PushKernelArg, ValidAsZeroBits,
+    CudaFunction, CudaSlice, CudaView, CudaViewMut, DeviceRepr, LaunchArgs, LaunchConfig, PushKernelArg,
 };
 use ndarray::{ArrayD, IxDyn};
 use std::fmt;
 use std::sync::Arc;
-
-/// What an element type needs to live on a CUDA device: cudarc's device traits, a kernel
-/// name suffix and cuBLAS gemms (the floats; the 16-bit ones accumulate in f32).
-pub trait CudaElement: DeviceRepr + ValidAsZeroBits + Copy + 'static {
-    /// Kernel name suffix (`f32`, `bf16`, `i64`, ...).
-    const SUFFIX: &'static str;
-    /// The type the arithmetic kernels compute in and take their scalars in: the element type
-    /// for f32 and f64, f32 for the 16-bit floats and for the integers (which have no such
-    /// kernels).
-    type Arg: DeviceRepr + Copy + std::ops::Div<Output = Self::Arg>;
-    #[doc(hidden)]
-    fn arg(v: f64) -> Self::Arg;
-    #[doc(hidden)]
-    fn gemm(
-        blas: &CudaBlas,
-        cfg: GemmConfig<Self>,
-        a: &CudaSlice<Self>,
-        b: &CudaSlice<Self>,
-        c: &mut CudaSlice<Self>,
-    ) -> Result<()>;
-    #[doc(hidden)]
-    fn gemm_strided_batched(
-        blas: &CudaBlas,
-        cfg: StridedBatchedConfig<Self>,
-        a: &CudaSlice<Self>,
-        b: &CudaSlice<Self>,
-        c: &mut CudaSlice<Self>,
-    ) -> Result<()>;
-}
-
-/// A float: cudarc's cuBLAS gemms (for bf16 and f16 `cublasGemmEx` with `CUBLAS_COMPUTE_32F`:
-/// products accumulated in f32 and rounded once, as the host's 16-bit matmul).
-macro_rules! cuda_float {
-    ($t:ty, $sfx:literal, $arg:ty) => {
-        impl CudaElement for $t {
-            const SUFFIX: &'static str = $sfx;
-            type Arg = $arg;
-            fn arg(v: f64) -> $arg {
-                v as $arg
-            }
-            fn gemm(
-                blas: &CudaBlas,
-                cfg: GemmConfig<Self>,
-                a: &CudaSlice<Self>,
-                b: &CudaSlice<Self>,
-                c: &mut CudaSlice<Self>,
-            ) -> Result<()> {
-                // SAFETY: the caller sized a, b, c for cfg (see `CudaStorage::matmul`).
-                unsafe { blas.gemm(cfg, a, b, c) }.map_err(|e| cuda_err("cuBLAS gemm", e))
-            }
-            fn gemm_strided_batched(
-                blas: &CudaBlas,
-                cfg: StridedBatchedConfig<Self>,
-                a: &CudaSlice<Self>,
-                b: &CudaSlice<Self>,
-                c: &mut CudaSlice<Self>,
-            ) -> Result<()> {
-                // SAFETY: the caller sized a, b, c for cfg (see `CudaStorage::matmul`).
-                unsafe { blas.gemm_strided_batched(cfg, a, b, c) }
-                    .map_err(|e| cuda_err("cuBLAS strided-batched gemm", e))
-            }
-        }
-    };
-}
-cuda_float!(f32, "f32", f32);
-cuda_float!(f64, "f64", f64);
-cuda_float!(half::bf16, "bf16", f32);
-cuda_float!(half::f16, "f16", f32);
-
-/// An integer: it lives on a device, is communicated (NCCL has them all), filled, moved (pack
-/// plans, `cat`) and cast; arithmetic needs a float tensor, so no other kernel is reached, and
-/// a gemm is a typed error.
-macro_rules! cuda_int {
-    ($t:ty, $sfx:literal) => {
-        impl CudaElement for $t {
-            const SUFFIX: &'static str = $sfx;
-            type Arg = f32;
-            fn arg(v: f64) -> f32 {
-                v as f32
-            }
-            fn gemm(
-                _: &CudaBlas,
-                _: GemmConfig<Self>,
-                _: &CudaSlice<Self>,
-                _: &CudaSlice<Self>,
-                _: &mut CudaSlice<Self>,
-            ) -> Result<()> {
-                Err(crate::cuda::no_kernels("matmul", $sfx))
-            }
-            fn gemm_strided_batched(
-                _: &CudaBlas,
-                _: StridedBatchedConfig<Self>,
-                _: &CudaSlice<Self>,
-                _: &CudaSlice<Self>,
-                _: &mut CudaSlice<Self>,
-            ) -> Result<()> {
-                Err(crate::cuda::no_kernels("matmul", $sfx))
-            }
-        }
-    };
-}
-cuda_int!(i64, "i64");
-cuda_int!(i32, "i32");
-cuda_int!(u8, "u8");
 
 // SAFETY: plain old data with the layout of the C struct (repr(C), same field order).
 unsafe impl DeviceRepr for Strided {}
@@ -323,26 +217,20 @@ impl<T: Scalar> CudaStorage<T> {
         unshare(&mut self.data, &self.device)
     }
 
-    /// The shard as a collective's input: its device bytes ([`Buf::Host`] of nothing when
-    /// empty, since an empty shard holds no allocation).
-    pub fn buf(&self) -> Buf<'_> {
-        match self.bytes() {
-            Some(view) => Buf::Cuda(CudaBytes { view, device: &self.device }),
-            None => Buf::Host(&[]),
-        }
+    /// The shard's bytes and its device, as a collective reads them (`None` when empty, since
+    /// an empty shard holds no allocation).
+    pub fn device_bytes(&self) -> (Option<CudaView<'_, u8>>, &Arc<CudaDevice>) {
+        (self.bytes(), &self.device)
     }
 
-    /// The shard as a collective's output (copied first when shared): its device bytes, or
-    /// [`BufMut::Host`] of nothing when empty.
-    pub fn buf_mut(&mut self) -> Result<BufMut<'_>> {
+    /// The shard's bytes and its device, as a collective writes them (copied first when
+    /// shared; `None` when empty).
+    pub fn device_bytes_mut(&mut self) -> Result<(Option<CudaViewMut<'_, u8>>, &Arc<CudaDevice>)> {
         let CudaStorage { data, device, .. } = self;
-        let Some(d) = unshare(data, device)? else { return Ok(BufMut::Host(&mut [])) };
+        let Some(d) = unshare(data, device)? else { return Ok((None, device)) };
         let n = d.len() * std::mem::size_of::<T>();
         // SAFETY: every element type is plain old data: any bytes written are a valid value.
-        Ok(match unsafe { d.transmute_mut::<u8>(n) } {
-            Some(view) => BufMut::Cuda(CudaBytesMut { view, device }),
-            None => BufMut::Host(&mut []),
-        })
+        Ok((unsafe { d.transmute_mut::<u8>(n) }, device))
     }
 
     /// Every element `value`.

@@ -3,7 +3,7 @@
 //!
 //! A shard lives on the host ([`Storage::Cpu`], an ndarray array) or on a CUDA device
 //! ([`Storage::Cuda`]). The methods of [`Storage`] are the kernels: each takes an op enum from
-//! [`op`] (what to compute, as data) and dispatches once on the device, to the ndarray loops
+//! [`op`](crate::op) (what to compute, as data) and dispatches once on the device, to the ndarray loops
 //! of the `cpu` module or to the CUDA kernels. Shape checks that do not depend on the device happen here,
 //! before dispatch, so both devices see validated input. Without the `cuda` cargo feature
 //! [`CudaStorage`] is an uninhabited type: the `Cuda` arms compile to nothing, and the public
@@ -15,7 +15,7 @@
 //!
 //! # How to add a kernel
 //!
-//! For a new element-wise function add a variant to [`op::UnaryOp`] or [`op::BinaryOp`] (with
+//! For a new element-wise function add a variant to [`UnaryOp`] or [`BinaryOp`] (with
 //! its name), its arm in `cpu::unary` / `cpu::binary`, its op code in
 //! [`crate::cuda::args`] and that code's case in the kernels' `switch` in
 //! [`crate::cuda::source`] (the host emulation and device tests compare it with the CPU arm);
@@ -31,7 +31,6 @@ mod cpu;
 pub mod cuda;
 #[cfg(not(feature = "cuda"))]
 mod no_cuda;
-pub mod op;
 mod vmath;
 
 #[cfg(feature = "cuda")]
@@ -39,15 +38,14 @@ pub use cuda::CudaStorage;
 #[cfg(not(feature = "cuda"))]
 pub use no_cuda::CudaStorage;
 
-use crate::cuda::CudaDevice;
+use crate::device::{Device, Target};
 use crate::element::{Element, Scalar};
 use crate::error::{Error, Result};
 use crate::layout::pack::{self, PackPlan};
+use crate::op::{AdamWStep, BinaryOp, RandomFill, Reduction, SgdStep, SoftmaxKind, UnaryOp};
 use ndarray::ArrayD;
-use op::{AdamWStep, BinaryOp, RandomFill, Reduction, SgdStep, SoftmaxKind, UnaryOp};
 use std::borrow::Cow;
 use std::fmt;
-use std::sync::Arc;
 
 /// The body of a `Cuda` match arm: the expression with the `cuda` feature, and the proof that
 /// the arm cannot be reached without it (the storage is uninhabited). Extra idents are the
@@ -64,45 +62,6 @@ macro_rules! on_cuda {
         $(let _ = $other;)*
         $c.absurd()
     }};
-}
-
-/// Where a shard lives: the host or a CUDA device (by ordinal).
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
-pub enum Device {
-    /// Host memory.
-    #[default]
-    Cpu,
-    /// The CUDA device of this ordinal.
-    Cuda(usize),
-}
-
-impl fmt::Display for Device {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        match self {
-            Device::Cpu => f.write_str("cpu"),
-            Device::Cuda(k) => write!(f, "cuda:{k}"),
-        }
-    }
-}
-
-/// What new storage is allocated on: the host, or a CUDA device handle (whose stream the
-/// work is queued on). A [`DeviceMesh`](crate::DeviceMesh) holds the target of its rank.
-#[derive(Clone, Debug)]
-pub enum Target {
-    /// Host memory.
-    Cpu,
-    /// A CUDA device (with the stream of this rank).
-    Cuda(Arc<CudaDevice>),
-}
-
-impl Target {
-    /// The device this target allocates on.
-    pub fn device(&self) -> Device {
-        match self {
-            Target::Cpu => Device::Cpu,
-            Target::Cuda(d) => Device::Cuda(d.ordinal()),
-        }
-    }
 }
 
 /// The local data of a DTensor shard: a host array or a CUDA buffer, always row-major.
@@ -258,7 +217,7 @@ impl<T: Scalar> Storage<T> {
     pub fn target(&self) -> Target {
         match self {
             Storage::Cpu(_) => Target::Cpu,
-            Storage::Cuda(c) => on_cuda!(c => Target::Cuda(Arc::clone(c.device()))),
+            Storage::Cuda(c) => on_cuda!(c => Target::Cuda(std::sync::Arc::clone(c.device()))),
         }
     }
 
@@ -849,8 +808,8 @@ pub(crate) fn pack_host<T: Scalar>(a: &ArrayD<T>, plan: &PackPlan) -> Result<Arr
 
 #[cfg(test)]
 mod tests {
-    use super::op::{Distribution, UnaryOp::*};
     use super::*;
+    use crate::op::{Distribution, UnaryOp::*};
     use ndarray::{Array2, Axis, IxDyn};
 
     fn arr(shape: &[usize], f: impl Fn(usize) -> f64) -> ArrayD<f64> {

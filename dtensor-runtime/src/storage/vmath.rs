@@ -13,7 +13,7 @@
 //! element type of the f64 reference formulas of [`super::op`] (times `1 + |z|` for `eᶻ`, the
 //! conditioning of `exp` itself).
 
-use super::op::SoftmaxKind;
+use crate::op::SoftmaxKind;
 use num_traits::Float;
 
 /// Element types with the branch-free [`VExp::vexp`].
@@ -118,9 +118,9 @@ impl VExp for f32 {
 pub(super) enum Fast {
     /// `eˣ`
     Exp,
-    /// [`super::op::gelu`], as `x·σ(2u)`.
+    /// [`crate::op::gelu`], as `x·σ(2u)`.
     Gelu,
-    /// [`super::op::gelu_grad`], as `s + 2x·s(1 - s)·C(1 + 3Ax²)` with `s = σ(2u)`.
+    /// [`crate::op::gelu_grad`], as `s + 2x·s(1 - s)·C(1 + 3Ax²)` with `s = σ(2u)`.
     GeluGrad,
     /// `x·σ(x)`
     Silu,
@@ -137,7 +137,7 @@ pub(super) fn map<F: VExp>(op: Fast, src: &[F], dst: &mut Vec<F>) {
         Fast::Gelu => map_with(src, dst, |x| x / (F::one() + (-two_u(x)).vexp())),
         Fast::GeluGrad => map_with(src, dst, |x| {
             let s = F::one() / (F::one() + (-two_u(x)).vexp());
-            let (c, a3) = (F::c(super::op::GELU_C), F::c(3.0 * super::op::GELU_A));
+            let (c, a3) = (F::c(crate::op::GELU_C), F::c(3.0 * crate::op::GELU_A));
             s + (x + x) * s * (F::one() - s) * c * (F::one() + a3 * x * x)
         }),
         Fast::Silu => map_with(src, dst, |x| x / (F::one() + (-x).vexp())),
@@ -178,7 +178,7 @@ pub(super) fn softmax_rows<F: VExp>(src: &[F], n: usize, kind: SoftmaxKind, dst:
 /// `2u = 2·√(2/π)·(x + A·x³)`, the doubled tanh argument of the GELU.
 #[inline(always)]
 fn two_u<F: VExp>(x: F) -> F {
-    let (c2, a) = (F::c(2.0 * super::op::GELU_C), F::c(super::op::GELU_A));
+    let (c2, a) = (F::c(2.0 * crate::op::GELU_C), F::c(crate::op::GELU_A));
     c2 * (x + a * x * x * x)
 }
 
@@ -198,7 +198,7 @@ fn map_with<F: Copy>(src: &[F], dst: &mut Vec<F>, f: impl Fn(F) -> F) {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::storage::op;
+    use crate::op;
 
     /// Distance in representable values between two finite f64 of the same sign.
     fn ulps64(a: f64, b: f64) -> u64 {

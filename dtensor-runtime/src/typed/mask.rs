@@ -23,9 +23,9 @@ use super::same::SameLayout;
 use super::{Dt, MeshDims, TypedLayout};
 use crate::element::{Element, Scalar};
 use crate::error::{Error, Result};
+use crate::op::BinaryOp;
 use crate::ops::mask::tri_keeps_partial;
 use crate::placement::{Placement, ReduceOp};
-use crate::storage::op::BinaryOp;
 
 /// A hidden, uninhabited impl of `$Rule` for `Shard` and `Replicate` (see `markers::Never`).
 /// `Partial` gets none: it has no legal impl here, and a single hidden one would make rustc
@@ -228,7 +228,7 @@ impl<T: Scalar, M: MeshDims, L: TypedLayout<M>, const R: usize> Dt<T, M, L, R> {
     ///
     /// ```
     /// use dtensor_runtime::typed::{dims::tp, Dt, Shard};
-    /// use dtensor_runtime::storage::op::BinaryOp;
+    /// use dtensor_runtime::op::BinaryOp;
     /// let out = dtensor_runtime::run(2, |ctx| {
     ///     let mesh = ctx.init_device_mesh(&[2], &["tp"])?;
     ///     let a: Dt<i64, (tp,), (Shard<0>,), 1> = Dt::distribute(&ndarray::arr1(&[1, 5, 3]).into_dyn(), &mesh)?;

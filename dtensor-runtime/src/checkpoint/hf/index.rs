@@ -1,7 +1,8 @@
 //! `model.safetensors.index.json`: which file of a sharded Hugging Face checkpoint holds each
 //! tensor (the `weight_map`), as `transformers` writes and reads it.
 
-use crate::checkpoint::safe_file::{is_plain_name, write_atomic, FileProblem, SafeDir, MAX_INDEX_BYTES};
+use crate::checkpoint::safe_file::{is_plain_name, write_atomic, SafeDir, MAX_INDEX_BYTES};
+use crate::error::FileProblem;
 use crate::error::{Error, Result};
 use serde::{Deserialize, Serialize};
 use std::collections::BTreeMap;

@@ -2,7 +2,7 @@
 //! every result on the 2×2 mesh (5 rows over dp = 2 and 3 columns over tp = 2, uneven as
 //! torch.chunk) equals 1 rank's, and the ops whose layouts allow it issue no collective.
 use dtensor::ndarray::{ArrayD, IxDyn};
-use dtensor::storage::op::BinaryOp;
+use dtensor::op::BinaryOp;
 use dtensor::typed::dims::{dp, tp};
 use dtensor::typed::Dim;
 use dtensor::{CommDebugMode, Dt, Replicate, Shard};

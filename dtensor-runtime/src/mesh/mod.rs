@@ -1,13 +1,15 @@
 //! `DeviceMesh`: an n-d grid of ranks with named dimensions.
 
+pub(crate) mod storage;
+
 use crate::comm::debug::{record, CollectiveKind};
 use crate::comm::fingerprint::{self, Fingerprint};
 use crate::comm::in_flight::{self, PendingReduce};
 use crate::comm::{filled, variable, Communicator};
+use crate::device::{Device, Target};
 use crate::element::{DType, Scalar};
 use crate::error::{Error, Result};
 use crate::placement::ReduceOp;
-use crate::storage::{Device, Target};
 use std::fmt;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
@@ -146,7 +148,7 @@ impl DeviceMesh {
             .ok_or(Error::RankOutOfRange { rank: me, world_size: comm.world_size() })?;
         let coord = unravel(pos, shape);
         let target = target_of(comm.as_ref())?;
-        let checks = AtomicBool::new(crate::comm::fingerprint::from_env()?);
+        let checks = AtomicBool::new(crate::env::debug_detail()?);
         let mut mesh = MeshInner { comm, shape: shape.to_vec(), names, ranks, coord, groups: vec![], target, checks };
         mesh.groups = (0..shape.len()).map(|d| group_of(&mesh, d, &mesh.coord)).collect();
         Ok(DeviceMesh { inner: Arc::new(mesh) })
@@ -396,7 +398,7 @@ impl DeviceMesh {
     /// Runs `run` (a `*_buf` collective on host or device buffers) on the group of `along`,
     /// recorded for `CommDebugMode` and, with the fingerprint check on, agreed first, as every
     /// typed collective below. `count` elements of `dtype` (`bytes` bytes) go in.
-    // Only device storage takes this path (comm/storage.rs, feature `cuda`).
+    // Only device storage takes this path (mesh/storage.rs, feature `cuda`).
     #[cfg_attr(not(feature = "cuda"), allow(dead_code))]
     #[allow(clippy::too_many_arguments)]
     pub(crate) fn run_buf(

@@ -191,10 +191,10 @@ mod device {
         call: impl FnOnce(&dyn Communicator, &[usize], Buf<'_>, BufMut<'_>) -> Result<()>,
     ) -> Result<Storage<T>> {
         let mut out = CudaStorage::<T>::zeros(c.device(), &[n])?;
-        let recv = out.buf_mut()?;
+        let recv = BufMut::of_cuda(&mut out)?;
         let l = len(c);
         let bytes = l * std::mem::size_of::<T>();
-        mesh.run_buf(kind, along, T::DTYPE, l, root, op, bytes, |comm, g| call(comm, g, c.buf(), recv))?;
+        mesh.run_buf(kind, along, T::DTYPE, l, root, op, bytes, |comm, g| call(comm, g, Buf::of_cuda(c), recv))?;
         Ok(Storage::Cuda(out))
     }
 
