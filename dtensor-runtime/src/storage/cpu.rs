@@ -4,6 +4,7 @@
 //! per element (no `dyn` call per element). Inputs may have any memory layout; outputs are
 //! row-major (standard layout), which the pack plans and the collectives rely on.
 
+use super::backend::BackendStorage;
 use super::vmath::{self, Fast};
 use crate::element::{DType, Element, Scalar};
 use crate::error::{Error, Result};
@@ -773,4 +774,164 @@ pub(super) fn adamw_step<T: Element>(
         *v = b2 * *v + (T::one() - b2) * g * g;
         *w -= lr * (*m / c1) / ((*v / c2).sqrt() + eps);
     });
+}
+
+/// The host as a compute device: every kernel of the checklist, on ndarray arrays.
+impl<T: Scalar> BackendStorage<T> for ArrayD<T> {
+    type Handle = ();
+    type Of<U: Scalar> = ArrayD<U>;
+
+    fn from_host(_: &(), a: ArrayD<T>) -> Result<Self> {
+        Ok(into_standard(a))
+    }
+    fn full(_: &(), shape: &[usize], value: T) -> Result<Self> {
+        let n = shape.iter().product();
+        let data = if bytemuck::bytes_of(&value).iter().all(|&b| b == 0) {
+            // Zeroed by the allocator: untouched pages cost nothing.
+            crate::alloc::try_zeroed("full", n)?
+        } else {
+            let mut v = crate::alloc::try_with_capacity("full", n)?;
+            v.resize(n, value);
+            v
+        };
+        from_vec(shape, data)
+    }
+    fn random(_: &(), fill: &RandomFill, global: &[usize], offset: &[usize], shape: &[usize]) -> Result<Self>
+    where
+        T: Element,
+    {
+        random(fill, global, offset, shape)
+    }
+    fn dims(&self) -> &[usize] {
+        self.shape()
+    }
+    fn to_host(&self) -> Result<ArrayD<T>> {
+        Ok(self.clone())
+    }
+    fn into_reshape(self, shape: &[usize]) -> Result<Self> {
+        into_standard(self)
+            .into_shape_with_order(shape)
+            .map_err(|e| Error::Unsupported { op: "reshape".into(), reason: e.to_string() })
+    }
+    fn cast<U: Scalar>(&self) -> Result<ArrayD<U>> {
+        Ok(cast::<T, U>(self))
+    }
+    fn pack(&self, plan: &PackPlan) -> Result<Self> {
+        pack(&row_major(self), plan)
+    }
+    fn cat(parts: &[&Self], dim: usize) -> Result<Self> {
+        cat(parts, dim)
+    }
+    fn compare(&self, op: BinaryOp, other: &Self, shape: &[usize]) -> Result<Self> {
+        compare(self, other, op, shape)
+    }
+    fn where_(&self, a: &Self, b: &Self, shape: &[usize]) -> Result<Self> {
+        where_(self, a, b, shape)
+    }
+    fn index_select(&self, dim: usize, ids: &ArrayD<i64>) -> Result<Self> {
+        index_select(self, dim, ids)
+    }
+    fn gather(&self, dim: usize, ids: &ArrayD<i64>) -> Result<Self> {
+        gather(self, dim, ids)
+    }
+    fn unary(&self, op: UnaryOp) -> Result<Self>
+    where
+        T: Element,
+    {
+        Ok(unary(self, op))
+    }
+    fn binary(&self, op: BinaryOp, other: &Self, shape: &[usize]) -> Result<Self>
+    where
+        T: Element,
+    {
+        binary(self, other, op, shape)
+    }
+    fn reduce(&self, kind: Reduction, dims: &[usize], keepdim: bool) -> Result<Self>
+    where
+        T: Element,
+    {
+        Ok(reduce(self, kind, dims, keepdim))
+    }
+    fn softmax(&self, dim: usize, kind: SoftmaxKind) -> Result<Self>
+    where
+        T: Element,
+    {
+        Ok(softmax(self, dim, kind))
+    }
+    fn softmax_backward(&self, g: &Self, dim: usize, kind: SoftmaxKind) -> Result<Self>
+    where
+        T: Element,
+    {
+        Ok(softmax_backward(self, g, dim, kind))
+    }
+    /// The swapped operands are read through their strides: nothing is copied.
+    fn matmul(&self, other: &Self, transpose_self: bool, transpose_other: bool, out_shape: &[usize]) -> Result<Self>
+    where
+        T: Element,
+    {
+        let (mut va, mut vb) = (self.view(), other.view());
+        if transpose_self {
+            va.swap_axes(self.ndim() - 2, self.ndim() - 1);
+        }
+        if transpose_other {
+            vb.swap_axes(other.ndim() - 2, other.ndim() - 1);
+        }
+        matmul(va, vb, out_shape)
+    }
+    fn embedding(&self, ids: &ArrayD<i64>, row0: usize, vocab: usize) -> Result<Self>
+    where
+        T: Element,
+    {
+        embedding(self, ids, row0, vocab)
+    }
+    fn embedding_backward(&self, ids: &ArrayD<i64>, rows: usize, row0: usize, vocab: usize) -> Result<Self>
+    where
+        T: Element,
+    {
+        embedding_backward(self, ids, rows, row0, vocab)
+    }
+    fn tri(&self, lower: bool, diagonal: i64, row0: usize, col0: usize) -> Result<Self>
+    where
+        T: Element,
+    {
+        Ok(tri(self, lower, diagonal, row0, col0))
+    }
+    fn arg_reduce(&self, dim: usize, max: bool, keepdim: bool) -> Result<ArrayD<i64>>
+    where
+        T: Element,
+    {
+        Ok(arg_reduce(self, dim, max, keepdim))
+    }
+    fn index_add(&self, dim: usize, ids: &ArrayD<i64>, n: usize) -> Result<Self>
+    where
+        T: Element,
+    {
+        index_add(self, dim, ids, n)
+    }
+    fn scatter_add(&self, dim: usize, ids: &ArrayD<i64>, shape: &[usize]) -> Result<Self>
+    where
+        T: Element,
+    {
+        scatter_add(self, dim, ids, shape)
+    }
+    fn one_hot(ids: &ArrayD<i64>, classes: usize) -> Result<Self>
+    where
+        T: Element,
+    {
+        one_hot(ids, classes)
+    }
+    fn sgd_step(&mut self, grad: &Self, buf: Option<&mut Self>, step: &SgdStep) -> Result<()>
+    where
+        T: Element,
+    {
+        sgd_step(self, grad, buf, step);
+        Ok(())
+    }
+    fn adamw_step(&mut self, grad: &Self, m: &mut Self, v: &mut Self, step: &AdamWStep) -> Result<()>
+    where
+        T: Element,
+    {
+        adamw_step(self, grad, m, v, step);
+        Ok(())
+    }
 }

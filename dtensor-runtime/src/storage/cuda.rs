@@ -28,7 +28,7 @@
 //! (Rust's `as`, as on the host); every other op needs a float tensor, so they reach no other
 //! kernel.
 
-use super::Storage;
+use super::backend::BackendStorage;
 use crate::cuda::args::{self, binary_code, reduce_code, unary_code, Gather, Reduce, Strided};
 use crate::cuda::source::{BLOCK, ID_DTYPE};
 use crate::cuda::{cuda_err, CudaDevice};
@@ -41,6 +41,7 @@ use cudarc::driver::{
     CudaFunction, CudaSlice, CudaView, CudaViewMut, DeviceRepr, LaunchArgs, LaunchConfig, PushKernelArg,
 };
 use ndarray::{ArrayD, IxDyn};
+use std::borrow::Cow;
 use std::fmt;
 use std::sync::Arc;
 
@@ -137,14 +138,6 @@ impl<T: Scalar> Clone for CudaStorage<T> {
 impl<T: Scalar> fmt::Debug for CudaStorage<T> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         write!(f, "Cuda<{}>({:?} on {:?})", T::DTYPE, self.shape, self.device)
-    }
-}
-
-/// The device storage inside `s`, or the device-mismatch error of `op`.
-fn cuda_of<'a, T: Scalar>(s: &'a mut Storage<T>, op: &str) -> Result<&'a mut CudaStorage<T>> {
-    match s {
-        Storage::Cuda(c) => Ok(c),
-        Storage::Cpu(_) => Err(Error::DeviceMismatch { context: op.into(), left: "cuda".into(), right: "cpu".into() }),
     }
 }
 
@@ -620,23 +613,11 @@ impl<T: Scalar> CudaStorage<T> {
     }
 
     /// One launch per non-empty part (shapes and devices checked by the caller).
-    pub(super) fn cat(&self, parts: &[&Storage<T>], dim: usize) -> Result<Self> {
-        let mut cuda = Vec::with_capacity(parts.len());
-        for p in parts {
-            match p {
-                Storage::Cuda(c) => {
-                    self.same_device(c, "cat")?;
-                    cuda.push(c);
-                }
-                Storage::Cpu(_) => {
-                    return Err(Error::DeviceMismatch {
-                        context: "cat".into(),
-                        left: "cuda".into(),
-                        right: "cpu".into(),
-                    })
-                }
-            }
+    pub(super) fn cat(&self, parts: &[&CudaStorage<T>], dim: usize) -> Result<Self> {
+        for c in parts {
+            self.same_device(c, "cat")?;
         }
+        let cuda = parts;
         let total: usize = cuda.iter().map(|c| c.shape[dim]).sum();
         let mut shape = self.shape.clone();
         shape[dim] = total;
@@ -644,7 +625,7 @@ impl<T: Scalar> CudaStorage<T> {
         let Some(o) = out.data_mut()? else { return Ok(out) };
         let f = self.device.kernels()?.function("cat", T::SUFFIX)?;
         let mut start = 0;
-        for c in cuda {
+        for c in cuda.iter() {
             let (width, stride, offset) = args::cat_part(&c.shape, dim, total, start);
             start += c.shape[dim];
             let Some(src) = &c.data else { continue };
@@ -729,20 +710,15 @@ impl<T: Scalar> CudaStorage<T> {
         Ok(out)
     }
 
-    pub(super) fn sgd_step(&mut self, g: &Self, buf: Option<&mut Storage<T>>, step: &SgdStep) -> Result<()> {
+    pub(super) fn sgd_step(&mut self, g: &Self, buf: Option<&mut CudaStorage<T>>, step: &SgdStep) -> Result<()> {
         self.same_device(g, "sgd")?;
         let n = self.len() as u64;
         let (lr, m, wd) = (T::arg(step.lr), T::arg(step.momentum), T::arg(step.weight_decay));
         let first = i32::from(step.first);
         let dev = Arc::clone(&self.device);
-        let buf = match buf {
-            Some(b) => {
-                let b = cuda_of(b, "sgd: momentum buffer")?;
-                self.same_device(b, "sgd: momentum buffer")?;
-                Some(b)
-            }
-            None => None,
-        };
+        if let Some(b) = &buf {
+            self.same_device(b, "sgd: momentum buffer")?;
+        }
         let (Some(w), Some(gd)) = (self.data_mut()?, &g.data) else { return Ok(()) };
         match buf {
             Some(bs) => {
@@ -764,12 +740,11 @@ impl<T: Scalar> CudaStorage<T> {
     pub(super) fn adamw_step(
         &mut self,
         g: &Self,
-        m: &mut Storage<T>,
-        v: &mut Storage<T>,
+        m: &mut CudaStorage<T>,
+        v: &mut CudaStorage<T>,
         step: &AdamWStep,
     ) -> Result<()> {
         self.same_device(g, "adamw")?;
-        let (m, v) = (cuda_of(m, "adamw: first moment")?, cuda_of(v, "adamw: second moment")?);
         self.same_device(m, "adamw: first moment")?;
         self.same_device(v, "adamw: second moment")?;
         let n = self.len() as u64;
@@ -828,5 +803,165 @@ impl CudaStorage<i64> {
             b.arg(&**i).arg(&n).arg(&b64).arg(bad);
             launch(op, &mut b, per_element(n))
         })
+    }
+}
+
+/// CUDA as a compute device: every kernel of the checklist, on device buffers (the inherent
+/// methods above, which take precedence in these calls).
+impl<T: Scalar> BackendStorage<T> for CudaStorage<T> {
+    type Handle = Arc<CudaDevice>;
+    type Of<U: Scalar> = CudaStorage<U>;
+
+    fn from_host(h: &Arc<CudaDevice>, a: ArrayD<T>) -> Result<Self> {
+        CudaStorage::from_host(h, &a)
+    }
+    fn full(h: &Arc<CudaDevice>, shape: &[usize], value: T) -> Result<Self> {
+        CudaStorage::full(h, shape, value)
+    }
+    fn random(
+        h: &Arc<CudaDevice>,
+        fill: &RandomFill,
+        global: &[usize],
+        offset: &[usize],
+        shape: &[usize],
+    ) -> Result<Self>
+    where
+        T: Element,
+    {
+        CudaStorage::random(h, fill, global, offset, shape)
+    }
+    fn dims(&self) -> &[usize] {
+        &self.shape
+    }
+    fn to_host(&self) -> Result<ArrayD<T>> {
+        CudaStorage::to_host(self)
+    }
+    fn into_reshape(self, shape: &[usize]) -> Result<Self> {
+        CudaStorage::into_reshape(self, shape)
+    }
+    fn cast<U: Scalar>(&self) -> Result<CudaStorage<U>> {
+        CudaStorage::cast::<U>(self)
+    }
+    fn pack(&self, plan: &PackPlan) -> Result<Self> {
+        CudaStorage::pack(self, plan)
+    }
+    fn cat(parts: &[&Self], dim: usize) -> Result<Self> {
+        match parts.first() {
+            Some(first) => CudaStorage::cat(first, parts, dim),
+            None => Err(Error::InvalidArgument { context: "cat".into(), reason: "no tensors to concatenate".into() }),
+        }
+    }
+    fn compare(&self, op: BinaryOp, other: &Self, shape: &[usize]) -> Result<Self> {
+        CudaStorage::binary(self, op, other, shape)
+    }
+    fn where_(&self, a: &Self, b: &Self, shape: &[usize]) -> Result<Self> {
+        CudaStorage::where_(self, a, b, shape)
+    }
+    fn index_select(&self, dim: usize, ids: &CudaStorage<i64>) -> Result<Self> {
+        CudaStorage::index_select(self, dim, ids)
+    }
+    fn gather(&self, dim: usize, ids: &CudaStorage<i64>) -> Result<Self> {
+        CudaStorage::gather(self, dim, ids)
+    }
+    fn unary(&self, op: UnaryOp) -> Result<Self>
+    where
+        T: Element,
+    {
+        CudaStorage::unary(self, op)
+    }
+    fn binary(&self, op: BinaryOp, other: &Self, shape: &[usize]) -> Result<Self>
+    where
+        T: Element,
+    {
+        CudaStorage::binary(self, op, other, shape)
+    }
+    fn reduce(&self, kind: Reduction, dims: &[usize], keepdim: bool) -> Result<Self>
+    where
+        T: Element,
+    {
+        CudaStorage::reduce(self, kind, dims, keepdim)
+    }
+    fn softmax(&self, dim: usize, kind: SoftmaxKind) -> Result<Self>
+    where
+        T: Element,
+    {
+        CudaStorage::softmax(self, dim, kind)
+    }
+    fn softmax_backward(&self, g: &Self, dim: usize, kind: SoftmaxKind) -> Result<Self>
+    where
+        T: Element,
+    {
+        CudaStorage::softmax_backward(self, g, dim, kind)
+    }
+    /// cuBLAS reads only row- or column-major operands: a swapped operand is copied first.
+    fn matmul(&self, other: &Self, transpose_self: bool, transpose_other: bool, out_shape: &[usize]) -> Result<Self>
+    where
+        T: Element,
+    {
+        fn swapped<T: Scalar>(x: &CudaStorage<T>, t: bool) -> Result<Cow<'_, CudaStorage<T>>> {
+            if !t {
+                return Ok(Cow::Borrowed(x));
+            }
+            let n = x.shape.len();
+            let mut axes: Vec<usize> = (0..n).collect();
+            axes.swap(n - 2, n - 1);
+            CudaStorage::pack(x, &crate::layout::pack::permute(&x.shape, &axes)).map(Cow::Owned)
+        }
+        let (a, b) = (swapped(self, transpose_self)?, swapped(other, transpose_other)?);
+        CudaStorage::matmul(&a, &b, out_shape)
+    }
+    fn embedding(&self, ids: &CudaStorage<i64>, row0: usize, vocab: usize) -> Result<Self>
+    where
+        T: Element,
+    {
+        CudaStorage::embedding(self, ids, row0, vocab)
+    }
+    fn embedding_backward(&self, ids: &CudaStorage<i64>, rows: usize, row0: usize, vocab: usize) -> Result<Self>
+    where
+        T: Element,
+    {
+        CudaStorage::embedding_backward(self, ids, rows, row0, vocab)
+    }
+    fn tri(&self, lower: bool, diagonal: i64, row0: usize, col0: usize) -> Result<Self>
+    where
+        T: Element,
+    {
+        CudaStorage::tri(self, lower, diagonal, row0, col0)
+    }
+    fn arg_reduce(&self, dim: usize, max: bool, keepdim: bool) -> Result<CudaStorage<i64>>
+    where
+        T: Element,
+    {
+        CudaStorage::arg_reduce(self, dim, max, keepdim)
+    }
+    fn index_add(&self, dim: usize, ids: &CudaStorage<i64>, n: usize) -> Result<Self>
+    where
+        T: Element,
+    {
+        CudaStorage::index_add(self, dim, ids, n)
+    }
+    fn scatter_add(&self, dim: usize, ids: &CudaStorage<i64>, shape: &[usize]) -> Result<Self>
+    where
+        T: Element,
+    {
+        CudaStorage::scatter_add(self, dim, ids, shape)
+    }
+    fn one_hot(ids: &CudaStorage<i64>, classes: usize) -> Result<Self>
+    where
+        T: Element,
+    {
+        ids.one_hot::<T>(classes)
+    }
+    fn sgd_step(&mut self, grad: &Self, buf: Option<&mut Self>, step: &SgdStep) -> Result<()>
+    where
+        T: Element,
+    {
+        CudaStorage::sgd_step(self, grad, buf, step)
+    }
+    fn adamw_step(&mut self, grad: &Self, m: &mut Self, v: &mut Self, step: &AdamWStep) -> Result<()>
+    where
+        T: Element,
+    {
+        CudaStorage::adamw_step(self, grad, m, v, step)
     }
 }

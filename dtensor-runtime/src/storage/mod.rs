@@ -19,13 +19,21 @@
 //! its name), its arm in `cpu::unary` / `cpu::binary`, its op code in
 //! [`crate::cuda::args`] and that code's case in the kernels' `switch` in
 //! [`crate::cuda::source`] (the host emulation and device tests compare it with the CPU arm);
-//! ops then call `x.local.unary(UnaryOp::NewOp)`. For a kernel with a new signature, add a method here that
-//! checks shapes, then matches `self` once: `Storage::Cpu(a) => cpu::new_kernel(a, ..)` and
-//! `Storage::Cuda(c) => on_cuda!(c => c.new_kernel(..))`; add `cpu::new_kernel` (an ndarray
-//! loop, the op enum matched outside the loop), a `CudaStorage::new_kernel` (its kernel in
-//! `crate::cuda::source`, its arguments in `crate::cuda::args`), and a unit test against a
+//! ops then call `x.local.unary(UnaryOp::NewOp)`. For a kernel with a new signature, add it to
+//! [`BackendStorage`] (the compiler then lists every device that lacks it), implement it for
+//! the host (`ArrayD<T>` in `cpu.rs`, an ndarray loop with the op enum matched outside the
+//! loop) and for [`CudaStorage`] (its kernel in `crate::cuda::source`, its arguments in
+//! `crate::cuda::args`), add a method here that checks shapes once for every device and then
+//! runs `on_device!(self, |s| BackendStorage::new_kernel(s, ..))`, and a unit test against a
 //! plain ndarray reference at the end of this file.
+//!
+//! # How to add a compute device
+//!
+//! A type implementing [`BackendStorage`] (its `Handle` is what allocates on it), a variant of
+//! [`Storage`] and of [`Target`](crate::device::Target), and one arm in the dispatch macros
+//! (`on_device!`, `on_devices!`) and in the constructors that match a `Target`.
 
+mod backend;
 mod cpu;
 #[cfg(feature = "cuda")]
 pub mod cuda;
@@ -37,6 +45,8 @@ mod vmath;
 pub use cuda::CudaStorage;
 #[cfg(not(feature = "cuda"))]
 pub use no_cuda::CudaStorage;
+
+pub use backend::BackendStorage;
 
 use crate::device::{Device, Target};
 use crate::element::{Element, Scalar};
@@ -62,6 +72,29 @@ macro_rules! on_cuda {
         $(let _ = $other;)*
         $c.absurd()
     }};
+}
+
+/// `$body` on the backend storage `$s` of the one storage `$x`, whatever its device: the
+/// result (a backend storage) wrapped back into the same arm.
+macro_rules! on_device {
+    ($x:expr, |$s:ident| $body:expr) => {
+        match $x {
+            Storage::Cpu($s) => ($body).map(Storage::Cpu),
+            Storage::Cuda($s) => on_cuda!($s => ($body).map(Storage::Cuda)),
+        }
+    };
+}
+
+/// [`on_device!`] for an op of two storages (`$op` names it in the error when their
+/// devices differ).
+macro_rules! on_devices {
+    ($op:expr, $x:expr, $y:expr, |$a:ident, $b:ident| $body:expr) => {
+        match ($x, $y) {
+            (Storage::Cpu($a), Storage::Cpu($b)) => ($body).map(Storage::Cpu),
+            (Storage::Cuda($a), Storage::Cuda($b)) => on_cuda!($a, $b => ($body).map(Storage::Cuda)),
+            (x, y) => Err(device_mismatch($op, x.device(), y.device())),
+        }
+    };
 }
 
 /// The local data of a DTensor shard: a host array or a CUDA buffer, always row-major.
@@ -249,7 +282,7 @@ impl<T: Scalar> Storage<T> {
     pub fn to_host(&self) -> Result<ArrayD<T>> {
         match self {
             Storage::Cpu(a) => Ok(a.clone()),
-            Storage::Cuda(c) => on_cuda!(c => c.to_host()),
+            Storage::Cuda(c) => on_cuda!(c => BackendStorage::to_host(c)),
         }
     }
 
@@ -257,7 +290,7 @@ impl<T: Scalar> Storage<T> {
     pub fn into_host(self) -> Result<ArrayD<T>> {
         match self {
             Storage::Cpu(a) => Ok(a),
-            Storage::Cuda(c) => on_cuda!(c => c.to_host()),
+            Storage::Cuda(c) => on_cuda!(c => BackendStorage::to_host(&c)),
         }
     }
 
@@ -265,7 +298,9 @@ impl<T: Scalar> Storage<T> {
     pub(crate) fn host_data(&self) -> Result<Cow<'_, [T]>> {
         match self {
             Storage::Cpu(a) => Ok(cpu::row_major(a)),
-            Storage::Cuda(c) => on_cuda!(c => c.to_host().map(|a| Cow::Owned(a.into_raw_vec_and_offset().0))),
+            Storage::Cuda(c) => {
+                on_cuda!(c => BackendStorage::to_host(c).map(|a| Cow::Owned(a.into_raw_vec_and_offset().0)))
+            }
         }
     }
 
@@ -293,8 +328,8 @@ impl<T: Scalar> Storage<T> {
     /// Places a host array on `target` (moved on the host, copied to a device).
     pub fn from_host(a: ArrayD<T>, target: &Target) -> Result<Storage<T>> {
         match target {
-            Target::Cpu => Ok(Storage::Cpu(cpu::into_standard(a))),
-            Target::Cuda(d) => on_cuda!(d => CudaStorage::from_host(d, &a).map(Storage::Cuda)),
+            Target::Cpu => BackendStorage::from_host(&(), a).map(Storage::Cpu),
+            Target::Cuda(d) => on_cuda!(d => BackendStorage::from_host(d, a).map(Storage::Cuda)),
         }
     }
 
@@ -302,20 +337,10 @@ impl<T: Scalar> Storage<T> {
     /// The shape is checked ([`Error::ShapeOverflow`]) and the buffer allocated fallibly
     /// ([`Error::OutOfMemory`]), as every buffer sized by a caller's shape.
     pub fn full(target: &Target, shape: &[usize], value: T) -> Result<Storage<T>> {
-        let n = crate::shape::checked_numel("full", shape)?;
+        crate::shape::checked_numel("full", shape)?;
         match target {
-            Target::Cpu => {
-                let data = if bytemuck::bytes_of(&value).iter().all(|&b| b == 0) {
-                    // Zeroed by the allocator: untouched pages cost nothing.
-                    crate::alloc::try_zeroed("full", n)?
-                } else {
-                    let mut v = crate::alloc::try_with_capacity("full", n)?;
-                    v.resize(n, value);
-                    v
-                };
-                cpu::from_vec(shape, data).map(Storage::Cpu)
-            }
-            Target::Cuda(d) => on_cuda!(d => CudaStorage::full(d, shape, value).map(Storage::Cuda)),
+            Target::Cpu => BackendStorage::full(&(), shape, value).map(Storage::Cpu),
+            Target::Cuda(d) => on_cuda!(d => BackendStorage::full(d, shape, value).map(Storage::Cuda)),
         }
     }
 
@@ -343,8 +368,8 @@ impl<T: Element> Storage<T> {
             return Err(shape_mismatch("random: rank of the global shape / offset".into(), shape, global));
         }
         match target {
-            Target::Cpu => cpu::random(fill, global, offset, shape).map(Storage::Cpu),
-            Target::Cuda(d) => on_cuda!(d => CudaStorage::random(d, fill, global, offset, shape).map(Storage::Cuda)),
+            Target::Cpu => BackendStorage::random(&(), fill, global, offset, shape).map(Storage::Cpu),
+            Target::Cuda(d) => on_cuda!(d => BackendStorage::random(d, fill, global, offset, shape).map(Storage::Cuda)),
         }
     }
 
@@ -352,15 +377,13 @@ impl<T: Element> Storage<T> {
 
     /// Element-wise `op` of one tensor.
     pub fn unary(&self, op: UnaryOp) -> Result<Storage<T>> {
-        match self {
-            Storage::Cpu(a) => Ok(Storage::Cpu(cpu::unary(a, op))),
-            Storage::Cuda(c) => on_cuda!(c => c.unary(op).map(Storage::Cuda)),
-        }
+        on_device!(self, |s| BackendStorage::unary(s, op))
     }
 
     /// Element-wise `op` of two tensors with numpy broadcasting.
     pub fn binary(&self, op: BinaryOp, other: &Storage<T>) -> Result<Storage<T>> {
-        self.broadcast_with(op, other, cpu::binary)
+        let shape = broadcast_shape(op.name(), self.shape(), other.shape())?;
+        on_devices!(op.name(), self, other, |a, b| BackendStorage::binary(a, op, b, &shape))
     }
 
     /// Reduces `dims` (any order, duplicates ignored); reduced dims are kept as size 1 with
@@ -372,19 +395,13 @@ impl<T: Element> Storage<T> {
         if let Some(&d) = dims.iter().find(|&&d| d >= self.ndim()) {
             return Err(Error::DimOutOfRange { context: kind.name().into(), dim: d as isize, ndim: self.ndim() });
         }
-        match self {
-            Storage::Cpu(a) => Ok(Storage::Cpu(cpu::reduce(a, kind, &dims, keepdim))),
-            Storage::Cuda(c) => on_cuda!(c => c.reduce(kind, &dims, keepdim).map(Storage::Cuda)),
-        }
+        on_device!(self, |s| BackendStorage::reduce(s, kind, &dims, keepdim))
     }
 
     /// Softmax or log-softmax of every lane along `dim`.
     pub fn softmax(&self, dim: usize, kind: SoftmaxKind) -> Result<Storage<T>> {
         self.check_dim("softmax", dim)?;
-        match self {
-            Storage::Cpu(a) => Ok(Storage::Cpu(cpu::softmax(a, dim, kind))),
-            Storage::Cuda(c) => on_cuda!(c => c.softmax(dim, kind).map(Storage::Cuda)),
-        }
+        on_device!(self, |s| BackendStorage::softmax(s, dim, kind))
     }
 
     /// Input gradient of [`Storage::softmax`] from its output (`self`) and the output's
@@ -394,13 +411,7 @@ impl<T: Element> Storage<T> {
         if self.shape() != g.shape() {
             return Err(shape_mismatch("softmax_backward: gradient vs output".into(), self.shape(), g.shape()));
         }
-        match (self, g) {
-            (Storage::Cpu(y), Storage::Cpu(g)) => Ok(Storage::Cpu(cpu::softmax_backward(y, g, dim, kind))),
-            (Storage::Cuda(y), Storage::Cuda(g)) => {
-                on_cuda!(y, g => y.softmax_backward(g, dim, kind).map(Storage::Cuda))
-            }
-            _ => Err(device_mismatch("softmax_backward", self.device(), g.device())),
-        }
+        on_devices!("softmax_backward", self, g, |y, g| BackendStorage::softmax_backward(y, g, dim, kind))
     }
 
     /// `self [.., m, k] @ other [k, n]` or `self [.., m, k] @ other [.., k, n]`.
@@ -414,26 +425,9 @@ impl<T: Element> Storage<T> {
     pub fn matmul_t(&self, other: &Storage<T>, transpose_self: bool, transpose_other: bool) -> Result<Storage<T>> {
         let (sa, sb) = (swapped_last(self.shape(), transpose_self), swapped_last(other.shape(), transpose_other));
         let shape = matmul_shape(&sa, &sb)?;
-        match (self, other) {
-            (Storage::Cpu(a), Storage::Cpu(b)) => {
-                let (mut va, mut vb) = (a.view(), b.view());
-                if transpose_self {
-                    va.swap_axes(a.ndim() - 2, a.ndim() - 1);
-                }
-                if transpose_other {
-                    vb.swap_axes(b.ndim() - 2, b.ndim() - 1);
-                }
-                cpu::matmul(va, vb, &shape).map(Storage::Cpu)
-            }
-            (Storage::Cuda(_), Storage::Cuda(_)) if transpose_self || transpose_other => {
-                // cuBLAS reads only row- or column-major operands: swap by a copy.
-                let copy =
-                    |x: &Storage<T>, t: bool| if t { x.transpose(x.ndim() - 2, x.ndim() - 1) } else { Ok(x.clone()) };
-                copy(self, transpose_self)?.matmul(&copy(other, transpose_other)?)
-            }
-            (Storage::Cuda(a), Storage::Cuda(b)) => on_cuda!(a, b => a.matmul(b, &shape).map(Storage::Cuda)),
-            _ => Err(device_mismatch("matmul", self.device(), other.device())),
-        }
+        on_devices!("matmul", self, other, |a, b| {
+            BackendStorage::matmul(a, b, transpose_self, transpose_other, &shape)
+        })
     }
 
     /// Embedding lookup in this table shard (`[rows, cols]`, rows `row0..` of a table of
@@ -443,11 +437,7 @@ impl<T: Element> Storage<T> {
         if self.ndim() != 2 {
             return Err(shape_mismatch("embedding: table must be [rows, dim]".into(), &[0, 0], self.shape()));
         }
-        match (self, ids) {
-            (Storage::Cpu(t), Storage::Cpu(i)) => cpu::embedding(t, i, row0, vocab).map(Storage::Cpu),
-            (Storage::Cuda(t), Storage::Cuda(i)) => on_cuda!(t, i => t.embedding(i, row0, vocab).map(Storage::Cuda)),
-            _ => Err(device_mismatch("embedding", self.device(), ids.device())),
-        }
+        on_devices!("embedding", self, ids, |t, i| BackendStorage::embedding(t, i, row0, vocab))
     }
 
     /// Gradient of [`Storage::embedding`] for a table shard of `rows` rows from `row0`: the
@@ -456,13 +446,7 @@ impl<T: Element> Storage<T> {
         if self.ndim() != ids.ndim() + 1 || self.shape()[..ids.ndim()] != *ids.shape() {
             return Err(shape_mismatch("embedding_backward: gradient vs ids".into(), ids.shape(), self.shape()));
         }
-        match (self, ids) {
-            (Storage::Cpu(g), Storage::Cpu(i)) => cpu::embedding_backward(g, i, rows, row0, vocab).map(Storage::Cpu),
-            (Storage::Cuda(g), Storage::Cuda(i)) => {
-                on_cuda!(g, i => g.embedding_backward(i, rows, row0, vocab).map(Storage::Cuda))
-            }
-            _ => Err(device_mismatch("embedding_backward", self.device(), ids.device())),
-        }
+        on_devices!("embedding_backward", self, ids, |g, i| BackendStorage::embedding_backward(g, i, rows, row0, vocab))
     }
 
     /// The lower (`lower`) or upper triangle of the last two dims relative to `diagonal`
@@ -472,10 +456,7 @@ impl<T: Element> Storage<T> {
         if self.ndim() < 2 {
             return Err(shape_mismatch("tril/triu: needs at least 2 dims".into(), &[0, 0], self.shape()));
         }
-        match self {
-            Storage::Cpu(a) => Ok(Storage::Cpu(cpu::tri(a, lower, diagonal, row0, col0))),
-            Storage::Cuda(c) => on_cuda!(c => c.tri(lower, diagonal, row0, col0).map(Storage::Cuda)),
-        }
+        on_device!(self, |s| BackendStorage::tri(s, lower, diagonal, row0, col0))
     }
 
     /// Index of the maximum (`max`) or minimum along `dim` (first occurrence; NaN counts as
@@ -486,10 +467,7 @@ impl<T: Element> Storage<T> {
         if self.shape()[dim] == 0 {
             return Err(empty_reduction(op, dim));
         }
-        match self {
-            Storage::Cpu(a) => Ok(Storage::Cpu(cpu::arg_reduce(a, dim, max, keepdim))),
-            Storage::Cuda(c) => on_cuda!(c => c.arg_reduce(dim, max, keepdim).map(Storage::Cuda)),
-        }
+        on_device!(self, |s| BackendStorage::arg_reduce(s, dim, max, keepdim))
     }
 
     /// Gradient of [`Storage::index_select`]: this gradient's slices added at `ids` along `dim`
@@ -499,11 +477,7 @@ impl<T: Element> Storage<T> {
         if ids.ndim() != 1 || ids.len() != self.shape()[dim] {
             return Err(shape_mismatch("index_select_backward: index vs gradient".into(), self.shape(), ids.shape()));
         }
-        match (self, ids) {
-            (Storage::Cpu(g), Storage::Cpu(i)) => cpu::index_add(g, dim, i, n).map(Storage::Cpu),
-            (Storage::Cuda(g), Storage::Cuda(i)) => on_cuda!(g, i => g.index_add(dim, i, n).map(Storage::Cuda)),
-            _ => Err(device_mismatch("index_select_backward", self.device(), ids.device())),
-        }
+        on_devices!("index_select_backward", self, ids, |g, i| BackendStorage::index_add(g, dim, i, n))
     }
 
     /// Gradient of [`Storage::gather`]: this gradient (the shape of `ids`) added at the
@@ -516,11 +490,7 @@ impl<T: Element> Storage<T> {
         if !fits {
             return Err(shape_mismatch("gather_backward: gradient vs index".into(), self.shape(), ids.shape()));
         }
-        match (self, ids) {
-            (Storage::Cpu(g), Storage::Cpu(i)) => cpu::scatter_add(g, dim, i, shape).map(Storage::Cpu),
-            (Storage::Cuda(g), Storage::Cuda(i)) => on_cuda!(g, i => g.scatter_add(dim, i, shape).map(Storage::Cuda)),
-            _ => Err(device_mismatch("gather_backward", self.device(), ids.device())),
-        }
+        on_devices!("gather_backward", self, ids, |g, i| BackendStorage::scatter_add(g, dim, i, shape))
     }
 
     fn check_like(&self, what: &str, other: &Storage<T>) -> Result<()> {
@@ -539,15 +509,12 @@ impl<T: Element> Storage<T> {
             self.check_like("sgd: momentum buffer", b)?;
         }
         match (self, grad, buf) {
-            (Storage::Cpu(w), Storage::Cpu(g), None) => {
-                cpu::sgd_step(w, g, None, step);
-                Ok(())
+            (Storage::Cpu(w), Storage::Cpu(g), None) => BackendStorage::sgd_step(w, g, None, step),
+            (Storage::Cpu(w), Storage::Cpu(g), Some(Storage::Cpu(b))) => BackendStorage::sgd_step(w, g, Some(b), step),
+            (Storage::Cuda(w), Storage::Cuda(g), None) => on_cuda!(w, g => BackendStorage::sgd_step(w, g, None, step)),
+            (Storage::Cuda(w), Storage::Cuda(g), Some(Storage::Cuda(b))) => {
+                on_cuda!(w, g, b => BackendStorage::sgd_step(w, g, Some(b), step))
             }
-            (Storage::Cpu(w), Storage::Cpu(g), Some(Storage::Cpu(b))) => {
-                cpu::sgd_step(w, g, Some(b), step);
-                Ok(())
-            }
-            (Storage::Cuda(w), Storage::Cuda(g), b) => on_cuda!(w, g, b => w.sgd_step(g, b, step)),
             (w, g, _) => Err(device_mismatch("sgd", w.device(), g.device())),
         }
     }
@@ -565,10 +532,11 @@ impl<T: Element> Storage<T> {
         self.check_like("adamw: second moment", v)?;
         match (self, grad, m, v) {
             (Storage::Cpu(w), Storage::Cpu(g), Storage::Cpu(m), Storage::Cpu(v)) => {
-                cpu::adamw_step(w, g, m, v, step);
-                Ok(())
+                BackendStorage::adamw_step(w, g, m, v, step)
             }
-            (Storage::Cuda(w), Storage::Cuda(g), m, v) => on_cuda!(w, g, m, v => w.adamw_step(g, m, v, step)),
+            (Storage::Cuda(w), Storage::Cuda(g), Storage::Cuda(m), Storage::Cuda(v)) => {
+                on_cuda!(w, g, m, v => BackendStorage::adamw_step(w, g, m, v, step))
+            }
             (w, g, _, _) => Err(device_mismatch("adamw", w.device(), g.device())),
         }
     }
@@ -581,41 +549,32 @@ impl Storage<i64> {
     pub fn one_hot<T: Element>(&self, classes: usize) -> Result<Storage<T>> {
         crate::shape::checked_bytes::<T>("one_hot", &[self.len(), classes])?;
         match self {
-            Storage::Cpu(a) => cpu::one_hot(a, classes).map(Storage::Cpu),
-            Storage::Cuda(c) => on_cuda!(c => c.one_hot::<T>(classes).map(Storage::Cuda)),
+            Storage::Cpu(a) => <ArrayD<T> as BackendStorage<T>>::one_hot(a, classes).map(Storage::Cpu),
+            Storage::Cuda(c) => {
+                on_cuda!(c => <CudaStorage<T> as BackendStorage<T>>::one_hot(c, classes).map(Storage::Cuda))
+            }
         }
     }
 }
-
-/// A host kernel of a two-input op on shards broadcast to a shape (`cpu::binary`, `cpu::compare`).
-type HostBinary<T> = fn(&ArrayD<T>, &ArrayD<T>, BinaryOp, &[usize]) -> Result<ArrayD<T>>;
 
 /// Moves and copies: every element type.
 impl<T: Scalar> Storage<T> {
     /// The comparison `op` (`Eq`, `Ne`, `Lt`, `Le`, `Gt`, `Ge`; checked by the caller) of
     /// `self` and `other` with numpy broadcasting: 1 where it holds, else 0.
     pub fn compare(&self, op: BinaryOp, other: &Storage<T>) -> Result<Storage<T>> {
-        self.broadcast_with(op, other, cpu::compare)
-    }
-
-    /// The two-input `op` of `self` and `other` broadcast together: `on_host` on host shards,
-    /// the device's kernel of `op` on CUDA ones.
-    fn broadcast_with(&self, op: BinaryOp, other: &Storage<T>, on_host: HostBinary<T>) -> Result<Storage<T>> {
         let shape = broadcast_shape(op.name(), self.shape(), other.shape())?;
-        match (self, other) {
-            (Storage::Cpu(a), Storage::Cpu(b)) => on_host(a, b, op, &shape).map(Storage::Cpu),
-            (Storage::Cuda(a), Storage::Cuda(b)) => on_cuda!(a, b => a.binary(op, b, &shape).map(Storage::Cuda)),
-            _ => Err(device_mismatch(op.name(), self.device(), other.device())),
-        }
+        on_devices!(op.name(), self, other, |a, b| BackendStorage::compare(a, op, b, &shape))
     }
 
     /// `a` where this mask is non-zero, else `b` (numpy broadcasting of all three).
     pub fn where_(&self, a: &Storage<T>, b: &Storage<T>) -> Result<Storage<T>> {
         let shape = broadcast_shape("where", &broadcast_shape("where", self.shape(), a.shape())?, b.shape())?;
         match (self, a, b) {
-            (Storage::Cpu(c), Storage::Cpu(x), Storage::Cpu(y)) => cpu::where_(c, x, y, &shape).map(Storage::Cpu),
+            (Storage::Cpu(c), Storage::Cpu(x), Storage::Cpu(y)) => {
+                BackendStorage::where_(c, x, y, &shape).map(Storage::Cpu)
+            }
             (Storage::Cuda(c), Storage::Cuda(x), Storage::Cuda(y)) => {
-                on_cuda!(c, x, y => c.where_(x, y, &shape).map(Storage::Cuda))
+                on_cuda!(c, x, y => BackendStorage::where_(c, x, y, &shape).map(Storage::Cuda))
             }
             _ if self.device() != a.device() => Err(device_mismatch("where", self.device(), a.device())),
             _ => Err(device_mismatch("where", a.device(), b.device())),
@@ -628,11 +587,7 @@ impl<T: Scalar> Storage<T> {
         if ids.ndim() != 1 {
             return Err(shape_mismatch("index_select: index must be 1-D".into(), &[0], ids.shape()));
         }
-        match (self, ids) {
-            (Storage::Cpu(a), Storage::Cpu(i)) => cpu::index_select(a, dim, i).map(Storage::Cpu),
-            (Storage::Cuda(a), Storage::Cuda(i)) => on_cuda!(a, i => a.index_select(dim, i).map(Storage::Cuda)),
-            _ => Err(device_mismatch("index_select", self.device(), ids.device())),
-        }
+        on_devices!("index_select", self, ids, |a, i| BackendStorage::index_select(a, dim, i))
     }
 
     /// PyTorch `gather` along `dim` at `ids` (same rank; every other dim of `ids` no larger
@@ -643,11 +598,7 @@ impl<T: Scalar> Storage<T> {
         if !fits {
             return Err(shape_mismatch("gather: index vs input".into(), self.shape(), ids.shape()));
         }
-        match (self, ids) {
-            (Storage::Cpu(a), Storage::Cpu(i)) => cpu::gather(a, dim, i).map(Storage::Cpu),
-            (Storage::Cuda(a), Storage::Cuda(i)) => on_cuda!(a, i => a.gather(dim, i).map(Storage::Cuda)),
-            _ => Err(device_mismatch("gather", self.device(), ids.device())),
-        }
+        on_devices!("gather", self, ids, |a, i| BackendStorage::gather(a, dim, i))
     }
     fn same_device(&self, other: &Self, op: &str) -> Result<()> {
         if self.device() == other.device() {
@@ -668,10 +619,7 @@ impl<T: Scalar> Storage<T> {
                 self.shape(),
             ));
         }
-        match self {
-            Storage::Cpu(a) => cpu::pack(&cpu::row_major(a), plan).map(Storage::Cpu),
-            Storage::Cuda(c) => on_cuda!(c => c.pack(plan).map(Storage::Cuda)),
-        }
+        on_device!(self, |s| BackendStorage::pack(s, plan))
     }
 
     /// [`Storage::pack`] that reuses this storage when the plan is the identity.
@@ -696,13 +644,7 @@ impl<T: Scalar> Storage<T> {
         if n != self.len() {
             return Err(shape_mismatch("reshape: number of elements".into(), self.shape(), shape));
         }
-        match self {
-            Storage::Cpu(a) => cpu::into_standard(a)
-                .into_shape_with_order(shape)
-                .map(Storage::Cpu)
-                .map_err(|e| Error::Unsupported { op: "reshape".into(), reason: e.to_string() }),
-            Storage::Cuda(c) => on_cuda!(c => c.into_reshape(shape).map(Storage::Cuda)),
-        }
+        on_device!(self, |s| BackendStorage::into_reshape(s, shape))
     }
 
     /// A copy with a new shape (same number of elements).
@@ -759,12 +701,17 @@ impl<T: Scalar> Storage<T> {
             }
             first.same_device(p, "cat")?;
         }
+        // Same device checked above: every part is in the first one's arm.
         match first {
             Storage::Cpu(_) => {
                 let arrays: Vec<&ArrayD<T>> = parts.iter().filter_map(|p| p.as_cpu()).collect();
-                cpu::cat(&arrays, dim).map(Storage::Cpu)
+                BackendStorage::cat(&arrays, dim).map(Storage::Cpu)
             }
-            Storage::Cuda(c) => on_cuda!(c => c.cat(parts, dim).map(Storage::Cuda)),
+            Storage::Cuda(c) => on_cuda!(c => {
+                let rest = parts[1..].iter().filter_map(|p| if let Storage::Cuda(c) = p { Some(c) } else { None });
+                let parts: Vec<&CudaStorage<T>> = std::iter::once(c).chain(rest).collect();
+                BackendStorage::cat(&parts, dim).map(Storage::Cuda)
+            }),
         }
     }
 
@@ -781,10 +728,7 @@ impl<T: Scalar> Storage<T> {
 
     /// Element-type conversion.
     pub fn cast<U: Scalar>(&self) -> Result<Storage<U>> {
-        match self {
-            Storage::Cpu(a) => Ok(Storage::Cpu(cpu::cast::<T, U>(a))),
-            Storage::Cuda(c) => on_cuda!(c => c.cast::<U>().map(Storage::Cuda)),
-        }
+        on_device!(self, |s| BackendStorage::cast::<U>(s))
     }
 
     fn check_dim(&self, op: &str, dim: usize) -> Result<()> {
