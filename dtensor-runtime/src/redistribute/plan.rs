@@ -10,18 +10,15 @@ use std::cmp::Reverse;
 use std::collections::{BinaryHeap, HashMap};
 
 type PathKey = (Vec<usize>, Vec<usize>, Vec<Placement>, Vec<Placement>);
+/// A plan's steps: (mesh dim, target placement, the transition as it runs on that mesh dim).
+pub(super) type Path = Vec<(usize, Placement, Transition)>;
 
 thread_local! {
-    static PATHS: RefCell<HashMap<PathKey, Vec<(usize, Placement, Transition)>>> = RefCell::new(HashMap::new());
+    static PATHS: RefCell<HashMap<PathKey, Path>> = RefCell::new(HashMap::new());
 }
 
 /// [`search_path`] behind a per-thread cache (ops cost candidate strategies with plans).
-pub(super) fn cached_path(
-    shape: &[usize],
-    mesh: &[usize],
-    from: &[Placement],
-    to: &[Placement],
-) -> Vec<(usize, Placement, Transition)> {
+pub(super) fn cached_path(shape: &[usize], mesh: &[usize], from: &[Placement], to: &[Placement]) -> Path {
     let key = (shape.to_vec(), mesh.to_vec(), from.to_vec(), to.to_vec());
     if let Some(p) = PATHS.with(|c| c.borrow().get(&key).cloned()) {
         return p;
@@ -43,12 +40,7 @@ pub(super) fn cached_path(
 ///
 /// Costs use padded (ceil) chunk sizes, which do not depend on the rank's coordinate: every
 /// rank must choose the same plan, or their collectives would not match.
-fn search_path(
-    shape: &[usize],
-    mesh: &[usize],
-    src: &[Placement],
-    dst: &[Placement],
-) -> Vec<(usize, Placement, Transition)> {
+fn search_path(shape: &[usize], mesh: &[usize], src: &[Placement], dst: &[Placement]) -> Path {
     if src == dst {
         return Vec::new();
     }

@@ -292,3 +292,55 @@ fn chunk_numels(like: &[usize], d: usize, extent: usize, n: usize) -> Vec<usize>
     let rest: usize = like.iter().enumerate().filter(|&(i, _)| i != d).map(|(_, &s)| s).product();
     (0..n).map(|j| chunk_size_and_offset(extent, n, j).0 * rest).collect()
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn universe() -> Vec<Placement> {
+        let mut ps = vec![Placement::Replicate, Placement::Shard(0), Placement::Shard(1)];
+        for op in [ReduceOp::Sum, ReduceOp::Avg, ReduceOp::Max, ReduceOp::Min, ReduceOp::Product] {
+            ps.push(Placement::Partial(op));
+        }
+        ps
+    }
+
+    /// No direct step reaches a target that `check_target` refuses: the two legality
+    /// statements (per step here, per target in `placement::transition_error`) agree.
+    #[test]
+    fn no_direct_step_to_a_refused_target() {
+        for from in universe() {
+            for to in universe() {
+                if check_target(0, from, to).is_err() {
+                    assert_eq!(Transition::of(from, to), None, "{from} -> {to}");
+                }
+            }
+        }
+    }
+
+    /// Issue 32: on a mesh dim of one rank every direct step is `Keep`: no collective, nothing
+    /// sent, nothing on the wire, legal wherever it nests; on more ranks a step communicates
+    /// exactly when it sends bytes.
+    #[test]
+    fn size_one_mesh_dim_is_keep_and_collectives_send_bytes() {
+        let shape = [6, 4];
+        for from in universe() {
+            for to in universe() {
+                let Some(t) = Transition::of(from, to) else { continue };
+                let one = t.on(1);
+                assert_eq!(one, Transition::Keep, "{from} -> {to}");
+                assert_eq!(
+                    (one.collective(), one.sent_elems(&shape, 1, 0), one.wire_elems(&shape, 1)),
+                    (None, Some(0), Some(0))
+                );
+                let nested = [from, Placement::Shard(0), Placement::Shard(1)];
+                assert!(from == to || one.legal_in(&nested, 0, &[to, nested[1], nested[2]]), "{from} -> {to}");
+                let two = t.on(2);
+                let sent = two.sent_elems(&shape, 2, 0).unwrap();
+                let wire = two.wire_elems(&shape, 2).unwrap();
+                assert_eq!(two.collective().is_some(), sent > 0, "{from} -> {to}: sends iff it communicates");
+                assert_eq!(two.collective().is_some(), wire > 0, "{from} -> {to}: costs iff it communicates");
+            }
+        }
+    }
+}
