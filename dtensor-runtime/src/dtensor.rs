@@ -6,7 +6,7 @@ use crate::element::{DType, Scalar};
 use crate::error::{Error, Result};
 use crate::layout::pack;
 use crate::layout::{checked_global_shape_from_local, local_shape_and_offset};
-use crate::mesh::storage as comm_storage;
+use crate::mesh::storage as mesh_storage;
 use crate::mesh::DeviceMesh;
 use crate::placement::{fmt_placements, normalize_placements, Placement, ReduceOp};
 use crate::shape::contiguous_strides;
@@ -271,7 +271,7 @@ pub fn from_local<T: Scalar>(
         check_consistency(local.shape(), mesh, &placements, &shape)?;
         for (i, p) in placements.iter().enumerate() {
             if p.is_replicate() && mesh.size(i) > 1 {
-                local = comm_storage::broadcast(mesh, Along::Dim(i), local, 0)?;
+                local = mesh_storage::broadcast(mesh, Along::Dim(i), local, 0)?;
             }
         }
     }

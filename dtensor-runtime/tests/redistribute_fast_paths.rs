@@ -308,3 +308,72 @@ fn with_partial(placements: &[Placement], i: usize) -> Vec<Placement> {
     p[i] = Partial(ReduceOp::Sum);
     p
 }
+
+/// Issue 32 (size-1 mesh dim shortcut, PyTorch's `num_chunks == 1` in
+/// `redistribute_local_tensor`): on a mesh dim of one rank every transition is the identity, so
+/// no collective is issued or recorded, and the plan says so (local steps, 0 bytes). Tries every
+/// source/target pair of {R, S(0), S(1), P(sum), P(max)} that is a legal redistribution, on the
+/// size-1 dim of meshes [1], [1, 2], [2, 1] and [2, 1, 3] (the other dims Shard(1) or Replicate),
+/// on a [5, 3] tensor (uneven over 2 and 3): 3 x 16 pairs x up to 2 layouts of the other dims.
+/// Values: the shard is unchanged, and matches the single-rank result (for a Partial target,
+/// its full tensor does).
+#[test]
+fn size_one_mesh_dim_issues_no_collective() {
+    let shape = [5, 3];
+    let g = global(&shape, 11);
+    let choices = [R, S(0), S(1), Partial(ReduceOp::Sum), Partial(ReduceOp::Max)];
+    let meshes: &[(&[usize], usize)] = &[(&[1], 0), (&[1, 2], 0), (&[2, 1], 1), (&[2, 1, 3], 1)];
+    let mut tried = 0;
+    for &(mesh_shape, j) in meshes {
+        for other in [R, S(1)] {
+            if mesh_shape.len() == 1 && other != R {
+                continue;
+            }
+            for from_j in choices {
+                for to_j in choices {
+                    let legal = from_j != to_j
+                        && !(from_j.is_partial() && to_j.is_partial())
+                        && !(from_j.shard_dim().is_some() && to_j == Partial(ReduceOp::Max));
+                    if !legal {
+                        continue;
+                    }
+                    let mut from = vec![other; mesh_shape.len()];
+                    from[j] = from_j;
+                    let mut to = from.clone();
+                    to[j] = to_j;
+                    check_size_one(&g, mesh_shape, &from, &to);
+                    tried += 1;
+                }
+            }
+        }
+    }
+    assert_eq!(tried, 16 * 7, "every legal pair on every mesh and layout");
+}
+
+fn check_size_one(g: &ArrayD<f64>, mesh_shape: &[usize], from: &[Placement], to: &[Placement]) {
+    let world: usize = mesh_shape.iter().product();
+    let at = format!("{mesh_shape:?} {from:?} -> {to:?}");
+    let out = run(world, |ctx| {
+        let mesh = ctx.init_device_mesh(mesh_shape, &[])?;
+        // A Partial source: distribute without it, then make it Partial (local).
+        let plain: Vec<Placement> = from.iter().map(|p| if p.is_partial() { R } else { *p }).collect();
+        let x = distribute_tensor(g, &mesh, &plain, None)?.redistribute(from)?;
+        let plan = x.plan_redistribute(to)?;
+        let debug = CommDebugMode::new();
+        let y = debug.scope(|| x.redistribute(to))?;
+        let full = y.full_tensor()?;
+        let planned = (plan.steps.len(), plan.num_collectives(), plan.bytes(), plan.wire_bytes());
+        let locals = (x.to_local().to_host()?, y.to_local().to_host()?);
+        Ok((mesh.coordinate().to_vec(), locals, full, debug.total(), planned))
+    })
+    .unwrap();
+    for (coord, (before, after), full, recorded, (steps, collectives, bytes, wire)) in out {
+        assert_eq!(recorded, 0, "{at} at {coord:?}: no collective on a size-1 mesh dim");
+        assert_eq!((steps, collectives, bytes, wire), (1, 0, 0, 0), "{at} at {coord:?}: one local step");
+        assert_eq!(after, before, "{at} at {coord:?}: the shard is unchanged");
+        if !to.iter().any(|p| p.is_partial()) {
+            assert_eq!(after, expected_shard(g, mesh_shape, &coord, to), "{at} at {coord:?}");
+        }
+        assert_eq!(&full, g, "{at} at {coord:?}: the full tensor");
+    }
+}
