@@ -236,13 +236,15 @@ fn describe(like: &Like, len: usize) -> impl Iterator<Item = u64> + '_ {
 }
 
 /// The one mesh dim and reduce op if `g` reaches `target` by a single Partial → Replicate
-/// step in its own dtype (what a bucket can hold, host or device); `None` otherwise.
+/// step in its own dtype, on its mesh's device (what a bucket can hold, host or device: a
+/// bucket joins its gradients on the mesh's device, so a shard elsewhere goes the plain way);
+/// `None` otherwise.
 fn single_partial_to_replicate<T: Scalar>(
     g: &DTensor<T>,
     target: &[Placement],
     dtype: Option<DType>,
 ) -> Option<(usize, ReduceOp)> {
-    if dtype.is_some_and(|d| d != T::DTYPE) {
+    if dtype.is_some_and(|d| d != T::DTYPE) || g.local().device() != g.device_mesh().device() {
         return None;
     }
     let mut differ = g.placements().iter().zip(target).enumerate().filter(|(_, (a, b))| a != b);
