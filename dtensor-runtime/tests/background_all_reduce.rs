@@ -136,3 +136,71 @@ fn results_come_back_in_the_dtype_they_went_in() {
     assert_eq!(out, vec![vec![3.0f32; 4]; 2]);
     assert_eq!(DType::BF16, <bf16 as Scalar>::DTYPE);
 }
+
+// ----------------------------------------------------------------------------------------
+// `Communicator::all_reduce_start` on owned buffers that are not one host block (as device
+// memory is; issue 32: the started collective takes device buffers).
+
+use dtensor_runtime::comm::pending::{reduce_now, OwnedBytes};
+use dtensor_runtime::comm::{Buf, BufMut};
+use dtensor_runtime::{Communicator, ThreadWorld};
+use std::any::Any;
+
+/// Owned bytes that are not one host block (as device memory is): a started all-reduce
+/// must reduce them through [`OwnedBytes::replace_by`] and the communicator's
+/// `all_reduce_buf`, never ask for a host block (issue 32: the started collective takes
+/// device buffers; the thread backend reduces them at once, staged through the host).
+struct NotHost(Vec<f32>);
+
+impl OwnedBytes for NotHost {
+    fn host_mut(&mut self) -> Option<&mut [u8]> {
+        None
+    }
+    fn replace_by(&mut self, run: &mut dyn FnMut(Buf<'_>, BufMut<'_>) -> Result<()>) -> Result<()> {
+        self.0.replace_by(run)
+    }
+    fn into_any(self: Box<Self>) -> Box<dyn Any> {
+        self
+    }
+}
+
+/// Rank `r`'s values: uneven, so a wrong order or a missed rank shows.
+fn values(r: usize, n: usize) -> Vec<f32> {
+    (0..n).map(|i| (r * 7 + i) as f32 * 0.25 - 1.0).collect()
+}
+
+/// A started all-reduce of host bytes and of non-host bytes both give the blocking
+/// all-reduce's result, bit for bit, on the thread backend (whose worker runs host bytes)
+/// and through the default (`pending::reduce_now`), for every reduce op, over 3 ranks.
+#[test]
+fn started_all_reduce_of_host_and_non_host_bytes_matches_the_blocking_one() {
+    let world = ThreadWorld::new(3, Duration::from_secs(30));
+    let rank = |r: usize| -> Result<()> {
+        let c = world.communicator(r)?;
+        let g = [0usize, 1, 2];
+        for op in [ReduceOp::Sum, ReduceOp::Avg, ReduceOp::Max, ReduceOp::Min, ReduceOp::Product] {
+            let mut want = values(r, 5);
+            c.all_reduce(&g, bytemuck::cast_slice_mut(&mut want), DType::F32, op)?;
+            let host = c.all_reduce_start(&g, Box::new(values(r, 5)), DType::F32, op)?.wait()?;
+            let host = host.into_any().downcast::<Vec<f32>>().map_err(|_| Error::Autograd("type".into()))?;
+            assert_eq!(*host, want, "{op:?}: host bytes on the worker");
+            let other = c.all_reduce_start(&g, Box::new(NotHost(values(r, 5))), DType::F32, op)?.wait()?;
+            let other = other.into_any().downcast::<NotHost>().map_err(|_| Error::Autograd("type".into()))?;
+            assert_eq!(other.0, want, "{op:?}: non-host bytes through all_reduce_buf");
+            let mut dflt: Box<dyn OwnedBytes> = Box::new(NotHost(values(r, 5)));
+            reduce_now(&c, &g, dflt.as_mut(), DType::F32, op)?;
+            let dflt = dflt.into_any().downcast::<NotHost>().map_err(|_| Error::Autograd("type".into()))?;
+            assert_eq!(dflt.0, want, "{op:?}: the default");
+        }
+        // A bad call is a typed error on the caller, not a hang: a group without this rank.
+        let e = c.all_reduce_start(&[(r + 1) % 3], Box::new(NotHost(values(r, 2))), DType::F32, ReduceOp::Sum);
+        assert!(e.is_err(), "rank {r}: a group without this rank must fail");
+        Ok(())
+    };
+    std::thread::scope(|s| {
+        let ranks: Vec<_> = (0..3).map(|r| s.spawn(move || rank(r))).collect();
+        for h in ranks {
+            h.join().unwrap().unwrap();
+        }
+    });
+}

@@ -29,10 +29,9 @@ use crate::dtensor::DTensor;
 use crate::element::{DType, Element, Scalar};
 use crate::error::{Error, Result};
 use crate::layout::padded_chunk;
-use crate::mesh::{Along, DeviceMesh};
+use crate::mesh::{storage as collective, Along, DeviceMesh};
 use crate::placement::{Placement, ReduceOp};
 use crate::storage::Storage;
-use ndarray::{ArrayD, IxDyn};
 use std::sync::Arc;
 
 /// Where one leaf's gradient is (a leaf may receive several).
@@ -56,20 +55,25 @@ struct Like {
 /// MPI's per-call count (`i32::MAX` elements of bytes).
 const MAX_BUCKET_BYTES: usize = 1 << 30;
 
-/// One bucket: gradients reduced over mesh dim `dim` of `mesh` with `op`.
+/// One bucket: gradients reduced over mesh dim `dim` of `mesh` with `op`, on the mesh's
+/// device (device gradients stay on the device: the bucket is concatenated, reduced and split
+/// there).
 struct Bucket<T: Scalar> {
     mesh: DeviceMesh,
     dim: usize,
     op: ReduceOp,
-    data: Vec<T>,
+    /// Its gradients' local shards, flat, in arrival order (joined when the bucket starts).
+    parts: Vec<Storage<T>>,
+    /// Elements of `parts` together.
+    len: usize,
     /// What the bucket holds, gradient after gradient (see [`describe`]): the fingerprint
     /// detail of its all-reduce.
     layout: Vec<u64>,
     /// The nominal bytes of its gradients (see [`nominal_bytes`]).
     nominal: usize,
-    /// The all-reduce, once started; then the reduced data once waited for.
-    pending: Option<PendingReduce<T>>,
-    reduced: Option<Vec<T>>,
+    /// The all-reduce, once started; then the reduced data (flat) once waited for.
+    pending: Option<PendingReduce<T, Storage<T>>>,
+    reduced: Option<Storage<T>>,
 }
 
 /// A leaf and one gradient to accumulate into it.
@@ -114,14 +118,11 @@ impl<T: Element> GradReducer<T> {
         }
         let bucket = &mut self.buckets[b];
         bucket.nominal = bucket.nominal.saturating_add(nominal);
-        let at = bucket.data.len();
-        if bucket.data.is_empty() {
-            // The first gradient of a bucket lends its buffer (no copy).
-            bucket.data = into_vec(g.into_local().into_host()?);
-        } else {
-            bucket.data.extend_from_slice(&g.local().host_data()?);
-        }
-        let len = bucket.data.len() - at;
+        let at = bucket.len;
+        let len = g.local().len();
+        // Flat, on its own device (no copy when it is row-major already).
+        bucket.parts.push(g.into_local().into_reshape(&[len])?);
+        bucket.len += len;
         bucket.layout.extend(describe(&like, len));
         self.parts.push((Arc::clone(node), Part::Bucketed { bucket: b, at, len, local, like }));
         if bucket.nominal >= self.bucket_bytes {
@@ -143,7 +144,8 @@ impl<T: Element> GradReducer<T> {
                     mesh: mesh.clone(),
                     dim,
                     op,
-                    data: Vec::new(),
+                    parts: Vec::new(),
+                    len: 0,
                     layout: Vec::new(),
                     nominal: 0,
                     pending: None,
@@ -159,10 +161,17 @@ impl<T: Element> GradReducer<T> {
     fn start(&mut self, b: usize) -> Result<()> {
         self.open.retain(|&i| i != b);
         let bucket = &mut self.buckets[b];
-        let data = std::mem::take(&mut bucket.data);
+        let mut parts = std::mem::take(&mut bucket.parts);
+        let data = match parts.len() {
+            0 => Storage::zeros(bucket.mesh.target(), &[0])?,
+            // The only gradient of its bucket: its own buffer (no copy).
+            1 => parts.remove(0),
+            _ => Storage::cat(&parts.iter().collect::<Vec<_>>(), 0)?,
+        };
+        drop(parts);
         let detail = hash_words(std::mem::take(&mut bucket.layout));
         let pending = op_scope("grad_bucket", || {
-            bucket.mesh.all_reduce_start_of(Along::Dim(bucket.dim), data, bucket.op, detail)
+            collective::all_reduce_start(&bucket.mesh, Along::Dim(bucket.dim), data, bucket.op, detail)
         })?;
         bucket.pending = Some(pending);
         Ok(())
@@ -184,23 +193,26 @@ impl<T: Element> GradReducer<T> {
             let g = match part {
                 Part::Ready(g) => g,
                 Part::Bucketed { bucket, at, len, local, like } => {
-                    let reduced = self.buckets[bucket].reduced.as_mut();
-                    let data = match reduced {
-                        _ if len == 0 => Vec::new(),
+                    let reduced = &mut self.buckets[bucket].reduced;
+                    let flat = match reduced {
+                        _ if len == 0 => Storage::zeros(like.mesh.target(), &[0])?,
                         // The only gradient of its bucket: no copy.
-                        Some(v) if at == 0 && len == v.len() => std::mem::take(v),
-                        Some(v) => v.get(at..at + len).map(<[T]>::to_vec).ok_or_else(|| {
-                            Error::Autograd(format!(
+                        Some(v) if at == 0 && len == v.len() => {
+                            reduced.take().ok_or_else(|| Error::Autograd("a gradient bucket was taken twice".into()))?
+                        }
+                        Some(v) if at + len <= v.len() => v.slice(&[at], &[len])?,
+                        Some(v) => {
+                            return Err(Error::Autograd(format!(
                                 "a reduced gradient bucket holds {} elements, not the {} its gradients need",
                                 v.len(),
                                 at + len
-                            ))
-                        })?,
+                            )))
+                        }
                         None => return Err(Error::Autograd("a gradient bucket was never reduced".into())),
                     };
-                    let host = ArrayD::from_shape_vec(IxDyn(&local), data)
+                    let local = flat
+                        .into_reshape(&local)
                         .map_err(|e| Error::Autograd(format!("a reduced gradient bucket lost its shape: {e}")))?;
-                    let local = Storage::from_host(host, like.mesh.target())?;
                     DTensor::new_unchecked(local, like.mesh, like.placements, like.shape, None)
                 }
             };
@@ -224,13 +236,15 @@ fn describe(like: &Like, len: usize) -> impl Iterator<Item = u64> + '_ {
 }
 
 /// The one mesh dim and reduce op if `g` reaches `target` by a single Partial → Replicate
-/// step in its own dtype on host storage (what a bucket can hold); `None` otherwise.
+/// step in its own dtype, on its mesh's device (what a bucket can hold, host or device: a
+/// bucket joins its gradients on the mesh's device, so a shard elsewhere goes the plain way);
+/// `None` otherwise.
 fn single_partial_to_replicate<T: Scalar>(
     g: &DTensor<T>,
     target: &[Placement],
     dtype: Option<DType>,
 ) -> Option<(usize, ReduceOp)> {
-    if dtype.is_some_and(|d| d != T::DTYPE) || g.local().as_cpu().is_none() {
+    if dtype.is_some_and(|d| d != T::DTYPE) || g.local().device() != g.device_mesh().device() {
         return None;
     }
     let mut differ = g.placements().iter().zip(target).enumerate().filter(|(_, (a, b))| a != b);
@@ -253,19 +267,4 @@ fn nominal_bytes<T: Scalar>(g: &DTensor<T>) -> usize {
         }
     }
     shape.iter().fold(std::mem::size_of::<T>(), |a, &s| a.saturating_mul(s))
-}
-
-/// The elements of `a` in row-major order, reusing its buffer when it is already laid out so.
-fn into_vec<T: Scalar>(a: ArrayD<T>) -> Vec<T> {
-    let n = a.len();
-    if !a.is_standard_layout() {
-        return a.iter().copied().collect();
-    }
-    let (mut v, offset) = a.into_raw_vec_and_offset();
-    let offset = offset.unwrap_or(0);
-    if offset != 0 || v.len() != n {
-        v.drain(..offset);
-        v.truncate(n);
-    }
-    v
 }

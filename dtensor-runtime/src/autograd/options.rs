@@ -56,8 +56,10 @@ impl BackwardOptions {
     ///
     /// Where the backend can (the thread backend on a per-rank worker thread, MPI through
     /// `MPI_Iallreduce`), a bucket's all-reduce runs while the pass goes on; elsewhere it
-    /// runs when started. A reduction in another dtype ([`reduce_in`](Self::reduce_in)), of
-    /// device storage, or over several mesh dims at once runs as plain `backward()` runs it.
+    /// runs when started. Device gradients are bucketed, reduced and split on the device
+    /// (NCCL and cuda-threads reduce the bucket there; nothing is copied to the host). A
+    /// reduction in another dtype ([`reduce_in`](Self::reduce_in)) or over several mesh dims
+    /// at once runs as plain `backward()` runs it.
     ///
     /// # What is checked
     /// Every member of a bucket's group must put the same gradients (the same parameters'

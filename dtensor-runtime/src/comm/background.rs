@@ -6,7 +6,7 @@
 //! worker runs them first-in first-out, so they meet their peers' in the same order as
 //! blocking calls would. The worker exits when its communicator is dropped.
 
-use super::pending::{HostBytes, PendingAllReduce};
+use super::pending::{self, OwnedBytes, PendingAllReduce};
 use super::Communicator;
 use crate::element::DType;
 use crate::error::{Error, Result};
@@ -14,11 +14,11 @@ use crate::placement::ReduceOp;
 use std::fmt;
 use std::sync::mpsc;
 
-type Reply = mpsc::Sender<Result<Box<dyn HostBytes>>>;
+type Reply = mpsc::Sender<Result<Box<dyn OwnedBytes>>>;
 
 struct Job {
     group: Vec<usize>,
-    buf: Box<dyn HostBytes>,
+    buf: Box<dyn OwnedBytes>,
     dtype: DType,
     op: ReduceOp,
     reply: Reply,
@@ -46,7 +46,7 @@ impl Background {
             .name(format!("dtensor-comm-{}", comm.rank()))
             .spawn(move || {
                 for mut job in rx {
-                    let r = comm.all_reduce(&job.group, job.buf.bytes_mut(), job.dtype, job.op);
+                    let r = pending::reduce_now(comm.as_ref(), &job.group, job.buf.as_mut(), job.dtype, job.op);
                     // The caller may have dropped its handle: then nobody wants the result.
                     let _ = job.reply.send(r.map(|()| job.buf));
                 }
@@ -62,7 +62,7 @@ impl Background {
     pub(crate) fn all_reduce(
         &self,
         group: &[usize],
-        buf: Box<dyn HostBytes>,
+        buf: Box<dyn OwnedBytes>,
         dtype: DType,
         op: ReduceOp,
     ) -> PendingAllReduce {

@@ -7,7 +7,7 @@
 //! completes what it started on that group, in start order; the results wait here for their
 //! handles. Collectives on other groups run alongside.
 
-use super::pending::{HostBytes, PendingAllReduce};
+use super::pending::{OwnedBytes, PendingAllReduce};
 use crate::element::Scalar;
 use crate::error::{Error, Result};
 use std::cell::RefCell;
@@ -16,7 +16,7 @@ use std::rc::Rc;
 
 enum State {
     Running(PendingAllReduce),
-    Done(Result<Box<dyn HostBytes>>),
+    Done(Result<Box<dyn OwnedBytes>>),
     Taken,
 }
 
@@ -49,17 +49,18 @@ pub(crate) fn settle(group: &[usize]) {
 }
 
 /// A started all-reduce of a `Vec<T>` (from
-/// [`DeviceMesh::all_reduce_start`](crate::DeviceMesh::all_reduce_start)).
+/// [`DeviceMesh::all_reduce_start`](crate::DeviceMesh::all_reduce_start)), or of another owned
+/// buffer `B` of elements `T` (the crate's started reductions of a `Storage`).
 ///
 /// Dropping it without [`wait`](Self::wait) waits for the transfer (so that this rank's next
 /// collective on the group cannot overtake it) and discards the result.
-pub struct PendingReduce<T> {
+pub struct PendingReduce<T, B = Vec<T>> {
     entry: Rc<Entry>,
-    _elem: PhantomData<Vec<T>>,
+    _elem: PhantomData<(Vec<T>, B)>,
 }
 
-impl<T: Scalar> PendingReduce<T> {
-    /// Registers `pending`, an all-reduce over `group` this thread just started.
+impl<T: Scalar, B: 'static> PendingReduce<T, B> {
+    /// Registers `pending`, an all-reduce over `group` of a `B` this thread just started.
     pub(crate) fn register(group: &[usize], pending: PendingAllReduce) -> Self {
         let entry = Rc::new(Entry { group: group.to_vec(), state: RefCell::new(State::Running(pending)) });
         IN_FLIGHT.with(|f| f.borrow_mut().push(Rc::clone(&entry)));
@@ -67,20 +68,20 @@ impl<T: Scalar> PendingReduce<T> {
     }
 
     /// Blocks until the all-reduce completed on this rank; returns the reduced elements.
-    pub fn wait(self) -> Result<Vec<T>> {
+    pub fn wait(self) -> Result<B> {
         self.entry.complete();
         let state = std::mem::replace(&mut *self.entry.state.borrow_mut(), State::Taken);
         let State::Done(r) = state else {
             return Err(Error::Backend { backend: "in_flight".into(), message: "result taken twice".into() });
         };
-        r?.into_any().downcast::<Vec<T>>().map(|v| *v).map_err(|_| Error::Backend {
+        r?.into_any().downcast::<B>().map(|v| *v).map_err(|_| Error::Backend {
             backend: "in_flight".into(),
-            message: "a background all-reduce returned a buffer of another element type".into(),
+            message: "a background all-reduce returned a buffer of another type".into(),
         })
     }
 }
 
-impl<T> Drop for PendingReduce<T> {
+impl<T, B> Drop for PendingReduce<T, B> {
     fn drop(&mut self) {
         self.entry.complete();
         // `try_with`: a handle dropped while the thread's locals are torn down has no registry.
@@ -88,7 +89,7 @@ impl<T> Drop for PendingReduce<T> {
     }
 }
 
-impl<T> std::fmt::Debug for PendingReduce<T> {
+impl<T, B> std::fmt::Debug for PendingReduce<T, B> {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         write!(f, "PendingReduce(group {:?})", self.entry.group)
     }

@@ -10,6 +10,14 @@
 //! [`DeviceMesh`](crate::DeviceMesh) (`mesh/`),
 //! which works on typed slices, pads uneven shards and records every call for
 //! [`CommDebugMode`](crate::CommDebugMode).
+//!
+//! The trait's collectives take host byte slices (receiving into a [`RecvBuf`]), or, in their
+//! `*_buf` form, [`Buf`]/[`BufMut`] buffers in host or device memory (the defaults stage device
+//! data through the host form; NCCL and `cuda-threads` run on device buffers). The one
+//! started collective, [`Communicator::all_reduce_start`], takes an owned buffer
+//! ([`OwnedBytes`]) in host or device memory and returns a [`PendingAllReduce`]: the
+//! data-parallel overlap (`autograd/grad_reducer.rs`) starts its device gradient buckets on
+//! the device with it.
 
 pub(crate) mod background;
 pub mod bootstrap;
@@ -44,7 +52,7 @@ use std::sync::Arc;
 pub use buf::{Buf, BufMut};
 pub(crate) use group::index_of as group_index;
 pub use in_flight::PendingReduce;
-pub use pending::{HostBytes, PendingAllReduce};
+pub use pending::{OwnedBytes, PendingAllReduce};
 pub(crate) use recv::filled;
 pub use recv::RecvBuf;
 
@@ -187,22 +195,26 @@ pub unsafe trait Communicator: Send + Sync + fmt::Debug {
     ) -> Result<()> {
         variable::padded_all_to_all(self, group, send, rows, runs, recv, recv_counts)
     }
-    /// Starts an in-place all-reduce of the owned host buffer `buf` that may complete in the
-    /// background; [`PendingAllReduce::wait`] returns the buffer reduced. Every member starts
-    /// it at the same point of its sequence of collectives on `group`, and the caller waits
-    /// for it before its next collective on `group` (the typed layer does both).
+    /// Starts an in-place all-reduce of the owned buffer `buf` (host memory, or device memory
+    /// of this rank's device) that may complete in the background; [`PendingAllReduce::wait`]
+    /// returns the buffer reduced. Every member starts it at the same point of its sequence of
+    /// collectives on `group`, and the caller waits for it before its next collective on
+    /// `group` (the typed layer does both).
     ///
-    /// The default runs [`all_reduce`](Self::all_reduce) at once (no overlap). The thread
-    /// backend queues it to a per-rank worker thread; MPI starts an `MPI_Iallreduce`.
+    /// The default ([`pending::run_now`]) runs the blocking all-reduce at once (no overlap): a
+    /// host buffer through [`all_reduce`](Self::all_reduce), a device buffer through
+    /// [`all_reduce_buf`](Self::all_reduce_buf), so NCCL and `cuda-threads` reduce device
+    /// buffers on the device and the other backends stage them through the host. The thread
+    /// backend queues host buffers to a per-rank worker thread; MPI starts an
+    /// `MPI_Iallreduce` on host buffers.
     fn all_reduce_start(
         &self,
         group: &[usize],
-        mut buf: Box<dyn HostBytes>,
+        buf: Box<dyn OwnedBytes>,
         dtype: DType,
         op: ReduceOp,
     ) -> Result<PendingAllReduce> {
-        self.all_reduce(group, buf.bytes_mut(), dtype, op)?;
-        Ok(PendingAllReduce::done(Ok(buf)))
+        pending::run_now(self, group, buf, dtype, op)
     }
     /// Copies the root's `buf` into every member's `buf`.
     fn broadcast(&self, group: &[usize], buf: &mut [u8], root: usize) -> Result<()>;

@@ -40,7 +40,7 @@
 use super::pending::Completion;
 use super::variable::{self, offsets};
 use super::{check, group, reduce};
-use super::{Communicator, HostBytes, PendingAllReduce, RecvBuf};
+use super::{Communicator, OwnedBytes, PendingAllReduce, RecvBuf};
 use crate::element::DType;
 use crate::error::{Error, Result};
 use crate::placement::ReduceOp;
@@ -357,7 +357,7 @@ struct Started {
     /// The input, aligned (MPI reads it until the request completes).
     send: Vec<u64>,
     /// The output, handed back by `wait`.
-    recv: Option<Box<dyn HostBytes>>,
+    recv: Option<Box<dyn OwnedBytes>>,
     dtype: DType,
     op: ReduceOp,
     group: Vec<usize>,
@@ -404,10 +404,12 @@ impl Started {
 }
 
 impl Completion for Started {
-    fn wait(mut self: Box<Self>) -> Result<Box<dyn HostBytes>> {
+    fn wait(mut self: Box<Self>) -> Result<Box<dyn OwnedBytes>> {
         self.complete()?;
         let mut recv = self.recv.take().ok_or_else(|| backend_err("a started all-reduce lost its buffer"))?;
-        reduce::finish(self.dtype, self.op, recv.bytes_mut(), self.group.len());
+        // Only host buffers are started (`all_reduce_start`), so this is the block MPI wrote.
+        let bytes = recv.host_mut().ok_or_else(|| backend_err("a started all-reduce lost its host buffer"))?;
+        reduce::finish(self.dtype, self.op, bytes, self.group.len());
         Ok(recv)
     }
 }
@@ -701,12 +703,16 @@ unsafe impl Communicator for MpiComm {
     fn all_reduce_start(
         &self,
         group: &[usize],
-        mut buf: Box<dyn HostBytes>,
+        mut buf: Box<dyn OwnedBytes>,
         dtype: DType,
         op: ReduceOp,
     ) -> Result<PendingAllReduce> {
         self.my_index("all_reduce", group)?;
-        let bytes = buf.bytes_mut();
+        // Device memory (never an MPI rank's own, but a caller may pass one) is reduced at
+        // once, staged through the host by `all_reduce_buf`.
+        let Some(bytes) = buf.host_mut() else {
+            return super::pending::run_now(self, group, buf, dtype, op);
+        };
         let local = check::whole("all_reduce", bytes.len(), dtype).and_then(|()| reduce::check_op(dtype, op));
         let datatype = mpi_datatype(dtype);
         let aligned = (bytes.as_ptr() as usize).is_multiple_of(dtype.size_of());

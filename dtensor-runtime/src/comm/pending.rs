@@ -1,41 +1,88 @@
 //! Collectives that complete in the background: [`PendingAllReduce`], the handle
 //! [`Communicator::all_reduce_start`](super::Communicator::all_reduce_start) returns, and
-//! [`HostBytes`], the owned buffer such a collective works on.
+//! [`OwnedBytes`], the owned buffer (host or device memory) such a collective works on.
 //!
 //! The buffer is owned by the collective until it completes, so the caller cannot touch (or
 //! free) memory a peer or the network still reads or writes; [`PendingAllReduce::wait`] gives
 //! it back, reduced.
 
-use crate::element::Scalar;
+use super::buf::{Buf, BufMut};
+use super::Communicator;
+use crate::element::{DType, Scalar};
 use crate::error::{Error, Result};
+use crate::placement::ReduceOp;
 use std::any::Any;
 use std::fmt;
 use std::sync::mpsc;
 
-/// An owned host buffer of plain elements that a background collective reduces in place.
+/// An owned buffer of plain elements, in host memory or on the rank's device, that a started
+/// collective reduces in place.
 ///
-/// Implemented for `Vec<T>` of every [`Scalar`]; its heap block does not move while the
-/// handle moves, so a backend may hand its address to the network.
-pub trait HostBytes: Send + 'static {
-    /// The elements as bytes.
-    fn bytes_mut(&mut self) -> &mut [u8];
+/// Implemented for `Vec<T>` of every [`Scalar`] (host memory) and for a
+/// [`Storage`](crate::storage::Storage) (host or device; in `mesh/storage.rs`). A host buffer's heap
+/// block does not move while the handle moves, so a backend may hand its address to the
+/// network.
+pub trait OwnedBytes: Send + 'static {
+    /// The elements as host bytes, or `None` when they are not one host block (device memory).
+    /// Every call returns the same memory.
+    fn host_mut(&mut self) -> Option<&mut [u8]>;
+    /// Runs the out-of-place collective `run` from these bytes into a fresh buffer of the same
+    /// length in the same memory (host or the same device), which then replaces them: how a
+    /// collective on [`Buf`]/[`BufMut`] reduces an owned buffer "in place".
+    fn replace_by(&mut self, run: &mut dyn FnMut(Buf<'_>, BufMut<'_>) -> Result<()>) -> Result<()>;
     /// Back to a concrete type (for the typed layer to downcast).
     fn into_any(self: Box<Self>) -> Box<dyn Any>;
 }
 
-impl<T: Scalar + 'static> HostBytes for Vec<T> {
-    fn bytes_mut(&mut self) -> &mut [u8] {
-        bytemuck::cast_slice_mut(self.as_mut_slice())
+impl<T: Scalar + 'static> OwnedBytes for Vec<T> {
+    fn host_mut(&mut self) -> Option<&mut [u8]> {
+        Some(bytemuck::cast_slice_mut(self.as_mut_slice()))
+    }
+    fn replace_by(&mut self, run: &mut dyn FnMut(Buf<'_>, BufMut<'_>) -> Result<()>) -> Result<()> {
+        let mut out = vec![<T as bytemuck::Zeroable>::zeroed(); self.len()];
+        run(Buf::Host(bytemuck::cast_slice(self.as_slice())), BufMut::Host(bytemuck::cast_slice_mut(&mut out)))?;
+        *self = out;
+        Ok(())
     }
     fn into_any(self: Box<Self>) -> Box<dyn Any> {
         self
     }
 }
 
+/// The default [`Communicator::all_reduce_start`]: the blocking all-reduce, at once. A host
+/// buffer is reduced in place by [`all_reduce`](Communicator::all_reduce); any other (device
+/// memory) by [`all_reduce_buf`](Communicator::all_reduce_buf) into a fresh buffer in the same
+/// memory, so backends with a device path (NCCL, `cuda-threads`) reduce it on the device and
+/// the others stage it through the host inside their `all_reduce_buf`.
+pub fn reduce_now<C: Communicator + ?Sized>(
+    c: &C,
+    group: &[usize],
+    buf: &mut dyn OwnedBytes,
+    dtype: DType,
+    op: ReduceOp,
+) -> Result<()> {
+    match buf.host_mut() {
+        Some(bytes) => c.all_reduce(group, bytes, dtype, op),
+        None => buf.replace_by(&mut |send, recv| c.all_reduce_buf(group, send, recv, dtype, op)),
+    }
+}
+
+/// [`reduce_now`] as a started collective that already completed.
+pub fn run_now<C: Communicator + ?Sized>(
+    c: &C,
+    group: &[usize],
+    mut buf: Box<dyn OwnedBytes>,
+    dtype: DType,
+    op: ReduceOp,
+) -> Result<PendingAllReduce> {
+    reduce_now(c, group, buf.as_mut(), dtype, op)?;
+    Ok(PendingAllReduce::done(Ok(buf)))
+}
+
 /// How a backend completes a started collective.
 pub trait Completion: Send {
     /// Blocks until the collective completed on this rank; the reduced buffer, or why it failed.
-    fn wait(self: Box<Self>) -> Result<Box<dyn HostBytes>>;
+    fn wait(self: Box<Self>) -> Result<Box<dyn OwnedBytes>>;
 }
 
 /// A started all-reduce (see
@@ -52,14 +99,14 @@ pub struct PendingAllReduce {
 }
 
 enum Inner {
-    Done(Result<Box<dyn HostBytes>>),
+    Done(Result<Box<dyn OwnedBytes>>),
     Running(Box<dyn Completion>),
 }
 
 impl PendingAllReduce {
     /// A collective that already completed (backends without background progress run it
     /// at once).
-    pub fn done(result: Result<Box<dyn HostBytes>>) -> Self {
+    pub fn done(result: Result<Box<dyn OwnedBytes>>) -> Self {
         PendingAllReduce { inner: Inner::Done(result) }
     }
 
@@ -70,12 +117,12 @@ impl PendingAllReduce {
 
     /// A collective a worker thread runs: its result arrives on `rx`. A worker that dies
     /// before it answers (it panicked) is an [`Error::Backend`] of `backend`.
-    pub fn from_channel(backend: &'static str, rx: mpsc::Receiver<Result<Box<dyn HostBytes>>>) -> Self {
+    pub fn from_channel(backend: &'static str, rx: mpsc::Receiver<Result<Box<dyn OwnedBytes>>>) -> Self {
         PendingAllReduce::running(Box::new(Channel { backend, rx }))
     }
 
     /// Blocks until the all-reduce completed; returns the reduced buffer.
-    pub fn wait(self) -> Result<Box<dyn HostBytes>> {
+    pub fn wait(self) -> Result<Box<dyn OwnedBytes>> {
         match self.inner {
             Inner::Done(r) => r,
             Inner::Running(c) => c.wait(),
@@ -94,11 +141,11 @@ impl fmt::Debug for PendingAllReduce {
 
 struct Channel {
     backend: &'static str,
-    rx: mpsc::Receiver<Result<Box<dyn HostBytes>>>,
+    rx: mpsc::Receiver<Result<Box<dyn OwnedBytes>>>,
 }
 
 impl Completion for Channel {
-    fn wait(self: Box<Self>) -> Result<Box<dyn HostBytes>> {
+    fn wait(self: Box<Self>) -> Result<Box<dyn OwnedBytes>> {
         self.rx.recv().unwrap_or_else(|_| {
             Err(Error::Backend {
                 backend: self.backend.into(),

@@ -5,7 +5,7 @@ pub(crate) mod storage;
 use crate::comm::debug::{record, CollectiveKind};
 use crate::comm::fingerprint::{self, Fingerprint};
 use crate::comm::in_flight::{self, PendingReduce};
-use crate::comm::{filled, variable, Communicator};
+use crate::comm::{filled, variable, Communicator, OwnedBytes};
 use crate::device::{Device, Target};
 use crate::element::{DType, Scalar};
 use crate::error::{Error, Result};
@@ -480,29 +480,34 @@ impl DeviceMesh {
     /// assert_eq!(sums, vec![vec![3.0; 3], vec![3.0; 3]]);
     /// ```
     pub fn all_reduce_start<T: Scalar>(&self, along: Along, buf: Vec<T>, op: ReduceOp) -> Result<PendingReduce<T>> {
-        self.all_reduce_start_of(along, buf, op, 0)
+        let (count, bytes) = (buf.len(), std::mem::size_of_val(buf.as_slice()));
+        self.all_reduce_start_of::<T, Vec<T>>(along, Box::new(buf), count, bytes, op, 0)
     }
 
-    /// [`all_reduce_start`](Self::all_reduce_start) whose fingerprint also carries `detail`
-    /// ([`Fingerprint::detail`]: what a gradient bucket holds), when the check is on.
-    pub(crate) fn all_reduce_start_of<T: Scalar>(
+    /// [`all_reduce_start`](Self::all_reduce_start) of an owned buffer `B` of `count` elements
+    /// `T` (`bytes` bytes; host or device memory: `mesh/storage.rs` starts `Storage`s) whose
+    /// fingerprint also carries `detail` ([`Fingerprint::detail`]: what a gradient bucket
+    /// holds), when the check is on.
+    pub(crate) fn all_reduce_start_of<T: Scalar, B: 'static>(
         &self,
         along: Along,
-        buf: Vec<T>,
+        buf: Box<dyn OwnedBytes>,
+        count: usize,
+        bytes: usize,
         op: ReduceOp,
         detail: u64,
-    ) -> Result<PendingReduce<T>> {
+    ) -> Result<PendingReduce<T, B>> {
         let (g, _) = self.group_of(along)?;
         crate::comm::reduce::check_op(T::DTYPE, op)?;
-        self.note(CollectiveKind::AllReduce, along, std::mem::size_of_val(buf.as_slice()));
+        self.note(CollectiveKind::AllReduce, along, bytes);
         // A start first waits for this thread's previous start on the group, as a blocking
         // call does: one in flight per group. Queueing several (the backends would keep them
         // in order) measured slower on MPI, whose transfers progress only inside MPI calls,
         // so a wait at each start keeps the peers' transfers moving together (mlp_tp, 2x1,
         // 128/256/1024: 0.31–0.37 s against 0.39–0.43 s, plain 0.41–0.48 s); on the thread
         // backend it made no difference.
-        self.agree(g, CollectiveKind::AllReduce, Some(T::DTYPE), buf.len(), None, Some(op), detail)?;
-        let pending = self.comm().all_reduce_start(g, Box::new(buf), T::DTYPE, op)?;
+        self.agree(g, CollectiveKind::AllReduce, Some(T::DTYPE), count, None, Some(op), detail)?;
+        let pending = self.comm().all_reduce_start(g, buf, T::DTYPE, op)?;
         Ok(PendingReduce::register(g, pending))
     }
 

@@ -6,12 +6,14 @@
 //! them through the host. Results are flat (`[n]`) storages on the input's device; callers reshape or unpack
 //! them with a pack plan.
 
+use crate::comm::{Buf, BufMut, OwnedBytes, PendingReduce};
 use crate::element::Scalar;
 use crate::error::Result;
 use crate::mesh::Along;
 use crate::mesh::DeviceMesh;
 use crate::placement::ReduceOp;
 use crate::storage::Storage;
+use std::any::Any;
 
 /// [`all_gather`](DeviceMesh::all_gather) of a shard: every member's data, in group order.
 pub(crate) fn all_gather<T: Scalar>(mesh: &DeviceMesh, along: Along, send: &Storage<T>) -> Result<Storage<T>> {
@@ -57,6 +59,48 @@ pub(crate) fn all_reduce_into<T: Scalar>(
     }
     let out = mesh.all_reduce_into(along, &send.host_data()?, op)?;
     send.with_host_data(send.shape(), out)
+}
+
+/// [`all_reduce_start`](DeviceMesh::all_reduce_start) of a shard, on its own memory: a device
+/// shard is reduced on the device by backends with a device path (NCCL, `cuda-threads`),
+/// never copied to the host here. `detail` joins the fingerprint (what a gradient bucket
+/// holds); [`PendingReduce::wait`] returns the reduced shard.
+pub(crate) fn all_reduce_start<T: Scalar>(
+    mesh: &DeviceMesh,
+    along: Along,
+    buf: Storage<T>,
+    op: ReduceOp,
+    detail: u64,
+) -> Result<PendingReduce<T, Storage<T>>> {
+    let (count, bytes) = (buf.len(), buf.len() * std::mem::size_of::<T>());
+    mesh.all_reduce_start_of::<T, Storage<T>>(along, Box::new(buf), count, bytes, op, detail)
+}
+
+/// A shard as the owned buffer of a started collective: host storage by its one row-major
+/// block (its heap block stays put while the box moves), device storage by its device bytes.
+impl<T: Scalar + 'static> OwnedBytes for Storage<T> {
+    fn host_mut(&mut self) -> Option<&mut [u8]> {
+        self.host_data_mut().map(|d| bytemuck::cast_slice_mut(d))
+    }
+
+    fn replace_by(&mut self, run: &mut dyn FnMut(Buf<'_>, BufMut<'_>) -> Result<()>) -> Result<()> {
+        #[cfg(feature = "cuda")]
+        if let Storage::Cuda(c) = self {
+            let mut out = crate::storage::CudaStorage::<T>::zeros(c.device(), c.shape())?;
+            run(Buf::of_cuda(c), BufMut::of_cuda(&mut out)?)?;
+            *c = out;
+            return Ok(());
+        }
+        let send = self.host_data()?.into_owned();
+        let mut out = send.clone();
+        run(Buf::Host(bytemuck::cast_slice(&send)), BufMut::Host(bytemuck::cast_slice_mut(&mut out)))?;
+        *self = self.with_host_data(self.shape(), out)?;
+        Ok(())
+    }
+
+    fn into_any(self: Box<Self>) -> Box<dyn Any> {
+        self
+    }
 }
 
 /// [`reduce_scatter`](DeviceMesh::reduce_scatter) of `n` equal blocks: this member's block.

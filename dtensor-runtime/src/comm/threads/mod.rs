@@ -33,7 +33,7 @@ use super::check::Args;
 use super::reduce;
 use super::variable::{self, offsets};
 use super::{check, group, timeout};
-use super::{Communicator, HostBytes, PendingAllReduce, RecvBuf};
+use super::{Communicator, OwnedBytes, PendingAllReduce, RecvBuf};
 use crate::element::DType;
 use crate::error::{Error, Result};
 use crate::placement::ReduceOp;
@@ -527,12 +527,17 @@ unsafe impl Communicator for ThreadComm {
     fn all_reduce_start(
         &self,
         group: &[usize],
-        mut buf: Box<dyn HostBytes>,
+        mut buf: Box<dyn OwnedBytes>,
         dtype: DType,
         op: ReduceOp,
     ) -> Result<PendingAllReduce> {
+        // Only host buffers go to the worker: device memory (never a thread rank's own, but a
+        // caller may pass one) is reduced at once on this thread, staged through the host.
+        let Some(bytes) = buf.host_mut() else {
+            return super::pending::run_now(self, group, buf, dtype, op);
+        };
         // Checked here so that a bad call fails on the caller's thread, as a blocking one would.
-        check::whole("all_reduce", buf.bytes_mut().len(), dtype)?;
+        check::whole("all_reduce", bytes.len(), dtype)?;
         reduce::check_op(dtype, op)?;
         group::index_of("all_reduce", self.rank, group)?;
         let worker = match self.background.get() {
