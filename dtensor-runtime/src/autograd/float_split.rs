@@ -46,6 +46,19 @@ pub(crate) fn redistribute_recorded<T: Scalar>(
     }
 }
 
+/// [`redistribute_recorded`] with the plan already made for this rank (the op dispatcher
+/// plans a chosen input redistribution once).
+pub(crate) fn redistribute_recorded_planned<T: Scalar>(
+    x: &DTensor<T>,
+    plan: &crate::redistribute::RedistributePlan,
+    label: &'static str,
+) -> Result<DTensor<T>> {
+    match on_float!(x, |f| super::redistribute_op_planned(f, plan, label, None)) {
+        Some(recorded) => recorded,
+        None => x.redistribute_planned(plan, label),
+    }
+}
+
 /// `x.requires_grad_(requires_grad)` for floats; for integers `false` is a no-op and `true`
 /// an [`Error::Unsupported`] (only floats have gradients).
 pub(crate) fn with_requires_grad<T: Scalar>(x: DTensor<T>, requires_grad: bool) -> Result<DTensor<T>> {

@@ -30,7 +30,7 @@ mod local;
 mod options;
 
 pub(crate) use engine::input_needs_grad;
-pub(crate) use float_split::{redistribute_recorded, with_requires_grad};
+pub(crate) use float_split::{redistribute_recorded, redistribute_recorded_planned, with_requires_grad};
 pub use local::{from_local_grad, is_local_mesh, local_mesh};
 pub use options::BackwardOptions;
 
@@ -168,7 +168,17 @@ pub(crate) fn redistribute_op<T: Element>(
     label: &'static str,
     backward_dtype: Option<DType>,
 ) -> Result<DTensor<T>> {
-    let out = x.redistribute_scoped(to, label)?;
+    redistribute_op_planned(x, &x.plan_redistribute(to)?, label, backward_dtype)
+}
+
+/// [`redistribute_op`] with the plan already made (the op dispatcher plans once).
+pub(crate) fn redistribute_op_planned<T: Element>(
+    x: &DTensor<T>,
+    plan: &crate::redistribute::RedistributePlan,
+    label: &'static str,
+    backward_dtype: Option<DType>,
+) -> Result<DTensor<T>> {
+    let out = x.redistribute_planned(plan, label)?;
     let target = without_partials(&x.placements);
     Ok(record("redistribute_backward", out, &[x], move |g| {
         Ok(vec![Some(redistribute_grad(g, &target, backward_dtype, "redistribute_backward")?)])
