@@ -46,16 +46,16 @@ pub(crate) fn redistribute_recorded<T: Scalar>(
     }
 }
 
-/// [`redistribute_recorded`] with the plan already made for this rank (the op dispatcher
-/// plans a chosen input redistribution once).
-pub(crate) fn redistribute_recorded_planned<T: Scalar>(
-    x: &DTensor<T>,
-    plan: &crate::redistribute::RedistributePlan,
-    label: &'static str,
-) -> Result<DTensor<T>> {
-    match on_float!(x, |f| super::redistribute_op_planned(f, plan, label, None)) {
-        Some(recorded) => recorded,
-        None => x.redistribute_planned(plan, label),
+/// `out`, a redistribution of `x` already run (the op dispatcher plans it once), recorded on
+/// the autograd tape for floats; integers carry no gradient and pass unrecorded.
+pub(crate) fn recorded_redistribution<T: Scalar>(x: &DTensor<T>, out: DTensor<T>) -> DTensor<T> {
+    let mut slot = Some(out);
+    let recorded: Option<Option<DTensor<T>>> =
+        on_float!(x, |f| slot.take().and_then(same_type).map(|o| super::record_redistribution(f, o)));
+    match recorded.flatten() {
+        Some(r) => r,
+        // Integers: no history. (A float always downcasts: `f` is `x`, so `out` is its type.)
+        None => slot.take().unwrap_or_else(|| x.detach()),
     }
 }
 

@@ -9,7 +9,7 @@
 //! redistributed (recorded in [`implicit_redistributions`]) and the op runs.
 //!
 //! The search runs once per (op, rules, input placements, shapes, dtypes, mesh): its choice,
-//! with the plans of the chosen input moves, is cached ([`super::dispatch`]), and a chosen
+//! with the plans of the chosen input moves, is cached ([`propagate`]), and a chosen
 //! move is planned once, in the search, then logged and executed from that plan.
 
 use crate::dtensor::DTensor;
@@ -20,6 +20,8 @@ use crate::placement::{fmt_placements, Placement, ReduceOp};
 use crate::redistribute::{plan_redistribute, RedistributePlan};
 use std::borrow::Cow;
 use std::cell::RefCell;
+use std::collections::HashMap;
+use std::hash::{BuildHasherDefault, Hasher};
 use std::rc::Rc;
 
 /// One way an op can run along one mesh dimension.
@@ -247,7 +249,7 @@ fn exact_strategy(inputs: &[&dyn Operand], rules: &[DimRule], knobs: &Select<'_>
 
 /// The cheapest strategy for `inputs` (of any element types) from `rules` (the same rules on
 /// every mesh dim): the placements each input must be moved to (its own where it already
-/// fits), the plans of those moves, and the output's. Uncached: see [`super::dispatch`].
+/// fits), the plans of those moves, and the output's. Uncached: see [`propagate`].
 pub(super) fn strategy(
     op: &'static str,
     inputs: &[&dyn Operand],
@@ -330,6 +332,143 @@ pub(super) fn strategy(
     Ok(Decision { inputs: ins, plans, output })
 }
 
+/// How many strategy choices a thread keeps.
+const CACHE_CAP: usize = 1024;
+
+/// A small multiplicative hasher (the key is already a handful of `u64`s; SipHash would cost
+/// more than the strategy search it skips on small ops).
+#[derive(Default)]
+struct WordHasher(u64);
+
+impl Hasher for WordHasher {
+    fn finish(&self) -> u64 {
+        self.0
+    }
+    fn write(&mut self, bytes: &[u8]) {
+        for b in bytes {
+            self.write_u64(*b as u64);
+        }
+    }
+    fn write_u64(&mut self, w: u64) {
+        self.0 = (self.0.rotate_left(5) ^ w).wrapping_mul(0x51_7c_c1_b7_27_22_0a_95);
+    }
+    fn write_usize(&mut self, w: usize) {
+        self.write_u64(w as u64);
+    }
+}
+
+struct Cache {
+    /// Key words → (choice, last use).
+    map: HashMap<Vec<u64>, (Rc<Decision>, u64), BuildHasherDefault<WordHasher>>,
+    clock: u64,
+    /// The key of the current lookup (reused: a hit allocates nothing).
+    key: Vec<u64>,
+}
+
+thread_local! {
+    static CACHE: RefCell<Cache> =
+        RefCell::new(Cache { map: HashMap::default(), clock: 0, key: Vec::new() });
+}
+
+fn placement_word(p: Placement) -> u64 {
+    match p {
+        Placement::Replicate => 0,
+        Placement::Shard(d) => (1 << 62) | (d as i64 as u64 & 0xffff_ffff),
+        Placement::Partial(op) => {
+            (2 << 62)
+                | match op {
+                    ReduceOp::Sum => 0,
+                    ReduceOp::Avg => 1,
+                    ReduceOp::Min => 2,
+                    ReduceOp::Max => 3,
+                    ReduceOp::Product => 4,
+                }
+        }
+    }
+}
+
+/// Writes the cache key of a search into `key`: every input of [`strategy`] that its result
+/// depends on, each list preceded by its length so that the words parse one way.
+fn write_key(key: &mut Vec<u64>, op: &'static str, inputs: &[&dyn Operand], rules: &[DimRule], knobs: &Select<'_>) {
+    key.clear();
+    // The name by address and length: equal (address, length) is the same text; the same
+    // text at two addresses only costs a miss.
+    key.extend([op.as_ptr() as u64, op.len() as u64, inputs.len() as u64]);
+    let mesh = inputs[0].mesh();
+    key.push(mesh.ndim() as u64);
+    key.extend(mesh.shape().iter().map(|&s| s as u64));
+    key.extend(mesh.coordinate().iter().map(|&c| c as u64));
+    for x in inputs {
+        key.push(x.elem_size() as u64);
+        key.push(x.shape().len() as u64);
+        key.extend(x.shape().iter().map(|&s| s as u64));
+        key.extend(x.placements().iter().map(|&p| placement_word(p)));
+    }
+    key.push(rules.len() as u64);
+    for r in rules {
+        key.extend(r.inputs.iter().map(|&p| placement_word(p)));
+        key.push(placement_word(r.output));
+    }
+    for knob in [knobs.prefer_output, knobs.follow] {
+        match knob {
+            None => key.push(u64::MAX),
+            Some(ps) => {
+                key.push(ps.len() as u64);
+                key.extend(ps.iter().map(|&p| placement_word(p)));
+            }
+        }
+    }
+}
+
+/// The strategy for `inputs` under `rules` (see [`strategy`]), from this thread's
+/// cache when the same op met the same layouts before. Choices made under an opaque
+/// `knobs.valid` check are not cached (the key cannot see what it reads); errors are not
+/// cached.
+pub(crate) fn propagate(
+    op: &'static str,
+    inputs: &[&dyn Operand],
+    rules: &[DimRule],
+    knobs: &Select<'_>,
+) -> Result<Rc<Decision>> {
+    same_mesh(op, inputs)?;
+    if knobs.valid.is_some() {
+        return strategy(op, inputs, rules, knobs).map(Rc::new);
+    }
+    let hit = CACHE.with(|c| {
+        let c = &mut *c.borrow_mut();
+        write_key(&mut c.key, op, inputs, rules, knobs);
+        c.clock += 1;
+        let now = c.clock;
+        c.map.get_mut(c.key.as_slice()).map(|(d, used)| {
+            *used = now;
+            d.clone()
+        })
+    });
+    if let Some(d) = hit {
+        return Ok(d);
+    }
+    let d = Rc::new(strategy(op, inputs, rules, knobs)?);
+    CACHE.with(|c| {
+        let c = &mut *c.borrow_mut();
+        if c.map.len() >= CACHE_CAP {
+            if let Some(oldest) = c.map.iter().min_by_key(|(_, (_, used))| *used).map(|(k, _)| k.clone()) {
+                c.map.remove(&oldest);
+            }
+        }
+        // The key buffer still holds this search's key (nothing ran a lookup since).
+        let key = c.key.clone();
+        let now = c.clock;
+        c.map.insert(key, (d.clone(), now));
+    });
+    Ok(d)
+}
+
+/// Number of strategy choices this thread's cache holds (for tests).
+#[cfg(test)]
+pub(crate) fn cached_choices() -> usize {
+    CACHE.with(|c| c.borrow().map.len())
+}
+
 /// Input `j` of `op` moved to `want` by `plan` (made once, in the strategy search; recorded
 /// on the autograd tape for floats, and in the implicit-redistribution log), or borrowed when
 /// it stays.
@@ -353,11 +492,12 @@ fn moved<'a, T: Scalar>(
     };
     super::implicit::check(op, j, &x.placements, want)?;
     log(ImplicitRedistribute { op, input: j, from: x.placements.clone(), to: want.to_vec(), bytes: plan.wire_bytes() });
-    Ok(Cow::Owned(crate::autograd::redistribute_recorded_planned(x, plan, op)?))
+    let out = x.redistribute_planned(plan, op)?;
+    Ok(Cow::Owned(crate::autograd::recorded_redistribution(x, out)))
 }
 
 /// Picks the cheapest strategy for `inputs` from `rules` (the same rules on every mesh dim;
-/// cached, see [`super::dispatch`]) and redistributes the inputs to it. Collectives are
+/// cached, see [`propagate`]) and redistributes the inputs to it. Collectives are
 /// attributed to `op`.
 pub(crate) fn select<'a, T: Scalar>(
     op: &'static str,
@@ -366,7 +506,7 @@ pub(crate) fn select<'a, T: Scalar>(
     knobs: Select<'_>,
 ) -> Result<Chosen<'a, T>> {
     let dyns: Vec<&dyn Operand> = inputs.iter().map(|&x| x as &dyn Operand).collect();
-    let d = super::dispatch::propagate(op, &dyns, rules, &knobs)?;
+    let d = propagate(op, &dyns, rules, &knobs)?;
     let inputs = inputs
         .iter()
         .enumerate()
@@ -387,7 +527,7 @@ pub(crate) fn select_pair<'a, T: Scalar, U: Scalar>(
     rules: &[DimRule],
     knobs: Select<'_>,
 ) -> Result<ChosenPair<'a, T, U>> {
-    let d: Rc<Decision> = super::dispatch::propagate(op, &[x, y], rules, &knobs)?;
+    let d: Rc<Decision> = propagate(op, &[x, y], rules, &knobs)?;
     if d.inputs.len() != 2 {
         return Err(Error::NoShardingRule {
             op: op.into(),
@@ -424,5 +564,56 @@ mod tests {
             }
             other => panic!("{other:?}"),
         }
+    }
+
+    use crate::placement::Placement::{Partial, Replicate, Shard};
+
+    /// Issue 32, item 3: the second time an op meets the same layouts it takes the cached
+    /// choice (no new entry), and a cached implicit redistribution is still executed, logged
+    /// and counted each time.
+    #[test]
+    fn choice_is_cached_and_a_cached_move_still_runs_and_is_logged() {
+        let out = run(2, |ctx| {
+            let mesh = ctx.init_device_mesh(&[2], &["tp"])?;
+            let g = ndarray::ArrayD::from_shape_fn(vec![4, 6], |ix| (ix[0] * 6 + ix[1]) as f32);
+            let a = distribute_tensor(g.clone(), &mesh, &[Shard(0)], None)?;
+            let b = distribute_tensor(g.clone(), &mesh, &[Shard(1)], None)?;
+            let before = cached_choices();
+            let n0 = crate::ops::implicit_redistribution_count();
+            let first = a.add(&b)?.full_tensor()?;
+            let after_first = cached_choices();
+            let second = a.add(&b)?.full_tensor()?;
+            let n = crate::ops::implicit_redistribution_count() - n0;
+            Ok((after_first - before, cached_choices() - after_first, n, first == second, first == &g + &g))
+        })
+        .unwrap();
+        for (new_first, new_second, moves, same, right) in out {
+            assert!(new_first >= 1, "the first add caches its choice");
+            assert_eq!(new_second, 0, "the second add hits the cache");
+            assert_eq!(moves, 2, "each add moves one input, cached or not");
+            assert!(same && right);
+        }
+    }
+
+    /// Keys differ when anything the search reads differs (here the input placements and the
+    /// Partial reduce op), so a cached choice never answers another layout.
+    #[test]
+    fn keys_tell_layouts_apart() {
+        let out = run(2, |ctx| {
+            let mesh = ctx.init_device_mesh(&[2], &["tp"])?;
+            let x = distribute_tensor(ndarray::ArrayD::<f32>::ones(vec![4]), &mesh, &[Replicate], None)?;
+            let p = x.redistribute(&[Partial(ReduceOp::Sum)])?;
+            let q = x.redistribute(&[Partial(ReduceOp::Max)])?;
+            let rules = [DimRule::new(&[Replicate], Replicate)];
+            let mut keys = Vec::new();
+            for t in [&x, &p, &q] {
+                let mut k = Vec::new();
+                write_key(&mut k, "op", &[t as &dyn Operand], &rules, &Select::default());
+                keys.push(k);
+            }
+            Ok(keys[0] != keys[1] && keys[1] != keys[2] && keys[0] != keys[2])
+        })
+        .unwrap();
+        assert!(out.iter().all(|&d| d));
     }
 }
