@@ -33,132 +33,184 @@ pub fn gelu_erf_grad(x: f64) -> f64 {
     0.5 * (1.0 + libm::erf(x * std::f64::consts::FRAC_1_SQRT_2)) + x * pdf
 }
 
-/// Element-wise functions of one tensor (`y = f(x)`).
-///
-/// The `*Grad` variants are the local derivative factors backward multiplies the incoming
-/// gradient by; `TanhGrad` and `SqrtGrad` take the forward *output* `y`, the others `x`.
-#[derive(Debug, Clone, Copy, PartialEq)]
-#[non_exhaustive]
-pub enum UnaryOp {
-    /// `-x`
-    Neg,
-    /// `eˣ`
-    Exp,
-    /// `ln x`
-    Log,
-    /// `max(x, 0)`
-    Relu,
-    /// [`gelu`] (tanh form).
-    Gelu,
-    /// `tanh x`
-    Tanh,
-    /// `√x`
-    Sqrt,
-    /// `x + s`
-    AddScalar(f64),
-    /// `x · s`
-    MulScalar(f64),
-    /// `1` where `x > 0`, else `0` (relu's derivative).
-    ReluGrad,
-    /// [`gelu_grad`].
-    GeluGrad,
-    /// `1 - y²` from the output `y = tanh x`.
-    TanhGrad,
-    /// `0.5 / y` from the output `y = √x`.
-    SqrtGrad,
-    /// `x·σ(x)` (SiLU, swish).
-    Silu,
-    /// `σ(x)(1 + x(1 - σ(x)))`, the derivative of SiLU.
-    SiluGrad,
-    /// `σ(x) = 1 / (1 + e⁻ˣ)`.
-    Sigmoid,
-    /// `y(1 - y)` from the output `y = σ(x)`.
-    SigmoidGrad,
-    /// `ln(1 + e^(βx)) / β`, and `x` where `βx > threshold` (PyTorch `softplus(beta, threshold)`).
-    Softplus {
-        /// The β of `βx` (PyTorch's default 1).
-        beta: f64,
-        /// Above this `βx` the linear form is used (PyTorch's default 20).
-        threshold: f64,
-    },
-    /// `σ(βx)`, and `1` where `βx > threshold`: the derivative of [`UnaryOp::Softplus`].
-    SoftplusGrad {
-        /// The β of `βx` (PyTorch's default 1).
-        beta: f64,
-        /// Above this `βx` the linear form is used (PyTorch's default 20).
-        threshold: f64,
-    },
-    /// `xᵖ` (scalar exponent).
-    Pow(f64),
-    /// `p·xᵖ⁻¹` (`0` for `p = 0`), the derivative of [`UnaryOp::Pow`].
-    PowGrad(f64),
-    /// `1 / √x`.
-    Rsqrt,
-    /// `-y³ / 2` from the output `y = 1/√x`.
-    RsqrtGrad,
-    /// `|x|`
-    Abs,
-    /// `sign(x)` (`0` at `0`), the derivative of [`UnaryOp::Abs`].
-    Sign,
-    /// `min(max(x, lo), hi)`; NaN stays NaN.
-    Clamp {
-        /// Lower bound (`-∞`: none).
-        lo: f64,
-        /// Upper bound (`+∞`: none).
-        hi: f64,
-    },
-    /// `1` where `lo ≤ x ≤ hi`, else `0` (PyTorch's clamp backward).
-    ClampGrad {
-        /// Lower bound (`-∞`: none).
-        lo: f64,
-        /// Upper bound (`+∞`: none).
-        hi: f64,
-    },
-    /// [`gelu_erf`] (exact form).
-    GeluErf,
-    /// [`gelu_erf_grad`].
-    GeluErfGrad,
-    /// Dropout scale from a uniform draw `u`: `0` where `u < p`, else `1 / (1 - p)`.
-    DropoutScale(f64),
-    /// `1` where `x ≠ 0`, else `0` (logical value of a mask).
-    NonZero,
+/// Calls `$then!` with the unary vocabulary: one entry per element-wise function of one
+/// tensor, the only place a new one is added (then its user-facing method in `ops`). Each
+/// entry: its docs and variant (with its scalars), `=>` its name, its op code in the CUDA
+/// kernels' `dt_unary` switch, its host formula (`|x, s, t|`: the element and the two
+/// scalars of `cuda::args::unary_scalars` in the element type `T`), and its CUDA C statement
+/// (over `x`, `s`, `t` in the compute type `T`). From it come [`UnaryOp`], [`UnaryOp::name`],
+/// [`UnaryOp::code`], [`UNARY_CUDA_CASES`] (the C `switch`) and the host kernel's arms
+/// (`storage::cpu::unary`).
+macro_rules! with_unary_ops {
+    ($then:ident) => {
+        $then! {
+            /// `-x`
+            Neg => "neg", 0, |x, _s, _t| -x, "return -x;";
+            /// `eˣ`
+            Exp => "exp", 1, |x, _s, _t| x.exp(), "return exp(x);";
+            /// `ln x`
+            Log => "log", 2, |x, _s, _t| x.ln(), "return log(x);";
+            /// `max(x, 0)`
+            Relu => "relu", 3, |x, _s, _t| if x > T::zero() { x } else { T::zero() }, "return x > (T)0 ? x : (T)0;";
+            /// [`gelu`] (tanh form).
+            // In f64 for every element type: the reference formula of every device.
+            Gelu => "gelu", 4, |x, _s, _t| T::of_f64(gelu(x.as_f64())),
+                "{ double v = (double)x; return (T)(0.5 * v * (1.0 + tanh(GELU_C * (v + GELU_A * v * v * v)))); }";
+            /// `tanh x`
+            Tanh => "tanh", 5, |x, _s, _t| x.tanh(), "return tanh(x);";
+            /// `√x`
+            Sqrt => "sqrt", 6, |x, _s, _t| x.sqrt(), "return sqrt(x);";
+            /// `x + s`
+            AddScalar(f64) => "add_scalar", 7, |x, s, _t| x + s, "return x + s;";
+            /// `x · s`
+            MulScalar(f64) => "mul_scalar", 8, |x, s, _t| x * s, "return x * s;";
+            /// `1` where `x > 0`, else `0` (relu's derivative).
+            ReluGrad => "relu_grad", 9, |x, _s, _t| if x > T::zero() { T::one() } else { T::zero() },
+                "return x > (T)0 ? (T)1 : (T)0;";
+            /// [`gelu_grad`].
+            GeluGrad => "gelu_grad", 10, |x, _s, _t| T::of_f64(gelu_grad(x.as_f64())),
+                "{ double v = (double)x; double t = tanh(GELU_C * (v + GELU_A * v * v * v)); \
+                 return (T)(0.5 * (1.0 + t) + 0.5 * v * (1.0 - t * t) * GELU_C * (1.0 + 3.0 * GELU_A * v * v)); }";
+            /// `1 - y²` from the output `y = tanh x`.
+            TanhGrad => "tanh_grad", 11, |y, _s, _t| T::one() - y * y, "return (T)1 - x * x;";
+            /// `0.5 / y` from the output `y = √x`.
+            SqrtGrad => "sqrt_grad", 12, |y, _s, _t| T::of_f64(0.5) / y, "return (T)0.5 / x;";
+            /// `x·σ(x)` (SiLU, swish).
+            Silu => "silu", 13, |x, _s, _t| x / (T::one() + (-x).exp()), "return x / ((T)1 + exp(-x));";
+            /// `σ(x)(1 + x(1 - σ(x)))`, the derivative of SiLU.
+            SiluGrad => "silu_grad", 14, |x, _s, _t| {
+                let sig = T::one() / (T::one() + (-x).exp());
+                sig * (T::one() + x * (T::one() - sig))
+            }, "{ T sig = (T)1 / ((T)1 + exp(-x)); return sig * ((T)1 + x * ((T)1 - sig)); }";
+            /// `σ(x) = 1 / (1 + e⁻ˣ)`.
+            Sigmoid => "sigmoid", 15, |x, _s, _t| T::one() / (T::one() + (-x).exp()), "return (T)1 / ((T)1 + exp(-x));";
+            /// `y(1 - y)` from the output `y = σ(x)`.
+            SigmoidGrad => "sigmoid_grad", 16, |y, _s, _t| y * (T::one() - y), "return x * ((T)1 - x);";
+            /// `ln(1 + e^(βx)) / β`, and `x` where `βx > threshold` (PyTorch `softplus(beta, threshold)`).
+            Softplus {
+                /// The β of `βx` (PyTorch's default 1).
+                beta: f64,
+                /// Above this `βx` the linear form is used (PyTorch's default 20).
+                threshold: f64,
+            } => "softplus", 17, |x, b, t| if b * x > t { x } else { (b * x).exp().ln_1p() / b },
+                "{ T bx = s * x; return bx > t ? x : log1p(exp(bx)) / s; }";
+            /// `σ(βx)`, and `1` where `βx > threshold`: the derivative of [`UnaryOp::Softplus`].
+            SoftplusGrad {
+                /// The β of `βx` (PyTorch's default 1).
+                beta: f64,
+                /// Above this `βx` the linear form is used (PyTorch's default 20).
+                threshold: f64,
+            } => "softplus_grad", 18, |x, b, t| if b * x > t { T::one() } else { T::one() / (T::one() + (-(b * x)).exp()) },
+                "{ T bx = s * x; return bx > t ? (T)1 : (T)1 / ((T)1 + exp(-bx)); }";
+            /// `xᵖ` (scalar exponent).
+            Pow(f64) => "pow", 19, |x, s, _t| x.powf(s), "return pow(x, s);";
+            /// `p·xᵖ⁻¹` (`0` for `p = 0`), the derivative of [`UnaryOp::Pow`].
+            PowGrad(f64) => "pow_grad", 20, |x, s, _t| if s == T::zero() { T::zero() } else { s * x.powf(s - T::one()) },
+                "return s == (T)0 ? (T)0 : s * pow(x, s - (T)1);";
+            /// `1 / √x`.
+            Rsqrt => "rsqrt", 21, |x, _s, _t| T::one() / x.sqrt(), "return (T)1 / sqrt(x);";
+            /// `-y³ / 2` from the output `y = 1/√x`.
+            RsqrtGrad => "rsqrt_grad", 22, |y, _s, _t| -(T::of_f64(0.5) * y * y * y), "return -((T)0.5 * x * x * x);";
+            /// `|x|`
+            Abs => "abs", 23, |x, _s, _t| x.abs(), "return fabs(x);";
+            /// `sign(x)` (`0` at `0`), the derivative of [`UnaryOp::Abs`].
+            Sign => "sign", 24, |x, _s, _t| {
+                if x > T::zero() {
+                    T::one()
+                } else if x < T::zero() {
+                    -T::one()
+                } else {
+                    x // ±0 and NaN stay
+                }
+            }, "return x > (T)0 ? (T)1 : x < (T)0 ? (T)(-1) : x; /* ±0 and NaN stay */";
+            /// `min(max(x, lo), hi)`; NaN stays NaN.
+            Clamp {
+                /// Lower bound (`-∞`: none).
+                lo: f64,
+                /// Upper bound (`+∞`: none).
+                hi: f64,
+            } => "clamp", 25, |x, lo, hi| {
+                // min(max(x, lo), hi) as PyTorch (hi wins when lo > hi); NaN fails both tests.
+                let m = if x < lo { lo } else { x };
+                if m > hi {
+                    hi
+                } else {
+                    m
+                }
+            }, "{ T m = x < s ? s : x; return m > t ? t : m; } /* hi wins when lo > hi; NaN stays */";
+            /// `1` where `lo ≤ x ≤ hi`, else `0` (PyTorch's clamp backward).
+            ClampGrad {
+                /// Lower bound (`-∞`: none).
+                lo: f64,
+                /// Upper bound (`+∞`: none).
+                hi: f64,
+            } => "clamp_grad", 26, |x, lo, hi| if x >= lo && x <= hi { T::one() } else { T::zero() },
+                "return x >= s && x <= t ? (T)1 : (T)0;";
+            /// [`gelu_erf`] (exact form).
+            GeluErf => "gelu_erf", 27, |x, _s, _t| T::of_f64(gelu_erf(x.as_f64())),
+                "{ double v = (double)x; return (T)(0.5 * v * (1.0 + erf(v * DT_SQRT_HALF))); }";
+            /// [`gelu_erf_grad`].
+            GeluErfGrad => "gelu_erf_grad", 28, |x, _s, _t| T::of_f64(gelu_erf_grad(x.as_f64())),
+                "{ double v = (double)x; double pdf = exp(-0.5 * v * v) * 0.5 * DT_2_SQRT_PI * DT_SQRT_HALF; \
+                 return (T)(0.5 * (1.0 + erf(v * DT_SQRT_HALF)) + v * pdf); }";
+            /// Dropout scale from a uniform draw `u`: `0` where `u < p`, else `1 / (1 - p)`.
+            DropoutScale(f64) => "dropout_scale", 29, |u, p, keep| if u < p { T::zero() } else { keep },
+                "return x < s ? (T)0 : t;";
+            /// `1` where `x ≠ 0`, else `0` (logical value of a mask).
+            NonZero => "nonzero", 30, |x, _s, _t| if x != T::zero() { T::one() } else { T::zero() },
+                "return x != (T)0 ? (T)1 : (T)0;";
+        }
+    };
 }
+pub(crate) use with_unary_ops;
+
+/// [`UnaryOp`], its name, its CUDA op code and its CUDA `switch` cases, from the vocabulary.
+macro_rules! unary_op_items {
+    ($(
+        $(#[$doc:meta])* $V:ident $( ( $($tup:ty),* ) )? $( { $($fields:tt)* } )?
+            => $name:literal, $code:literal, |$x:ident, $s:pat_param, $t:pat_param| $host:expr, $cuda:literal;
+    )*) => {
+        /// Element-wise functions of one tensor (`y = f(x)`), generated from the one vocabulary
+        /// table (`with_unary_ops!` in `op.rs`).
+        ///
+        /// The `*Grad` variants are the local derivative factors backward multiplies the incoming
+        /// gradient by; `TanhGrad`, `SqrtGrad`, `SigmoidGrad` and `RsqrtGrad` take the forward
+        /// *output* `y`, the others `x`.
+        #[derive(Debug, Clone, Copy, PartialEq)]
+        #[non_exhaustive]
+        pub enum UnaryOp {$(
+            $(#[$doc])*
+            $V $( ( $($tup),* ) )? $( { $($fields)* } )?,
+        )*}
+
+        impl UnaryOp {
+            /// Short name (errors, kernel names).
+            pub fn name(self) -> &'static str {
+                match self {$( UnaryOp::$V { .. } => $name, )*}
+            }
+
+            /// The op code of this function in the CUDA kernels' `dt_unary` switch.
+            pub fn code(self) -> i32 {
+                match self {$( UnaryOp::$V { .. } => $code, )*}
+            }
+        }
+
+        /// The CUDA `dt_unary` switch cases: (op code, C statement over `x`, `s`, `t`).
+        pub const UNARY_CUDA_CASES: &[(i32, &str)] = &[$( ($code, $cuda), )*];
+    };
+}
+with_unary_ops!(unary_op_items);
 
 impl UnaryOp {
-    /// Short name (errors, kernel names).
-    pub fn name(self) -> &'static str {
+    /// The two scalars `(s, t)` of the vocabulary's formulas, as `f64` (kernels convert them to
+    /// the element type once): softplus `(β, threshold)`, clamp `(lo, hi)`, dropout
+    /// `(p, 1 / (1 - p))` (the keep scale computed in `f64`), else `(self.scalar(), 0)`.
+    pub fn scalars(self) -> (f64, f64) {
         match self {
-            UnaryOp::Neg => "neg",
-            UnaryOp::Exp => "exp",
-            UnaryOp::Log => "log",
-            UnaryOp::Relu => "relu",
-            UnaryOp::Gelu => "gelu",
-            UnaryOp::Tanh => "tanh",
-            UnaryOp::Sqrt => "sqrt",
-            UnaryOp::AddScalar(_) => "add_scalar",
-            UnaryOp::MulScalar(_) => "mul_scalar",
-            UnaryOp::ReluGrad => "relu_grad",
-            UnaryOp::GeluGrad => "gelu_grad",
-            UnaryOp::TanhGrad => "tanh_grad",
-            UnaryOp::SqrtGrad => "sqrt_grad",
-            UnaryOp::Silu => "silu",
-            UnaryOp::SiluGrad => "silu_grad",
-            UnaryOp::Sigmoid => "sigmoid",
-            UnaryOp::SigmoidGrad => "sigmoid_grad",
-            UnaryOp::Softplus { .. } => "softplus",
-            UnaryOp::SoftplusGrad { .. } => "softplus_grad",
-            UnaryOp::Pow(_) => "pow",
-            UnaryOp::PowGrad(_) => "pow_grad",
-            UnaryOp::Rsqrt => "rsqrt",
-            UnaryOp::RsqrtGrad => "rsqrt_grad",
-            UnaryOp::Abs => "abs",
-            UnaryOp::Sign => "sign",
-            UnaryOp::Clamp { .. } => "clamp",
-            UnaryOp::ClampGrad { .. } => "clamp_grad",
-            UnaryOp::GeluErf => "gelu_erf",
-            UnaryOp::GeluErfGrad => "gelu_erf_grad",
-            UnaryOp::DropoutScale(_) => "dropout_scale",
-            UnaryOp::NonZero => "nonzero",
+            UnaryOp::Softplus { beta, threshold } | UnaryOp::SoftplusGrad { beta, threshold } => (beta, threshold),
+            UnaryOp::Clamp { lo, hi } | UnaryOp::ClampGrad { lo, hi } => (lo, hi),
+            UnaryOp::DropoutScale(p) => (p, 1.0 / (1.0 - p)),
+            _ => (self.scalar(), 0.0),
         }
     }
 

@@ -46,6 +46,19 @@ pub(crate) fn redistribute_recorded<T: Scalar>(
     }
 }
 
+/// `out`, a redistribution of `x` already run (the op dispatcher plans it once), recorded on
+/// the autograd tape for floats; integers carry no gradient and pass unrecorded.
+pub(crate) fn recorded_redistribution<T: Scalar>(x: &DTensor<T>, out: DTensor<T>) -> DTensor<T> {
+    let mut slot = Some(out);
+    let recorded: Option<Option<DTensor<T>>> =
+        on_float!(x, |f| slot.take().and_then(same_type).map(|o| super::record_redistribution(f, o)));
+    match recorded.flatten() {
+        Some(r) => r,
+        // Integers: no history. (A float always downcasts: `f` is `x`, so `out` is its type.)
+        None => slot.take().unwrap_or_else(|| x.detach()),
+    }
+}
+
 /// `x.requires_grad_(requires_grad)` for floats; for integers `false` is a no-op and `true`
 /// an [`Error::Unsupported`] (only floats have gradients).
 pub(crate) fn with_requires_grad<T: Scalar>(x: DTensor<T>, requires_grad: bool) -> Result<DTensor<T>> {

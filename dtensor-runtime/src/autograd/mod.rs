@@ -30,7 +30,7 @@ mod local;
 mod options;
 
 pub(crate) use engine::input_needs_grad;
-pub(crate) use float_split::{redistribute_recorded, with_requires_grad};
+pub(crate) use float_split::{recorded_redistribution, redistribute_recorded, with_requires_grad};
 pub use local::{from_local_grad, is_local_mesh, local_mesh};
 pub use options::BackwardOptions;
 
@@ -173,6 +173,15 @@ pub(crate) fn redistribute_op<T: Element>(
     Ok(record("redistribute_backward", out, &[x], move |g| {
         Ok(vec![Some(redistribute_grad(g, &target, backward_dtype, "redistribute_backward")?)])
     }))
+}
+
+/// Records `out`, the redistribution of `x` the op dispatcher already ran from its one plan,
+/// as [`redistribute_op`] would (backward: the gradient back to `x`'s layout).
+pub(crate) fn record_redistribution<T: Element>(x: &DTensor<T>, out: DTensor<T>) -> DTensor<T> {
+    let target = without_partials(&x.placements);
+    record("redistribute_backward", out, &[x], move |g| {
+        Ok(vec![Some(redistribute_grad(g, &target, None, "redistribute_backward")?)])
+    })
 }
 
 /// Redistributes a gradient (no history) to `target`, through `dtype` when it differs from `T`.

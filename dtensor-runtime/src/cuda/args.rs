@@ -90,39 +90,7 @@ pub fn check_dims(op: &str, nd: usize) -> Result<()> {
 /// The op code of a unary op in the kernels' `dt_unary` switch (every op has one; a `Result`
 /// so that an op added later can answer [`no_kernel`] until its kernel exists).
 pub fn unary_code(op: UnaryOp) -> Result<i32> {
-    Ok(match op {
-        UnaryOp::Neg => 0,
-        UnaryOp::Exp => 1,
-        UnaryOp::Log => 2,
-        UnaryOp::Relu => 3,
-        UnaryOp::Gelu => 4,
-        UnaryOp::Tanh => 5,
-        UnaryOp::Sqrt => 6,
-        UnaryOp::AddScalar(_) => 7,
-        UnaryOp::MulScalar(_) => 8,
-        UnaryOp::ReluGrad => 9,
-        UnaryOp::GeluGrad => 10,
-        UnaryOp::TanhGrad => 11,
-        UnaryOp::SqrtGrad => 12,
-        UnaryOp::Silu => 13,
-        UnaryOp::SiluGrad => 14,
-        UnaryOp::Sigmoid => 15,
-        UnaryOp::SigmoidGrad => 16,
-        UnaryOp::Softplus { .. } => 17,
-        UnaryOp::SoftplusGrad { .. } => 18,
-        UnaryOp::Pow(_) => 19,
-        UnaryOp::PowGrad(_) => 20,
-        UnaryOp::Rsqrt => 21,
-        UnaryOp::RsqrtGrad => 22,
-        UnaryOp::Abs => 23,
-        UnaryOp::Sign => 24,
-        UnaryOp::Clamp { .. } => 25,
-        UnaryOp::ClampGrad { .. } => 26,
-        UnaryOp::GeluErf => 27,
-        UnaryOp::GeluErfGrad => 28,
-        UnaryOp::DropoutScale(_) => 29,
-        UnaryOp::NonZero => 30,
-    })
+    Ok(op.code())
 }
 
 /// The two scalars `(s, t)` the kernels' `dt_unary` takes for `op`, as `f64` (the caller
@@ -130,12 +98,7 @@ pub fn unary_code(op: UnaryOp) -> Result<i32> {
 /// dropout `(p, 1 / (1 - p))` (the keep scale computed in `f64`, as the host kernel does),
 /// else `(op.scalar(), 0)`.
 pub fn unary_scalars(op: UnaryOp) -> (f64, f64) {
-    match op {
-        UnaryOp::Softplus { beta, threshold } | UnaryOp::SoftplusGrad { beta, threshold } => (beta, threshold),
-        UnaryOp::Clamp { lo, hi } | UnaryOp::ClampGrad { lo, hi } => (lo, hi),
-        UnaryOp::DropoutScale(p) => (p, 1.0 / (1.0 - p)),
-        _ => (op.scalar(), 0.0),
-    }
+    op.scalars()
 }
 
 /// The op code of a binary op in the kernels' `dt_binary` switch (a `Result` as above).

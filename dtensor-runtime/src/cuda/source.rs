@@ -20,7 +20,7 @@
 //!
 //! Always compiled (it is only text), so the CPU tests can read it without the `cuda` feature.
 
-use crate::op::{GELU_A, GELU_C};
+use crate::op::{GELU_A, GELU_C, UNARY_CUDA_CASES};
 use crate::rng::{LN2_HI, LN2_LO, LOG_TERMS, TRIG_TERMS};
 
 /// The floats: (kernel name suffix, C storage type, C compute type, `LD(x)` widening a
@@ -268,45 +268,7 @@ DEV double dt_nan() { return __longlong_as_double(0x7ff8000000000000ULL); }
 /* `s` and `t` are the op's scalars in the element type (see `args::unary_scalars`). */
 template <typename T> DEV T dt_unary(int op, T x, T s, T t) {
     switch (op) {
-        case 0: return -x;
-        case 1: return exp(x);
-        case 2: return log(x);
-        case 3: return x > (T)0 ? x : (T)0;
-        case 4: { double v = (double)x; return (T)(0.5 * v * (1.0 + tanh(GELU_C * (v + GELU_A * v * v * v)))); }
-        case 5: return tanh(x);
-        case 6: return sqrt(x);
-        case 7: return x + s;
-        case 8: return x * s;
-        case 9: return x > (T)0 ? (T)1 : (T)0;
-        case 10: {
-            double v = (double)x;
-            double t = tanh(GELU_C * (v + GELU_A * v * v * v));
-            return (T)(0.5 * (1.0 + t) + 0.5 * v * (1.0 - t * t) * GELU_C * (1.0 + 3.0 * GELU_A * v * v));
-        }
-        case 11: return (T)1 - x * x;
-        case 12: return (T)0.5 / x;
-        case 13: return x / ((T)1 + exp(-x));
-        case 14: { T sig = (T)1 / ((T)1 + exp(-x)); return sig * ((T)1 + x * ((T)1 - sig)); }
-        case 15: return (T)1 / ((T)1 + exp(-x));
-        case 16: return x * ((T)1 - x);
-        case 17: { T bx = s * x; return bx > t ? x : log1p(exp(bx)) / s; }
-        case 18: { T bx = s * x; return bx > t ? (T)1 : (T)1 / ((T)1 + exp(-bx)); }
-        case 19: return pow(x, s);
-        case 20: return s == (T)0 ? (T)0 : s * pow(x, s - (T)1);
-        case 21: return (T)1 / sqrt(x);
-        case 22: return -((T)0.5 * x * x * x);
-        case 23: return fabs(x);
-        case 24: return x > (T)0 ? (T)1 : x < (T)0 ? (T)(-1) : x; /* ±0 and NaN stay */
-        case 25: { T m = x < s ? s : x; return m > t ? t : m; } /* hi wins when lo > hi; NaN stays */
-        case 26: return x >= s && x <= t ? (T)1 : (T)0;
-        case 27: { double v = (double)x; return (T)(0.5 * v * (1.0 + erf(v * DT_SQRT_HALF))); }
-        case 28: {
-            double v = (double)x;
-            double pdf = exp(-0.5 * v * v) * 0.5 * DT_2_SQRT_PI * DT_SQRT_HALF;
-            return (T)(0.5 * (1.0 + erf(v * DT_SQRT_HALF)) + v * pdf);
-        }
-        case 29: return x < s ? (T)0 : t;
-        case 30: return x != (T)0 ? (T)1 : (T)0;
+/*DT_UNARY_CASES*/
         default: return (T)dt_nan();
     }
 }
@@ -713,6 +675,12 @@ pub fn rng_defines() -> String {
     )
 }
 
+/// The cases of `dt_unary`'s `switch`, one per entry of the unary vocabulary
+/// ([`UNARY_CUDA_CASES`]).
+fn unary_cases() -> String {
+    UNARY_CUDA_CASES.iter().map(|(code, stmt)| format!("        case {code}: {stmt}\n")).collect()
+}
+
 /// The whole CUDA C module: constants, prelude, random numbers, the kernels of every dtype,
 /// the id kernels and the casts between dtypes.
 pub fn module_source() -> String {
@@ -720,7 +688,7 @@ pub fn module_source() -> String {
         "#define MAX_DIMS {MAX_DIMS}\n#define BLOCK {BLOCK}\n#define GELU_C {GELU_C:?}\n#define GELU_A {GELU_A:?}\n{}",
         rng_defines()
     );
-    s.push_str(PRELUDE);
+    s.push_str(&PRELUDE.replace("/*DT_UNARY_CASES*/\n", &unary_cases()));
     s.push_str(RNG_SOURCE);
     for (sfx, ty, ..) in CASTS {
         s.push_str(&format!("\n#define T {ty}\n#define SFX {sfx}\n{COPY}\n#undef T\n#undef SFX\n"));

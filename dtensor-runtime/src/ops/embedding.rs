@@ -41,7 +41,7 @@ fn embedding_backward<T: Element>(
     for op in partial_ops(&[g], &LINEAR) {
         rs.push(DimRule::new(&[Placement::Partial(op), R], Placement::Partial(op)));
     }
-    let knobs = Select { valid: None, prefer_output: Some(prefer) };
+    let knobs = Select { prefer_output: Some(prefer), ..Select::default() };
     let (gi, ii, output) = select_pair("embedding_backward", g, ids, &rs, knobs)?;
     let dim = g.shape[q];
     let shape = vec![vocab, dim];

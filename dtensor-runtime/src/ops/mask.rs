@@ -13,6 +13,7 @@
 //! shard of the matrix dims masks its own part without communication (PyTorch replicates the
 //! two matrix dims instead); they are linear, so Partial(sum/avg) stays.
 
+use super::dispatch::{dispatch, no_backward, OpDef};
 use super::grad_kernels;
 use super::new_output;
 use super::pointwise::{rules, Linearity};
@@ -23,7 +24,7 @@ use crate::element::{Element, Scalar};
 use crate::error::{Error, Result};
 use crate::op::BinaryOp;
 use crate::placement::{contains_op, Placement, ReduceOp};
-use crate::storage::broadcast_shape;
+use crate::storage::{broadcast_shape, Storage};
 use std::borrow::Cow;
 
 /// A 0-d replicated tensor of value `v` on `like`'s mesh and device (no history).
@@ -37,11 +38,15 @@ pub(crate) fn scalar_like<T: Scalar>(like: &DTensor<T>, v: T) -> Result<DTensor<
 fn compare<T: Scalar>(op: BinaryOp, a: &DTensor<T>, b: &DTensor<T>) -> Result<DTensor<T>> {
     let out_shape = broadcast_shape(op.name(), &a.shape, &b.shape)?;
     let rs = rules(&[&a.shape, &b.shape], &out_shape, Linearity::None, &[]);
-    no_grad(|| {
-        let c = select(op.name(), &[a, b], &rs, Select::default())?;
-        let (x, y) = (&*c.inputs[0], &*c.inputs[1]);
-        Ok(new_output(x.local.compare(op, &y.local)?, &x.mesh, c.output, out_shape))
-    })
+    let def = OpDef {
+        name: op.name(),
+        rules: rs,
+        knobs: Select::default(),
+        out_shape,
+        kernel: |l: &[&Storage<T>]| l[0].compare(op, l[1]),
+        backward: no_backward(),
+    };
+    no_grad(|| dispatch(def, &[a, b]))
 }
 
 /// The mask `m` as a mask of `T` (what `where_impl` reads: zero or not): `m` itself when it is

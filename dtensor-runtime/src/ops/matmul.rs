@@ -4,14 +4,14 @@
 //! `(R,R)→R`, `(S(m),R)→S(m)`, `(R,S(n))→S(n)`, `(S(k),S(k))→Partial(sum)`, `(P,R)→P`,
 //! `(R,P)→P`, batch dims `(S(b),S(b))→S(b)` (or `(S(b),R)→S(b)` when the right side is 2-D).
 
-use super::new_output;
-use super::strategy::{partial_ops, select, DimRule, Select};
-use crate::autograd::{input_needs_grad, record, recording};
+use super::dispatch::{dispatch, OpDef, Saved};
+use super::strategy::{partial_ops, DimRule, Select};
+use crate::autograd::input_needs_grad;
 use crate::dtensor::DTensor;
 use crate::element::Element;
 use crate::error::Result;
 use crate::placement::{Placement, ReduceOp};
-use crate::storage::{matmul_shape as out_shape, swapped_last};
+use crate::storage::{matmul_shape as out_shape, swapped_last, Storage};
 
 const R: Placement = Placement::Replicate;
 
@@ -88,34 +88,39 @@ impl<T: Element> DTensor<T> {
         let shape = out_shape(&swapped_last(&self.shape, ta), &swapped_last(&other.shape, tb))?;
         let pops = partial_ops(&[self, other], &[ReduceOp::Sum, ReduceOp::Avg]);
         let rs = rules(self.ndim(), other.ndim(), ta, tb, &pops);
-        let c = select("matmul", &[self, other], &rs, Select::default())?;
-        let (a, b) = (&*c.inputs[0], &*c.inputs[1]);
-        let local = a.local.matmul_t(&b.local, ta, tb)?;
-        let out = new_output(local, &a.mesh, c.output, shape);
-        if !recording(&[a, b]) {
-            return Ok(out);
-        }
-        let (sa, sb) = (a.detach(), b.detach());
-        Ok(record("matmul_backward", out, &[a, b], move |g| {
-            // With a' = op(a), b' = op(b): d a' = g b'ᵀ and d b' = a'ᵀ g, transposed back
-            // where the operand was, each as one strided product.
-            let ga = match (input_needs_grad(0), ta) {
-                (false, _) => None,
-                (true, false) => Some(g.matmul_t(&sb, false, !tb)?),
-                // dA = b' gᵀ; a batched `g` cannot follow a 2-D left operand: (g b'ᵀ)ᵀ.
-                (true, true) if sb.ndim() == 2 && g.ndim() > 2 => Some(g.matmul_t(&sb, false, !tb)?.transpose(-1, -2)?),
-                (true, true) => Some(sb.matmul_t(g, tb, true)?),
-            };
-            if !input_needs_grad(1) {
-                return Ok(vec![ga, None]);
-            }
-            let mut gb = if tb { g.matmul_t(&sa, true, ta)? } else { sa.matmul_t(g, !ta, false)? };
-            // A 2-D `b` shared by the batch: sum the per-batch products.
-            while gb.ndim() > sb.ndim() {
-                gb = gb.sum_dim(0, false)?;
-            }
-            Ok(vec![ga, Some(gb)])
-        }))
+        let def = OpDef {
+            name: "matmul",
+            rules: rs,
+            knobs: Select::default(),
+            out_shape: shape,
+            kernel: |l: &[&Storage<T>]| l[0].matmul_t(l[1], ta, tb),
+            backward: Some(("matmul_backward", |(ins, _): Saved<'_, T>| {
+                let (sa, sb) = (ins[0].detach(), ins[1].detach());
+                move |g: &DTensor<T>| {
+                    // With a' = op(a), b' = op(b): d a' = g b'ᵀ and d b' = a'ᵀ g, transposed back
+                    // where the operand was, each as one strided product.
+                    let ga = match (input_needs_grad(0), ta) {
+                        (false, _) => None,
+                        (true, false) => Some(g.matmul_t(&sb, false, !tb)?),
+                        // dA = b' gᵀ; a batched `g` cannot follow a 2-D left operand: (g b'ᵀ)ᵀ.
+                        (true, true) if sb.ndim() == 2 && g.ndim() > 2 => {
+                            Some(g.matmul_t(&sb, false, !tb)?.transpose(-1, -2)?)
+                        }
+                        (true, true) => Some(sb.matmul_t(g, tb, true)?),
+                    };
+                    if !input_needs_grad(1) {
+                        return Ok(vec![ga, None]);
+                    }
+                    let mut gb = if tb { g.matmul_t(&sa, true, ta)? } else { sa.matmul_t(g, !ta, false)? };
+                    // A 2-D `b` shared by the batch: sum the per-batch products.
+                    while gb.ndim() > sb.ndim() {
+                        gb = gb.sum_dim(0, false)?;
+                    }
+                    Ok(vec![ga, Some(gb)])
+                }
+            })),
+        };
+        dispatch(def, &[self, other])
     }
 }
 

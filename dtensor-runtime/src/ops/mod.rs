@@ -38,6 +38,7 @@
 
 pub mod attention;
 pub mod cat;
+pub(crate) mod dispatch;
 pub mod dropout;
 pub mod embedding;
 mod grad_kernels;

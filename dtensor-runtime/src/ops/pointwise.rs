@@ -7,15 +7,17 @@
 //! have no Partial rule: a Partial input is all-reduced to Replicate first (as PyTorch), and
 //! every other placement of a one-input op is kept.
 
-use super::strategy::{partial_ops, reduce_partials, select, DimRule, Select};
+use super::dispatch::{dispatch, OpDef, Saved};
+use super::strategy::{partial_ops, reduce_partials, DimRule, Select};
 use super::{new_output, sum_to};
-use crate::autograd::{input_needs_grad, record, recording};
+use crate::autograd::input_needs_grad;
 use crate::dtensor::DTensor;
 use crate::element::Element;
 use crate::error::{Error, Result};
 use crate::op::{BinaryOp, UnaryOp};
 use crate::placement::{Placement, ReduceOp};
 pub(crate) use crate::storage::broadcast_shape;
+use crate::storage::Storage;
 
 const R: Placement = Placement::Replicate;
 /// Partial reduce ops a linear op keeps.
@@ -185,21 +187,23 @@ pub(super) fn binary<T: Element>(
     let op = kernel.name();
     let out_shape = broadcast_shape(op, &a.shape, &b.shape)?;
     let pops = if lin == Linearity::None { vec![] } else { partial_ops(&[a, b], &LINEAR) };
-    let rs = rules(&[&a.shape, &b.shape], &out_shape, lin, &pops);
-    let c = select(op, &[a, b], &rs, Select::default())?;
-    let (x, y) = (&*c.inputs[0], &*c.inputs[1]);
-    let local = x.local.binary(kernel, &y.local)?;
-    let out = new_output(local, &x.mesh, c.output, out_shape);
-    if !recording(&[x, y]) {
-        return Ok(out);
-    }
-    let (sa, sb) = (x.detach(), y.detach());
-    Ok(record(bwd, out, &[x, y], move |g| {
-        let (ga, gb) = backward(g, &sa, &sb, [input_needs_grad(0), input_needs_grad(1)])?;
-        let ga = ga.map(|ga| sum_to(ga, &sa.shape)).transpose()?;
-        let gb = gb.map(|gb| sum_to(gb, &sb.shape)).transpose()?;
-        Ok(vec![ga, gb])
-    }))
+    let def = OpDef {
+        name: op,
+        rules: rules(&[&a.shape, &b.shape], &out_shape, lin, &pops),
+        knobs: Select::default(),
+        out_shape,
+        kernel: |l: &[&Storage<T>]| l[0].binary(kernel, l[1]),
+        backward: Some((bwd, |(ins, _): Saved<'_, T>| {
+            let (sa, sb) = (ins[0].detach(), ins[1].detach());
+            move |g: &DTensor<T>| {
+                let (ga, gb) = backward(g, &sa, &sb, [input_needs_grad(0), input_needs_grad(1)])?;
+                let ga = ga.map(|ga| sum_to(ga, &sa.shape)).transpose()?;
+                let gb = gb.map(|gb| sum_to(gb, &sb.shape)).transpose()?;
+                Ok(vec![ga, gb])
+            }
+        })),
+    };
+    dispatch(def, &[a, b])
 }
 
 /// An element-wise op of one input. `partial_ok`: Partial reduce ops it commutes with; any
@@ -217,15 +221,18 @@ pub(super) fn unary<T: Element>(
     rs.extend((0..x.ndim()).map(|d| DimRule::new(&[Placement::Shard(d as isize)], Placement::Shard(d as isize))));
     rs.extend(pops.into_iter().map(|o| DimRule::new(&[Placement::Partial(o)], Placement::Partial(o))));
     let keep = reduce_partials(&x.placements, partial_ok);
-    let follow = |ins: &[Vec<Placement>], _: &[Placement]| ins[0] == keep;
-    let c = select(op, &[x], &rs, Select { valid: Some(&follow), prefer_output: None })?;
-    let xi = &*c.inputs[0];
-    let out = new_output(xi.local.unary(kernel)?, &xi.mesh, c.output, xi.shape.clone());
-    if !recording(&[xi]) {
-        return Ok(out);
-    }
-    let (sx, sy) = (xi.detach(), out.detach());
-    Ok(record(bwd, out, &[xi], move |g| Ok(vec![Some(backward(g, &sx, &sy)?)])))
+    let def = OpDef {
+        name: op,
+        rules: rs,
+        knobs: Select { follow: Some(&keep), ..Select::default() },
+        out_shape: x.shape.clone(),
+        kernel: |l: &[&Storage<T>]| l[0].unary(kernel),
+        backward: Some((bwd, |(ins, out): Saved<'_, T>| {
+            let (sx, sy) = (ins[0].detach(), out.detach());
+            move |g: &DTensor<T>| Ok(vec![Some(backward(g, &sx, &sy)?)])
+        })),
+    };
+    dispatch(def, &[x])
 }
 
 impl<T: Element> DTensor<T> {

@@ -8,9 +8,9 @@
 //! dim (PyTorch's error). argmax/argmin cannot combine per-shard answers: the reduced dim is
 //! made Replicate first (PyTorch), other shards are kept, a Partial input is reduced.
 
+use super::dispatch::{dispatch, OpDef, Saved};
 use super::strategy::{partial_ops, reduce_partials, select, DimRule, Select};
 use super::{new_output, norm_dim};
-use crate::autograd::{record, recording};
 use crate::dtensor::DTensor;
 use crate::element::Element;
 use crate::error::Result;
@@ -18,6 +18,7 @@ use crate::op::Reduction;
 use crate::placement::fmt_placements;
 use crate::placement::{Placement, ReduceOp};
 use crate::storage::empty_reduction;
+use crate::storage::Storage;
 
 /// The reductions (`mean` is a sum, then a scale).
 #[derive(Clone, Copy, PartialEq, Eq, Debug)]
@@ -91,15 +92,11 @@ fn reduce<T: Element>(
         rs.push(DimRule::new(&[Placement::Partial(o)], Placement::Partial(o)));
     }
     let keep = reduce_partials(&x.placements, kept_ops);
-    let follow = |ins: &[Vec<Placement>], _: &[Placement]| ins[0] == keep;
-    let c = select(op, &[x], &rs, Select { valid: Some(&follow), prefer_output: None })?;
-    let xi = &*c.inputs[0];
     let kernel = match kind {
         ReductionKind::Sum => Reduction::Sum,
         ReductionKind::Max => Reduction::Max,
         ReductionKind::Min => Reduction::Min,
     };
-    let local = xi.local.reduce(kernel, dims, keepdim)?;
     let mut shape = Vec::with_capacity(nd);
     for (d, &s) in x.shape.iter().enumerate() {
         if !dims.contains(&d) {
@@ -108,30 +105,36 @@ fn reduce<T: Element>(
             shape.push(1);
         }
     }
-    let out = new_output(local, &xi.mesh, c.output, shape);
-    if !recording(&[xi]) {
-        return Ok(out);
-    }
-    let sx = xi.detach();
-    let sy = out.detach();
-    let dims = dims.to_vec();
-    Ok(record(bwd, out, &[xi], move |g| {
-        // The gradient with the reduced dims kept as size 1.
-        let keep_shape: Vec<usize> =
-            sx.shape.iter().enumerate().map(|(d, &s)| if dims.contains(&d) { 1 } else { s }).collect();
-        let gk = if keepdim { g.clone() } else { g.reshape_to(&keep_shape)? };
-        let gx = match kind {
-            ReductionKind::Sum => gk.expand_like(&sx)?,
-            ReductionKind::Max | ReductionKind::Min => {
-                // amax semantics: the gradient is shared evenly between tied maxima.
-                let yk = if keepdim { sy.clone() } else { sy.reshape_to(&keep_shape)? };
-                let mask = sx.eq_mask(&yk)?;
-                let count = mask.sum_dims_usize(&dims, true)?;
-                mask.mul(&gk.div(&count)?)?
+    let def = OpDef {
+        name: op,
+        rules: rs,
+        knobs: Select { follow: Some(&keep), ..Select::default() },
+        out_shape: shape,
+        kernel: |l: &[&Storage<T>]| l[0].reduce(kernel, dims, keepdim),
+        backward: Some((bwd, |(ins, out): Saved<'_, T>| {
+            let sx = ins[0].detach();
+            let sy = out.detach();
+            let dims = dims.to_vec();
+            move |g: &DTensor<T>| {
+                // The gradient with the reduced dims kept as size 1.
+                let keep_shape: Vec<usize> =
+                    sx.shape.iter().enumerate().map(|(d, &s)| if dims.contains(&d) { 1 } else { s }).collect();
+                let gk = if keepdim { g.clone() } else { g.reshape_to(&keep_shape)? };
+                let gx = match kind {
+                    ReductionKind::Sum => gk.expand_like(&sx)?,
+                    ReductionKind::Max | ReductionKind::Min => {
+                        // amax semantics: the gradient is shared evenly between tied maxima.
+                        let yk = if keepdim { sy.clone() } else { sy.reshape_to(&keep_shape)? };
+                        let mask = sx.eq_mask(&yk)?;
+                        let count = mask.sum_dims_usize(&dims, true)?;
+                        mask.mul(&gk.div(&count)?)?
+                    }
+                };
+                Ok(vec![Some(gx)])
             }
-        };
-        Ok(vec![Some(gx)])
-    }))
+        })),
+    };
+    dispatch(def, &[x])
 }
 
 impl<T: Element> DTensor<T> {

@@ -6,16 +6,18 @@
 //! (all-reduced), then a local sum of exponentials reduced the same way — composed of the
 //! dynamic ops, so only `[.., 1]`-sized statistics travel and autograd comes for free.
 
+use super::dispatch::{dispatch, OpDef, Saved};
 use super::pointwise::{partials_kept, UnaryKind};
-use super::strategy::{reduce_partials, select, DimRule, Select};
+use super::strategy::{reduce_partials, DimRule, Select};
 use super::{new_output, norm_dim};
-use crate::autograd::{no_grad, record, recording};
+use crate::autograd::no_grad;
 use crate::comm::debug::op_scope;
 use crate::dtensor::DTensor;
 use crate::element::Element;
 use crate::error::Result;
 use crate::op::SoftmaxKind;
 use crate::placement::Placement;
+use crate::storage::Storage;
 
 /// Softmax of a tensor sharded on `d`: two all-reduces of per-row statistics.
 fn two_pass<T: Element>(x: &DTensor<T>, d: usize, log: bool) -> Result<DTensor<T>> {
@@ -53,31 +55,34 @@ fn softmax_impl<T: Element>(x: &DTensor<T>, dim: isize, log: bool) -> Result<DTe
         rs.push(DimRule::new(&[Placement::Shard(e as isize)], Placement::Shard(e as isize)));
     }
     let keep = reduce_partials(&x.placements, partials_kept(UnaryKind::Softmax));
-    let follow = |ins: &[Vec<Placement>], _: &[Placement]| ins[0] == keep;
-    let c = select(op, &[x], &rs, Select { valid: Some(&follow), prefer_output: None })?;
-    let xi = &*c.inputs[0];
     let kind = if log { SoftmaxKind::LogSoftmax } else { SoftmaxKind::Softmax };
-    let out = new_output(xi.local.softmax(d, kind)?, &xi.mesh, c.output, xi.shape.clone());
-    if !recording(&[xi]) {
-        return Ok(out);
-    }
-    let sy = out.detach();
-    let bwd = if log { "log_softmax_backward" } else { "softmax_backward" };
-    let dim = d as isize;
-    Ok(record(bwd, out, &[xi], move |g| {
-        // Rows are whole on every rank (the softmax dim is not sharded): when the gradient is
-        // laid out like the output, one local kernel computes the whole backward.
-        if g.placements == sy.placements && !g.placements.iter().any(|p| p.is_partial()) {
-            let local = sy.local.softmax_backward(&g.local, d, kind)?;
-            return Ok(vec![Some(new_output(local, &sy.mesh, sy.placements.clone(), sy.shape.clone()))]);
-        }
-        let gx = if log {
-            g.sub(&sy.exp()?.mul(&g.sum_dim(dim, true)?)?)?
-        } else {
-            sy.mul(&g.sub(&g.mul(&sy)?.sum_dim(dim, true)?)?)?
-        };
-        Ok(vec![Some(gx)])
-    }))
+    let def = OpDef {
+        name: op,
+        rules: rs,
+        knobs: Select { follow: Some(&keep), ..Select::default() },
+        out_shape: x.shape.clone(),
+        kernel: |l: &[&Storage<T>]| l[0].softmax(d, kind),
+        backward: Some((if log { "log_softmax_backward" } else { "softmax_backward" }, |(_, out): Saved<'_, T>| {
+            let sy = out.detach();
+            let dim = d as isize;
+            move |g: &DTensor<T>| {
+                // Rows are whole on every rank (the softmax dim is not sharded): when the
+                // gradient is laid out like the output, one local kernel computes the whole
+                // backward.
+                if g.placements == sy.placements && !g.placements.iter().any(|p| p.is_partial()) {
+                    let local = sy.local.softmax_backward(&g.local, d, kind)?;
+                    return Ok(vec![Some(new_output(local, &sy.mesh, sy.placements.clone(), sy.shape.clone()))]);
+                }
+                let gx = if log {
+                    g.sub(&sy.exp()?.mul(&g.sum_dim(dim, true)?)?)?
+                } else {
+                    sy.mul(&g.sub(&g.mul(&sy)?.sum_dim(dim, true)?)?)?
+                };
+                Ok(vec![Some(gx)])
+            }
+        })),
+    };
+    dispatch(def, &[x])
 }
 
 impl<T: Element> DTensor<T> {

@@ -3,19 +3,26 @@
 //! An op lists, for one mesh dimension, the `DimRule`s it supports (input placements →
 //! output placement). A full strategy picks one rule per mesh dim. When the inputs already
 //! match a strategy the op runs as is (no communication); otherwise every strategy is costed
-//! by the bytes its input redistributions put on the wire (`plan_redistribute_at(..)
+//! by the bytes its input redistributions put on the wire (`plan_redistribute(..)
 //! .wire_bytes()`, the planner's rank-independent ring model, so every rank picks the same
 //! one), then by the number of collectives and steps; the cheapest wins, the inputs are
 //! redistributed (recorded in [`implicit_redistributions`]) and the op runs.
+//!
+//! The search runs once per (op, rules, input placements, shapes, dtypes, mesh): its choice,
+//! with the plans of the chosen input moves, is cached ([`propagate`]), and a chosen
+//! move is planned once, in the search, then logged and executed from that plan.
 
 use crate::dtensor::DTensor;
 use crate::element::Scalar;
 use crate::error::{Error, Result};
 use crate::mesh::DeviceMesh;
 use crate::placement::{fmt_placements, Placement, ReduceOp};
-use crate::redistribute::{plan_redistribute_at, RedistributePlan};
+use crate::redistribute::{plan_redistribute, RedistributePlan};
 use std::borrow::Cow;
 use std::cell::RefCell;
+use std::collections::HashMap;
+use std::hash::{BuildHasherDefault, Hasher};
+use std::rc::Rc;
 
 /// One way an op can run along one mesh dimension.
 #[derive(Debug, Clone, PartialEq)]
@@ -80,8 +87,8 @@ fn log(r: ImplicitRedistribute) {
 /// A check of a whole strategy: (input placements per input, output placements).
 pub(crate) type ValidFn<'a> = &'a dyn Fn(&[Vec<Placement>], &[Placement]) -> bool;
 
-/// A candidate: (cost, input placements per input, output placements).
-type Candidate = ((usize, usize, usize), Vec<Vec<Placement>>, Vec<Placement>);
+/// A candidate: (cost, input placements per input, output placements, plans of the moves).
+type Candidate = ((usize, usize, usize), Vec<Vec<Placement>>, Vec<Placement>, Vec<Option<RedistributePlan>>);
 
 /// Extra knobs of [`select`].
 #[derive(Default)]
@@ -90,6 +97,19 @@ pub(crate) struct Select<'a> {
     pub valid: Option<ValidFn<'a>>,
     /// Among equally cheap strategies, prefer the one whose output is closest to this.
     pub prefer_output: Option<&'a [Placement]>,
+    /// Only strategies that move input 0 to exactly these placements (a one-input op that
+    /// keeps its input's layout, Partials it does not commute with reduced): a `valid` check
+    /// written as data, so that the choice can be cached (an opaque `valid` is not cached).
+    pub follow: Option<&'a [Placement]>,
+}
+
+/// The strategy chosen for an op's inputs: where each input goes, the plan of each move
+/// (`None`: the input stays), and the output placements. Shared by the strategy cache.
+#[derive(Debug)]
+pub(crate) struct Decision {
+    pub inputs: Vec<Vec<Placement>>,
+    pub plans: Vec<Option<RedistributePlan>>,
+    pub output: Vec<Placement>,
 }
 
 /// The inputs, redistributed to the chosen strategy, and the output placements.
@@ -106,7 +126,13 @@ pub(crate) trait Operand {
     fn mesh(&self) -> &DeviceMesh;
     /// Its placements.
     fn placements(&self) -> &[Placement];
-    /// The plan moving it from its placements to `to` (the same on every rank).
+    /// Its global shape.
+    fn shape(&self) -> &[usize];
+    /// Bytes of one element (a move's cost depends on it).
+    fn elem_size(&self) -> usize;
+    /// The plan moving it from its placements to `to`, for this rank. Its cost (wire bytes,
+    /// collectives, steps) is the same on every rank: only its per-rank byte counts and
+    /// logical shapes depend on the coordinate, so it is both costed and executed.
     fn plan(&self, to: &[Placement]) -> Result<RedistributePlan>;
 }
 
@@ -117,8 +143,14 @@ impl<T: Scalar> Operand for DTensor<T> {
     fn placements(&self) -> &[Placement] {
         &self.placements
     }
+    fn shape(&self) -> &[usize] {
+        &self.shape
+    }
+    fn elem_size(&self) -> usize {
+        std::mem::size_of::<T>()
+    }
     fn plan(&self, to: &[Placement]) -> Result<RedistributePlan> {
-        plan_redistribute_at::<T>(&self.shape, &self.mesh, &vec![0; self.mesh.ndim()], &self.placements, to)
+        plan_redistribute::<T>(&self.shape, &self.mesh, &self.placements, to)
     }
 }
 
@@ -185,6 +217,9 @@ fn exact_strategy(inputs: &[&dyn Operand], rules: &[DimRule], knobs: &Select<'_>
         let out: Vec<Placement> = (0..m).map(|d| rules[fits[d][idx[d]]].output).collect();
         let mut pops = out.iter().filter_map(|p| if let Placement::Partial(o) = p { Some(*o) } else { None });
         let mut ok = pops.next().is_none_or(|first| pops.all(|o| o == first));
+        if let Some(f) = knobs.follow {
+            ok &= inputs[0].placements() == f;
+        }
         if ok {
             if let Some(v) = knobs.valid {
                 let ins: Vec<Vec<Placement>> = inputs.iter().map(|x| x.placements().to_vec()).collect();
@@ -214,14 +249,13 @@ fn exact_strategy(inputs: &[&dyn Operand], rules: &[DimRule], knobs: &Select<'_>
 
 /// The cheapest strategy for `inputs` (of any element types) from `rules` (the same rules on
 /// every mesh dim): the placements each input must be moved to (its own where it already
-/// fits) and the output's.
-fn strategy(
+/// fits), the plans of those moves, and the output's. Uncached: see [`propagate`].
+pub(super) fn strategy(
     op: &'static str,
     inputs: &[&dyn Operand],
     rules: &[DimRule],
-    knobs: Select<'_>,
-) -> Result<(Vec<Vec<Placement>>, Vec<Placement>)> {
-    same_mesh(op, inputs)?;
+    knobs: &Select<'_>,
+) -> Result<Decision> {
     let m = inputs[0].mesh().ndim();
     let no_rule =
         |hint: &str| Error::NoShardingRule { op: op.into(), placements: fmt_inputs(inputs), hint: hint.to_string() };
@@ -231,8 +265,9 @@ fn strategy(
     // Fast path: a strategy the inputs already satisfy moves nothing and has no steps, so it
     // beats every candidate the search below would cost (each of those has >= 1 step); take
     // it without planning anything.
-    if let Some(output) = exact_strategy(inputs, rules, &knobs) {
-        return Ok((inputs.iter().map(|x| x.placements().to_vec()).collect(), output));
+    if let Some(output) = exact_strategy(inputs, rules, knobs) {
+        let ins = inputs.iter().map(|x| x.placements().to_vec()).collect();
+        return Ok(Decision { inputs: ins, plans: vec![None; inputs.len()], output });
     }
     // Cost of a candidate: (wire bytes, collectives then steps, output mismatches vs preference).
     let mut best: Option<Candidate> = None;
@@ -247,6 +282,9 @@ fn strategy(
         if let Some(first) = pops.next() {
             ok &= pops.all(|o| o == first);
         }
+        if let Some(f) = knobs.follow {
+            ok &= ins[0] == f;
+        }
         if ok {
             if let Some(v) = knobs.valid {
                 ok = v(&ins, &out);
@@ -254,7 +292,8 @@ fn strategy(
         }
         if ok {
             let mut cost = (0usize, 0usize, 0usize);
-            for (x, want) in inputs.iter().zip(&ins) {
+            let mut plans = vec![None; inputs.len()];
+            for (j, (x, want)) in inputs.iter().zip(&ins).enumerate() {
                 if x.placements() == want.as_slice() {
                     continue;
                 }
@@ -262,6 +301,7 @@ fn strategy(
                     Ok(plan) => {
                         cost.0 += plan.wire_bytes();
                         cost.1 += plan.num_collectives() * 1000 + plan.steps.len().max(1);
+                        plans[j] = Some(plan);
                     }
                     Err(_) => {
                         ok = false;
@@ -272,8 +312,8 @@ fn strategy(
             if let Some(pref) = knobs.prefer_output {
                 cost.2 = out.iter().zip(pref).filter(|(a, b)| a != b).count();
             }
-            if ok && best.as_ref().is_none_or(|(c, _, _)| cost < *c) {
-                best = Some((cost, ins, out));
+            if ok && best.as_ref().is_none_or(|(c, ..)| cost < *c) {
+                best = Some((cost, ins, out, plans));
             }
         }
         // Next combination (odometer over mesh dims).
@@ -286,31 +326,179 @@ fn strategy(
         }
         break;
     }
-    let Some((_, ins, output)) = best else {
+    let Some((_, ins, output, plans)) = best else {
         return Err(no_rule("no strategy is reachable from these placements (Shard→Partial is not allowed)"));
     };
-    Ok((ins, output))
+    Ok(Decision { inputs: ins, plans, output })
 }
 
-/// Input `j` of `op` moved to `want` (recorded on the autograd tape for floats, and in the
-/// implicit-redistribution log), or borrowed when it already is there.
+/// How many strategy choices a thread keeps.
+const CACHE_CAP: usize = 1024;
+
+/// A small multiplicative hasher (the key is already a handful of `u64`s; SipHash would cost
+/// more than the strategy search it skips on small ops).
+#[derive(Default)]
+struct WordHasher(u64);
+
+impl Hasher for WordHasher {
+    fn finish(&self) -> u64 {
+        self.0
+    }
+    fn write(&mut self, bytes: &[u8]) {
+        for b in bytes {
+            self.write_u64(*b as u64);
+        }
+    }
+    fn write_u64(&mut self, w: u64) {
+        self.0 = (self.0.rotate_left(5) ^ w).wrapping_mul(0x51_7c_c1_b7_27_22_0a_95);
+    }
+    fn write_usize(&mut self, w: usize) {
+        self.write_u64(w as u64);
+    }
+}
+
+struct Cache {
+    /// Key words → (choice, last use).
+    map: HashMap<Vec<u64>, (Rc<Decision>, u64), BuildHasherDefault<WordHasher>>,
+    clock: u64,
+    /// The key of the current lookup (reused: a hit allocates nothing).
+    key: Vec<u64>,
+}
+
+thread_local! {
+    static CACHE: RefCell<Cache> =
+        RefCell::new(Cache { map: HashMap::default(), clock: 0, key: Vec::new() });
+}
+
+fn placement_word(p: Placement) -> u64 {
+    match p {
+        Placement::Replicate => 0,
+        Placement::Shard(d) => (1 << 62) | (d as i64 as u64 & 0xffff_ffff),
+        Placement::Partial(op) => {
+            (2 << 62)
+                | match op {
+                    ReduceOp::Sum => 0,
+                    ReduceOp::Avg => 1,
+                    ReduceOp::Min => 2,
+                    ReduceOp::Max => 3,
+                    ReduceOp::Product => 4,
+                }
+        }
+    }
+}
+
+/// Writes the cache key of a search into `key`: every input of [`strategy`] that its result
+/// depends on, each list preceded by its length so that the words parse one way.
+fn write_key(key: &mut Vec<u64>, op: &'static str, inputs: &[&dyn Operand], rules: &[DimRule], knobs: &Select<'_>) {
+    key.clear();
+    // The name by address and length: equal (address, length) is the same text; the same
+    // text at two addresses only costs a miss.
+    key.extend([op.as_ptr() as u64, op.len() as u64, inputs.len() as u64]);
+    let mesh = inputs[0].mesh();
+    key.push(mesh.ndim() as u64);
+    key.extend(mesh.shape().iter().map(|&s| s as u64));
+    key.extend(mesh.coordinate().iter().map(|&c| c as u64));
+    for x in inputs {
+        key.push(x.elem_size() as u64);
+        key.push(x.shape().len() as u64);
+        key.extend(x.shape().iter().map(|&s| s as u64));
+        key.extend(x.placements().iter().map(|&p| placement_word(p)));
+    }
+    key.push(rules.len() as u64);
+    for r in rules {
+        key.extend(r.inputs.iter().map(|&p| placement_word(p)));
+        key.push(placement_word(r.output));
+    }
+    for knob in [knobs.prefer_output, knobs.follow] {
+        match knob {
+            None => key.push(u64::MAX),
+            Some(ps) => {
+                key.push(ps.len() as u64);
+                key.extend(ps.iter().map(|&p| placement_word(p)));
+            }
+        }
+    }
+}
+
+/// The strategy for `inputs` under `rules` (see [`strategy`]), from this thread's
+/// cache when the same op met the same layouts before. Choices made under an opaque
+/// `knobs.valid` check are not cached (the key cannot see what it reads); errors are not
+/// cached.
+pub(crate) fn propagate(
+    op: &'static str,
+    inputs: &[&dyn Operand],
+    rules: &[DimRule],
+    knobs: &Select<'_>,
+) -> Result<Rc<Decision>> {
+    same_mesh(op, inputs)?;
+    if knobs.valid.is_some() {
+        return strategy(op, inputs, rules, knobs).map(Rc::new);
+    }
+    let hit = CACHE.with(|c| {
+        let c = &mut *c.borrow_mut();
+        write_key(&mut c.key, op, inputs, rules, knobs);
+        c.clock += 1;
+        let now = c.clock;
+        c.map.get_mut(c.key.as_slice()).map(|(d, used)| {
+            *used = now;
+            d.clone()
+        })
+    });
+    if let Some(d) = hit {
+        return Ok(d);
+    }
+    let d = Rc::new(strategy(op, inputs, rules, knobs)?);
+    CACHE.with(|c| {
+        let c = &mut *c.borrow_mut();
+        if c.map.len() >= CACHE_CAP {
+            if let Some(oldest) = c.map.iter().min_by_key(|(_, (_, used))| *used).map(|(k, _)| k.clone()) {
+                c.map.remove(&oldest);
+            }
+        }
+        // The key buffer still holds this search's key (nothing ran a lookup since).
+        let key = c.key.clone();
+        let now = c.clock;
+        c.map.insert(key, (d.clone(), now));
+    });
+    Ok(d)
+}
+
+/// Number of strategy choices this thread's cache holds (for tests).
+#[cfg(test)]
+pub(crate) fn cached_choices() -> usize {
+    CACHE.with(|c| c.borrow().map.len())
+}
+
+/// Input `j` of `op` moved to `want` by `plan` (made once, in the strategy search; recorded
+/// on the autograd tape for floats, and in the implicit-redistribution log), or borrowed when
+/// it stays.
 fn moved<'a, T: Scalar>(
     op: &'static str,
     j: usize,
     x: &'a DTensor<T>,
-    want: Vec<Placement>,
+    want: &[Placement],
+    plan: Option<&RedistributePlan>,
 ) -> Result<Cow<'a, DTensor<T>>> {
     if x.placements == want {
         return Ok(Cow::Borrowed(x));
     }
-    super::implicit::check(op, j, &x.placements, &want)?;
-    let bytes = Operand::plan(x, &want)?.wire_bytes();
-    log(ImplicitRedistribute { op, input: j, from: x.placements.clone(), to: want.clone(), bytes });
-    Ok(Cow::Owned(crate::autograd::redistribute_recorded(x, &want, op)?))
+    let planned;
+    let plan = match plan {
+        Some(p) => p,
+        None => {
+            planned = Operand::plan(x, want)?;
+            &planned
+        }
+    };
+    super::implicit::check(op, j, &x.placements, want)?;
+    log(ImplicitRedistribute { op, input: j, from: x.placements.clone(), to: want.to_vec(), bytes: plan.wire_bytes() });
+    let out = x.redistribute_planned(plan, op)?;
+    Ok(Cow::Owned(crate::autograd::recorded_redistribution(x, out)))
 }
 
-/// Picks the cheapest strategy for `inputs` from `rules` (the same rules on every mesh dim)
-/// and redistributes the inputs to it. Collectives are attributed to `op`.
+/// Picks the cheapest strategy for `inputs` from `rules` (the same rules on every mesh dim;
+/// cached, see [`propagate`]) and redistributes the inputs to it. Collectives are
+/// attributed to `op`.
 pub(crate) fn select<'a, T: Scalar>(
     op: &'static str,
     inputs: &[&'a DTensor<T>],
@@ -318,10 +506,13 @@ pub(crate) fn select<'a, T: Scalar>(
     knobs: Select<'_>,
 ) -> Result<Chosen<'a, T>> {
     let dyns: Vec<&dyn Operand> = inputs.iter().map(|&x| x as &dyn Operand).collect();
-    let (ins, output) = strategy(op, &dyns, rules, knobs)?;
-    let inputs =
-        inputs.iter().zip(ins).enumerate().map(|(j, (x, want))| moved(op, j, x, want)).collect::<Result<_>>()?;
-    Ok(Chosen { inputs, output })
+    let d = propagate(op, &dyns, rules, &knobs)?;
+    let inputs = inputs
+        .iter()
+        .enumerate()
+        .map(|(j, x)| moved(op, j, x, &d.inputs[j], d.plans[j].as_ref()))
+        .collect::<Result<_>>()?;
+    Ok(Chosen { inputs, output: d.output.clone() })
 }
 
 /// The two inputs of [`select_pair`], each moved in its own type, and the output placements.
@@ -336,13 +527,17 @@ pub(crate) fn select_pair<'a, T: Scalar, U: Scalar>(
     rules: &[DimRule],
     knobs: Select<'_>,
 ) -> Result<ChosenPair<'a, T, U>> {
-    let (ins, output) = strategy(op, &[x, y], rules, knobs)?;
-    let [wx, wy]: [Vec<Placement>; 2] = ins.try_into().map_err(|_| Error::NoShardingRule {
-        op: op.into(),
-        placements: fmt_inputs(&[x, y]),
-        hint: "the strategy search lost an input".into(),
-    })?;
-    Ok((moved(op, 0, x, wx)?, moved(op, 1, y, wy)?, output))
+    let d: Rc<Decision> = propagate(op, &[x, y], rules, &knobs)?;
+    if d.inputs.len() != 2 {
+        return Err(Error::NoShardingRule {
+            op: op.into(),
+            placements: fmt_inputs(&[x, y]),
+            hint: "the strategy search lost an input".into(),
+        });
+    }
+    let wx = moved(op, 0, x, &d.inputs[0], d.plans[0].as_ref())?;
+    let wy = moved(op, 1, y, &d.inputs[1], d.plans[1].as_ref())?;
+    Ok((wx, wy, d.output.clone()))
 }
 
 #[cfg(test)]
@@ -369,5 +564,56 @@ mod tests {
             }
             other => panic!("{other:?}"),
         }
+    }
+
+    use crate::placement::Placement::{Partial, Replicate, Shard};
+
+    /// Issue 32, item 3: the second time an op meets the same layouts it takes the cached
+    /// choice (no new entry), and a cached implicit redistribution is still executed, logged
+    /// and counted each time.
+    #[test]
+    fn choice_is_cached_and_a_cached_move_still_runs_and_is_logged() {
+        let out = run(2, |ctx| {
+            let mesh = ctx.init_device_mesh(&[2], &["tp"])?;
+            let g = ndarray::ArrayD::from_shape_fn(vec![4, 6], |ix| (ix[0] * 6 + ix[1]) as f32);
+            let a = distribute_tensor(g.clone(), &mesh, &[Shard(0)], None)?;
+            let b = distribute_tensor(g.clone(), &mesh, &[Shard(1)], None)?;
+            let before = cached_choices();
+            let n0 = crate::ops::implicit_redistribution_count();
+            let first = a.add(&b)?.full_tensor()?;
+            let after_first = cached_choices();
+            let second = a.add(&b)?.full_tensor()?;
+            let n = crate::ops::implicit_redistribution_count() - n0;
+            Ok((after_first - before, cached_choices() - after_first, n, first == second, first == &g + &g))
+        })
+        .unwrap();
+        for (new_first, new_second, moves, same, right) in out {
+            assert!(new_first >= 1, "the first add caches its choice");
+            assert_eq!(new_second, 0, "the second add hits the cache");
+            assert_eq!(moves, 2, "each add moves one input, cached or not");
+            assert!(same && right);
+        }
+    }
+
+    /// Keys differ when anything the search reads differs (here the input placements and the
+    /// Partial reduce op), so a cached choice never answers another layout.
+    #[test]
+    fn keys_tell_layouts_apart() {
+        let out = run(2, |ctx| {
+            let mesh = ctx.init_device_mesh(&[2], &["tp"])?;
+            let x = distribute_tensor(ndarray::ArrayD::<f32>::ones(vec![4]), &mesh, &[Replicate], None)?;
+            let p = x.redistribute(&[Partial(ReduceOp::Sum)])?;
+            let q = x.redistribute(&[Partial(ReduceOp::Max)])?;
+            let rules = [DimRule::new(&[Replicate], Replicate)];
+            let mut keys = Vec::new();
+            for t in [&x, &p, &q] {
+                let mut k = Vec::new();
+                write_key(&mut k, "op", &[t as &dyn Operand], &rules, &Select::default());
+                keys.push(k);
+            }
+            Ok(keys[0] != keys[1] && keys[1] != keys[2] && keys[0] != keys[2])
+        })
+        .unwrap();
+        assert!(out.iter().all(|&d| d));
     }
 }

@@ -300,7 +300,7 @@ impl<T: Scalar> DTensor<T> {
         let pairs: Vec<(usize, usize)> = rule.iter().map(|&(li, lj, _)| (li, lj)).collect();
         let valid = |ins: &[Vec<Placement>], _: &[Placement]| view_divides(&rule, &input, out, &mesh_shape, &ins[0]);
         let rules = remap_rules(self, &pairs);
-        let c = select("reshape", &[self], &rules, Select { valid: Some(&valid), prefer_output: None })?;
+        let c = select("reshape", &[self], &rules, Select { valid: Some(&valid), ..Select::default() })?;
         let xi = &*c.inputs[0];
         let (local_shape, _) = local_shape_and_offset(out, xi.mesh.shape(), xi.mesh.coordinate(), &c.output);
         let local = xi.local.reshape(&local_shape)?;
@@ -361,7 +361,7 @@ fn expand_impl<T: Scalar>(x: &DTensor<T>, shape: &[usize], prefer: Option<&[Plac
     for op in partial_ops(&[x], &EXPAND_KEEPS) {
         rs.push(DimRule::new(&[Placement::Partial(op)], Placement::Partial(op)));
     }
-    let c = select("expand", &[x], &rs, Select { valid: None, prefer_output: prefer })?;
+    let c = select("expand", &[x], &rs, Select { prefer_output: prefer, ..Select::default() })?;
     let xi = &*c.inputs[0];
     let (local_shape, _) = local_shape_and_offset(shape, xi.mesh.shape(), xi.mesh.coordinate(), &c.output);
     let local = xi.local.broadcast_to(&local_shape)?;

@@ -128,8 +128,8 @@ pub fn plan_redistribute<T: Scalar>(
 /// [`plan_redistribute`] as seen from mesh coordinate `coord` instead of this rank's.
 ///
 /// The steps depend only on the placements; shapes and bytes depend on the coordinate when
-/// sharding is uneven. Ops cost their candidate strategies at coordinate 0 (the largest
-/// shards) so that every rank picks the same strategy.
+/// sharding is uneven. The wire bytes, collectives and steps an op's strategy search costs
+/// do not, so every rank picks the same strategy from its own plans.
 pub fn plan_redistribute_at<T: Scalar>(
     global_shape: &[usize],
     mesh: &DeviceMesh,
@@ -202,12 +202,17 @@ impl<T: Scalar> DTensor<T> {
     /// Redistribution without autograd bookkeeping whose collectives are attributed to `label`
     /// (the op that needed it).
     pub(crate) fn redistribute_scoped(&self, to: &[Placement], label: &'static str) -> Result<DTensor<T>> {
-        let plan = self.plan_redistribute(to)?;
+        self.redistribute_planned(&self.plan_redistribute(to)?, label)
+    }
+
+    /// [`DTensor::redistribute_scoped`] with the plan already made (for this rank, from
+    /// `self`'s placements): the op dispatcher plans a chosen redistribution once.
+    pub(crate) fn redistribute_planned(&self, plan: &RedistributePlan, label: &'static str) -> Result<DTensor<T>> {
         let mut cur = self.placements.clone();
         for step in &plan.steps {
             cur[step.mesh_dim] = step.to;
         }
-        let local = op_scope(label, || redistribute_local(&self.local, &self.mesh, &plan))?;
+        let local = op_scope(label, || redistribute_local(&self.local, &self.mesh, plan))?;
         Ok(DTensor::new_unchecked(local, self.mesh.clone(), cur, self.shape.clone(), None))
     }
 }

@@ -5,12 +5,12 @@
 //! it (PyTorch's `_redistribute.py` keeps the same knowledge on each placement type).
 
 use crate::comm::debug::CollectiveKind;
-use crate::mesh::storage as mesh_storage;
 use crate::element::Scalar;
 use crate::error::{Error, Result};
 use crate::layout::chunk_size_and_offset;
 use crate::layout::pack::{self, with_dim, PackPlan};
 use crate::layout::padded_chunk;
+use crate::mesh::storage as mesh_storage;
 use crate::mesh::DeviceMesh;
 use crate::placement::{Placement, ReduceOp};
 use crate::shape::checked_numel;

@@ -10,11 +10,11 @@ use crate::element::{DType, Element, Scalar};
 use crate::error::{Error, Result};
 use crate::layout::pack::{CopyBlock, PackPlan};
 use crate::layout::shard_from_global_index;
-use crate::op::UnaryOp;
 use crate::op::{
     gelu, gelu_erf, gelu_erf_grad, gelu_grad, AdamWStep, BinaryOp, Distribution, RandomFill, Reduction, SgdStep,
     SoftmaxKind,
 };
+use crate::op::{with_unary_ops, UnaryOp};
 use crate::rng::Stream;
 use ndarray::{ArrayD, ArrayViewD, Axis, Dimension, IxDyn, Zip};
 use std::borrow::Cow;
@@ -111,88 +111,23 @@ pub(super) fn unary<T: Element>(a: &ArrayD<T>, op: UnaryOp) -> ArrayD<T> {
     if let Some(r) = fast.and_then(|f| vectorised(a, |x, o| vmath::map(f, x, o), |x, o| vmath::map(f, x, o))) {
         return r;
     }
-    let s = T::of_f64(op.scalar());
-    let (zero, one) = (T::zero(), T::one());
-    match op {
-        UnaryOp::Neg => a.mapv(|x| -x),
-        UnaryOp::Exp => a.mapv(|x| x.exp()),
-        UnaryOp::Log => a.mapv(|x| x.ln()),
-        UnaryOp::Relu => a.mapv(|x| if x > zero { x } else { zero }),
-        // In f64 for every element type: the reference formula of every device.
-        UnaryOp::Gelu => a.mapv(|x| T::of_f64(gelu(x.as_f64()))),
-        UnaryOp::Tanh => a.mapv(|x| x.tanh()),
-        UnaryOp::Sqrt => a.mapv(|x| x.sqrt()),
-        UnaryOp::AddScalar(_) => a.mapv(|x| x + s),
-        UnaryOp::MulScalar(_) => a.mapv(|x| x * s),
-        UnaryOp::ReluGrad => a.mapv(|x| if x > zero { one } else { zero }),
-        UnaryOp::GeluGrad => a.mapv(|x| T::of_f64(gelu_grad(x.as_f64()))),
-        UnaryOp::TanhGrad => a.mapv(|y| one - y * y),
-        UnaryOp::SqrtGrad => {
-            let half = T::of_f64(0.5);
-            a.mapv(|y| half / y)
-        }
-        UnaryOp::Silu => a.mapv(|x| x / (one + (-x).exp())),
-        UnaryOp::SiluGrad => a.mapv(|x| {
-            let sig = one / (one + (-x).exp());
-            sig * (one + x * (one - sig))
-        }),
-        UnaryOp::Sigmoid => a.mapv(|x| one / (one + (-x).exp())),
-        UnaryOp::SigmoidGrad => a.mapv(|y| y * (one - y)),
-        UnaryOp::Softplus { beta, threshold } => {
-            let (b, t) = (T::of_f64(beta), T::of_f64(threshold));
-            a.mapv(|x| if b * x > t { x } else { (b * x).exp().ln_1p() / b })
-        }
-        UnaryOp::SoftplusGrad { beta, threshold } => {
-            let (b, t) = (T::of_f64(beta), T::of_f64(threshold));
-            a.mapv(|x| if b * x > t { one } else { one / (one + (-(b * x)).exp()) })
-        }
-        UnaryOp::Pow(_) => a.mapv(|x| x.powf(s)),
-        UnaryOp::PowGrad(_) => {
-            if s == zero {
-                a.mapv(|_| zero)
-            } else {
-                a.mapv(|x| s * x.powf(s - one))
-            }
-        }
-        UnaryOp::Rsqrt => a.mapv(|x| one / x.sqrt()),
-        UnaryOp::RsqrtGrad => {
-            let half = T::of_f64(0.5);
-            a.mapv(|y| -(half * y * y * y))
-        }
-        UnaryOp::Abs => a.mapv(|x| x.abs()),
-        UnaryOp::Sign => a.mapv(|x| {
-            if x > zero {
-                one
-            } else if x < zero {
-                -one
-            } else {
-                x // ±0 and NaN stay
-            }
-        }),
-        UnaryOp::Clamp { lo, hi } => {
-            let (lo, hi) = (T::of_f64(lo), T::of_f64(hi));
-            // min(max(x, lo), hi) as PyTorch (hi wins when lo > hi); NaN fails both tests.
-            a.mapv(|x| {
-                let m = if x < lo { lo } else { x };
-                if m > hi {
-                    hi
-                } else {
-                    m
+    let (s, t) = op.scalars();
+    let (s, t) = (T::of_f64(s), T::of_f64(t));
+    // The host arm of every entry of the unary vocabulary (`op::with_unary_ops`).
+    macro_rules! host_arms {
+        ($(
+            $(#[$doc:meta])* $V:ident $( ( $($tup:ty),* ) )? $( { $($fields:tt)* } )?
+                => $name:literal, $code:literal, |$x:ident, $s:pat_param, $t:pat_param| $host:expr, $cuda:literal;
+        )*) => {
+            match op {$(
+                UnaryOp::$V { .. } => {
+                    let ($s, $t) = (s, t);
+                    a.mapv(|$x| $host)
                 }
-            })
-        }
-        UnaryOp::ClampGrad { lo, hi } => {
-            let (lo, hi) = (T::of_f64(lo), T::of_f64(hi));
-            a.mapv(|x| if x >= lo && x <= hi { one } else { zero })
-        }
-        UnaryOp::GeluErf => a.mapv(|x| T::of_f64(gelu_erf(x.as_f64()))),
-        UnaryOp::GeluErfGrad => a.mapv(|x| T::of_f64(gelu_erf_grad(x.as_f64()))),
-        UnaryOp::DropoutScale(p) => {
-            let keep = T::of_f64(1.0 / (1.0 - p));
-            a.mapv(|u| if u < s { zero } else { keep })
-        }
-        UnaryOp::NonZero => a.mapv(|x| if x != zero { one } else { zero }),
+            )*}
+        };
     }
+    with_unary_ops!(host_arms)
 }
 
 /// `a` and `b` broadcast to `shape` for the two-input `op`, or the typed error naming both

@@ -15,11 +15,13 @@
 //!
 //! # How to add a kernel
 //!
-//! For a new element-wise function add a variant to [`UnaryOp`] or [`BinaryOp`] (with
-//! its name), its arm in `cpu::unary` / `cpu::binary`, its op code in
+//! For a new element-wise function of one tensor add its entry to the unary vocabulary
+//! (`with_unary_ops!` in `op.rs`: variant, name, op code, host formula, CUDA C statement; the
+//! host arm and the kernels' `switch` case are generated from it). For one of two tensors add
+//! a variant to [`BinaryOp`] (with its name), its arm in `cpu::binary`, its op code in
 //! [`crate::cuda::args`] and that code's case in the kernels' `switch` in
-//! [`crate::cuda::source`] (the host emulation and device tests compare it with the CPU arm);
-//! ops then call `x.local.unary(UnaryOp::NewOp)`. For a kernel with a new signature, add it to
+//! [`crate::cuda::source`] (the host emulation and device tests compare it with the CPU arm).
+//! Ops then call `x.local.unary(UnaryOp::NewOp)`. For a kernel with a new signature, add it to
 //! [`BackendStorage`] (the compiler then lists every device that lacks it), implement it for
 //! the host (`ArrayD<T>` in `cpu.rs`, an ndarray loop with the op enum matched outside the
 //! loop) and for [`CudaStorage`] (its kernel in `crate::cuda::source`, its arguments in
