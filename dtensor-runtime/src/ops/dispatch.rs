@@ -60,8 +60,11 @@ impl<T: Scalar, F: Fn(&DTensor<T>) -> Result<Vec<Option<DTensor<T>>>> + Send + S
 /// The gradient function type of an op without a backward.
 pub(crate) type NoGrad<T> = fn(&DTensor<T>) -> Result<Vec<Option<DTensor<T>>>>;
 
+/// The backward factory of an op without a backward (never called).
+pub(crate) type NoBackward<T> = fn(Saved<'_, T>) -> NoGrad<T>;
+
 /// The `backward` of an op that records none (masks: no gradient).
-pub(crate) fn no_backward<T: Scalar>() -> Option<(&'static str, fn(Saved<'_, T>) -> NoGrad<T>)> {
+pub(crate) fn no_backward<T: Scalar>() -> Option<(&'static str, NoBackward<T>)> {
     None
 }
 
