@@ -1,5 +1,5 @@
 //! Collectives that complete in the background: [`PendingAllReduce`], the handle
-//! [`Communicator::all_reduce_start`](super::Communicator::all_reduce_start) returns, and
+//! [`Communicator::all_reduce_start`] returns, and
 //! [`OwnedBytes`], the owned buffer (host or device memory) such a collective works on.
 //!
 //! The buffer is owned by the collective until it completes, so the caller cannot touch (or
@@ -86,7 +86,7 @@ pub trait Completion: Send {
 }
 
 /// A started all-reduce (see
-/// [`Communicator::all_reduce_start`](super::Communicator::all_reduce_start)).
+/// [`Communicator::all_reduce_start`]).
 ///
 /// Dropping it without [`wait`](Self::wait) is memory-safe (the collective owns the buffer; a
 /// backend whose transfer still uses it, MPI, waits for it in its own `Drop`), but the result

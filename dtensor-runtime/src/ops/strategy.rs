@@ -9,7 +9,7 @@
 //! redistributed (recorded in [`implicit_redistributions`]) and the op runs.
 //!
 //! The search runs once per (op, rules, input placements, shapes, dtypes, mesh): its choice,
-//! with the plans of the chosen input moves, is cached ([`propagate`]), and a chosen
+//! with the plans of the chosen input moves, is cached (`propagate`), and a chosen
 //! move is planned once, in the search, then logged and executed from that plan.
 
 use crate::dtensor::DTensor;

@@ -32,7 +32,7 @@
 //! # How to add a compute device
 //!
 //! A type implementing [`BackendStorage`] (its `Handle` is what allocates on it), a variant of
-//! [`Storage`] and of [`Target`](crate::device::Target), and one arm in the dispatch macros
+//! [`Storage`] and of [`Target`], and one arm in the dispatch macros
 //! (`on_device!`, `on_devices!`) and in the constructors that match a `Target`.
 
 mod backend;
