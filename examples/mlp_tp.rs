@@ -101,13 +101,17 @@ struct Outcome {
 
 /// Collectives of one training step of `layers` blocks: (kind, mesh dim) → count. Forward:
 /// one tp all-reduce per block; backward: one per block but the first; one dp all-reduce per
-/// weight gradient (two weights per block), or per bucket with `--overlap-bucket`. Groups of
-/// size 1 are counted too.
-fn expected_comm(layers: usize, dp_all_reduces: usize) -> BTreeMap<(CollectiveKind, String), usize> {
-    BTreeMap::from([
-        ((CollectiveKind::AllReduce, "tp".to_string()), 2 * layers - 1),
+/// weight gradient (two weights per block), or per bucket with `--overlap-bucket`. A
+/// redistribution over a mesh dim of size 1 is local (no collective, as in PyTorch); the
+/// buckets of `--overlap-bucket` are reduced over dp whatever its size.
+fn expected_comm(layers: usize, tp: usize, dp_all_reduces: usize) -> BTreeMap<(CollectiveKind, String), usize> {
+    [
+        ((CollectiveKind::AllReduce, "tp".to_string()), if tp > 1 { 2 * layers - 1 } else { 0 }),
         ((CollectiveKind::AllReduce, "dp".to_string()), dp_all_reduces),
-    ])
+    ]
+    .into_iter()
+    .filter(|&(_, n)| n > 0)
+    .collect()
 }
 
 /// Buckets of `bucket` bytes that `grads` gradients of `bytes` (nominal) bytes each fill, in
@@ -134,10 +138,11 @@ fn train(ctx: &RankCtx, args: &Args, (dp, tp): (usize, usize), log: Log) -> Resu
     // `dim × ⌈hidden / tp⌉` f32), the same on every rank even when hidden is uneven over tp.
     let grad_bytes = (args.dim * args.hidden.div_ceil(tp) * 4).max(1);
     let dp_all_reduces = match args.overlap_bucket {
+        None if dp == 1 => 0,
         None => 2 * args.layers,
         Some(b) => buckets(2 * args.layers, grad_bytes, b),
     };
-    let expected = expected_comm(args.layers, dp_all_reduces);
+    let expected = expected_comm(args.layers, tp, dp_all_reduces);
     if log.layouts {
         print_layouts(&trainer.student, &mesh)?;
     }

@@ -161,14 +161,17 @@ struct Outcome {
 ///
 /// Over dp: one all-reduce per parameter gradient (10 per block, 4 outside the blocks).
 ///
-/// Groups of size 1 are counted too.
-fn expected_comm(layers: usize) -> BTreeMap<(CollectiveKind, String), usize> {
+/// A mesh dim of size 1 communicates nothing (its redistributions are local, as in PyTorch).
+fn expected_comm(layers: usize, (dp, tp): (usize, usize)) -> BTreeMap<(CollectiveKind, String), usize> {
     let tp_forward = 1 + 2 * layers + 2;
     let tp_backward = (2 * layers + 1) + 1;
-    BTreeMap::from([
-        ((CollectiveKind::AllReduce, "tp".to_string()), tp_forward + tp_backward),
-        ((CollectiveKind::AllReduce, "dp".to_string()), 10 * layers + 4),
-    ])
+    [
+        ((CollectiveKind::AllReduce, "tp".to_string()), if tp > 1 { tp_forward + tp_backward } else { 0 }),
+        ((CollectiveKind::AllReduce, "dp".to_string()), if dp > 1 { 10 * layers + 4 } else { 0 }),
+    ]
+    .into_iter()
+    .filter(|&(_, n)| n > 0)
+    .collect()
 }
 
 /// Sequences of the rule `t[i+1] = (5·t[i] + 3) mod vocab` from random starts: the ids
@@ -331,7 +334,7 @@ fn real_main(args: &Args) -> Result<bool> {
     // One step cannot show learning; from two on the loss must go down.
     let learned = run.losses.len() < 2 || last < first;
 
-    let expected = expected_comm(args.layers);
+    let expected = expected_comm(args.layers, args.mesh);
     let show = |m: &BTreeMap<(CollectiveKind, String), usize>| {
         m.iter().map(|((k, d), n)| format!("{k}@{d} {n}×")).collect::<Vec<_>>().join(", ")
     };
