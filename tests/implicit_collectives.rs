@@ -8,7 +8,7 @@ use dtensor::ndarray::{ArrayD, IxDyn};
 use dtensor::prelude::*;
 use dtensor::typed::dims::tp;
 use dtensor::typed::Dt;
-use dtensor::{distribute, Sum};
+use dtensor::{distribute, CommDebugMode, Sum};
 
 type PartialSum = Dt<f32, (tp,), (dtensor::Partial<Sum>,), 2>;
 
@@ -112,5 +112,72 @@ fn the_scope_ends_with_the_function() {
     .unwrap();
     for got in &out {
         assert_close(got, &want);
+    }
+}
+
+/// `Partial<Sum> + Replicate`, typed and dynamic, inside a forbidding `#[distribute]` body.
+#[distribute(mesh = "tp", placements = [Partial(Sum)], returns = [Partial(Sum)])]
+fn add_partial_replicate(x: &DTensor<f32>, #[placements(Replicate)] y: &DTensor<f32>) -> Result<DTensor<f32>> {
+    let typed = x.add(y)?;
+    let dynamic = x.as_dtensor().add(y.as_dtensor())?;
+    assert_eq!(typed.placements(), dynamic.placements());
+    Ok(typed)
+}
+
+/// Issue 31 ("typed rules and the run-time guard disagree"): the typed rule says
+/// `Partial<Sum> ± Replicate` needs no collective (the Replicate operand is partitioned
+/// locally), and the guard now reads the same plan, so the body runs on 1 rank and on 2 and 4
+/// with no collective until the caller reduces, and the value is the single-rank one.
+#[test]
+fn partial_plus_replicate_is_no_collective_inside_distribute_on_1_2_and_4_ranks() {
+    let want = {
+        let a = global(4, 5, 1).into_dimensionality::<dtensor::ndarray::Ix2>().unwrap();
+        let b = global(5, 3, 2).into_dimensionality::<dtensor::ndarray::Ix2>().unwrap();
+        (a.dot(&b) + global(4, 3, 3).into_dimensionality::<dtensor::ndarray::Ix2>().unwrap()).into_dyn()
+    };
+    for world in [1, 2, 4] {
+        let out = run(world, |ctx| {
+            let mesh = ctx.init_device_mesh(&[world], &["tp"])?;
+            let a = distribute_tensor(global(4, 5, 1), &mesh, &[Placement::Shard(1)], Some(0))?;
+            let b = distribute_tensor(global(5, 3, 2), &mesh, &[Placement::Shard(0)], Some(0))?;
+            let x: PartialSum = Dt::from_dtensor(a.matmul(&b)?)?;
+            let y: Dt<f32, (tp,), (dtensor::Replicate,), 2> = Dt::distribute(&global(4, 3, 3), &mesh)?;
+            let mode = CommDebugMode::new();
+            let z = mode.scope(|| add_partial_replicate(&x, &y))?;
+            assert_eq!(mode.total(), 0, "world {world}: {}", mode.summary());
+            z.full_tensor()
+        })
+        .unwrap();
+        for got in &out {
+            assert_close(got, &want);
+        }
+    }
+}
+
+/// Issue 31 ("no typed op communicates before its own layout check"): a typed op whose
+/// dynamic op would need a collective its rule does not show (here a dim of size 1, sharded,
+/// broadcast against a sharded dim of 4: the runtime would all-gather it) is refused before
+/// anything is sent, with an error naming the typed op and the caller's line.
+#[test]
+fn a_typed_op_refuses_a_hidden_collective_before_sending_anything() {
+    let out = run(2, |ctx| {
+        let mesh = ctx.init_device_mesh(&[2], &["tp"])?;
+        let x: Dt<f32, (tp,), (dtensor::Shard<0>,), 2> = Dt::distribute(&global(4, 3, 1), &mesh)?;
+        let y: Dt<f32, (tp,), (dtensor::Shard<0>,), 2> = Dt::distribute(&global(1, 3, 2), &mesh)?;
+        let mode = CommDebugMode::new();
+        let line = line!() + 1;
+        let err = mode.scope(|| x.add(&y)).err();
+        Ok((err, line, mode.total()))
+    })
+    .unwrap();
+    for (err, line, sent) in out {
+        assert_eq!(sent, 0, "nothing may be sent before the refusal");
+        match err {
+            Some(Error::TypedOpCollective { op, at, .. }) => {
+                assert_eq!(op, "add");
+                assert!(at.contains(&format!("implicit_collectives.rs:{line}")), "{at}");
+            }
+            other => panic!("expected TypedOpCollective, got {other:?}"),
+        }
     }
 }

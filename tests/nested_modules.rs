@@ -140,3 +140,41 @@ fn distribute_checks_the_mesh_dims() {
     .unwrap();
     assert_eq!(out, vec![true, true]);
 }
+
+/// Issue 31 ("declared struct layouts can be bypassed"): a parameter replaced through
+/// `named_parameters_mut` with another layout is refused by the next optimizer step, with an
+/// error naming the parameter and both layouts, before any weight changes; put back, the step
+/// runs.
+#[test]
+fn a_parameter_written_around_its_declared_layout_is_refused_by_name() {
+    let out = dtensor::run(4, |ctx| {
+        let mesh = ctx.init_device_mesh(&[2, 2], &["dp", "tp"])?;
+        let mut b = Block::distribute(block(0), &mesh)?;
+        let x = distribute_tensor(weight(8, 4, 20), &mesh, &[Shard(0), Replicate], Some(0))?;
+        block_forward(&Dt::from_dtensor(x)?, &b)?.into_dtensor().sum()?.backward()?;
+        let declared = b.w2.as_dtensor().clone();
+        let before = b.w1.full_tensor()?;
+        for (name, p) in b.named_parameters_mut() {
+            if name == "w2" {
+                *p = p.redistribute(&[Replicate, Replicate])?.requires_grad_(true);
+            }
+        }
+        let err = Sgd::new(0.5).step(&mut b).unwrap_err();
+        assert_eq!(b.w1.full_tensor()?, before, "nothing may change before the refusal");
+        *b.w2.as_dtensor_mut() = declared;
+        Sgd::new(0.5).step(&mut b)?;
+        Ok(err)
+    })
+    .unwrap();
+    for err in out {
+        match &err {
+            Error::DeclaredLayout { parameter, declared, actual, .. } => {
+                assert_eq!(parameter, "w2");
+                assert_eq!(declared, "(R, S(0))");
+                assert_eq!(actual, "(R, R)");
+            }
+            other => panic!("expected DeclaredLayout, got {other:?}"),
+        }
+        assert!(err.to_string().contains("optimizer step"), "{err}");
+    }
+}

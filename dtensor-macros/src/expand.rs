@@ -322,6 +322,9 @@ pub(crate) fn expand_struct(krate: &TokenStream, mut item: ItemStruct, plan: Str
             fn named_parameters_mut(&mut self) -> ::std::vec::Vec<(::std::string::String, &mut #dynamic)> {
                 #ident::named_parameters_mut(self)
             }
+            fn declared_placements(&self) -> ::std::vec::Vec<(::std::string::String, ::std::vec::Vec<#krate::Placement>)> {
+                #ident::parameter_placements(self)
+            }
         }
     }
 }

@@ -105,6 +105,20 @@ pub enum Error {
         /// What the dynamic tensor has.
         actual: String,
     },
+    /// A parameter of a module whose type declares its layout (a `#[distribute]` struct) has,
+    /// or would get, another layout: a write around the type (`named_parameters_mut`, a load
+    /// plan that disagrees), refused by the load or the optimizer step that would use it.
+    #[error("parameter `{parameter}` is declared {declared}, but {by} {actual}")]
+    DeclaredLayout {
+        /// The parameter's dotted name.
+        parameter: String,
+        /// The declared placements.
+        declared: String,
+        /// What found or would write the other layout (`load_into with this plan would make it`).
+        by: String,
+        /// The other placements.
+        actual: String,
+    },
     /// Inside a `#[distribute]` function (without `implicit = "allow"`), a dynamic op would
     /// have redistributed an input on its own: a collective the code does not show.
     #[error(
@@ -117,6 +131,21 @@ pub enum Error {
         redistribution: String,
         /// The `#[distribute]` function and its source location (`` `f` (src/lib.rs:12) ``).
         function: String,
+    },
+    /// A typed op's dynamic op would have run a collective that the typed rule does not show
+    /// (refused before anything is sent): the tensor's layout is not the one its type declares
+    /// (a bypass of the typed layer wrote it), or the input's shape needs it (a size-1 dim
+    /// broadcast against a sharded one).
+    #[error(
+        "typed `{op}` (at {at}) would redistribute its {redistribution}: typed ops run no collective that their layout rule does not show; redistribute the input explicitly first (`.redistribute()`), or check where its layout was written"
+    )]
+    TypedOpCollective {
+        /// The typed op.
+        op: String,
+        /// Which input, from which placements to which.
+        redistribution: String,
+        /// The caller's source location.
+        at: String,
     },
     /// Two DTensors live on different meshes.
     #[error("{context}: the tensors live on different device meshes ({left} vs {right})")]

@@ -278,3 +278,48 @@ fn load_into_a_module() {
     })
     .unwrap();
 }
+
+/// A module whose type declares its parameters' layouts, as the `Module` impl of a
+/// `#[distribute]` struct does (column-parallel here).
+struct DeclaredColwise(Linear<f32>);
+
+impl Module<f32> for DeclaredColwise {
+    fn named_parameters(&self) -> Vec<(String, &dtensor_runtime::DTensor<f32>)> {
+        self.0.named_parameters()
+    }
+    fn named_parameters_mut(&mut self) -> Vec<(String, &mut dtensor_runtime::DTensor<f32>)> {
+        self.0.named_parameters_mut()
+    }
+    fn declared_placements(&self) -> Vec<(String, Vec<Placement>)> {
+        vec![("weight".into(), vec![Shard(0)]), ("bias".into(), vec![Shard(0)])]
+    }
+}
+
+/// Issue 31 ("`load_into` with a plan that gives another layout than the field declares"):
+/// refused before any parameter is replaced, naming the parameter and both layouts; the plan
+/// that agrees loads.
+#[test]
+fn load_into_keeps_the_declared_layouts() {
+    let dir = tempfile::tempdir().unwrap();
+    let (w, b) = (global(&[6, 4], 1), global(&[6], 2));
+    write_st(&dir.path().join(SINGLE_FILE), &[("up.weight", Dtype::BF16, &w), ("up.bias", Dtype::F32, &b)]);
+    run(2, |ctx| {
+        let mesh = ctx.init_device_mesh(&[2], &["tp"])?;
+        let mut ck = HfCheckpoint::open(dir.path())?;
+        let mut m = DeclaredColwise(Linear::<f32>::new(4, 6, true)?);
+        let before = m.0.weight.to_host()?;
+        match ck.load_into(&mut m, "up.", &mesh, &LoadPlan::new().style("up", RowwiseParallel::new())) {
+            Err(Error::DeclaredLayout { parameter, declared, actual, by }) => {
+                assert_eq!((parameter.as_str(), declared.as_str(), actual.as_str()), ("weight", "(S(0))", "(S(1))"));
+                assert!(by.contains("load_into"), "{by}");
+            }
+            other => panic!("expected DeclaredLayout, got {other:?}"),
+        }
+        assert_eq!(m.0.weight.to_host()?, before, "nothing is replaced before the refusal");
+        ck.load_into(&mut m, "up.", &mesh, &LoadPlan::new().style("up", ColwiseParallel::new()))?;
+        assert_eq!(m.0.weight.placements(), &[Shard(0)]);
+        assert_eq!(m.0.weight.full_tensor()?.mapv(f64::from), w);
+        Ok(())
+    })
+    .unwrap();
+}

@@ -175,6 +175,14 @@ fn cross_entropy_ref(x: &ArrayD<f64>, t: &ArrayD<f64>) -> ArrayD<f64> {
 
 /// One loss case: `$typed` / `$dynamic` of the two inputs (ranks `$rx`, `$rt`).
 macro_rules! loss_case {
+    // The loss-parallel typed op runs the dynamic `cross_entropy`.
+    ([$m:ty, $rx:literal, $rt:literal, cross_entropy_loss_parallel, $x:expr, $t:expr, $expect:expr, $mesh:expr, $fails:expr]; $lx:ty, $lt:ty) => {{
+        let x = input::<$m, $lx, $rx>($x, $mesh)?;
+        let t = input::<$m, $lt, $rt>($t, $mesh)?;
+        let case =
+            format!("cross_entropy_loss_parallel {} against {} {:?}", stringify!($lx), stringify!($lt), $x.shape());
+        check(&case, x.cross_entropy_loss_parallel(&t), x.as_dtensor().cross_entropy(t.as_dtensor()), $expect, $fails)?;
+    }};
     ([$m:ty, $rx:literal, $rt:literal, $op:ident, $x:expr, $t:expr, $expect:expr, $mesh:expr, $fails:expr]; $lx:ty, $lt:ty) => {{
         let x = input::<$m, $lx, $rx>($x, $mesh)?;
         let t = input::<$m, $lt, $rt>($t, $mesh)?;
@@ -194,15 +202,21 @@ fn loss_rules_match_dynamic() {
     let mse = ArrayD::from_elem(IxDyn(&[]), Zip::from(&x).and(&y).fold(0.0, |a, &p, &q| a + (p - q) * (p - q)) / 20.0);
     on_meshes(
         |mesh, fails| {
-            each1!(loss_case [(tp,), 2, 1, cross_entropy, &x, &t, &ce, mesh, fails]; (R, R) (S0, S0) (S0, R) (S1, R));
-            each1!(loss_case [(tp,), 2, 1, cross_entropy, &x1, &t1, &ce1, mesh, fails]; (S0, S0) (S1, R));
-            each1!(loss_case [(tp,), 3, 2, cross_entropy, &x3, &t3, &ce3, mesh, fails]; (S1, S1) (S2, R));
+            // Plain `cross_entropy` takes the layouts that need no collective; the
+            // loss-parallel one takes those and the class-sharded logits.
+            each1!(loss_case [(tp,), 2, 1, cross_entropy, &x, &t, &ce, mesh, fails]; (R, R) (S0, S0) (S0, R));
+            each1!(loss_case [(tp,), 2, 1, cross_entropy_loss_parallel, &x, &t, &ce, mesh, fails]; (R, R) (S0, S0) (S0, R) (S1, R));
+            each1!(loss_case [(tp,), 2, 1, cross_entropy, &x1, &t1, &ce1, mesh, fails]; (S0, S0));
+            each1!(loss_case [(tp,), 2, 1, cross_entropy_loss_parallel, &x1, &t1, &ce1, mesh, fails]; (S0, S0) (S1, R));
+            each1!(loss_case [(tp,), 3, 2, cross_entropy, &x3, &t3, &ce3, mesh, fails]; (S1, S1));
+            each1!(loss_case [(tp,), 3, 2, cross_entropy_loss_parallel, &x3, &t3, &ce3, mesh, fails]; (S1, S1) (S2, R));
             each1!(loss_case [(tp,), 2, 2, mse_loss, &x, &y, &mse, mesh, fails]; (R, R) (S0, S0) (S1, S1));
             Ok(())
         },
         |mesh, fails| {
             // Batch on dp, classes on tp: loss parallelism under data parallelism.
-            product2!(loss_case [(dp, tp), 2, 1, cross_entropy, &x, &t, &ce, mesh, fails]; (R, R) (S0, S0) (S1, R));
+            product2!(loss_case [(dp, tp), 2, 1, cross_entropy, &x, &t, &ce, mesh, fails]; (R, R) (S0, S0));
+            product2!(loss_case [(dp, tp), 2, 1, cross_entropy_loss_parallel, &x, &t, &ce, mesh, fails]; (R, R) (S0, S0) (S1, R));
             product2!(loss_case [(dp, tp), 2, 2, mse_loss, &x, &y, &mse, mesh, fails]; (R, R) (S0, S0) (S1, S1));
             Ok(())
         },
@@ -253,7 +267,7 @@ fn loss_parallel_cross_entropy_runs_and_backpropagates_without_implicit_redistri
         let tt = input::<(dp, tp), (S0, R), 1>(&t, &mesh)?;
         let loss = {
             let _scope = forbid_implicit(ScopeSite { function: "loss", file: file!(), line: line!() });
-            let loss: dtensor_runtime::Dt<f64, (dp, tp), (Ps, Ps), 0> = xt.cross_entropy(&tt)?;
+            let loss: dtensor_runtime::Dt<f64, (dp, tp), (Ps, Ps), 0> = xt.cross_entropy_loss_parallel(&tt)?;
             loss.backward()?;
             loss
         };
@@ -357,4 +371,51 @@ fn masked_attention_sizes_the_types_cannot_see_are_errors_at_the_callers_line() 
             other => panic!("expected a TypedMismatch, got {other:?}"),
         }
     }
+}
+
+/// One softmax case: typed `$op(Dim::<1>)` on layout `$l` against the dynamic `softmax(1)` /
+/// `log_softmax(1)` and the reference.
+macro_rules! softmax_case {
+    ([$m:ty, $op:ident, $dynop:ident, $g:expr, $expect:expr, $mesh:expr, $fails:expr]; $l:ty) => {{
+        let x = input::<$m, $l, 2>($g, $mesh)?;
+        let case = format!("{} {}", stringify!($op), stringify!($l));
+        check(&case, x.$op(dtensor_runtime::typed::Dim::<1>), x.as_dtensor().$dynop(1), $expect, $fails)?;
+    }};
+}
+
+/// Issue 31 ("typed ops that communicate inside"): `softmax`/`log_softmax` take the layouts
+/// that need no collective (a shard of another dim; a shard of the softmax dim does not
+/// compile, see `ui-tests/tests/ui/fail/softmax_sharded_dim_needs_name.rs`), and
+/// `*_across_shards` those and a shard of the softmax dim; both match the dynamic op and the
+/// single-rank reference, uneven shapes included, on 1, 2 and 2×2 ranks.
+#[test]
+fn softmax_rules_match_dynamic() {
+    let x = global(&[5, 7], 11, false);
+    let soft = |log: bool| {
+        let mut y = x.clone();
+        for mut row in y.rows_mut() {
+            let m = row.fold(f64::NEG_INFINITY, |a, &b| a.max(b));
+            let z: f64 = row.iter().map(|v| (v - m).exp()).sum();
+            row.mapv_inplace(|v| if log { v - m - z.ln() } else { (v - m).exp() / z });
+        }
+        y
+    };
+    let (sm, lsm) = (soft(false), soft(true));
+    on_meshes(
+        |mesh, fails| {
+            softmax_case!([(tp,), softmax, softmax, &x, &sm, mesh, fails]; (R,));
+            softmax_case!([(tp,), softmax, softmax, &x, &sm, mesh, fails]; (S0,));
+            softmax_case!([(tp,), log_softmax, log_softmax, &x, &lsm, mesh, fails]; (S0,));
+            softmax_case!([(tp,), softmax_across_shards, softmax, &x, &sm, mesh, fails]; (S0,));
+            softmax_case!([(tp,), softmax_across_shards, softmax, &x, &sm, mesh, fails]; (S1,));
+            softmax_case!([(tp,), log_softmax_across_shards, log_softmax, &x, &lsm, mesh, fails]; (S1,));
+            Ok(())
+        },
+        |mesh, fails| {
+            softmax_case!([(dp, tp), softmax, softmax, &x, &sm, mesh, fails]; (S0, R));
+            softmax_case!([(dp, tp), softmax_across_shards, softmax, &x, &sm, mesh, fails]; (S0, S1));
+            softmax_case!([(dp, tp), log_softmax_across_shards, log_softmax, &x, &lsm, mesh, fails]; (S1, S1));
+            Ok(())
+        },
+    );
 }

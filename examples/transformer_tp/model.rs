@@ -141,7 +141,7 @@ pub fn loss(model: &Gpt, ids: &DTensor<i64>, targets: &DTensor<i64>, heads: usiz
     let width = x.shape()[2];
     let x = x.layer_norm([width], Some(&model.lnf_w), Some(&model.lnf_b), EPS)?;
     let logits: Dt<f64, (dp, tp), (Shard<0>, Shard<2>), 3> = x.matmul(&model.head)?;
-    logits.cross_entropy(targets)
+    logits.cross_entropy_loss_parallel(targets)
 }
 
 /// Global `[rows, cols]` weight, uniform in `±1/√rows` (PyTorch's Linear init for a fan-in of

@@ -76,12 +76,49 @@ pub trait Module<T: Element> {
     fn layer_hooks_mut(&mut self, _path: &str) -> Option<&mut LayerHooks> {
         None
     }
+    /// The placements this module's type declares for its parameters, by dotted name (a
+    /// `#[distribute]` struct: its fields'); default: none, a dynamic module declares nothing.
+    /// Loads and optimizer steps refuse a parameter whose layout differs
+    /// ([`check_declared_layouts`]).
+    fn declared_placements(&self) -> Vec<(String, Vec<Placement>)> {
+        vec![]
+    }
     /// Clears every parameter's gradient.
     fn zero_grad(&self) {
         for (_, p) in self.named_parameters() {
             p.zero_grad();
         }
     }
+}
+
+/// Checks every parameter of `module` against the layout its type declares
+/// ([`Module::declared_placements`]): an [`Error::DeclaredLayout`](crate::Error::DeclaredLayout)
+/// names the first that differs (`by`: what is checking, e.g. `"the optimizer step found it"`).
+pub fn check_declared_layouts<T: Element, M: Module<T> + ?Sized>(module: &M, by: &str) -> Result<()> {
+    let declared = module.declared_placements();
+    if declared.is_empty() {
+        return Ok(());
+    }
+    let declared: std::collections::HashMap<String, Vec<Placement>> = declared.into_iter().collect();
+    for (name, p) in module.named_parameters() {
+        if let Some(want) = declared.get(&name) {
+            check_declared(&name, want, p.placements(), by)?;
+        }
+    }
+    Ok(())
+}
+
+/// One parameter's placements `actual` against its declared `want`.
+pub(crate) fn check_declared(name: &str, want: &[Placement], actual: &[Placement], by: &str) -> Result<()> {
+    if want == actual {
+        return Ok(());
+    }
+    Err(crate::error::Error::DeclaredLayout {
+        parameter: name.to_string(),
+        declared: crate::placement::fmt_placements(want),
+        by: by.to_string(),
+        actual: crate::placement::fmt_placements(actual),
+    })
 }
 
 /// A module's computation.

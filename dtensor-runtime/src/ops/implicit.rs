@@ -5,13 +5,17 @@
 //! the process of one MPI rank) and [`allow_implicit`] an opted-out one inside it; the
 //! innermost scope decides. Every place where an op would redistribute an input that it was
 //! not asked to (the strategy search, and the ops that reduce a `Partial` or unshard a dim
-//! before their kernel) calls `check` first, which then returns
-//! [`Error::ImplicitCollective`] instead of communicating. An explicit `.redistribute()` never
-//! passes through here. Every rank takes the same decision (the strategy search is
+//! before their kernel) calls `check` first with the move's plan, which then returns
+//! [`Error::ImplicitCollective`] instead of communicating. A move whose plan runs no collective
+//! (`Replicate` → `Partial` is a local partition, any step on a mesh dim of one rank is local)
+//! is no collective and passes: the typed rules, which type `Partial<Sum> + Replicate` as
+//! legal without communication, and this guard read the same plan. An explicit
+//! `.redistribute()` never passes through here. Every rank takes the same decision (the strategy search is
 //! rank-independent), so no rank is left waiting in a collective.
 
 use crate::error::{Error, Result};
 use crate::placement::{fmt_placements, Placement};
+use crate::redistribute::RedistributePlan;
 use std::cell::RefCell;
 
 /// Where a scope was opened: the `#[distribute]` function and its source location.
@@ -25,9 +29,23 @@ pub struct ScopeSite {
     pub line: u32,
 }
 
+/// One entry of the scope stack.
+#[derive(Debug, Clone, Copy)]
+enum Scope {
+    /// `implicit = "allow"`: ops may redistribute their inputs.
+    Allow,
+    /// A `#[distribute]` body: they may not.
+    Forbid(ScopeSite),
+    /// A typed op (`Dt`'s methods) running its dynamic op: its rule promised the output
+    /// layout without any collective, so a communicating redistribution here means the
+    /// tensor's layout is not its type's, or the rule and the runtime disagree. Refused before
+    /// anything is sent, whatever the enclosing scopes say.
+    TypedOp { op: &'static str, at: &'static std::panic::Location<'static> },
+}
+
 thread_local! {
-    /// Innermost last: `Some(site)` forbids implicit redistributions, `None` allows them.
-    static SCOPES: RefCell<Vec<Option<ScopeSite>>> = const { RefCell::new(Vec::new()) };
+    /// Innermost last.
+    static SCOPES: RefCell<Vec<Scope>> = const { RefCell::new(Vec::new()) };
 }
 
 /// Closes its scope when dropped (also on an early return or `?`).
@@ -44,9 +62,15 @@ impl Drop for ImplicitScope {
     }
 }
 
-fn push(scope: Option<ScopeSite>) -> ImplicitScope {
+fn push(scope: Scope) -> ImplicitScope {
     SCOPES.with(|s| s.borrow_mut().push(scope));
     ImplicitScope { _not_send: std::marker::PhantomData }
+}
+
+/// Until the guard drops, the dynamic op that the typed op `op` (called at `at`) runs may not
+/// redistribute its inputs in a way that communicates.
+pub(crate) fn typed_op(op: &'static str, at: &'static std::panic::Location<'static>) -> ImplicitScope {
+    push(Scope::TypedOp { op, at })
 }
 
 /// Until the guard drops, an op on this thread that would redistribute an input on its own
@@ -60,28 +84,55 @@ fn push(scope: Option<ScopeSite>) -> ImplicitScope {
 /// assert_eq!(dtensor_runtime::ops::implicit::forbidding(), Some(site));
 /// ```
 pub fn forbid_implicit(site: ScopeSite) -> ImplicitScope {
-    push(Some(site))
+    push(Scope::Forbid(site))
 }
 
 /// Until the guard drops, ops may redistribute their inputs again (`implicit = "allow"`
 /// inside a forbidding scope).
 pub fn allow_implicit() -> ImplicitScope {
-    push(None)
+    push(Scope::Allow)
 }
 
-/// The scope that currently forbids implicit redistributions on this thread, if any.
+/// The `#[distribute]` scope that currently forbids implicit redistributions on this thread,
+/// if any (the innermost of [`forbid_implicit`] and [`allow_implicit`] decides; typed ops'
+/// own scopes are not counted).
 pub fn forbidding() -> Option<ScopeSite> {
-    SCOPES.with(|s| s.borrow().last().copied().flatten())
+    SCOPES
+        .with(|s| {
+            s.borrow().iter().rev().find_map(|x| match x {
+                Scope::Allow => Some(None),
+                Scope::Forbid(site) => Some(Some(*site)),
+                Scope::TypedOp { .. } => None,
+            })
+        })
+        .flatten()
 }
 
-/// Called where `op` is about to redistribute its input `input` from `from` to `to` without
-/// being asked: an error inside a forbidding scope.
-pub(crate) fn check(op: &str, input: usize, from: &[Placement], to: &[Placement]) -> Result<()> {
+/// Called where `op` is about to redistribute its input `input` from `from` to `to` by `plan`
+/// without being asked: an error inside a forbidding scope when the plan communicates.
+pub(crate) fn check(
+    op: &str,
+    input: usize,
+    from: &[Placement],
+    to: &[Placement],
+    plan: &RedistributePlan,
+) -> Result<()> {
+    if plan.num_collectives() == 0 {
+        return Ok(());
+    }
+    let redistribution = || format!("input {input} from {} to {}", fmt_placements(from), fmt_placements(to));
+    if let Some(Scope::TypedOp { op: typed, at }) = SCOPES.with(|s| s.borrow().last().copied()) {
+        return Err(Error::TypedOpCollective {
+            op: typed.to_string(),
+            redistribution: format!("{} (in `{op}`)", redistribution()),
+            at: at.to_string(),
+        });
+    }
     match forbidding() {
         None => Ok(()),
         Some(site) => Err(Error::ImplicitCollective {
             op: op.to_string(),
-            redistribution: format!("input {input} from {} to {}", fmt_placements(from), fmt_placements(to)),
+            redistribution: redistribution(),
             function: format!("`{}` ({}:{})", site.function, site.file, site.line),
         }),
     }
@@ -97,6 +148,18 @@ mod tests {
         let site = ScopeSite { function: "f", file: "x.rs", line: 3 };
         let p = [Placement::Partial(ReduceOp::Sum)];
         let r = [Placement::Replicate];
+        let all_reduce = RedistributePlan {
+            steps: vec![crate::redistribute::RedistributeStep {
+                mesh_dim: 0,
+                from: p[0],
+                to: r[0],
+                logical_shape: vec![2],
+                collective: Some(crate::comm::debug::CollectiveKind::AllReduce),
+                bytes: 8,
+                wire_bytes: 8,
+            }],
+        };
+        let check = |op: &str, i: usize, from: &[Placement], to: &[Placement]| check(op, i, from, to, &all_reduce);
         assert!(check("exp", 0, &p, &r).is_ok());
         {
             let _deny = forbid_implicit(site);

@@ -88,7 +88,7 @@ fn log(r: ImplicitRedistribute) {
 pub(crate) type ValidFn<'a> = &'a dyn Fn(&[Vec<Placement>], &[Placement]) -> bool;
 
 /// A candidate: (cost, input placements per input, output placements, plans of the moves).
-type Candidate = ((usize, usize, usize), Vec<Vec<Placement>>, Vec<Placement>, Vec<Option<RedistributePlan>>);
+type Candidate = ((usize, usize, usize, usize), Vec<Vec<Placement>>, Vec<Placement>, Vec<Option<RedistributePlan>>);
 
 /// Extra knobs of [`select`].
 #[derive(Default)]
@@ -269,7 +269,11 @@ pub(super) fn strategy(
         let ins = inputs.iter().map(|x| x.placements().to_vec()).collect();
         return Ok(Decision { inputs: ins, plans: vec![None; inputs.len()], output });
     }
-    // Cost of a candidate: (wire bytes, collectives then steps, output mismatches vs preference).
+    // Cost of a candidate: (wire bytes, collectives then steps, steps that would communicate
+    // on a larger group, output mismatches vs preference). The third term only breaks ties,
+    // which arise on mesh dims of one rank, where every move is free: the choice stays the
+    // one a larger mesh (and the typed rule: `Partial<Sum> + Replicate` → `Partial<Sum>`,
+    // `Shard<0>` logits → a `Partial<Sum>` loss) makes.
     let mut best: Option<Candidate> = None;
     let mut idx = vec![0usize; m];
     'combos: loop {
@@ -291,7 +295,7 @@ pub(super) fn strategy(
             }
         }
         if ok {
-            let mut cost = (0usize, 0usize, 0usize);
+            let mut cost = (0usize, 0usize, 0usize, 0usize);
             let mut plans = vec![None; inputs.len()];
             for (j, (x, want)) in inputs.iter().zip(&ins).enumerate() {
                 if x.placements() == want.as_slice() {
@@ -301,6 +305,7 @@ pub(super) fn strategy(
                     Ok(plan) => {
                         cost.0 += plan.wire_bytes();
                         cost.1 += plan.num_collectives() * 1000 + plan.steps.len().max(1);
+                        cost.2 += plan.steps.iter().filter(|s| s.communicates_on_a_larger_group()).count();
                         plans[j] = Some(plan);
                     }
                     Err(_) => {
@@ -310,7 +315,7 @@ pub(super) fn strategy(
                 }
             }
             if let Some(pref) = knobs.prefer_output {
-                cost.2 = out.iter().zip(pref).filter(|(a, b)| a != b).count();
+                cost.3 = out.iter().zip(pref).filter(|(a, b)| a != b).count();
             }
             if ok && best.as_ref().is_none_or(|(c, ..)| cost < *c) {
                 best = Some((cost, ins, out, plans));
@@ -490,7 +495,7 @@ fn moved<'a, T: Scalar>(
             &planned
         }
     };
-    super::implicit::check(op, j, &x.placements, want)?;
+    super::implicit::check(op, j, &x.placements, want, plan)?;
     log(ImplicitRedistribute { op, input: j, from: x.placements.clone(), to: want.to_vec(), bytes: plan.wire_bytes() });
     let out = x.redistribute_planned(plan, op)?;
     Ok(Cow::Owned(crate::autograd::recorded_redistribution(x, out)))

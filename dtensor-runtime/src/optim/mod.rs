@@ -189,6 +189,7 @@ impl<T: Element> Optimizer<T> for Sgd<T> {
     fn step_with_grad_factor<M: Module<T> + ?Sized>(&mut self, module: &mut M, grad_factor: f64) -> Result<()> {
         self.validate()?;
         check_grad_factor("Sgd", grad_factor)?;
+        crate::module::check_declared_layouts(&*module, "the optimizer step found it")?;
         let momentum = self.momentum != 0.0;
         for (name, p) in module.named_parameters_mut() {
             let Some(g) = local_grad(&name, p)? else { continue };
@@ -324,6 +325,7 @@ impl<T: Element> Optimizer<T> for AdamW<T> {
     fn step_with_grad_factor<M: Module<T> + ?Sized>(&mut self, module: &mut M, grad_factor: f64) -> Result<()> {
         self.validate()?;
         check_grad_factor("AdamW", grad_factor)?;
+        crate::module::check_declared_layouts(&*module, "the optimizer step found it")?;
         let mut master = self.master.take();
         let mut state = std::mem::take(&mut self.state);
         let result = (|| {

@@ -54,6 +54,15 @@ pub struct RedistributeStep {
     pub wire_bytes: usize,
 }
 
+impl RedistributeStep {
+    /// Whether this step issues a collective on a mesh dim of more than one rank (on a mesh
+    /// dim of one rank every step is local). Ops' strategy searches break their ties with it,
+    /// so that they choose on one rank what they choose on many (and what the typed rules say).
+    pub fn communicates_on_a_larger_group(&self) -> bool {
+        transition::Transition::of(self.from, self.to).and_then(|t| t.collective()).is_some()
+    }
+}
+
 impl fmt::Display for RedistributeStep {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         let what = self.collective.map(|c| c.to_string()).unwrap_or_else(|| "local".into());

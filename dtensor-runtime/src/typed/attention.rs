@@ -130,8 +130,7 @@ where
     Lv: TypedLayout<M> + SameLayout<Lk>,
 {
     const { assert!(R >= 2, "`scaled_dot_product_attention`: q, k, v need at least 2 dims") };
-    Dt::from_op(
-        "scaled_dot_product_attention",
+    Dt::from_op("scaled_dot_product_attention", || {
         crate::ops::attention::scaled_dot_product_attention(
             q.as_dtensor(),
             k.as_dtensor(),
@@ -139,8 +138,8 @@ where
             None,
             is_causal,
             scale,
-        ),
-    )
+        )
+    })
 }
 
 /// The `attn_mask` rule on one mesh dim: output `Self` with mask `Mask`.
@@ -224,8 +223,7 @@ where
     scores.push(k.shape()[R - 2]);
     let out = <AttentionOut<Lq, Lk, M, R> as TypedLayout<M>>::placements();
     check_mask("scaled_dot_product_attention", &scores, &out, attn_mask.shape(), attn_mask.placements())?;
-    Dt::from_op(
-        "scaled_dot_product_attention",
+    Dt::from_op("scaled_dot_product_attention", || {
         crate::ops::attention::scaled_dot_product_attention(
             q.as_dtensor(),
             k.as_dtensor(),
@@ -233,6 +231,6 @@ where
             Some(attn_mask.as_dtensor()),
             false,
             scale,
-        ),
-    )
+        )
+    })
 }

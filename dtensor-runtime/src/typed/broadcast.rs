@@ -135,7 +135,7 @@ macro_rules! broadcast_methods {
             {
                 const { assert!(R2 <= R, "the broadcast operand (the argument) must not have more dims than `self`") };
                 check_broadcast(stringify!($name), self.shape(), self.placements(), rhs.shape())?;
-                Dt::from_op(stringify!($name), self.as_dtensor().$dynamic(rhs.as_dtensor()))
+                Dt::from_op(stringify!($name), || self.as_dtensor().$dynamic(rhs.as_dtensor()))
             }
         )+}
     };

@@ -42,7 +42,7 @@ impl<T: Scalar, M: MeshDims, L: TypedLayout<M>, const R: usize> Dt<T, M, L, R> {
     {
         const { assert!(D < R, "`cat(.., Dim::<D>)`: D must be < the tensor rank R") };
         let dynamic: Vec<_> = tensors.iter().map(|t| t.as_dtensor()).collect();
-        Dt::from_op("cat", cat(&dynamic, D as isize))
+        Dt::from_op("cat", || cat(&dynamic, D as isize))
     }
 
     /// Stacks same-shape `tensors` (at least one, all of this type) along a new dim `D`
@@ -74,6 +74,6 @@ impl<T: Scalar, M: MeshDims, L: TypedLayout<M>, const R: usize> Dt<T, M, L, R> {
     {
         const { assert!(D <= R, "`stack(.., Dim::<D>)`: D must be ≤ the tensor rank R") };
         let dynamic: Vec<_> = tensors.iter().map(|t| t.as_dtensor()).collect();
-        Dt::from_op("stack", stack(&dynamic, D as isize))
+        Dt::from_op("stack", || stack(&dynamic, D as isize))
     }
 }

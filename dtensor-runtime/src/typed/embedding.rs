@@ -94,6 +94,6 @@ impl<T: Element, M: MeshDims, L: TypedLayout<M>> Dt<T, M, L, 2> {
         Li: TypedLayout<M>,
     {
         const { assert!(RO == Q + 1, "`embedding`: the output rank is the ids' rank + 1") };
-        Dt::from_op("embedding", self.as_dtensor().embedding(ids.as_dtensor()))
+        Dt::from_op("embedding", || self.as_dtensor().embedding(ids.as_dtensor()))
     }
 }

@@ -133,7 +133,7 @@ impl<T: Scalar, M: MeshDims, L: TypedLayout<M>, const R: usize> Dt<T, M, L, R> {
         Li: TypedLayout<M>,
     {
         const { assert!(D < R, "`index_select(Dim::<D>, ..)`: D must be < the tensor rank R") };
-        Dt::from_op("index_select", self.as_dtensor().index_select(D as isize, index.as_dtensor()))
+        Dt::from_op("index_select", || self.as_dtensor().index_select(D as isize, index.as_dtensor()))
     }
 
     /// PyTorch `gather(D, index)`: `out[i][j] = self[i][index[i][j]]` for `D = 1`, of the
@@ -172,6 +172,6 @@ impl<T: Scalar, M: MeshDims, L: TypedLayout<M>, const R: usize> Dt<T, M, L, R> {
                 ),
             });
         }
-        Dt::from_op("gather", x.gather(D as isize, ids))
+        Dt::from_op("gather", || x.gather(D as isize, ids))
     }
 }

@@ -3,10 +3,11 @@
 //!
 //! `cross_entropy` of logits `[.., C]` (rank `R`) against class ids `[..]` (rank `R - 1`),
 //! per mesh dim (logits, ids → loss): `Replicate`, `Replicate` → `Replicate`; `Shard<d>`,
-//! `Shard<d>` (a batch dim, sharded alike) → `Partial<Sum>`; `Shard<d>`, `Replicate` →
-//! `Partial<Sum>` (with `d = R - 1` this is loss parallelism: class-sharded logits, whose
-//! `log_softmax` all-reduces only per-row statistics). A `Partial` or a sharded target
-//! against unsharded logits does not compile.
+//! `Shard<d>` (a batch dim, sharded alike) → `Partial<Sum>`; `Shard<d>` of a batch dim,
+//! `Replicate` → `Partial<Sum>`. None of these communicates. Logits sharded on the class dim
+//! (`d = R - 1`, loss parallelism) need collectives (`log_softmax` all-reduces per-row
+//! statistics), so only [`Dt::cross_entropy_loss_parallel`] takes them, and its name shows it.
+//! A `Partial` or a sharded target against unsharded logits does not compile.
 //!
 //! `mse_loss` of two tensors of one layout and shape: `Replicate` → `Replicate`, `Shard<d>` →
 //! `Partial<Sum>`; a `Partial` does not compile (the square is not linear).
@@ -27,7 +28,7 @@ pub enum Target<const C: usize> {}
 #[diagnostic::on_unimplemented(
     message = "`cross_entropy` of `{Self}` logits against `{I}` targets on mesh dim `{Name}` is not a legal layout: redistribute first",
     label = "no cross-entropy rule for logits `{Self}` with targets `{I}` on mesh dim `{Name}`",
-    note = "legal per mesh dim (logits, targets): (Replicate, Replicate); (Shard<d>, Shard<d>) on a batch dim; (Shard<d>, Replicate), incl. the class dim (loss parallel); never a `Partial`"
+    note = "legal per mesh dim (logits, targets): (Replicate, Replicate); (Shard<d>, Shard<d>) on a batch dim; (Shard<d>, Replicate) on a batch dim; class-sharded logits take `cross_entropy_loss_parallel`; never a `Partial`"
 )]
 pub trait CrossEntropyRule<I, Name, Ctx> {
     /// Placement of the loss on this mesh dim.
@@ -49,7 +50,62 @@ impl<N, const C: usize> CrossEntropyRule<Replicate, N, Target<C>> for Replicate 
 impl<N, const D: usize, const C: usize> CrossEntropyRule<Shard<D>, N, Target<C>> for Shard<D> {
     type Out = Partial<Sum>;
 }
-impl<N, const D: usize, const C: usize> CrossEntropyRule<Replicate, N, Target<C>> for Shard<D> {
+/// Holds when logits sharded on dim `D` against replicated ids need no collective: `D` is a
+/// batch dim, not the class dim (implemented for `Verdict<true>`).
+#[doc(hidden)]
+#[diagnostic::on_unimplemented(
+    message = "`cross_entropy` of logits sharded on their class dim (`{From}` on mesh dim `{Name}`) is loss parallelism: it communicates",
+    label = "use `cross_entropy_loss_parallel`, whose name shows the collectives (two all-reduces of per-row statistics, one in the backward)",
+    note = "`cross_entropy` runs no collective: logits sharded on a batch dim, or replicated, are legal"
+)]
+pub trait CrossEntropyLocal<From, Name> {}
+impl<From, Name> CrossEntropyLocal<From, Name> for super::redistribute::Verdict<true> {}
+
+/// `impl CrossEntropyRule<Replicate, N, Target<c>> for Shard<d>` for `d <= c` (the logits have
+/// rank `c + 1`), legal for a batch dim (`d < c`).
+macro_rules! batch_shard_rules {
+    (@c $c:literal; $($d:literal)*) => {$(
+        impl<N> CrossEntropyRule<Replicate, N, Target<$c>> for Shard<$d>
+        where
+            super::redistribute::Verdict<{ $d != $c }>: CrossEntropyLocal<Shard<$d>, N>,
+        {
+            type Out = Partial<Sum>;
+        }
+    )*};
+    ($($c:literal)*) => {$(
+        batch_shard_rules!(@c $c; 0 1 2 3 4 5 6 7);
+    )*};
+}
+batch_shard_rules!(0 1 2 3 4 5 6);
+
+/// The loss-parallel cross-entropy rule on one mesh dim: the rule of `cross_entropy` plus
+/// logits sharded on the class dim against replicated ids (`Partial<Sum>`).
+#[doc(hidden)]
+#[diagnostic::on_unimplemented(
+    message = "`cross_entropy_loss_parallel` of `{Self}` logits against `{I}` targets on mesh dim `{Name}` is not a legal layout: redistribute first",
+    label = "no cross-entropy rule for logits `{Self}` with targets `{I}` on mesh dim `{Name}`",
+    note = "legal per mesh dim (logits, targets): (Replicate, Replicate); (Shard<d>, Shard<d>) on a batch dim; (Shard<d>, Replicate), incl. the class dim; never a `Partial`"
+)]
+pub trait LossParallelRule<I, Name, Ctx> {
+    /// Placement of the loss on this mesh dim.
+    type Out: super::PlacementMarker;
+}
+
+lift_binary!(
+    /// The loss-parallel cross-entropy rule on every mesh dim of a layout.
+    #[doc(hidden)]
+    LossParallelLayout,
+    LossParallelRule,
+    ctx
+);
+
+impl<N, const C: usize> LossParallelRule<Replicate, N, Target<C>> for Replicate {
+    type Out = Replicate;
+}
+impl<N, const D: usize, const C: usize> LossParallelRule<Shard<D>, N, Target<C>> for Shard<D> {
+    type Out = Partial<Sum>;
+}
+impl<N, const D: usize, const C: usize> LossParallelRule<Replicate, N, Target<C>> for Shard<D> {
     type Out = Partial<Sum>;
 }
 
@@ -90,9 +146,9 @@ impl<T: Element, M: MeshDims, L: TypedLayout<M>, const R: usize> Dt<T, M, L, R> 
     /// use dtensor_runtime::typed::{dims::tp, Dt, Partial, Replicate, Shard, Sum};
     /// let out = dtensor_runtime::run(2, |ctx| {
     ///     let mesh = ctx.init_device_mesh(&[2], &["tp"])?;
-    ///     // Loss parallel: the logits stay sharded on the class dim.
-    ///     let x: Dt<f64, (tp,), (Shard<1>,), 2> = Dt::distribute(&ndarray::ArrayD::zeros(vec![2, 4]), &mesh)?;
-    ///     let t: Dt<i64, (tp,), (Replicate,), 1> = Dt::distribute(&ndarray::arr1(&[0, 3]).into_dyn(), &mesh)?;
+    ///     // Logits and ids sharded alike on the batch dim.
+    ///     let x: Dt<f64, (tp,), (Shard<0>,), 2> = Dt::distribute(&ndarray::ArrayD::zeros(vec![2, 4]), &mesh)?;
+    ///     let t: Dt<i64, (tp,), (Shard<0>,), 1> = Dt::distribute(&ndarray::arr1(&[0, 3]).into_dyn(), &mesh)?;
     ///     let loss: Dt<f64, (tp,), (Partial<Sum>,), 0> = x.cross_entropy(&t)?;
     ///     loss.full_tensor()
     /// })
@@ -110,7 +166,25 @@ impl<T: Element, M: MeshDims, L: TypedLayout<M>, const R: usize> Dt<T, M, L, R> 
         Lt: TypedLayout<M>,
     {
         const { assert!(C + 1 == R, "`cross_entropy`: the targets have the logits' rank - 1") };
-        Dt::from_op("cross_entropy", self.as_dtensor().cross_entropy(target.as_dtensor()))
+        Dt::from_op("cross_entropy", || self.as_dtensor().cross_entropy(target.as_dtensor()))
+    }
+
+    /// [`cross_entropy`](Dt::cross_entropy) that also takes logits sharded on the class dim
+    /// (loss parallelism, PyTorch's `loss_parallel`): on each mesh dim that shards the classes,
+    /// `log_softmax` all-reduces per-row statistics (two all-reduces in the forward, one in
+    /// the backward), as the name says, and the classes are never gathered.
+    #[track_caller]
+    pub fn cross_entropy_loss_parallel<I: IndexElement, Lt, Lx, const C: usize>(
+        &self,
+        target: &Dt<I, M, Lt, C>,
+    ) -> Result<Dt<T, M, <Lx as LossParallelLayout<Lt, M, Target<C>>>::Out, 0>>
+    where
+        L: SameLayout<Lx>,
+        Lx: LossParallelLayout<Lt, M, Target<C>>,
+        Lt: TypedLayout<M>,
+    {
+        const { assert!(C + 1 == R, "`cross_entropy_loss_parallel`: the targets have the logits' rank - 1") };
+        Dt::from_op("cross_entropy", || self.as_dtensor().cross_entropy(target.as_dtensor()))
     }
 
     /// Mean squared error against `target` (same layout and shape); see the module.
@@ -128,6 +202,6 @@ impl<T: Element, M: MeshDims, L: TypedLayout<M>, const R: usize> Dt<T, M, L, R> 
                 actual: format!("{:?}", target.shape()),
             });
         }
-        Dt::from_op("mse_loss", self.as_dtensor().mse_loss(target.as_dtensor()))
+        Dt::from_op("mse_loss", || self.as_dtensor().mse_loss(target.as_dtensor()))
     }
 }

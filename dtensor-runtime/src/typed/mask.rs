@@ -187,7 +187,7 @@ macro_rules! compare_methods {
                 L2: TypedLayout<M>,
             {
                 check_same_shape(stringify!($name), "the right operand", self.shape(), other.shape())?;
-                Dt::from_op(stringify!($name), self.as_dtensor().$name(other.as_dtensor()))
+                Dt::from_op(stringify!($name), || self.as_dtensor().$name(other.as_dtensor()))
             }
         )+}
     };
@@ -251,7 +251,7 @@ impl<T: Scalar, M: MeshDims, L: TypedLayout<M>, const R: usize> Dt<T, M, L, R> {
         L2: TypedLayout<M>,
     {
         check_same_shape("compare_mask", "the right operand", self.shape(), other.shape())?;
-        Dt::from_op("compare_mask", self.as_dtensor().compare_mask(op, other.as_dtensor()))
+        Dt::from_op("compare_mask", || self.as_dtensor().compare_mask(op, other.as_dtensor()))
     }
 
     /// PyTorch `self.where(condition, other)`: `self` where `condition` is non-zero, else
@@ -274,7 +274,7 @@ impl<T: Scalar, M: MeshDims, L: TypedLayout<M>, const R: usize> Dt<T, M, L, R> {
         const { assert!(RC <= R, "`where_`: the condition must not have more dims than `self`") };
         check_same_shape("where_", "`other`", self.shape(), other.shape())?;
         check_mask("where_", self.shape(), self.placements(), condition.shape(), condition.placements())?;
-        Dt::from_op("where_", self.as_dtensor().where_(condition.as_dtensor(), other.as_dtensor()))
+        Dt::from_op("where_", || self.as_dtensor().where_(condition.as_dtensor(), other.as_dtensor()))
     }
 
     /// `value` where `mask` is non-zero, else `self` (PyTorch `masked_fill`); `value` may be
@@ -306,7 +306,7 @@ impl<T: Scalar, M: MeshDims, L: TypedLayout<M>, const R: usize> Dt<T, M, L, R> {
     {
         const { assert!(RM <= R, "`masked_fill`: the mask must not have more dims than `self`") };
         check_mask("masked_fill", self.shape(), self.placements(), mask.shape(), mask.placements())?;
-        Dt::from_op("masked_fill", self.as_dtensor().masked_fill(mask.as_dtensor(), value))
+        Dt::from_op("masked_fill", || self.as_dtensor().masked_fill(mask.as_dtensor(), value))
     }
 }
 
@@ -323,7 +323,7 @@ impl<T: Scalar, M: MeshDims, L: TypedLayout<M>, const R: usize> Dt<T, M, L, R> {
         Lx: TriLayout<M>,
     {
         const { assert!(R >= 2, "`tril`: needs a tensor of at least 2 dims") };
-        Dt::from_op("tril", self.as_dtensor().tril(diagonal))
+        Dt::from_op("tril", || self.as_dtensor().tril(diagonal))
     }
 
     /// The upper triangle of the last two dims (PyTorch `triu(diagonal)`); the layouts of
@@ -336,6 +336,6 @@ impl<T: Scalar, M: MeshDims, L: TypedLayout<M>, const R: usize> Dt<T, M, L, R> {
         Lx: TriLayout<M>,
     {
         const { assert!(R >= 2, "`triu`: needs a tensor of at least 2 dims") };
-        Dt::from_op("triu", self.as_dtensor().triu(diagonal))
+        Dt::from_op("triu", || self.as_dtensor().triu(diagonal))
     }
 }

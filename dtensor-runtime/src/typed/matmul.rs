@@ -116,7 +116,7 @@ impl<T: Scalar, M: MeshDims, L: TypedLayout<M>, const R: usize> Dt<T, M, L, R> {
         L: MatmulLayout<L2, M, Rank<R>>,
         L2: TypedLayout<M>,
     {
-        Dt::from_op("matmul", self.as_dtensor().matmul(rhs.as_dtensor()))
+        Dt::from_op("matmul", || self.as_dtensor().matmul(rhs.as_dtensor()))
     }
 
     /// `self @ rhs` for two batched operands of the same rank 3 or 4 (`[b, m, k] @ [b, k, n]`,
@@ -134,6 +134,6 @@ impl<T: Scalar, M: MeshDims, L: TypedLayout<M>, const R: usize> Dt<T, M, L, R> {
         L: MatmulLayout<L2, M, Batched<R>>,
         L2: TypedLayout<M>,
     {
-        Dt::from_op("matmul", self.as_dtensor().matmul(rhs.as_dtensor()))
+        Dt::from_op("matmul", || self.as_dtensor().matmul(rhs.as_dtensor()))
     }
 }

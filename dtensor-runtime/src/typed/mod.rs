@@ -23,6 +23,7 @@ pub mod broadcast;
 pub mod cat;
 pub mod dims;
 pub mod embedding;
+pub mod grad;
 pub mod index;
 pub mod layout;
 mod lift;
@@ -48,6 +49,7 @@ pub mod unary;
 pub mod view;
 
 pub use dims::{MeshDim, MeshDims};
+pub use grad::{FromLocalGradLayout, LeafGradLayout, LocalGradLayout};
 pub use layout::TypedLayout;
 pub use markers::{Avg, Max, Min, Partial, PlacementMarker, Product, ReduceMarker, Replicate, Shard, Sum};
 pub use matmul::{Batched, MatmulLayout, MatmulRule, Rank};

@@ -135,7 +135,7 @@ impl<T: Element, M: MeshDims + Replicated, L: TypedLayout<M>, const R: usize> Dt
     {
         const { assert!(K >= 1 && K <= R, "`layer_norm`: normalized_shape must name 1 to R trailing dims") };
         let (w, b) = (weight.map(Dt::as_dtensor), bias.map(Dt::as_dtensor));
-        Dt::from_op("layer_norm", self.as_dtensor().layer_norm(&normalized_shape, w, b, eps))
+        Dt::from_op("layer_norm", || self.as_dtensor().layer_norm(&normalized_shape, w, b, eps))
     }
 
     /// RMS normalisation over the trailing `K` dims (PyTorch `F.rms_norm`), with an optional
@@ -152,6 +152,6 @@ impl<T: Element, M: MeshDims + Replicated, L: TypedLayout<M>, const R: usize> Dt
         Lx: NormLayout<M, Normalized<R, K>>,
     {
         const { assert!(K >= 1 && K <= R, "`rms_norm`: normalized_shape must name 1 to R trailing dims") };
-        Dt::from_op("rms_norm", self.as_dtensor().rms_norm(&normalized_shape, weight.map(Dt::as_dtensor), eps))
+        Dt::from_op("rms_norm", || self.as_dtensor().rms_norm(&normalized_shape, weight.map(Dt::as_dtensor), eps))
     }
 }

@@ -9,6 +9,7 @@
 //! `Box` of those, and plain data (numbers, `bool`, `char`, `String`, `&'static str`, `()`,
 //! `PhantomData`): no parameters. Mark any other field `#[distribute(skip)]`.
 
+use super::lift::lift_unary;
 use super::{Dt, MeshDims, TypedLayout};
 use crate::dtensor::DTensor;
 use crate::element::Element;
@@ -76,7 +77,35 @@ pub fn matches_pattern(pattern: &str, name: &str) -> bool {
     }
 }
 
-impl<T: Element, M: MeshDims, L: TypedLayout<M>, const R: usize> Parameters<T> for Dt<T, M, L, R> {
+/// Whether a parameter may be laid out `Self` on mesh dim `Name`: `Shard<D>` or `Replicate`,
+/// never a `Partial` (hidden from the docs). The macro refuses `#[placements = [Partial(..)]]`
+/// on a field; this refuses a field written directly as `Dt<.., Partial<..>, ..>`.
+#[doc(hidden)]
+#[diagnostic::on_unimplemented(
+    message = "a parameter cannot be laid out `{Self}` on mesh dim `{Name}`: parameters hold real values, not partial sums",
+    label = "a parameter field must be `Shard<D>` or `Replicate` here",
+    note = "a `Partial` value is an activation or a loss; declare the parameter `Replicate` or `Shard<D>`"
+)]
+pub trait ParameterRule<Name> {
+    /// The same marker.
+    type Out: super::PlacementMarker;
+}
+
+lift_unary!(
+    /// [`ParameterRule`] on every mesh dim: the layouts a parameter of a `#[distribute]`
+    /// struct may have.
+    ParameterLayout,
+    ParameterRule
+);
+
+impl<N, const D: usize> ParameterRule<N> for super::Shard<D> {
+    type Out = super::Shard<D>;
+}
+impl<N> ParameterRule<N> for super::Replicate {
+    type Out = super::Replicate;
+}
+
+impl<T: Element, M: MeshDims, L: TypedLayout<M> + ParameterLayout<M>, const R: usize> Parameters<T> for Dt<T, M, L, R> {
     type Global = ArrayD<T>;
     fn distribute_global(global: ArrayD<T>, mesh: &DeviceMesh) -> Result<Self> {
         Ok(Dt::distribute(&global, mesh)?.requires_grad_(true))

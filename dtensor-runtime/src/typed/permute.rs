@@ -112,6 +112,6 @@ impl<T: Scalar, M: MeshDims, L: TypedLayout<M>, const R: usize> Dt<T, M, L, R> {
         Lx: PermuteLayout<M, P>,
     {
         let order = P::ORDER.map(|d| d as isize);
-        Dt::from_op("permute", self.as_dtensor().permute(&order))
+        Dt::from_op("permute", || self.as_dtensor().permute(&order))
     }
 }

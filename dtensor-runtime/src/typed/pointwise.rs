@@ -114,7 +114,7 @@ macro_rules! binary_methods {
                 L: $TypedLayout<L2, M>,
                 L2: TypedLayout<M>,
             {
-                Dt::from_op(stringify!($name), self.as_dtensor().$name(rhs.as_dtensor()))
+                Dt::from_op(stringify!($name), || self.as_dtensor().$name(rhs.as_dtensor()))
             }
         )+}
     };

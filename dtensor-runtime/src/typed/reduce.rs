@@ -259,7 +259,7 @@ impl<T: Scalar, M: MeshDims, L: TypedLayout<M>, const R: usize> Dt<T, M, L, R> {
         Lx: ReduceLayout<M, Over<kinds::SumOf, Dim<DIM>>>,
     {
         const { assert!(DIM < R, "`sum(Dim::<DIM>)`: DIM must be a dim of the tensor (DIM < R)") };
-        Dt::from_op("sum", self.as_dtensor().sum_dim(DIM as isize, true))
+        Dt::from_op("sum", || self.as_dtensor().sum_dim(DIM as isize, true))
     }
 
     /// Mean over tensor dim `DIM`, keeping it; the layouts of [`sum`](Dt::sum).
@@ -274,7 +274,7 @@ impl<T: Scalar, M: MeshDims, L: TypedLayout<M>, const R: usize> Dt<T, M, L, R> {
         Lx: ReduceLayout<M, Over<kinds::SumOf, Dim<DIM>>>,
     {
         const { assert!(DIM < R, "`mean(Dim::<DIM>)`: DIM must be a dim of the tensor (DIM < R)") };
-        Dt::from_op("mean", self.as_dtensor().mean_dim(DIM as isize, true))
+        Dt::from_op("mean", || self.as_dtensor().mean_dim(DIM as isize, true))
     }
 
     /// Maximum over tensor dim `DIM`, keeping it: a `Shard<DIM>` becomes `Partial<Max>`.
@@ -289,7 +289,7 @@ impl<T: Scalar, M: MeshDims, L: TypedLayout<M>, const R: usize> Dt<T, M, L, R> {
         Lx: ReduceLayout<M, Over<kinds::MaxOf, Dim<DIM>>>,
     {
         const { assert!(DIM < R, "`max(Dim::<DIM>)`: DIM must be a dim of the tensor (DIM < R)") };
-        Dt::from_op("max", self.as_dtensor().max_dim(DIM as isize, true))
+        Dt::from_op("max", || self.as_dtensor().max_dim(DIM as isize, true))
     }
 
     /// Minimum over tensor dim `DIM`, keeping it: a `Shard<DIM>` becomes `Partial<Min>`.
@@ -304,7 +304,7 @@ impl<T: Scalar, M: MeshDims, L: TypedLayout<M>, const R: usize> Dt<T, M, L, R> {
         Lx: ReduceLayout<M, Over<kinds::MinOf, Dim<DIM>>>,
     {
         const { assert!(DIM < R, "`min(Dim::<DIM>)`: DIM must be a dim of the tensor (DIM < R)") };
-        Dt::from_op("min", self.as_dtensor().min_dim(DIM as isize, true))
+        Dt::from_op("min", || self.as_dtensor().min_dim(DIM as isize, true))
     }
 
     /// Index of the maximum over tensor dim `DIM` (kept, size 1; first occurrence), as an
@@ -334,7 +334,7 @@ impl<T: Scalar, M: MeshDims, L: TypedLayout<M>, const R: usize> Dt<T, M, L, R> {
         Lx: ArgReduceLayout<M, Arg<kinds::ArgMax, Dim<DIM>>>,
     {
         const { assert!(DIM < R, "`argmax(Dim::<DIM>)`: DIM must be a dim of the tensor (DIM < R)") };
-        Dt::from_op("argmax", self.as_dtensor().argmax(DIM as isize, true))
+        Dt::from_op("argmax", || self.as_dtensor().argmax(DIM as isize, true))
     }
 
     /// Index of the minimum over tensor dim `DIM`, as an `i64` tensor; the layouts of
@@ -350,7 +350,7 @@ impl<T: Scalar, M: MeshDims, L: TypedLayout<M>, const R: usize> Dt<T, M, L, R> {
         Lx: ArgReduceLayout<M, Arg<kinds::ArgMin, Dim<DIM>>>,
     {
         const { assert!(DIM < R, "`argmin(Dim::<DIM>)`: DIM must be a dim of the tensor (DIM < R)") };
-        Dt::from_op("argmin", self.as_dtensor().argmin(DIM as isize, true))
+        Dt::from_op("argmin", || self.as_dtensor().argmin(DIM as isize, true))
     }
 
     /// Sum of every element (rank 0): every `Shard` becomes `Partial<Sum>`.
@@ -361,7 +361,7 @@ impl<T: Scalar, M: MeshDims, L: TypedLayout<M>, const R: usize> Dt<T, M, L, R> {
         L: SameLayout<Lx>,
         Lx: ReduceLayout<M, Over<kinds::SumOf, All>>,
     {
-        Dt::from_op("sum", self.as_dtensor().sum())
+        Dt::from_op("sum", || self.as_dtensor().sum())
     }
 
     /// Mean of every element (rank 0); the layouts of [`sum_all`](Dt::sum_all).
@@ -372,7 +372,7 @@ impl<T: Scalar, M: MeshDims, L: TypedLayout<M>, const R: usize> Dt<T, M, L, R> {
         L: SameLayout<Lx>,
         Lx: ReduceLayout<M, Over<kinds::SumOf, All>>,
     {
-        Dt::from_op("mean", self.as_dtensor().mean())
+        Dt::from_op("mean", || self.as_dtensor().mean())
     }
 
     /// Maximum of every element (rank 0): every `Shard` becomes `Partial<Max>`.
@@ -383,7 +383,7 @@ impl<T: Scalar, M: MeshDims, L: TypedLayout<M>, const R: usize> Dt<T, M, L, R> {
         L: SameLayout<Lx>,
         Lx: ReduceLayout<M, Over<kinds::MaxOf, All>>,
     {
-        Dt::from_op("max", self.as_dtensor().max())
+        Dt::from_op("max", || self.as_dtensor().max())
     }
 
     /// Minimum of every element (rank 0): every `Shard` becomes `Partial<Min>`.
@@ -394,6 +394,6 @@ impl<T: Scalar, M: MeshDims, L: TypedLayout<M>, const R: usize> Dt<T, M, L, R> {
         L: SameLayout<Lx>,
         Lx: ReduceLayout<M, Over<kinds::MinOf, All>>,
     {
-        Dt::from_op("min", self.as_dtensor().min())
+        Dt::from_op("min", || self.as_dtensor().min())
     }
 }

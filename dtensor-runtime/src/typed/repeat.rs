@@ -88,7 +88,7 @@ impl<T: Scalar, M: MeshDims, L: TypedLayout<M>, const R: usize> Dt<T, M, L, R> {
                 actual: "the runtime would replicate that dim first: call `.redistribute()`".into(),
             });
         }
-        Dt::from_op("repeat", x.repeat(&repeats))
+        Dt::from_op("repeat", || x.repeat(&repeats))
     }
 
     /// Repeats every slice along dim `D` `repeats` times in place (PyTorch
@@ -121,7 +121,7 @@ impl<T: Scalar, M: MeshDims, L: TypedLayout<M>, const R: usize> Dt<T, M, L, R> {
         wide.insert(D + 1, repeats);
         let mut out = x.shape().to_vec();
         let Some(n) = out[D].checked_mul(repeats) else {
-            return Dt::from_op("repeat_interleave", x.repeat_interleave(repeats, D as isize));
+            return Dt::from_op("repeat_interleave", || x.repeat_interleave(repeats, D as isize));
             // its overflow error
         };
         out[D] = n;
@@ -146,6 +146,6 @@ impl<T: Scalar, M: MeshDims, L: TypedLayout<M>, const R: usize> Dt<T, M, L, R> {
                 actual: "the runtime would redistribute first: call `.redistribute()`".into(),
             });
         }
-        Dt::from_op("repeat_interleave", x.repeat_interleave(repeats, D as isize))
+        Dt::from_op("repeat_interleave", || x.repeat_interleave(repeats, D as isize))
     }
 }

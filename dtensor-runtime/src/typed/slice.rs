@@ -89,7 +89,7 @@ impl<T: Scalar, M: MeshDims, L: TypedLayout<M>, const R: usize> Dt<T, M, L, R> {
         L: AlongLayout<M, Narrow<D>>,
     {
         const { assert!(D < R, "`narrow(Dim::<D>, ..)`: D must be < the tensor rank R") };
-        Dt::from_op("narrow", self.as_dtensor().narrow(D as isize, start, length))
+        Dt::from_op("narrow", || self.as_dtensor().narrow(D as isize, start, length))
     }
 
     /// Pieces of `split_size` along dim `D`, the last one smaller (PyTorch `split`), each with
@@ -100,7 +100,11 @@ impl<T: Scalar, M: MeshDims, L: TypedLayout<M>, const R: usize> Dt<T, M, L, R> {
         L: AlongLayout<M, Split<D>>,
     {
         const { assert!(D < R, "`split(.., Dim::<D>)`: D must be < the tensor rank R") };
-        self.as_dtensor().split(split_size, D as isize)?.into_iter().map(|p| Dt::from_op("split", Ok(p))).collect()
+        let parts = {
+            let _typed = crate::ops::implicit::typed_op("split", std::panic::Location::caller());
+            self.as_dtensor().split(split_size, D as isize)?
+        };
+        parts.into_iter().map(|p| Dt::from_op("split", || Ok(p))).collect()
     }
 
     /// `chunks` pieces of `ceil(n / chunks)` along dim `D` (PyTorch `chunk`: fewer when the
@@ -124,6 +128,10 @@ impl<T: Scalar, M: MeshDims, L: TypedLayout<M>, const R: usize> Dt<T, M, L, R> {
         L: AlongLayout<M, Split<D>>,
     {
         const { assert!(D < R, "`chunk(.., Dim::<D>)`: D must be < the tensor rank R") };
-        self.as_dtensor().chunk(chunks, D as isize)?.into_iter().map(|p| Dt::from_op("chunk", Ok(p))).collect()
+        let parts = {
+            let _typed = crate::ops::implicit::typed_op("chunk", std::panic::Location::caller());
+            self.as_dtensor().chunk(chunks, D as isize)?
+        };
+        parts.into_iter().map(|p| Dt::from_op("chunk", || Ok(p))).collect()
     }
 }

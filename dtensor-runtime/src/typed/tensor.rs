@@ -97,6 +97,12 @@ impl<T: Scalar, M: MeshDims, L: TypedLayout<M>, const R: usize> Dt<T, M, L, R> {
         Ok(())
     }
 
+    /// Wraps `x` without the checks: for a dynamic tensor made from a `Dt` of this very type
+    /// by an operation that keeps mesh, rank and placements (`detach`).
+    pub(crate) fn from_dtensor_unchecked(x: DTensor<T>) -> Self {
+        Dt { inner: x, _layout: PhantomData }
+    }
+
     /// Distributes a global tensor with this type's layout (`src_data_rank = 0`).
     ///
     /// Errors if the mesh dim names or the tensor rank differ from the type, or if the layout
@@ -146,7 +152,7 @@ impl<T: Scalar, M: MeshDims, L: TypedLayout<M>, const R: usize> Dt<T, M, L, R> {
     /// The way from integer ids to float arithmetic: `ids.cast::<f32>()?.exp()`.
     #[track_caller]
     pub fn cast<U: Scalar>(&self) -> Result<Dt<U, M, L, R>> {
-        Dt::from_op("cast", self.inner.cast::<U>())
+        Dt::from_op("cast", || self.inner.cast::<U>())
     }
 
     /// This rank's local shard, where it lives (see [`DTensor::local`]).
@@ -216,11 +222,18 @@ impl<T: Scalar, M: MeshDims, L: TypedLayout<M>, const R: usize> Dt<T, M, L, R> {
         self.inner
     }
 
-    /// Wraps the output of a dynamic op whose layout the type system computed. The check is a
-    /// comparison of a few placements; it guards against the dynamic op and the typed rule
-    /// ever disagreeing.
+    /// Runs the dynamic op `run` of the typed op `op` and wraps its output, whose layout the
+    /// type system computed. `run` may not redistribute an input in a way that communicates
+    /// (the rule promised the layout without a collective): such a move is refused before
+    /// anything is sent ([`Error::TypedOpCollective`], naming the caller's line). The output
+    /// check is a comparison of a few placements; it guards against the dynamic op and the
+    /// typed rule ever disagreeing.
     #[track_caller]
-    pub(crate) fn from_op(op: &str, out: Result<DTensor<T>>) -> Result<Self> {
+    pub(crate) fn from_op(op: &'static str, run: impl FnOnce() -> Result<DTensor<T>>) -> Result<Self> {
+        let out = {
+            let _typed = crate::ops::implicit::typed_op(op, std::panic::Location::caller());
+            run()
+        };
         Self::from_dtensor(out?).map_err(|e| match e {
             Error::TypedMismatch { what, expected, actual } => {
                 Error::TypedMismatch { what: format!("output of typed `{op}`: {what}"), expected, actual }

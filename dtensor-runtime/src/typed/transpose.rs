@@ -79,7 +79,7 @@ impl<T: Scalar, M: MeshDims, L: TypedLayout<M>, const R: usize> Dt<T, M, L, R> {
         Lx: TransposeLayout<M, Swap<D0, D1>>,
     {
         const { assert!(D0 < R && D1 < R, "`transpose(Dim::<D0>, Dim::<D1>)`: both dims must be < the tensor rank R") };
-        Dt::from_op("transpose", self.as_dtensor().transpose(D0 as isize, D1 as isize))
+        Dt::from_op("transpose", || self.as_dtensor().transpose(D0 as isize, D1 as isize))
     }
 
     /// Matrix transpose (`transpose::<0, 1>()` of a rank-2 tensor).

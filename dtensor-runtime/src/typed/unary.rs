@@ -88,7 +88,7 @@ macro_rules! unary_methods {
                 L: SameLayout<Lx>,
                 Lx: UnaryLayout<M, kinds::$kind>,
             {
-                Dt::from_op(stringify!($name), self.as_dtensor().$name($($arg),*))
+                Dt::from_op(stringify!($name), || self.as_dtensor().$name($($arg),*))
             }
         )*}
     };
@@ -142,22 +142,77 @@ unary_methods! {
     dropout(p: f64, train: bool) => Dropout;
 }
 
+/// Holds when a softmax over tensor dim `Over` keeps the shard `From` without communicating:
+/// the shard is of another dim (implemented for `Verdict<true>`).
+#[doc(hidden)]
+#[diagnostic::on_unimplemented(
+    message = "softmax over `{Over}` of a tensor sharded on that dim (`{From}` on mesh dim `{Name}`) communicates: two all-reduces of per-row statistics",
+    label = "use `softmax_across_shards` / `log_softmax_across_shards`, whose name shows the collectives",
+    note = "`softmax`/`log_softmax` run no collective; a shard of another dim is kept"
+)]
+pub trait SoftmaxLocal<From, Over, Name> {}
+impl<From, Over, Name> SoftmaxLocal<From, Over, Name> for Verdict<true> {}
+
+/// The rule of `softmax`/`log_softmax` over tensor dim `Ctx = Dim<DIM>` on one mesh dim: a
+/// shard of another dim and `Replicate` stay; a shard of `DIM` (that would communicate) and a
+/// `Partial` do not compile.
+#[doc(hidden)]
+pub trait SoftmaxRule<Name, Ctx> {
+    /// Placement of the result on this mesh dim.
+    type Out: super::PlacementMarker;
+}
+
+lift_unary!(
+    /// The local softmax rule on every mesh dim of a layout.
+    #[doc(hidden)]
+    SoftmaxLayout,
+    SoftmaxRule,
+    ctx
+);
+
+impl<N, const DIM: usize> SoftmaxRule<N, Dim<DIM>> for Replicate {
+    type Out = Replicate;
+}
+impl<N, Op: super::ReduceMarker, const DIM: usize> SoftmaxRule<N, Dim<DIM>> for Partial<Op>
+where
+    Partial<Op>: UnaryRule<N, kinds::Softmax>,
+{
+    type Out = <Partial<Op> as UnaryRule<N, kinds::Softmax>>::Out;
+}
+
+/// `impl SoftmaxRule<N, Dim<dim>> for Shard<d>` for every pair of the list, legal when `d != dim`.
+macro_rules! softmax_shard_rules {
+    (@d $dim:literal; $($d:literal)*) => {$(
+        impl<N> SoftmaxRule<N, Dim<$dim>> for Shard<$d>
+        where
+            Verdict<{ $d != $dim }>: SoftmaxLocal<Shard<$d>, Dim<$dim>, N>,
+        {
+            type Out = Shard<$d>;
+        }
+    )*};
+    ($($dim:literal)*) => {$(
+        softmax_shard_rules!(@d $dim; 0 1 2 3 4 5 6 7);
+    )*};
+}
+softmax_shard_rules!(0 1 2 3 4 5 6 7);
+
 impl<T: Scalar, M: MeshDims, L: TypedLayout<M>, const R: usize> Dt<T, M, L, R> {
-    /// Softmax along tensor dim `DIM`: `x.softmax(Dim::<1>)`. Keeps every `Shard` (on `DIM`
-    /// itself the runtime's two-pass rule all-reduces only per-row statistics); does not
-    /// compile on a `Partial` layout. `DIM ≥ R` fails at `cargo build`.
+    /// Softmax along tensor dim `DIM`: `x.softmax(Dim::<1>)`. Runs no collective: keeps every
+    /// `Shard` of another dim; a shard of `DIM` itself does not compile (use
+    /// [`softmax_across_shards`](Dt::softmax_across_shards)), nor does a `Partial` layout.
+    /// `DIM ≥ R` fails at `cargo build`.
     #[track_caller]
     pub fn softmax<const DIM: usize, Lx>(
         &self,
         _dim: Dim<DIM>,
-    ) -> Result<Dt<T, M, <Lx as UnaryLayout<M, kinds::Softmax>>::Out, R>>
+    ) -> Result<Dt<T, M, <Lx as SoftmaxLayout<M, Dim<DIM>>>::Out, R>>
     where
         T: Element,
         L: SameLayout<Lx>,
-        Lx: UnaryLayout<M, kinds::Softmax>,
+        Lx: SoftmaxLayout<M, Dim<DIM>>,
     {
         const { assert!(DIM < R, "`softmax(Dim::<DIM>)`: DIM must be a dim of the tensor (DIM < R)") };
-        Dt::from_op("softmax", self.as_dtensor().softmax(DIM as isize))
+        Dt::from_op("softmax", || self.as_dtensor().softmax(DIM as isize))
     }
 
     /// Log-softmax along tensor dim `DIM`; the layouts of [`softmax`](Dt::softmax).
@@ -165,14 +220,48 @@ impl<T: Scalar, M: MeshDims, L: TypedLayout<M>, const R: usize> Dt<T, M, L, R> {
     pub fn log_softmax<const DIM: usize, Lx>(
         &self,
         _dim: Dim<DIM>,
+    ) -> Result<Dt<T, M, <Lx as SoftmaxLayout<M, Dim<DIM>>>::Out, R>>
+    where
+        T: Element,
+        L: SameLayout<Lx>,
+        Lx: SoftmaxLayout<M, Dim<DIM>>,
+    {
+        const { assert!(DIM < R, "`log_softmax(Dim::<DIM>)`: DIM must be a dim of the tensor (DIM < R)") };
+        Dt::from_op("log_softmax", || self.as_dtensor().log_softmax(DIM as isize))
+    }
+
+    /// Softmax along tensor dim `DIM` of a tensor that may be sharded on `DIM`: on each mesh
+    /// dim that shards it, the runtime's two-pass rule all-reduces per-row statistics (a max,
+    /// then a sum of exponentials: two all-reduces of `[.., 1]`-sized tensors, and one in the
+    /// backward), as the name says. Keeps every `Shard`; a `Partial` layout does not compile.
+    #[track_caller]
+    pub fn softmax_across_shards<const DIM: usize, Lx>(
+        &self,
+        _dim: Dim<DIM>,
     ) -> Result<Dt<T, M, <Lx as UnaryLayout<M, kinds::Softmax>>::Out, R>>
     where
         T: Element,
         L: SameLayout<Lx>,
         Lx: UnaryLayout<M, kinds::Softmax>,
     {
-        const { assert!(DIM < R, "`log_softmax(Dim::<DIM>)`: DIM must be a dim of the tensor (DIM < R)") };
-        Dt::from_op("log_softmax", self.as_dtensor().log_softmax(DIM as isize))
+        const { assert!(DIM < R, "`softmax_across_shards(Dim::<DIM>)`: DIM must be a dim of the tensor (DIM < R)") };
+        Dt::from_op("softmax", || self.as_dtensor().softmax(DIM as isize))
+    }
+
+    /// Log-softmax along tensor dim `DIM`; the layouts and collectives of
+    /// [`softmax_across_shards`](Dt::softmax_across_shards).
+    #[track_caller]
+    pub fn log_softmax_across_shards<const DIM: usize, Lx>(
+        &self,
+        _dim: Dim<DIM>,
+    ) -> Result<Dt<T, M, <Lx as UnaryLayout<M, kinds::Softmax>>::Out, R>>
+    where
+        T: Element,
+        L: SameLayout<Lx>,
+        Lx: UnaryLayout<M, kinds::Softmax>,
+    {
+        const { assert!(DIM < R, "`log_softmax_across_shards(Dim::<DIM>)`: DIM must be a dim of the tensor (DIM < R)") };
+        Dt::from_op("log_softmax", || self.as_dtensor().log_softmax(DIM as isize))
     }
 }
 

@@ -186,7 +186,7 @@ impl<T: Scalar, M: MeshDims, L: TypedLayout<M>, const R: usize> Dt<T, M, L, R> {
     #[track_caller]
     fn view_op<L2: TypedLayout<M>, const R2: usize>(
         &self,
-        op: &str,
+        op: &'static str,
         out: &[usize],
         dynamic: impl FnOnce(&DTensor<T>) -> Result<DTensor<T>>,
     ) -> Result<Dt<T, M, L2, R2>> {
@@ -215,7 +215,7 @@ impl<T: Scalar, M: MeshDims, L: TypedLayout<M>, const R: usize> Dt<T, M, L, R> {
                 });
             }
         }
-        Dt::from_op(op, dynamic(x))
+        Dt::from_op(op, || dynamic(x))
     }
 
     /// Inserts a size-1 dim at `D` (`0 ≤ D ≤ R`): `x.unsqueeze(Dim::<1>)`. Shards of dims

@@ -20,7 +20,7 @@ fn embed(
 /// Integer targets against class-sharded logits (loss parallel): a Partial sum over `tp`.
 #[distribute(mesh = "dp,tp", placements = [Replicate, Shard(1)], returns = [Replicate, Replicate])]
 fn loss(logits: &DTensor<f32>, #[placements(Replicate, Replicate)] target: &DTensor<i32, 1>) -> Result<DTensor<f32, 0>> {
-    let l: Dt<f32, (dp, tp), (Replicate, Partial<Sum>), 0> = logits.cross_entropy(target)?;
+    let l: Dt<f32, (dp, tp), (Replicate, Partial<Sum>), 0> = logits.cross_entropy_loss_parallel(target)?;
     l.redistribute()
 }
 

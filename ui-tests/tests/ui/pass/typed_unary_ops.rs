@@ -29,8 +29,8 @@ fn main() {
         let m: Dt<f32, _, (Replicate, Partial<Max>), 2> = r.redistribute()?;
         let ok4 = close(&m.add_scalar(1.0)?.full_tensor()?, &g.mapv(|v| v + 1.0));
         // Softmax on the sharded dim (two-pass) and on an unsharded one.
-        let s1 = x.softmax(Dim::<1>)?.full_tensor()?;
-        let s0 = x.log_softmax(Dim::<0>)?.full_tensor()?;
+        let s1 = x.softmax_across_shards(Dim::<1>)?.full_tensor()?;
+        let s0 = x.log_softmax_across_shards(Dim::<0>)?.full_tensor()?;
         let mut w1 = g.clone();
         for mut row in w1.rows_mut() {
             let m = row.iter().cloned().fold(f32::MIN, f32::max);
