@@ -2,7 +2,7 @@
 //!
 //! The thread backend, MPI, the one-rank `SelfComm` (and the test communicators) move host
 //! memory only. Each implements this trait once, on host bytes, and gets
-//! [`Communicator`](super::Communicator) from the blanket impl below, which runs every
+//! [`Communicator`] from the blanket impl below, which runs every
 //! collective on [`Buf`]/[`BufMut`]/[`BufInOut`] through [`staged`]: host buffers pass
 //! straight to the kernel (a host receive buffer stays uninitialised), device buffers are
 //! copied to the host and back. So the device staging is written once, here, for every such

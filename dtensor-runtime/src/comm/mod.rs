@@ -30,7 +30,7 @@ pub mod cuda_threads;
 pub mod debug;
 pub mod fingerprint;
 mod group;
-mod host;
+pub mod host;
 pub(crate) mod in_flight;
 #[cfg(feature = "mpi")]
 pub mod mpi;
