@@ -194,12 +194,15 @@ fn run_once(kind: Kind, layer: Layer, s: usize, n: usize, iters: u64) -> (Durati
                     let (sb, rb): (&[u8], &mut [u8]) =
                         (bytemuck::cast_slice(&send), bytemuck::cast_slice_mut(&mut recv));
                     match kind {
-                        Kind::AllGather => comm.all_gather(&group, sb, rb.into()),
+                        Kind::AllGather => comm.all_gather(&group, sb.into(), rb.into()),
                         Kind::AllReduce => {
-                            comm.all_reduce(&group, bytemuck::cast_slice_mut(&mut send), DType::F32, ReduceOp::Sum)
+                            let buf: &mut [u8] = bytemuck::cast_slice_mut(&mut send);
+                            comm.all_reduce(&group, buf.into(), DType::F32, ReduceOp::Sum)
                         }
-                        Kind::ReduceScatter => comm.reduce_scatter(&group, sb, rb.into(), DType::F32, ReduceOp::Sum),
-                        Kind::AllToAll => comm.all_to_all(&group, sb, rb.into()),
+                        Kind::ReduceScatter => {
+                            comm.reduce_scatter(&group, sb.into(), rb.into(), DType::F32, ReduceOp::Sum)
+                        }
+                        Kind::AllToAll => comm.all_to_all(&group, sb.into(), rb.into()),
                     }
                 }))
             }

@@ -42,7 +42,7 @@ pub use ndarray;
 pub use autograd::{from_local_grad, local_mesh, no_grad, BackwardOptions};
 pub use comm::debug::{op_scope, CollectiveKind, CollectiveRecord, CommDebugGuard, CommDebugMode, CommStats};
 pub use comm::threads::{ThreadComm, ThreadWorld};
-pub use comm::{Communicator, RecvBuf};
+pub use comm::{Communicator, HostCollectives, RecvBuf};
 pub use device::{Device, Target};
 pub use dtensor::{distribute_tensor, from_local, DTensor, DistributeSource, FromLocal};
 pub use element::{bf16, f16, DType, Element, IndexElement, Scalar};

@@ -148,7 +148,7 @@ use std::any::Any;
 
 /// Owned bytes that are not one host block (as device memory is): a started all-reduce
 /// must reduce them through [`OwnedBytes::replace_by`] and the communicator's
-/// `all_reduce_buf`, never ask for a host block (issue 32: the started collective takes
+/// out-of-place `all_reduce_into` on buffers, never ask for a host block (issue 32: the started collective takes
 /// device buffers; the thread backend reduces them at once, staged through the host).
 struct NotHost(Vec<f32>);
 
@@ -180,13 +180,13 @@ fn started_all_reduce_of_host_and_non_host_bytes_matches_the_blocking_one() {
         let g = [0usize, 1, 2];
         for op in [ReduceOp::Sum, ReduceOp::Avg, ReduceOp::Max, ReduceOp::Min, ReduceOp::Product] {
             let mut want = values(r, 5);
-            c.all_reduce(&g, bytemuck::cast_slice_mut(&mut want), DType::F32, op)?;
+            c.all_reduce(&g, bytemuck::cast_slice_mut(&mut want).into(), DType::F32, op)?;
             let host = c.all_reduce_start(&g, Box::new(values(r, 5)), DType::F32, op)?.wait()?;
             let host = host.into_any().downcast::<Vec<f32>>().map_err(|_| Error::Autograd("type".into()))?;
             assert_eq!(*host, want, "{op:?}: host bytes on the worker");
             let other = c.all_reduce_start(&g, Box::new(NotHost(values(r, 5))), DType::F32, op)?.wait()?;
             let other = other.into_any().downcast::<NotHost>().map_err(|_| Error::Autograd("type".into()))?;
-            assert_eq!(other.0, want, "{op:?}: non-host bytes through all_reduce_buf");
+            assert_eq!(other.0, want, "{op:?}: non-host bytes through all_reduce_into");
             let mut dflt: Box<dyn OwnedBytes> = Box::new(NotHost(values(r, 5)));
             reduce_now(&c, &g, dflt.as_mut(), DType::F32, op)?;
             let dflt = dflt.into_any().downcast::<NotHost>().map_err(|_| Error::Autograd("type".into()))?;

@@ -1,13 +1,15 @@
-//! The `*_buf` collectives of `Communicator` on host buffers (`Buf::Host`/`BufMut::Host`)
-//! against the host collectives. (Moved from a unit test of `comm/buf.rs`, unchanged, so that
-//! `comm/buf.rs` does not import the thread backend: issue 32, no import cycle through
-//! `comm/pending.rs`.)
+//! The collectives of `Communicator` on host buffers (`Buf::Host`/`BufMut::Host`/
+//! `BufInOut::Host`, through the blanket impl of `HostCollectives`) against the thread
+//! backend's host kernels (`HostCollectives`). (Moved from a unit test of `comm/buf.rs`,
+//! unchanged, so that `comm/buf.rs` does not import the thread backend: issue 32, no import
+//! cycle through `comm/pending.rs`; issue 32 item 2a made the `*_buf` family the one family of
+//! `Communicator`, so the comparison is now against the host kernels it replaced.)
 
-use dtensor_runtime::comm::{Buf, BufMut};
-use dtensor_runtime::{Communicator, DType, Error, ReduceOp, Result, ThreadWorld};
+use dtensor_runtime::comm::{Buf, BufInOut, BufMut};
+use dtensor_runtime::{Communicator, DType, Error, HostCollectives, ReduceOp, Result, ThreadWorld};
 
-/// The host arms of the `*_buf` collectives give what the host collectives give, on the
-/// thread backend (uneven values, 3 ranks).
+/// The host arms of the buffer collectives give what the host kernels give, on the thread
+/// backend (uneven values, 3 ranks).
 #[test]
 fn host_buffers_match_the_host_collectives() {
     let world = ThreadWorld::new(3, std::time::Duration::from_secs(30));
@@ -20,38 +22,43 @@ fn host_buffers_match_the_host_collectives() {
         let f32s = |b: &[u8]| bytemuck::pod_collect_to_vec::<u8, f32>(b);
 
         let mut a = vec![0u8; 3 * send.len()];
-        c.all_gather_buf(&g, Buf::Host(send), BufMut::Host(&mut a))?;
+        Communicator::all_gather(&c, &g, Buf::Host(send), BufMut::from(&mut a))?;
         let mut b = vec![0u8; 3 * send.len()];
-        c.all_gather(&g, send, (&mut b).into())?;
+        HostCollectives::all_gather(&c, &g, send, (&mut b).into())?;
         assert_eq!(a, b, "all_gather");
 
         let mut a = vec![0u8; send.len()];
-        c.all_reduce_buf(&g, Buf::Host(send), BufMut::Host(&mut a), DType::F32, ReduceOp::Sum)?;
+        Communicator::all_reduce_into(&c, &g, Buf::Host(send), BufMut::from(&mut a), DType::F32, ReduceOp::Sum)?;
         let mut b = send.to_vec();
-        c.all_reduce(&g, &mut b, DType::F32, ReduceOp::Sum)?;
+        HostCollectives::all_reduce(&c, &g, &mut b, DType::F32, ReduceOp::Sum)?;
         assert_eq!(f32s(&a), f32s(&b), "all_reduce");
+        let mut a = send.to_vec();
+        Communicator::all_reduce(&c, &g, BufInOut::Host(&mut a), DType::F32, ReduceOp::Sum)?;
+        assert_eq!(f32s(&a), f32s(&b), "all_reduce in place");
 
         let mut a = vec![0u8; send.len() / 3];
-        c.reduce_scatter_buf(&g, Buf::Host(send), BufMut::Host(&mut a), DType::F32, ReduceOp::Max)?;
+        Communicator::reduce_scatter(&c, &g, Buf::Host(send), BufMut::from(&mut a), DType::F32, ReduceOp::Max)?;
         let mut b = vec![0u8; send.len() / 3];
-        c.reduce_scatter(&g, send, (&mut b).into(), DType::F32, ReduceOp::Max)?;
+        HostCollectives::reduce_scatter(&c, &g, send, (&mut b).into(), DType::F32, ReduceOp::Max)?;
         assert_eq!(f32s(&a), f32s(&b), "reduce_scatter");
 
         let mut a = vec![0u8; send.len()];
-        c.all_to_all_buf(&g, Buf::Host(send), BufMut::Host(&mut a))?;
+        Communicator::all_to_all(&c, &g, Buf::Host(send), BufMut::from(&mut a))?;
         let mut b = vec![0u8; send.len()];
-        c.all_to_all(&g, send, (&mut b).into())?;
+        HostCollectives::all_to_all(&c, &g, send, (&mut b).into())?;
         assert_eq!(a, b, "all_to_all");
 
-        let mut a = vec![0u8; send.len()];
-        c.broadcast_buf(&g, Buf::Host(send), BufMut::Host(&mut a), 2)?;
+        let mut a = send.to_vec();
+        Communicator::broadcast(&c, &g, BufInOut::Host(&mut a), 2)?;
         let mut b = send.to_vec();
-        c.broadcast(&g, &mut b, 2)?;
+        HostCollectives::broadcast(&c, &g, &mut b, 2)?;
         assert_eq!(a, b, "broadcast");
 
         // A receive buffer of the wrong length is a typed error, never a panic.
         let mut short = vec![0u8; 3];
-        let e = c.broadcast_buf(&g, Buf::Host(send), BufMut::Host(&mut short), 0).unwrap_err();
+        let e =
+            Communicator::all_reduce_into(&c, &g, Buf::Host(send), BufMut::from(&mut short), DType::F32, ReduceOp::Sum)
+                .unwrap_err();
         assert!(matches!(e, Error::BufferMismatch { .. }), "{e:?}");
         Ok(f32s(&a))
     };

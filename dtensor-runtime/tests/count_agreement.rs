@@ -80,7 +80,7 @@ fn all_gather_v_counts_that_disagree_with_equal_totals() {
                 let counts = &views[r];
                 let send = vec![r as u8 + 1; counts[r]];
                 let mut recv = vec![0u8; counts.iter().sum()];
-                comm.all_gather_v(&g, &send, counts, (&mut recv).into()).map(|()| recv)
+                comm.all_gather_v(&g, (&send).into(), counts, (&mut recv).into()).map(|()| recv)
             });
             all_disagree(&format!("{backend:?} all_gather_v {views:?}"), out, None);
         }
@@ -98,7 +98,8 @@ fn reduce_scatter_v_counts_that_disagree_with_equal_totals() {
                 let counts = &views[r];
                 let send = vec![0u8; counts.iter().sum()];
                 let mut recv = vec![0u8; counts[r]];
-                comm.reduce_scatter_v(&g, &send, counts, (&mut recv).into(), DType::F32, ReduceOp::Sum).map(|()| recv)
+                comm.reduce_scatter_v(&g, (&send).into(), counts, (&mut recv).into(), DType::F32, ReduceOp::Sum)
+                    .map(|()| recv)
             });
             all_disagree(&format!("{backend:?} reduce_scatter_v {views:?}"), out, None);
         }
@@ -129,7 +130,7 @@ fn all_to_all_v_pairs_that_disagree_with_equal_totals() {
                 let (rows, runs, recv_counts) = &case[r];
                 let send = vec![r as u8 + 1; rows * runs.iter().sum::<usize>()];
                 let mut recv = vec![0u8; recv_counts.iter().sum()];
-                comm.all_to_all_v(&g, &send, *rows, runs, (&mut recv).into(), recv_counts).map(|()| recv)
+                comm.all_to_all_v(&g, (&send).into(), *rows, runs, (&mut recv).into(), recv_counts).map(|()| recv)
             });
             all_disagree(&format!("{backend:?} all_to_all_v {case:?}"), out, None);
         }
@@ -143,35 +144,47 @@ fn equal_block_collectives_with_lengths_that_disagree() {
     let g = [0, 1];
     let len = |r: usize| if r == 0 { 8 } else { 4 };
     let cases: Vec<(&str, Box<Call<'_>>)> = vec![
-        ("all_gather", Box::new(|r, c| c.all_gather(&g, &vec![1; len(r)], (&mut vec![0; 2 * len(r)]).into()))),
-        ("all_reduce", Box::new(|r, c| c.all_reduce(&g, &mut vec![0; len(r)], DType::F32, ReduceOp::Sum))),
+        ("all_gather", Box::new(|r, c| c.all_gather(&g, (&vec![1; len(r)]).into(), (&mut vec![0; 2 * len(r)]).into()))),
+        ("all_reduce", Box::new(|r, c| c.all_reduce(&g, (&mut vec![0; len(r)]).into(), DType::F32, ReduceOp::Sum))),
         (
             "all_reduce (large)",
-            Box::new(|r, c| c.all_reduce(&g, &mut vec![0; (1 << 20) * len(r)], DType::F32, ReduceOp::Sum)),
+            Box::new(|r, c| c.all_reduce(&g, (&mut vec![0; (1 << 20) * len(r)]).into(), DType::F32, ReduceOp::Sum)),
         ),
         (
             "all_reduce_into",
             Box::new(|r, c| {
-                c.all_reduce_into(&g, &vec![0; len(r)], (&mut vec![0; len(r)]).into(), DType::F32, ReduceOp::Sum)
+                c.all_reduce_into(
+                    &g,
+                    (&vec![0; len(r)]).into(),
+                    (&mut vec![0; len(r)]).into(),
+                    DType::F32,
+                    ReduceOp::Sum,
+                )
             }),
         ),
         (
             "reduce_scatter",
             Box::new(|r, c| {
-                c.reduce_scatter(&g, &vec![0; 2 * len(r)], (&mut vec![0; len(r)]).into(), DType::F32, ReduceOp::Sum)
+                c.reduce_scatter(
+                    &g,
+                    (&vec![0; 2 * len(r)]).into(),
+                    (&mut vec![0; len(r)]).into(),
+                    DType::F32,
+                    ReduceOp::Sum,
+                )
             }),
         ),
-        ("all_to_all", Box::new(|r, c| c.all_to_all(&g, &vec![0; len(r)], (&mut vec![0; len(r)]).into()))),
+        ("all_to_all", Box::new(|r, c| c.all_to_all(&g, (&vec![0; len(r)]).into(), (&mut vec![0; len(r)]).into()))),
         (
             // The same bytes split into runs of 2 on one member and of 1 on the other.
             "all_to_all_strided",
             Box::new(|r, c| {
                 let (rows, run) = if r == 0 { (2, 2) } else { (4, 1) };
-                c.all_to_all_strided(&g, &[0; 8], rows, run, (&mut [0; 8]).into())
+                c.all_to_all_strided(&g, (&[0; 8]).into(), rows, run, (&mut [0; 8]).into())
             }),
         ),
-        ("broadcast", Box::new(|r, c| c.broadcast(&g, &mut vec![0; len(r)], 0))),
-        ("scatter", Box::new(|r, c| c.scatter(&g, &vec![0; 2 * len(r)], &mut vec![0; len(r)], 0))),
+        ("broadcast", Box::new(|r, c| c.broadcast(&g, (&mut vec![0; len(r)]).into(), 0))),
+        ("scatter", Box::new(|r, c| c.scatter(&g, (&vec![0; 2 * len(r)]).into(), (&mut vec![0; len(r)]).into(), 0))),
     ];
     for (name, f) in &cases {
         all_disagree(name, on_ranks(2, Backend::Threads, f), None);
@@ -189,29 +202,29 @@ fn element_types_reductions_and_roots_that_disagree() {
     for (a, b) in pairs {
         for len in [8, 1 << 20] {
             let out = on_ranks(2, Backend::Threads, |r, c| {
-                c.all_reduce(&g, &mut vec![0; len], if r == 0 { a } else { b }, ReduceOp::Sum)
+                c.all_reduce(&g, (&mut vec![0; len]).into(), if r == 0 { a } else { b }, ReduceOp::Sum)
             });
             all_disagree(&format!("all_reduce {a} vs {b}"), out, Some("dtype"));
         }
         let out = on_ranks(2, Backend::Threads, |r, c| {
-            c.reduce_scatter(&g, &[0; 16], (&mut [0; 8]).into(), if r == 0 { a } else { b }, ReduceOp::Max)
+            c.reduce_scatter(&g, (&[0; 16]).into(), (&mut [0; 8]).into(), if r == 0 { a } else { b }, ReduceOp::Max)
         });
         all_disagree(&format!("reduce_scatter {a} vs {b}"), out, Some("dtype"));
         for backend in BACKENDS {
             let out = on_ranks(2, backend, |r, c| {
                 let dtype = if r == 0 { a } else { b };
-                c.reduce_scatter_v(&g, &[0; 16], &[8, 8], (&mut [0; 8]).into(), dtype, ReduceOp::Sum)
+                c.reduce_scatter_v(&g, (&[0; 16]).into(), &[8, 8], (&mut [0; 8]).into(), dtype, ReduceOp::Sum)
             });
             all_disagree(&format!("{backend:?} reduce_scatter_v {a} vs {b}"), out, Some("dtype"));
         }
     }
     let out = on_ranks(2, Backend::Threads, |r, c| {
-        c.all_reduce(&g, &mut [0; 8], DType::F32, if r == 0 { ReduceOp::Sum } else { ReduceOp::Max })
+        c.all_reduce(&g, (&mut [0; 8]).into(), DType::F32, if r == 0 { ReduceOp::Sum } else { ReduceOp::Max })
     });
     all_disagree("all_reduce sum vs max", out, Some("reduce op"));
-    let out = on_ranks(2, Backend::Threads, |r, c| c.broadcast(&g, &mut [r as u8; 4], r));
+    let out = on_ranks(2, Backend::Threads, |r, c| c.broadcast(&g, (&mut [r as u8; 4]).into(), r));
     all_disagree("broadcast from two roots", out, Some("root"));
-    let out = on_ranks(2, Backend::Threads, |r, c| c.scatter(&g, &[r as u8; 8], &mut [0; 4], r));
+    let out = on_ranks(2, Backend::Threads, |r, c| c.scatter(&g, (&[r as u8; 8]).into(), (&mut [0; 4]).into(), r));
     all_disagree("scatter from two roots", out, Some("root"));
 }
 
@@ -225,7 +238,7 @@ fn agreeing_members_still_get_the_right_data() {
         let out = on_ranks(3, backend, |r, comm| {
             let send = vec![r as u8 + 1; counts[r]];
             let mut recv = vec![0u8; 5];
-            comm.all_gather_v(&g, &send, &counts, (&mut recv).into()).map(|()| recv)
+            comm.all_gather_v(&g, (&send).into(), &counts, (&mut recv).into()).map(|()| recv)
         });
         for got in out {
             assert_eq!(got.unwrap(), vec![1, 1, 3, 3, 3], "{backend:?}");
@@ -236,7 +249,7 @@ fn agreeing_members_still_get_the_right_data() {
             let send: Vec<u8> = (0..3).flat_map(|j| vec![(10 * r + j) as u8; runs[j]]).collect();
             let recv_counts: Vec<usize> = (0..3).map(|i| (i + r) % 3).collect();
             let mut recv = vec![0u8; recv_counts.iter().sum()];
-            comm.all_to_all_v(&g, &send, 1, &runs, (&mut recv).into(), &recv_counts).map(|()| recv)
+            comm.all_to_all_v(&g, (&send).into(), 1, &runs, (&mut recv).into(), &recv_counts).map(|()| recv)
         });
         for (j, got) in out.into_iter().enumerate() {
             let want: Vec<u8> = (0..3).flat_map(|i| vec![(10 * i + j) as u8; (i + j) % 3]).collect();
@@ -252,17 +265,17 @@ fn agreeing_members_still_get_the_right_data() {
 fn one_member_with_bad_arguments_fails_every_member() {
     let out = on_ranks(2, Backend::PaddedDefaults, |r, comm| {
         let send = vec![0u8; if r == 0 { 3 } else { 2 }];
-        comm.all_gather_v(&[0, 1], &send, &[2, 2], (&mut [0u8; 4]).into())
+        comm.all_gather_v(&[0, 1], (&send).into(), &[2, 2], (&mut [0u8; 4]).into())
     });
     all_disagree("padded all_gather_v, rank 0's send too long", out, None);
     let out = on_ranks(2, Backend::PaddedDefaults, |r, comm| {
         let recv_counts = if r == 0 { vec![1] } else { vec![1, 1] };
-        comm.all_to_all_v(&[0, 1], &[0u8; 2], 1, &[1, 1], (&mut [0u8; 2]).into(), &recv_counts)
+        comm.all_to_all_v(&[0, 1], (&[0u8; 2]).into(), 1, &[1, 1], (&mut [0u8; 2]).into(), &recv_counts)
     });
     all_disagree("padded all_to_all_v, rank 0's recv counts too few", out, None);
     let err = run(2, |ctx| {
         let send = vec![0u8; if ctx.rank() == 0 { 3 } else { 2 }];
-        ctx.comm().all_gather_v(&[0, 1], &send, &[2, 2], (&mut [0u8; 4]).into())
+        ctx.comm().all_gather_v(&[0, 1], (&send).into(), &[2, 2], (&mut [0u8; 4]).into())
     })
     .unwrap_err();
     assert!(matches!(err, Error::BufferMismatch { .. }), "{err:?}");

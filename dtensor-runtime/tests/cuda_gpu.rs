@@ -137,22 +137,22 @@ fn nccl_one_rank_collectives() {
     let xs: Vec<f32> = vec![1.5, -2.0, 3.25];
     for op in [ReduceOp::Sum, ReduceOp::Avg, ReduceOp::Min, ReduceOp::Max, ReduceOp::Product] {
         let mut b: Vec<u8> = bytemuck::cast_slice(&xs).to_vec();
-        comm.all_reduce(&g, &mut b, DType::F32, op).unwrap();
+        comm.all_reduce(&g, (&mut b).into(), DType::F32, op).unwrap();
         assert_eq!(bytemuck::pod_collect_to_vec::<u8, f32>(&b), xs, "{op:?}");
         let mut r = vec![0u8; b.len()];
-        comm.reduce_scatter(&g, bytemuck::cast_slice(&xs), (&mut r).into(), DType::F32, op).unwrap();
+        comm.reduce_scatter(&g, bytemuck::cast_slice(&xs).into(), (&mut r).into(), DType::F32, op).unwrap();
         assert_eq!(bytemuck::pod_collect_to_vec::<u8, f32>(&r), xs, "reduce_scatter {op:?}");
     }
     let send: Vec<u8> = (0..10).collect();
     let mut out = vec![0u8; 10];
-    comm.all_gather(&g, &send, (&mut out).into()).unwrap();
+    comm.all_gather(&g, (&send).into(), (&mut out).into()).unwrap();
     assert_eq!(out, send);
-    comm.all_to_all(&g, &send, (&mut out).into()).unwrap();
+    comm.all_to_all(&g, (&send).into(), (&mut out).into()).unwrap();
     assert_eq!(out, send);
     let mut bc = send.clone();
-    comm.broadcast(&g, &mut bc, 0).unwrap();
+    comm.broadcast(&g, (&mut bc).into(), 0).unwrap();
     assert_eq!(bc, send);
-    comm.scatter(&g, &send, &mut out, 0).unwrap();
+    comm.scatter(&g, (&send).into(), (&mut out).into(), 0).unwrap();
     assert_eq!(out, send);
     comm.barrier(&g).unwrap();
     assert!(matches!(comm.barrier(&[0, 1]), Err(Error::RankOutOfRange { .. })));
@@ -331,7 +331,7 @@ fn host_bytes<T: dtensor_runtime::Scalar>(s: &CudaStorage<T>) -> Vec<u8> {
     bytemuck::cast_slice(a.as_slice().unwrap()).to_vec()
 }
 
-/// Every `*_buf` collective of `comm` over `group` on device buffers of `k` elements per block,
+/// Every collective of `comm` on buffers over `group` on device buffers of `k` elements per block,
 /// against what the host computes: the copies bit for bit against the host buffers' result
 /// (the inner thread backend), the reductions bit for bit (any NaN matching any NaN) against
 /// the host fold of the members' inputs in group order (the order the device path folds in). Returns the number of
@@ -343,7 +343,7 @@ fn buf_collectives_case<T: dtensor_runtime::Scalar>(
     k: usize,
     ops: &[ReduceOp],
 ) -> dtensor_runtime::Result<usize> {
-    use dtensor_runtime::comm::{reduce, Buf, BufMut};
+    use dtensor_runtime::comm::{reduce, Buf, BufInOut, BufMut};
     let (n, es, dtype) = (group.len(), std::mem::size_of::<T>(), T::DTYPE);
     let me = group.iter().position(|&r| r == comm.rank()).unwrap();
     let ctx = format!("{dtype} k={k} group {group:?} rank {}", comm.rank());
@@ -354,9 +354,9 @@ fn buf_collectives_case<T: dtensor_runtime::Scalar>(
     let send = rank_values::<T>(comm.rank(), k);
     let d_send = dev_bytes::<T>(dev, &send);
     let mut d_recv = out(n * k);
-    comm.all_gather_buf(group, Buf::of_cuda(&d_send), BufMut::of_cuda(&mut d_recv)?)?;
+    comm.all_gather(group, Buf::of_cuda(&d_send), BufMut::of_cuda(&mut d_recv)?)?;
     let mut h_recv = vec![0u8; n * k * es];
-    comm.all_gather_buf(group, Buf::Host(&send), BufMut::Host(&mut h_recv))?;
+    comm.all_gather(group, Buf::Host(&send), BufMut::from(&mut h_recv))?;
     let want: Vec<u8> = group.iter().flat_map(|&r| rank_values::<T>(r, k)).collect();
     assert_eq!(h_recv, want, "all_gather host {ctx}");
     assert_eq!(host_bytes(&d_recv), want, "all_gather device {ctx}");
@@ -366,9 +366,9 @@ fn buf_collectives_case<T: dtensor_runtime::Scalar>(
     let send = rank_values::<T>(comm.rank(), n * k);
     let d_send = dev_bytes::<T>(dev, &send);
     let mut d_recv = out(n * k);
-    comm.all_to_all_buf(group, Buf::of_cuda(&d_send), BufMut::of_cuda(&mut d_recv)?)?;
+    comm.all_to_all(group, Buf::of_cuda(&d_send), BufMut::of_cuda(&mut d_recv)?)?;
     let mut h_recv = vec![0u8; n * k * es];
-    comm.all_to_all_buf(group, Buf::Host(&send), BufMut::Host(&mut h_recv))?;
+    comm.all_to_all(group, Buf::Host(&send), BufMut::from(&mut h_recv))?;
     let block = |r: usize, i: usize| rank_values::<T>(r, n * k)[i * k * es..(i + 1) * k * es].to_vec();
     let want: Vec<u8> = group.iter().flat_map(|&r| block(r, me)).collect();
     assert_eq!(h_recv, want, "all_to_all host {ctx}");
@@ -376,12 +376,12 @@ fn buf_collectives_case<T: dtensor_runtime::Scalar>(
     checked += 1;
 
     // broadcast from the last member.
+    // (In place since issue 32 item 2a: the device buffer and the host one are overwritten.)
     let send = rank_values::<T>(comm.rank(), k);
-    let d_send = dev_bytes::<T>(dev, &send);
-    let mut d_recv = out(k);
-    comm.broadcast_buf(group, Buf::of_cuda(&d_send), BufMut::of_cuda(&mut d_recv)?, n - 1)?;
-    let mut h_recv = vec![0u8; k * es];
-    comm.broadcast_buf(group, Buf::Host(&send), BufMut::Host(&mut h_recv), n - 1)?;
+    let mut d_recv = dev_bytes::<T>(dev, &send);
+    comm.broadcast(group, BufInOut::of_cuda(&mut d_recv)?, n - 1)?;
+    let mut h_recv = send.clone();
+    comm.broadcast(group, BufInOut::Host(&mut h_recv), n - 1)?;
     let want = rank_values::<T>(group[n - 1], k);
     assert_eq!(h_recv, want, "broadcast host {ctx}");
     assert_eq!(host_bytes(&d_recv), want, "broadcast device {ctx}");
@@ -400,22 +400,26 @@ fn buf_collectives_case<T: dtensor_runtime::Scalar>(
         let send = rank_values::<T>(comm.rank(), k);
         let d_send = dev_bytes::<T>(dev, &send);
         let mut d_recv = out(k);
-        comm.all_reduce_buf(group, Buf::of_cuda(&d_send), BufMut::of_cuda(&mut d_recv)?, dtype, op)?;
+        comm.all_reduce_into(group, Buf::of_cuda(&d_send), BufMut::of_cuda(&mut d_recv)?, dtype, op)?;
         let want = fold(group.iter().map(|&r| rank_values::<T>(r, k)).collect(), op);
         assert!(same_bits::<T>(&host_bytes(&d_recv), &want), "all_reduce {op} {ctx}");
+        // In place on the device buffer (issue 32 item 2a): the same bits.
+        let mut d_buf = dev_bytes::<T>(dev, &send);
+        comm.all_reduce(group, BufInOut::of_cuda(&mut d_buf)?, dtype, op)?;
+        assert!(same_bits::<T>(&host_bytes(&d_buf), &want), "all_reduce in place {op} {ctx}");
 
         let send = rank_values::<T>(comm.rank(), n * k);
         let d_send = dev_bytes::<T>(dev, &send);
         let mut d_recv = out(k);
-        comm.reduce_scatter_buf(group, Buf::of_cuda(&d_send), BufMut::of_cuda(&mut d_recv)?, dtype, op)?;
+        comm.reduce_scatter(group, Buf::of_cuda(&d_send), BufMut::of_cuda(&mut d_recv)?, dtype, op)?;
         let want = fold(group.iter().map(|&r| block(r, me)).collect(), op);
         assert!(same_bits::<T>(&host_bytes(&d_recv), &want), "reduce_scatter {op} {ctx}");
-        checked += 2;
+        checked += 3;
     }
     Ok(checked)
 }
 
-/// The `*_buf` collectives of `cuda-threads` on device buffers (the device-to-device path, or
+/// The collectives of `cuda-threads` on device buffers (the device-to-device path, or
 /// host-staged with `DTENSOR_CUDA_THREADS_STAGE=host`) at 1 to 4 ranks, the whole world and, at 4, two groups of
 /// two; blocks of 0 (empty shards), 1, 7 and 2049 elements; f32 with every op, bf16 and f64
 /// sums and means on the device, i64 sums (staged through the host: no integer device kernel).
@@ -444,7 +448,7 @@ fn cuda_threads_buf_collectives() {
             // A receive buffer of the wrong length is a typed error on every rank, no hang.
             let send = dev_bytes::<f32>(&dev, &rank_values::<f32>(ctx.rank(), 3));
             let mut short = CudaStorage::<f32>::zeros(&dev, &[3 * world + 1]).unwrap();
-            let e = comm.all_gather_buf(&groups[0], Buf::of_cuda(&send), BufMut::of_cuda(&mut short)?).unwrap_err();
+            let e = comm.all_gather(&groups[0], Buf::of_cuda(&send), BufMut::of_cuda(&mut short)?).unwrap_err();
             assert!(matches!(e, Error::BufferMismatch { .. }), "{e:?}");
             Ok(checked)
         });

@@ -57,7 +57,7 @@ fn peers_see_peer_failed() {
     let h = std::thread::spawn(move || {
         let c = w1.communicator(1).unwrap();
         let mut buf = [0u8; 8];
-        c.all_gather(&[0, 1], &[1, 2, 3, 4], (&mut buf).into())
+        c.all_gather(&[0, 1], (&[1, 2, 3, 4]).into(), (&mut buf).into())
     });
     std::thread::sleep(Duration::from_millis(50));
     world.fail(0, "rank 0 died".into());
@@ -130,9 +130,15 @@ fn mismatched_collectives_and_sizes_are_errors() {
     let world = ThreadWorld::new(1, Duration::from_secs(1));
     let c = world.communicator(0).unwrap();
     let mut small = [0u8; 2];
-    assert!(matches!(c.all_gather(&[0], &[1, 2, 3, 4], (&mut small).into()), Err(Error::BufferMismatch { .. })));
-    assert!(matches!(c.all_reduce(&[0], &mut [0u8; 3], DType::F32, ReduceOp::Sum), Err(Error::BufferMismatch { .. })));
-    assert!(matches!(c.broadcast(&[0], &mut [0u8; 4], 3), Err(Error::RankOutOfRange { .. })));
+    assert!(matches!(
+        c.all_gather(&[0], (&[1, 2, 3, 4]).into(), (&mut small).into()),
+        Err(Error::BufferMismatch { .. })
+    ));
+    assert!(matches!(
+        c.all_reduce(&[0], (&mut [0u8; 3]).into(), DType::F32, ReduceOp::Sum),
+        Err(Error::BufferMismatch { .. })
+    ));
+    assert!(matches!(c.broadcast(&[0], (&mut [0u8; 4]).into(), 3), Err(Error::RankOutOfRange { .. })));
     assert!(matches!(c.barrier(&[5]), Err(Error::NotInGroup { rank: 0, .. })));
     assert!(matches!(world.communicator(7), Err(Error::RankOutOfRange { rank: 7, world_size: 1 })));
     assert!(matches!(LocalWorld::new(0).run(|_| Ok(())), Err(Error::InvalidArgument { .. })));

@@ -90,7 +90,7 @@ fn all_reduce_every_op(ctx: &RankCtx) -> Result<Outcome, String> {
                 let len = 7;
                 let mine: Vec<f64> = (0..len).map(|i| val(dtype, ctx.rank(), i)).collect();
                 let mut buf = to_bytes(dtype, &mine);
-                let r = c.all_reduce(&g, &mut buf, dtype, op);
+                let r = c.all_reduce(&g, (&mut buf).into(), dtype, op);
                 if !defined(dtype, op) {
                     match r {
                         Err(Error::Unsupported { .. }) => continue,
@@ -117,7 +117,7 @@ fn reduce_scatter_every_op(ctx: &RankCtx) -> Result<Outcome, String> {
                 let mine: Vec<f64> = (0..block * n).map(|i| val(dtype, ctx.rank(), i)).collect();
                 let send = to_bytes(dtype, &mine);
                 let mut recv = vec![0u8; send.len() / n];
-                let r = c.reduce_scatter(&g, &send, (&mut recv).into(), dtype, op);
+                let r = c.reduce_scatter(&g, (&send).into(), (&mut recv).into(), dtype, op);
                 if !defined(dtype, op) {
                     match r {
                         Err(Error::Unsupported { .. }) => continue,
@@ -145,7 +145,7 @@ fn all_gather_in_group_order(ctx: &RankCtx) -> Result<Outcome, String> {
         let l = 5;
         let send: Vec<u8> = (0..l).map(|k| pat(ctx.rank(), 0, k)).collect();
         let mut recv = vec![0u8; l * g.len()];
-        c.all_gather(&g, &send, (&mut recv).into()).map_err(fail)?;
+        c.all_gather(&g, (&send).into(), (&mut recv).into()).map_err(fail)?;
         let want: Vec<u8> = g.iter().flat_map(|&r| (0..l).map(move |k| pat(r, 0, k))).collect();
         if recv != want {
             return Err(format!("all_gather on {g:?}: got {recv:?}, expected {want:?}"));
@@ -162,7 +162,7 @@ fn all_to_all_routes_blocks(ctx: &RankCtx) -> Result<Outcome, String> {
         let l = 4;
         let send: Vec<u8> = (0..n).flat_map(|j| (0..l).map(move |k| pat(me, j, k))).collect();
         let mut recv = vec![0u8; send.len()];
-        c.all_to_all(&g, &send, (&mut recv).into()).map_err(fail)?;
+        c.all_to_all(&g, (&send).into(), (&mut recv).into()).map_err(fail)?;
         let want: Vec<u8> = (0..n).flat_map(|i| (0..l).map(move |k| pat(i, me, k))).collect();
         if recv != want {
             return Err(format!("all_to_all on {g:?}: got {recv:?}, expected {want:?}"));
@@ -187,7 +187,7 @@ fn variable_size_collectives(ctx: &RankCtx) -> Result<Outcome, String> {
             let counts = uneven_counts(n, k);
             let send: Vec<u8> = (0..counts[me]).map(|b| pat(me, 0, b)).collect();
             let mut recv = vec![0u8; counts.iter().sum()];
-            c.all_gather_v(&g, &send, &counts, (&mut recv).into()).map_err(fail)?;
+            c.all_gather_v(&g, (&send).into(), &counts, (&mut recv).into()).map_err(fail)?;
             let want: Vec<u8> = (0..n).flat_map(|i| (0..counts[i]).map(move |b| pat(i, 0, b))).collect();
             if recv != want {
                 return Err(format!("all_gather_v {counts:?} on {g:?}: got {recv:?}, expected {want:?}"));
@@ -198,8 +198,15 @@ fn variable_size_collectives(ctx: &RankCtx) -> Result<Outcome, String> {
                 let es = dtype.size_of();
                 let bytes: Vec<usize> = counts.iter().map(|x| x * es).collect();
                 let mut recv = vec![0u8; bytes[me]];
-                c.reduce_scatter_v(&g, &to_bytes(dtype, &mine), &bytes, (&mut recv).into(), dtype, ReduceOp::Sum)
-                    .map_err(fail)?;
+                c.reduce_scatter_v(
+                    &g,
+                    (&to_bytes(dtype, &mine)).into(),
+                    &bytes,
+                    (&mut recv).into(),
+                    dtype,
+                    ReduceOp::Sum,
+                )
+                .map_err(fail)?;
                 let at: usize = counts[..me].iter().sum();
                 let want: Vec<f64> =
                     (at..at + counts[me]).map(|i| fold(ReduceOp::Sum, g.iter().map(|&r| val(dtype, r, i)))).collect();
@@ -217,7 +224,7 @@ fn variable_size_collectives(ctx: &RankCtx) -> Result<Outcome, String> {
             let runs: Vec<usize> = (0..n).map(|j| run(me, j)).collect();
             let recv_counts: Vec<usize> = (0..n).map(|i| rows(i) * run(i, me)).collect();
             let mut recv = vec![0u8; recv_counts.iter().sum()];
-            c.all_to_all_v(&g, &send, rows(me), &runs, (&mut recv).into(), &recv_counts).map_err(fail)?;
+            c.all_to_all_v(&g, (&send).into(), rows(me), &runs, (&mut recv).into(), &recv_counts).map_err(fail)?;
             let want: Vec<u8> = (0..n)
                 .flat_map(|i| (0..rows(i)).flat_map(move |r| (0..run(i, me)).map(move |b| pat(i, me, r * 3 + b))))
                 .collect();
@@ -234,7 +241,7 @@ fn broadcast_from_every_root(ctx: &RankCtx) -> Result<Outcome, String> {
     for g in groups(ctx) {
         for root in 0..g.len() {
             let mut buf: Vec<u8> = (0..6).map(|k| pat(ctx.rank(), root, k)).collect();
-            c.broadcast(&g, &mut buf, root).map_err(fail)?;
+            c.broadcast(&g, (&mut buf).into(), root).map_err(fail)?;
             let want: Vec<u8> = (0..6).map(|k| pat(g[root], root, k)).collect();
             if buf != want {
                 return Err(format!("broadcast root {root} on {g:?}: got {buf:?}, expected {want:?}"));
@@ -255,7 +262,7 @@ fn scatter_from_every_root(ctx: &RankCtx) -> Result<Outcome, String> {
             let send: Vec<u8> =
                 if me == root { (0..n).flat_map(|j| (0..l).map(move |k| pat(root, j, k))).collect() } else { vec![9] };
             let mut recv = vec![0u8; l];
-            c.scatter(&g, &send, &mut recv, root).map_err(fail)?;
+            c.scatter(&g, (&send).into(), (&mut recv).into(), root).map_err(fail)?;
             let want: Vec<u8> = (0..l).map(|k| pat(root, me, k)).collect();
             if recv != want {
                 return Err(format!("scatter root {root} on {g:?}: got {recv:?}, expected {want:?}"));
@@ -376,19 +383,19 @@ fn empty_collectives_complete(ctx: &RankCtx) -> Result<Outcome, String> {
     let c = ctx.comm();
     let world: Vec<usize> = (0..ctx.world_size()).collect();
     let mut none: Vec<u8> = Vec::new();
-    c.all_gather(&world, &[], (&mut none).into()).map_err(fail)?;
-    c.all_to_all(&world, &[], (&mut none).into()).map_err(fail)?;
-    c.broadcast(&world, &mut none, 0).map_err(fail)?;
-    c.scatter(&world, &[], &mut none, 0).map_err(fail)?;
+    c.all_gather(&world, (&[]).into(), (&mut none).into()).map_err(fail)?;
+    c.all_to_all(&world, (&[]).into(), (&mut none).into()).map_err(fail)?;
+    c.broadcast(&world, (&mut none).into(), 0).map_err(fail)?;
+    c.scatter(&world, (&[]).into(), (&mut none).into(), 0).map_err(fail)?;
     for dtype in [DType::F32, DType::BF16, DType::F16, DType::I64] {
         for op in OPS.into_iter().filter(|&op| defined(dtype, op)) {
-            c.all_reduce(&world, &mut none, dtype, op).map_err(fail)?;
-            c.reduce_scatter(&world, &[], (&mut none).into(), dtype, op).map_err(fail)?;
+            c.all_reduce(&world, (&mut none).into(), dtype, op).map_err(fail)?;
+            c.reduce_scatter(&world, (&[]).into(), (&mut none).into(), dtype, op).map_err(fail)?;
         }
     }
     // Still a typed error for a rank outside the group.
     let others: Vec<usize> = world.iter().copied().filter(|&r| r != ctx.rank()).collect();
-    if !others.is_empty() && c.all_reduce(&others, &mut none, DType::F32, ReduceOp::Sum).is_ok() {
+    if !others.is_empty() && c.all_reduce(&others, (&mut none).into(), DType::F32, ReduceOp::Sum).is_ok() {
         return Err("an empty all-reduce over a group without this rank succeeded".into());
     }
     Ok(Outcome::Pass)
@@ -401,7 +408,7 @@ fn bad_input_is_a_typed_error(ctx: &RankCtx) -> Result<Outcome, String> {
     let world: Vec<usize> = (0..n).collect();
     let others: Vec<usize> = (0..n).filter(|&r| r != ctx.rank()).collect();
     let mut recv = vec![0u8; 3];
-    let e = c.all_gather(&world, &[1, 2], (&mut recv).into()).unwrap_err();
+    let e = c.all_gather(&world, (&[1, 2]).into(), (&mut recv).into()).unwrap_err();
     if !matches!(e, Error::BufferMismatch { .. }) && n != 1 {
         return Err(format!("wrong recv size gave {e:?}"));
     }
@@ -411,7 +418,7 @@ fn bad_input_is_a_typed_error(ctx: &RankCtx) -> Result<Outcome, String> {
             return Err(format!("non-member group gave {e:?}"));
         }
     }
-    let e = c.broadcast(&world, &mut [0u8; 4], n).unwrap_err();
+    let e = c.broadcast(&world, (&mut [0u8; 4]).into(), n).unwrap_err();
     if !matches!(e, Error::RankOutOfRange { .. }) {
         return Err(format!("root out of range gave {e:?}"));
     }
@@ -423,7 +430,7 @@ fn bad_input_is_a_typed_error(ctx: &RankCtx) -> Result<Outcome, String> {
     if !matches!(e, Error::InvalidArgument { .. }) {
         return Err(format!("non-partition gave {e:?}"));
     }
-    let e = c.all_reduce(&world, &mut [0u8; 5], DType::F32, ReduceOp::Sum).unwrap_err();
+    let e = c.all_reduce(&world, (&mut [0u8; 5]).into(), DType::F32, ReduceOp::Sum).unwrap_err();
     if !matches!(e, Error::BufferMismatch { .. }) {
         return Err(format!("5 bytes of f32 gave {e:?}"));
     }
@@ -441,7 +448,7 @@ fn max_min_propagate_nan(ctx: &RankCtx) -> Result<Outcome, String> {
             // Element 0 is NaN on the last rank only; element 1 is finite everywhere.
             let mine = [if ctx.rank() == last { f64::NAN } else { 1.0 }, ctx.rank() as f64];
             let mut buf = to_bytes(dtype, &mine);
-            c.all_reduce(&world, &mut buf, dtype, op).map_err(|e| e.to_string())?;
+            c.all_reduce(&world, (&mut buf).into(), dtype, op).map_err(|e| e.to_string())?;
             let got = from_bytes(dtype, &buf);
             let finite = if op == ReduceOp::Max { last as f64 } else { 0.0 };
             if !got[0].is_nan() || got[1] != finite {
@@ -449,7 +456,7 @@ fn max_min_propagate_nan(ctx: &RankCtx) -> Result<Outcome, String> {
             }
             let send: Vec<f64> = (0..n).flat_map(|_| mine).collect();
             let mut recv = to_bytes(dtype, &[0.0, 0.0]);
-            c.reduce_scatter(&world, &to_bytes(dtype, &send), (&mut recv).into(), dtype, op)
+            c.reduce_scatter(&world, (&to_bytes(dtype, &send)).into(), (&mut recv).into(), dtype, op)
                 .map_err(|e| e.to_string())?;
             let got = from_bytes(dtype, &recv);
             if !got[0].is_nan() || got[1] != finite {
@@ -514,11 +521,11 @@ fn disagreeing_counts_are_typed_errors(ctx: &RankCtx) -> Result<Outcome, String>
         let counts: Vec<usize> = (0..n).map(|i| if i == usize::from(me != 0) { 2 } else { 1 }).collect();
         let send = vec![me as u8; counts[me]];
         let mut recv = vec![0u8; counts.iter().sum()];
-        typed_disagreement("all_gather_v", c.all_gather_v(&g, &send, &counts, (&mut recv).into()), None)?;
+        typed_disagreement("all_gather_v", c.all_gather_v(&g, (&send).into(), &counts, (&mut recv).into()), None)?;
         let bytes: Vec<usize> = counts.iter().map(|x| 4 * x).collect();
         let send = vec![0u8; bytes.iter().sum()];
         let mut recv = vec![0u8; bytes[me]];
-        let r = c.reduce_scatter_v(&g, &send, &bytes, (&mut recv).into(), DType::F32, ReduceOp::Sum);
+        let r = c.reduce_scatter_v(&g, (&send).into(), &bytes, (&mut recv).into(), DType::F32, ReduceOp::Sum);
         typed_disagreement("reduce_scatter_v", r, None)?;
         // All-to-all-v: member 0 sends member 1 two bytes where member 1 expects one, and
         // member 1 expects two from itself where it sends one: every member sends and
@@ -527,13 +534,13 @@ fn disagreeing_counts_are_typed_errors(ctx: &RankCtx) -> Result<Outcome, String>
         let recv_counts: Vec<usize> = (0..n).map(|i| if me <= 1 && i == 1 { 2 } else { 1 }).collect();
         let send = vec![me as u8; runs.iter().sum()];
         let mut recv = vec![0u8; recv_counts.iter().sum()];
-        let r = c.all_to_all_v(&g, &send, 1, &runs, (&mut recv).into(), &recv_counts);
+        let r = c.all_to_all_v(&g, (&send).into(), 1, &runs, (&mut recv).into(), &recv_counts);
         typed_disagreement("all_to_all_v", r, None)?;
         // Still usable: the same collectives with agreeing counts deliver.
         let counts: Vec<usize> = (0..n).map(|i| i % 2 + 1).collect();
         let send: Vec<u8> = (0..counts[me]).map(|b| pat(me, 0, b)).collect();
         let mut recv = vec![0u8; counts.iter().sum()];
-        c.all_gather_v(&g, &send, &counts, (&mut recv).into()).map_err(fail)?;
+        c.all_gather_v(&g, (&send).into(), &counts, (&mut recv).into()).map_err(fail)?;
         let want: Vec<u8> = (0..n).flat_map(|i| (0..counts[i]).map(move |b| pat(i, 0, b))).collect();
         if recv != want {
             return Err(format!("all_gather_v after the mismatches on {g:?}: {recv:?}, expected {want:?}"));
@@ -557,49 +564,56 @@ fn disagreeing_arguments_are_typed_errors(ctx: &RankCtx) -> Result<Outcome, Stri
     let me = ctx.rank();
     for len in [if me == 0 { 8 } else { 4 }, if me == 0 { 0 } else { 4 }] {
         let all = |what: &str, r: Result<(), Error>| typed_disagreement(&format!("{what} ({len} bytes)"), r, None);
-        all("all_gather", c.all_gather(&w, &vec![1; len], (&mut vec![0; n * len]).into()))?;
-        all("all_reduce", c.all_reduce(&w, &mut vec![0; len], DType::F32, ReduceOp::Sum))?;
-        all("all_reduce bf16", c.all_reduce(&w, &mut vec![0; len], DType::BF16, ReduceOp::Sum))?;
+        all("all_gather", c.all_gather(&w, (&vec![1; len]).into(), (&mut vec![0; n * len]).into()))?;
+        all("all_reduce", c.all_reduce(&w, (&mut vec![0; len]).into(), DType::F32, ReduceOp::Sum))?;
+        all("all_reduce bf16", c.all_reduce(&w, (&mut vec![0; len]).into(), DType::BF16, ReduceOp::Sum))?;
         let mut out = vec![0; len];
-        all("reduce_scatter", c.reduce_scatter(&w, &vec![0; n * len], (&mut out).into(), DType::F32, ReduceOp::Sum))?;
-        all("all_to_all", c.all_to_all(&w, &vec![0; n * len], (&mut vec![0; n * len]).into()))?;
-        all("broadcast", c.broadcast(&w, &mut vec![0; len], 0))?;
-        all("scatter", c.scatter(&w, &vec![0; n * len], &mut vec![0; len], 0))?;
+        all(
+            "reduce_scatter",
+            c.reduce_scatter(&w, (&vec![0; n * len]).into(), (&mut out).into(), DType::F32, ReduceOp::Sum),
+        )?;
+        all("all_to_all", c.all_to_all(&w, (&vec![0; n * len]).into(), (&mut vec![0; n * len]).into()))?;
+        all("broadcast", c.broadcast(&w, (&mut vec![0; len]).into(), 0))?;
+        all("scatter", c.scatter(&w, (&vec![0; n * len]).into(), (&mut vec![0; len]).into(), 0))?;
         let started = ctx.comm().all_reduce_start(&w, Box::new(vec![0f32; len / 4]), DType::F32, ReduceOp::Sum);
         all("all_reduce_start", started.and_then(|p| p.wait()).map(|_| ()))?;
     }
     let (rows, run) = if me == 0 { (2, 2) } else { (4, 1) };
-    let r = c.all_to_all_strided(&w, &vec![0; 4 * n], rows, run, (&mut vec![0; 4 * n]).into());
+    let r = c.all_to_all_strided(&w, (&vec![0; 4 * n]).into(), rows, run, (&mut vec![0; 4 * n]).into());
     typed_disagreement("all_to_all_strided", r, None)?;
     let dtype = if me == 0 { DType::BF16 } else { DType::F16 };
-    typed_disagreement("bf16 vs f16", c.all_reduce(&w, &mut [0; 8], dtype, ReduceOp::Sum), Some("dtype"))?;
+    typed_disagreement("bf16 vs f16", c.all_reduce(&w, (&mut [0; 8]).into(), dtype, ReduceOp::Sum), Some("dtype"))?;
     let dtype = if me == 0 { DType::F32 } else { DType::I32 };
-    typed_disagreement("f32 vs i32", c.all_reduce(&w, &mut [0; 8], dtype, ReduceOp::Max), Some("dtype"))?;
+    typed_disagreement("f32 vs i32", c.all_reduce(&w, (&mut [0; 8]).into(), dtype, ReduceOp::Max), Some("dtype"))?;
     let op = if me == 0 { ReduceOp::Sum } else { ReduceOp::Max };
-    typed_disagreement("sum vs max", c.all_reduce(&w, &mut [0; 8], DType::F64, op), Some("reduce op"))?;
-    typed_disagreement("two roots", c.broadcast(&w, &mut [0; 4], me % 2), Some("root"))?;
+    typed_disagreement("sum vs max", c.all_reduce(&w, (&mut [0; 8]).into(), DType::F64, op), Some("reduce op"))?;
+    typed_disagreement("two roots", c.broadcast(&w, (&mut [0; 4]).into(), me % 2), Some("root"))?;
     // A started all-reduce (MPI_Iallreduce) never matches a blocking one (MPI_Allreduce).
     let r = if me == 0 {
-        c.all_reduce(&w, &mut [0; 8], DType::F32, ReduceOp::Sum)
+        c.all_reduce(&w, (&mut [0; 8]).into(), DType::F32, ReduceOp::Sum)
     } else {
         c.all_reduce_start(&w, Box::new(vec![0f32; 2]), DType::F32, ReduceOp::Sum).and_then(|p| p.wait()).map(|_| ())
     };
     typed_disagreement("started vs blocking all_reduce", r, Some("kind"))?;
-    typed_disagreement("two scatter roots", c.scatter(&w, &vec![0; 4 * n], &mut [0; 4], me % 2), Some("root"))?;
+    typed_disagreement(
+        "two scatter roots",
+        c.scatter(&w, (&vec![0; 4 * n]).into(), (&mut [0; 4]).into(), me % 2),
+        Some("root"),
+    )?;
     // Rank 0 passes a recv buffer of the wrong size: it gets its own error, its peers one
     // naming it, nobody waits.
     let recv_len = if me == 0 { 3 } else { 2 * n };
-    let r = c.all_gather(&w, &[0, 0], (&mut vec![0; recv_len]).into());
+    let r = c.all_gather(&w, (&[0, 0]).into(), (&mut vec![0; recv_len]).into());
     typed_disagreement("one member's bad recv", r, None)?;
     let root = if me == 0 { n } else { 0 };
-    match c.broadcast(&w, &mut [0; 4], root) {
+    match c.broadcast(&w, (&mut [0; 4]).into(), root) {
         Err(Error::RankOutOfRange { .. }) if me == 0 => {}
         Err(Error::BufferMismatch { .. }) if me != 0 => {}
         other => return Err(format!("one member's root out of range: {other:?}")),
     }
     // Still usable afterwards.
     let mut b = [1.0f32; 3];
-    c.all_reduce(&w, bytemuck::cast_slice_mut(&mut b), DType::F32, ReduceOp::Sum).map_err(fail)?;
+    c.all_reduce(&w, bytemuck::cast_slice_mut(&mut b).into(), DType::F32, ReduceOp::Sum).map_err(fail)?;
     close(&b.map(f64::from), &[n as f64; 3], "all_reduce after the mismatches")?;
     Ok(Outcome::Pass)
 }
@@ -611,8 +625,8 @@ fn empty_rows_are_bounded(ctx: &RankCtx) -> Result<Outcome, String> {
     let n = ctx.world_size();
     let w: Vec<usize> = (0..n).collect();
     let t0 = Instant::now();
-    c.all_to_all_v(&w, &[], 1 << 40, &vec![0; n], (&mut []).into(), &vec![0; n]).map_err(fail)?;
-    c.all_to_all_strided(&w, &[], 1 << 40, 0, (&mut []).into()).map_err(fail)?;
+    c.all_to_all_v(&w, (&[]).into(), 1 << 40, &vec![0; n], (&mut []).into(), &vec![0; n]).map_err(fail)?;
+    c.all_to_all_strided(&w, (&[]).into(), 1 << 40, 0, (&mut []).into()).map_err(fail)?;
     if t0.elapsed() > Duration::from_secs(2) {
         return Err(format!("2^40 empty rows took {:?}", t0.elapsed()));
     }
@@ -633,12 +647,12 @@ fn agreement_cost(ctx: &RankCtx) -> Result<Outcome, String> {
         Ok(t0.elapsed().as_secs_f64() / iters as f64 * 1e6)
     };
     let mut small = [0u8; 8];
-    let reduce = time(2000, &mut || c.all_reduce(&w, &mut small, DType::F32, ReduceOp::Sum))?;
+    let reduce = time(2000, &mut || c.all_reduce(&w, (&mut small).into(), DType::F32, ReduceOp::Sum))?;
     let barrier = time(2000, &mut || c.barrier(&w))?;
     let mut gathered = vec![0u8; 8 * w.len()];
-    let gather = time(2000, &mut || c.all_gather(&w, &small, (&mut gathered).into()))?;
+    let gather = time(2000, &mut || c.all_gather(&w, (&small).into(), (&mut gathered).into()))?;
     let mut big = vec![0u8; 1 << 20];
-    let large = time(40, &mut || c.all_reduce(&w, &mut big, DType::F32, ReduceOp::Sum))?;
+    let large = time(40, &mut || c.all_reduce(&w, (&mut big).into(), DType::F32, ReduceOp::Sum))?;
     if ctx.rank() == 0 {
         println!(
             "  {} ranks: barrier {barrier:.1} us, all_reduce 8 B {reduce:.1} us, all_gather 8 B {gather:.1} us, \

@@ -184,11 +184,11 @@ fn gather_outputs(ctx: &RankCtx, mine: &RankOutput) -> dtensor_runtime::Result<V
     }
     let world: Vec<usize> = (0..ctx.world_size()).collect();
     let mut lens = vec![0u8; 8 * world.len()];
-    ctx.comm().all_gather(&world, &(flat.len() as u64).to_ne_bytes(), (&mut lens).into())?;
+    ctx.comm().all_gather(&world, (&(flat.len() as u64).to_ne_bytes()).into(), (&mut lens).into())?;
     let max = lens.chunks(8).map(|c| u64::from_ne_bytes(c.try_into().unwrap()) as usize).max().unwrap_or(0);
     flat.resize(max, 0.0);
     let mut all = vec![0u8; 8 * max * world.len()];
-    ctx.comm().all_gather(&world, bytemuck::cast_slice(&flat), (&mut all).into())?;
+    ctx.comm().all_gather(&world, bytemuck::cast_slice(&flat).into(), (&mut all).into())?;
     let all: Vec<f64> = bytemuck::pod_collect_to_vec(&all);
     Ok(all
         .chunks(max)

@@ -7,7 +7,7 @@
 mod common;
 
 use common::{expected_shard, global};
-use dtensor_runtime::comm::{Communicator, RecvBuf};
+use dtensor_runtime::comm::{Communicator, HostCollectives, RecvBuf};
 use dtensor_runtime::ndarray::ArrayD;
 use dtensor_runtime::{
     distribute_tensor, from_local, run, CollectiveKind, CommDebugMode, DType, Error, FromLocal, Partial, Placement,
@@ -119,36 +119,36 @@ fn partial_to_replicate_from_borrowed_and_owned_shards() {
 struct Defaults(ThreadComm);
 
 // SAFETY: every collective forwards to the thread backend, which upholds the contract.
-unsafe impl Communicator for Defaults {
+unsafe impl HostCollectives for Defaults {
     fn rank(&self) -> usize {
-        self.0.rank()
+        HostCollectives::rank(&self.0)
     }
     fn world_size(&self) -> usize {
-        self.0.world_size()
+        HostCollectives::world_size(&self.0)
     }
     fn backend(&self) -> &'static str {
         "defaults"
     }
     fn all_gather(&self, g: &[usize], send: &[u8], recv: RecvBuf<'_>) -> Result<()> {
-        self.0.all_gather(g, send, recv)
+        HostCollectives::all_gather(&self.0, g, send, recv)
     }
     fn all_reduce(&self, g: &[usize], buf: &mut [u8], dtype: DType, op: ReduceOp) -> Result<()> {
-        self.0.all_reduce(g, buf, dtype, op)
+        HostCollectives::all_reduce(&self.0, g, buf, dtype, op)
     }
     fn reduce_scatter(&self, g: &[usize], send: &[u8], recv: RecvBuf<'_>, dtype: DType, op: ReduceOp) -> Result<()> {
-        self.0.reduce_scatter(g, send, recv, dtype, op)
+        HostCollectives::reduce_scatter(&self.0, g, send, recv, dtype, op)
     }
     fn all_to_all(&self, g: &[usize], send: &[u8], recv: RecvBuf<'_>) -> Result<()> {
-        self.0.all_to_all(g, send, recv)
+        HostCollectives::all_to_all(&self.0, g, send, recv)
     }
     fn broadcast(&self, g: &[usize], buf: &mut [u8], root: usize) -> Result<()> {
-        self.0.broadcast(g, buf, root)
+        HostCollectives::broadcast(&self.0, g, buf, root)
     }
     fn scatter(&self, g: &[usize], send: &[u8], recv: &mut [u8], root: usize) -> Result<()> {
-        self.0.scatter(g, send, recv, root)
+        HostCollectives::scatter(&self.0, g, send, recv, root)
     }
     fn barrier(&self, g: &[usize]) -> Result<()> {
-        self.0.barrier(g)
+        HostCollectives::barrier(&self.0, g)
     }
 }
 
@@ -183,7 +183,7 @@ fn strided_all_to_all_matches_packed_blocks() {
         let send = |r: usize| -> Vec<u8> { (0..rows * n * run).map(|i| (i * 7 + r * 31) as u8).collect() };
         let results = both_backends(n, |r, c| {
             let mut recv = vec![0u8; rows * n * run];
-            c.all_to_all_strided(&group, &send(r), rows, run, (&mut recv).into()).map(|()| recv)
+            c.all_to_all_strided(&group, (&send(r)).into(), rows, run, (&mut recv).into()).map(|()| recv)
         });
         for got in results {
             for (me, recv) in got.into_iter().enumerate() {
@@ -199,14 +199,16 @@ fn strided_all_to_all_matches_packed_blocks() {
         }
     }
     // A layout that does not tile the buffer is an error on every member, not a panic.
-    for got in both_backends(2, |_, c| c.all_to_all_strided(&[0, 1], &[0u8; 10], 2, 3, (&mut [0u8; 10]).into())) {
+    for got in
+        both_backends(2, |_, c| c.all_to_all_strided(&[0, 1], (&[0u8; 10]).into(), 2, 3, (&mut [0u8; 10]).into()))
+    {
         got.into_iter().for_each(|r| assert!(matches!(r, Err(Error::BufferMismatch { .. })), "{r:?}"));
     }
     // Members that split the same bytes into different runs: an error on every member of the
     // thread backend (the default packs locally and cannot tell).
     let [threads, _] = both_backends(2, |r, c| {
         let (rows, run) = if r == 0 { (3, 2) } else { (2, 3) };
-        c.all_to_all_strided(&[0, 1], &[0u8; 12], rows, run, (&mut [0u8; 12]).into())
+        c.all_to_all_strided(&[0, 1], (&[0u8; 12]).into(), rows, run, (&mut [0u8; 12]).into())
     });
     threads.into_iter().for_each(|r| assert!(matches!(r, Err(Error::BufferMismatch { .. })), "{r:?}"));
 }
@@ -223,8 +225,8 @@ fn out_of_place_all_reduce_matches_in_place() {
             let mut recv = vec![0f64; len];
             let mut inplace = send.clone();
             let into = bytemuck::cast_slice_mut::<f64, u8>(&mut recv).into();
-            c.all_reduce_into(&group, bytemuck::cast_slice(&send), into, DType::F64, ReduceOp::Sum)?;
-            c.all_reduce(&group, bytemuck::cast_slice_mut(&mut inplace), DType::F64, ReduceOp::Sum)?;
+            c.all_reduce_into(&group, bytemuck::cast_slice(&send).into(), into, DType::F64, ReduceOp::Sum)?;
+            c.all_reduce(&group, bytemuck::cast_slice_mut(&mut inplace).into(), DType::F64, ReduceOp::Sum)?;
             Ok::<_, Error>((send == input(r), recv, inplace))
         });
         let want: Vec<f64> = (0..len).map(|i| (0..n).map(|r| input(r)[i]).sum()).collect();
@@ -239,7 +241,7 @@ fn out_of_place_all_reduce_matches_in_place() {
     }
     // Lengths that differ between send and recv are an error, not a panic.
     for got in both_backends(2, |_, c| {
-        c.all_reduce_into(&[0, 1], &[0u8; 8], (&mut [0u8; 4]).into(), DType::F32, ReduceOp::Sum)
+        c.all_reduce_into(&[0, 1], (&[0u8; 8]).into(), (&mut [0u8; 4]).into(), DType::F32, ReduceOp::Sum)
     }) {
         got.into_iter().for_each(|r| assert!(matches!(r, Err(Error::BufferMismatch { .. })), "{r:?}"));
     }

@@ -36,11 +36,11 @@ fn a_second_thread_of_a_rank_in_the_same_group_gets_a_typed_error() {
     // ... so thread B of rank 0 finds rank 0's seat taken, at once.
     let start = Instant::now();
     let mut buf = bytes(&[1.0; 4]);
-    let e = c0b.all_reduce(&[0, 1], &mut buf, DType::F32, ReduceOp::Sum).unwrap_err();
+    let e = c0b.all_reduce(&[0, 1], (&mut buf).into(), DType::F32, ReduceOp::Sum).unwrap_err();
     assert!(matches!(&e, Error::ConcurrentCollective { rank: 0, group, .. } if group == &[0, 1]), "{e}");
     assert!(start.elapsed() < Duration::from_secs(5));
     assert_eq!(f32s(&buf), vec![1.0; 4], "the refused call must not touch its buffer");
-    let e = c0b.broadcast(&[0, 1], &mut buf, 0).unwrap_err();
+    let e = c0b.broadcast(&[0, 1], (&mut buf).into(), 0).unwrap_err();
     assert!(matches!(e, Error::ConcurrentCollective { .. }), "{e}");
     // Rank 1 arrives: thread A completes normally, and the seat is free again afterwards.
     let c1 = world.communicator(1).unwrap();
@@ -94,7 +94,7 @@ fn racing_broadcasts_of_one_rank_never_write_out_of_bounds() {
         let mut v = vec![who as f32; len + 1];
         v[len] = -7.0;
         let mut b = bytes(&v);
-        let r = c.broadcast(&[0, 1], &mut b[..len * 4], 0);
+        let r = c.broadcast(&[0, 1], (&mut b[..len * 4]).into(), 0);
         let v = f32s(&b);
         assert_eq!(v[len], -7.0, "write past the end of the buffer");
         if r.is_ok() && who >= 2 {
@@ -113,7 +113,7 @@ fn racing_all_reduces_of_one_rank_give_sums_or_typed_errors() {
             let mut v = vec![1.0f32; len + 1];
             v[len] = -7.0;
             let mut b = bytes(&v);
-            let r = c.all_reduce(&[0, 1], &mut b[..len * 4], DType::F32, ReduceOp::Sum);
+            let r = c.all_reduce(&[0, 1], (&mut b[..len * 4]).into(), DType::F32, ReduceOp::Sum);
             let v = f32s(&b);
             assert_eq!(v[len], -7.0, "write past the end of the buffer");
             if r.is_ok() {
@@ -129,7 +129,7 @@ fn racing_all_gathers_of_different_sizes_are_typed_errors() {
     race(30, |c, who| {
         let l = if who % 2 == 0 { 8 } else { 800 };
         let mut recv = vec![0u8; 2 * l + 4];
-        let r = c.all_gather(&[0, 1], &vec![who as u8 + 1; l], (&mut recv[..2 * l]).into());
+        let r = c.all_gather(&[0, 1], (&vec![who as u8 + 1; l]).into(), (&mut recv[..2 * l]).into());
         assert_eq!(&recv[2 * l..], &[0, 0, 0, 0], "write past the end of the buffer");
         if r.is_ok() {
             assert!(recv[..l].iter().all(|&x| x == recv[0]) && recv[l..2 * l].iter().all(|&x| x == recv[l]));
@@ -153,20 +153,20 @@ fn max_and_min_reductions_propagate_nan_like_pytorch() {
             // Rank 1 holds a NaN in element 0; element 1 is finite everywhere.
             let mine = [if ctx.rank() == 1 { f32::NAN } else { ctx.rank() as f32 }, ctx.rank() as f32];
             let mut mx = bytes(&mine);
-            comm.all_reduce(&g, &mut mx, DType::F32, ReduceOp::Max)?;
+            comm.all_reduce(&g, (&mut mx).into(), DType::F32, ReduceOp::Max)?;
             let mut mn = bytes(&mine);
-            comm.all_reduce(&g, &mut mn, DType::F32, ReduceOp::Min)?;
+            comm.all_reduce(&g, (&mut mn).into(), DType::F32, ReduceOp::Min)?;
             // Large enough for the split path: NaN at one position on rank 2.
             let mut big = vec![ctx.rank() as f64; 20_000];
             if ctx.rank() == 2 {
                 big[12_345] = f64::NAN;
             }
             let mut bb: Vec<u8> = bytemuck::cast_slice(&big).to_vec();
-            comm.all_reduce(&g, &mut bb, DType::F64, ReduceOp::Max)?;
+            comm.all_reduce(&g, (&mut bb).into(), DType::F64, ReduceOp::Max)?;
             let big: Vec<f64> = bytemuck::pod_collect_to_vec(&bb);
             let mut rs = vec![0u8; 8];
             let send = bytes(&[mine[0], mine[1], 1.0, 2.0, 3.0, 4.0]);
-            comm.reduce_scatter(&g, &send, (&mut rs).into(), DType::F32, ReduceOp::Max)?;
+            comm.reduce_scatter(&g, (&send).into(), (&mut rs).into(), DType::F32, ReduceOp::Max)?;
             Ok((f32s(&mx), f32s(&mn), big[12_345].is_nan(), big[0], f32s(&rs)))
         })
         .unwrap();
@@ -232,9 +232,9 @@ fn large_all_reduces_equal_a_sequential_fold_on_every_member() {
                         let g: Vec<usize> = (0..n).collect();
                         let send = bytes(&inputs[ctx.rank()]);
                         let mut in_place = send.clone();
-                        comm.all_reduce(&g, &mut in_place, DType::F32, op)?;
+                        comm.all_reduce(&g, (&mut in_place).into(), DType::F32, op)?;
                         let mut recv = vec![0xAAu8; send.len() + 4];
-                        comm.all_reduce_into(&g, &send, (&mut recv[..send.len()]).into(), DType::F32, op)?;
+                        comm.all_reduce_into(&g, (&send).into(), (&mut recv[..send.len()]).into(), DType::F32, op)?;
                         assert_eq!(&recv[send.len()..], &[0xAA; 4], "write past the end of the output");
                         recv.truncate(send.len());
                         Ok((f32s(&in_place), f32s(&recv)))
@@ -258,9 +258,11 @@ fn large_integer_averages_fail_on_every_member() {
             let g = [0, 1, 2];
             let send = vec![7u8; 8 * 20_000];
             let mut in_place = send.clone();
-            let a = comm.all_reduce(&g, &mut in_place, DType::I64, ReduceOp::Avg).unwrap_err();
+            let a = comm.all_reduce(&g, (&mut in_place).into(), DType::I64, ReduceOp::Avg).unwrap_err();
             let mut recv = vec![0u8; send.len()];
-            let b = comm.all_reduce_into(&g, &send, (&mut recv[..]).into(), DType::I64, ReduceOp::Avg).unwrap_err();
+            let b = comm
+                .all_reduce_into(&g, (&send).into(), (&mut recv[..]).into(), DType::I64, ReduceOp::Avg)
+                .unwrap_err();
             Ok((a, b))
         })
         .unwrap();

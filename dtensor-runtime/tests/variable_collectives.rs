@@ -80,7 +80,7 @@ fn all_gather_v_places_every_block() {
                     let send: Vec<f32> = (0..c[r]).map(|k| value(r, k)).collect();
                     let mut recv = vec![0u8; 4 * want.len()];
                     let bytes: Vec<usize> = c.iter().map(|x| 4 * x).collect();
-                    comm.all_gather_v(&group, bytemuck::cast_slice(&send), &bytes, (&mut recv).into())?;
+                    comm.all_gather_v(&group, bytemuck::cast_slice(&send).into(), &bytes, (&mut recv).into())?;
                     Ok(f32s(&recv))
                 }) {
                     assert_eq!(got.unwrap(), want, "padded {padded} n {n} counts {c:?}");
@@ -117,7 +117,7 @@ fn reduce_scatter_v_reduces_every_block() {
                         let bytes: Vec<usize> = c.iter().map(|x| 4 * x).collect();
                         comm.reduce_scatter_v(
                             &group,
-                            bytemuck::cast_slice(&send),
+                            bytemuck::cast_slice(&send).into(),
                             &bytes,
                             (&mut recv).into(),
                             DType::F32,
@@ -163,7 +163,7 @@ fn all_to_all_v_delivers_every_run() {
                     let run_bytes: Vec<usize> = runs[me].iter().map(|x| 4 * x).collect();
                     comm.all_to_all_v(
                         &group,
-                        bytemuck::cast_slice(&send),
+                        bytemuck::cast_slice(&send).into(),
                         rows[me],
                         &run_bytes,
                         (&mut recv).into(),
@@ -204,7 +204,7 @@ fn members_that_disagree_all_get_a_typed_error() {
             let counts = if r == 0 { [2, 1] } else { [2, 2] };
             let send = vec![0u8; counts[r]];
             let mut recv = vec![0u8; counts.iter().sum()];
-            comm.all_gather_v(&g, &send, &counts, (&mut recv).into())
+            comm.all_gather_v(&g, (&send).into(), &counts, (&mut recv).into())
         }),
         "passed counts",
     );
@@ -213,7 +213,7 @@ fn members_that_disagree_all_get_a_typed_error() {
             let counts = if r == 0 { [4, 4] } else { [4, 8] };
             let send = vec![0u8; counts.iter().sum()];
             let mut recv = vec![0u8; counts[r]];
-            comm.reduce_scatter_v(&g, &send, &counts, (&mut recv).into(), DType::F32, ReduceOp::Sum)
+            comm.reduce_scatter_v(&g, (&send).into(), &counts, (&mut recv).into(), DType::F32, ReduceOp::Sum)
         }),
         "passed counts",
     );
@@ -223,7 +223,7 @@ fn members_that_disagree_all_get_a_typed_error() {
             let (runs, recv_counts) = if r == 0 { ([1, 3], [1, 1]) } else { ([1, 1], [2, 1]) };
             let send = vec![0u8; runs.iter().sum()];
             let mut recv = vec![0u8; recv_counts.iter().sum()];
-            comm.all_to_all_v(&g, &send, 1, &runs, (&mut recv).into(), &recv_counts)
+            comm.all_to_all_v(&g, (&send).into(), 1, &runs, (&mut recv).into(), &recv_counts)
         }),
         "expects 2 bytes",
     );
@@ -234,28 +234,37 @@ fn bad_arguments_are_typed_errors_before_anything_moves() {
     // Every member makes the same bad call, so none waits for a peer that never comes.
     for padded in [false, true] {
         all_mismatch(
-            on_ranks(2, padded, |_, comm| comm.all_gather_v(&[0, 1], &[0u8; 3], &[2, 2], (&mut [0u8; 4]).into())),
+            on_ranks(2, padded, |_, comm| {
+                comm.all_gather_v(&[0, 1], (&[0u8; 3]).into(), &[2, 2], (&mut [0u8; 4]).into())
+            }),
             "counts[",
         );
         all_mismatch(
-            on_ranks(2, padded, |_, comm| comm.all_gather_v(&[0, 1], &[0u8; 2], &[2], (&mut [0u8; 2]).into())),
+            on_ranks(2, padded, |_, comm| comm.all_gather_v(&[0, 1], (&[0u8; 2]).into(), &[2], (&mut [0u8; 2]).into())),
             "1 counts for a group of 2",
         );
         all_mismatch(
             on_ranks(2, padded, |_, comm| {
-                comm.reduce_scatter_v(&[0, 1], &[0u8; 6], &[3, 3], (&mut [0u8; 3]).into(), DType::F32, ReduceOp::Sum)
+                comm.reduce_scatter_v(
+                    &[0, 1],
+                    (&[0u8; 6]).into(),
+                    &[3, 3],
+                    (&mut [0u8; 3]).into(),
+                    DType::F32,
+                    ReduceOp::Sum,
+                )
             }),
             "whole number",
         );
         all_mismatch(
             on_ranks(2, padded, |_, comm| {
-                comm.all_to_all_v(&[0, 1], &[0u8; 5], 2, &[1, 1], (&mut [0u8; 4]).into(), &[2, 2])
+                comm.all_to_all_v(&[0, 1], (&[0u8; 5]).into(), 2, &[1, 1], (&mut [0u8; 4]).into(), &[2, 2])
             }),
             "2 rows of runs",
         );
         all_mismatch(
             on_ranks(2, padded, |_, comm| {
-                comm.all_to_all_v(&[0, 1], &[0u8; 4], 2, &[1, 1], (&mut [0u8; 3]).into(), &[2, 2])
+                comm.all_to_all_v(&[0, 1], (&[0u8; 4]).into(), 2, &[1, 1], (&mut [0u8; 3]).into(), &[2, 2])
             }),
             "recv counts add up to 4",
         );

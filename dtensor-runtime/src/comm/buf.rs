@@ -1,12 +1,18 @@
-//! Collective buffers that may live on a device: [`Buf`] (read) and [`BufMut`] (written), each
-//! host bytes or a view into the rank's CUDA memory.
+//! Collective buffers that may live on a device: [`Buf`] (read), [`BufMut`] (written) and
+//! [`BufInOut`] (read, then written in place: all-reduce and broadcast), each host bytes or a
+//! view into the rank's CUDA memory.
 //!
-//! The `*_buf` collectives of [`Communicator`](super::Communicator) take them. Their default
-//! implementations (threads, MPI) stage device data through the host: copy in, run the host
-//! collective, copy out on the rank's stream. NCCL and `cuda-threads` override them to run on
-//! device buffers directly. Without the `cuda` feature the `Cuda` arms hold an uninhabited type, so the API
-//! is the same in every build and the arm is statically unreachable.
+//! Every collective of [`Communicator`](super::Communicator) takes them. A host receive
+//! buffer is a [`RecvBuf`], which may be uninitialised memory (the mesh hands backends the
+//! spare capacity of a fresh `Vec` rather than zero-filling it first). Backends without a
+//! device path implement [`HostCollectives`](super::HostCollectives) on host bytes, and
+//! [`staged`] moves device buffers through the host around those kernels (copy in, run the
+//! host collective, copy out on the rank's stream): the one place device data is staged. NCCL
+//! and `cuda-threads` run device buffers on the device directly and stage only what their
+//! device path cannot take. Without the `cuda` feature the `Cuda` arms hold an uninhabited
+//! type, so the API is the same in every build and the arm is statically unreachable.
 
+use super::RecvBuf;
 use crate::error::Result;
 
 #[cfg(not(feature = "cuda"))]
@@ -23,13 +29,84 @@ pub enum Buf<'a> {
     Cuda(CudaBytes<'a>),
 }
 
-/// A collective's output: host bytes or device bytes, every byte written on `Ok`.
+/// A collective's output: host bytes (possibly uninitialised until the collective writes
+/// them) or device bytes; every byte is written on `Ok`.
 #[derive(Debug)]
 pub enum BufMut<'a> {
+    /// Host memory, possibly uninitialised ([`RecvBuf`]).
+    Host(RecvBuf<'a>),
+    /// Device memory of the rank's CUDA device.
+    Cuda(CudaBytesMut<'a>),
+}
+
+/// The buffer of an in-place collective (all-reduce, broadcast): initialised bytes that the
+/// collective reads and overwrites, on the host or the device.
+#[derive(Debug)]
+pub enum BufInOut<'a> {
     /// Host memory.
     Host(&'a mut [u8]),
     /// Device memory of the rank's CUDA device.
     Cuda(CudaBytesMut<'a>),
+}
+
+impl<'a> From<&'a [u8]> for Buf<'a> {
+    fn from(b: &'a [u8]) -> Self {
+        Buf::Host(b)
+    }
+}
+
+impl<'a> From<&'a Vec<u8>> for Buf<'a> {
+    fn from(b: &'a Vec<u8>) -> Self {
+        Buf::Host(b)
+    }
+}
+
+impl<'a, const N: usize> From<&'a [u8; N]> for Buf<'a> {
+    fn from(b: &'a [u8; N]) -> Self {
+        Buf::Host(b)
+    }
+}
+
+impl<'a> From<RecvBuf<'a>> for BufMut<'a> {
+    fn from(b: RecvBuf<'a>) -> Self {
+        BufMut::Host(b)
+    }
+}
+
+impl<'a> From<&'a mut [u8]> for BufMut<'a> {
+    fn from(b: &'a mut [u8]) -> Self {
+        BufMut::Host(b.into())
+    }
+}
+
+impl<'a> From<&'a mut Vec<u8>> for BufMut<'a> {
+    fn from(b: &'a mut Vec<u8>) -> Self {
+        BufMut::Host(b.into())
+    }
+}
+
+impl<'a, const N: usize> From<&'a mut [u8; N]> for BufMut<'a> {
+    fn from(b: &'a mut [u8; N]) -> Self {
+        BufMut::Host(b.into())
+    }
+}
+
+impl<'a> From<&'a mut [u8]> for BufInOut<'a> {
+    fn from(b: &'a mut [u8]) -> Self {
+        BufInOut::Host(b)
+    }
+}
+
+impl<'a> From<&'a mut Vec<u8>> for BufInOut<'a> {
+    fn from(b: &'a mut Vec<u8>) -> Self {
+        BufInOut::Host(b)
+    }
+}
+
+impl<'a, const N: usize> From<&'a mut [u8; N]> for BufInOut<'a> {
+    fn from(b: &'a mut [u8; N]) -> Self {
+        BufInOut::Host(b)
+    }
 }
 
 impl Buf<'_> {
@@ -65,13 +142,40 @@ impl BufMut<'_> {
     pub fn is_empty(&self) -> bool {
         self.len() == 0
     }
-    /// Runs the host collective `run` on a host buffer of this length, then copies its bytes
-    /// here (directly when this buffer is on the host).
-    pub fn stage(&mut self, run: impl FnOnce(&mut [u8]) -> Result<()>) -> Result<()> {
+    /// Runs the host collective `run` on a host receive buffer of this length, then copies its
+    /// bytes here (directly when this buffer is on the host: `run` then writes into it, still
+    /// uninitialised).
+    pub fn stage(&mut self, run: impl FnOnce(RecvBuf<'_>) -> Result<()>) -> Result<()> {
         match self {
-            BufMut::Host(b) => run(b),
+            BufMut::Host(b) => run(b.reborrow()),
             BufMut::Cuda(d) => {
                 let mut host = vec![0u8; d.len()];
+                run((&mut host).into())?;
+                d.copy_from_host(&host)
+            }
+        }
+    }
+}
+
+impl BufInOut<'_> {
+    /// Length in bytes.
+    pub fn len(&self) -> usize {
+        match self {
+            BufInOut::Host(b) => b.len(),
+            BufInOut::Cuda(d) => d.len(),
+        }
+    }
+    /// Whether it holds no bytes.
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+    /// Runs the in-place host collective `run` on these bytes (copied to the host and back
+    /// when they are on the device).
+    pub fn stage(&mut self, run: impl FnOnce(&mut [u8]) -> Result<()>) -> Result<()> {
+        match self {
+            BufInOut::Host(b) => run(b),
+            BufInOut::Cuda(d) => {
+                let mut host = d.to_host()?;
                 run(&mut host)?;
                 d.copy_from_host(&host)
             }
@@ -96,7 +200,19 @@ pub(crate) fn both_on<'s, 'a, 'b>(
     }
 }
 
-/// The two reductions of the `*_buf` collectives, for backends that run them through one
+/// The buffer of an in-place collective on the device of handle `device`, or `None`.
+#[cfg(feature = "cuda")]
+pub(crate) fn in_out_on<'s, 'b>(
+    device: &std::sync::Arc<crate::cuda::CudaDevice>,
+    buf: &'s mut BufInOut<'b>,
+) -> Option<&'s mut CudaBytesMut<'b>> {
+    match buf {
+        BufInOut::Cuda(b) if std::sync::Arc::ptr_eq(b.device, device) => Some(b),
+        _ => None,
+    }
+}
+
+/// The two reductions of the collectives on buffers, for backends that run them through one
 /// code path.
 #[derive(Clone, Copy, PartialEq, Eq, Debug)]
 pub(crate) enum Reduce {
@@ -117,100 +233,46 @@ impl Reduce {
     }
 }
 
-/// The default `*_buf` collectives: device data staged through the host around the host
-/// collective (every backend without a device path; NCCL for buffers it cannot take directly).
+/// Device data staged through the host around a host kernel: the only place a collective
+/// copies device buffers to the host and back. The blanket
+/// [`Communicator`](super::Communicator) impl of every
+/// [`HostCollectives`](super::HostCollectives) backend runs each collective through these, and
+/// NCCL and `cuda-threads` call them for the buffers their device path cannot take. A host
+/// buffer passes straight through (a host receive buffer stays uninitialised for the kernel).
 pub mod staged {
-    use super::{Buf, BufMut};
-    use crate::comm::check;
-    use crate::comm::Communicator;
-    use crate::element::DType;
+    use super::{Buf, BufInOut, BufMut};
+    use crate::comm::RecvBuf;
     use crate::error::Result;
-    use crate::placement::ReduceOp;
 
-    /// [`Communicator::all_gather_buf`] through the host.
-    pub fn all_gather<C: Communicator + ?Sized>(
-        c: &C,
-        group: &[usize],
+    /// A collective from `send` into `recv`: `kernel` runs on host bytes.
+    pub fn send_recv(
         send: Buf<'_>,
         mut recv: BufMut<'_>,
+        kernel: impl FnOnce(&[u8], RecvBuf<'_>) -> Result<()>,
     ) -> Result<()> {
         let send = send.to_host()?;
-        recv.stage(|r| c.all_gather(group, &send, r.into()))
+        recv.stage(|r| kernel(&send, r))
     }
 
-    /// [`Communicator::all_reduce_buf`] through the host.
-    pub fn all_reduce<C: Communicator + ?Sized>(
-        c: &C,
-        group: &[usize],
-        send: Buf<'_>,
-        mut recv: BufMut<'_>,
-        dtype: DType,
-        op: ReduceOp,
-    ) -> Result<()> {
-        let send = send.to_host()?;
-        recv.stage(|r| c.all_reduce_into(group, &send, r.into(), dtype, op))
+    /// An in-place collective on `buf`: `kernel` runs on host bytes.
+    pub fn in_place(mut buf: BufInOut<'_>, kernel: impl FnOnce(&mut [u8]) -> Result<()>) -> Result<()> {
+        buf.stage(kernel)
     }
 
-    /// [`all_reduce`] or [`reduce_scatter`], as `kind` says.
-    pub(crate) fn reduce<C: Communicator + ?Sized>(
-        c: &C,
-        kind: super::Reduce,
-        group: &[usize],
+    /// A collective from `send` into an initialised host receive buffer (scatter): `kernel`
+    /// runs on host bytes, its receive buffer zero-filled first.
+    pub fn send_recv_init(
         send: Buf<'_>,
         recv: BufMut<'_>,
-        dtype: DType,
-        op: ReduceOp,
+        kernel: impl FnOnce(&[u8], &mut [u8]) -> Result<()>,
     ) -> Result<()> {
-        match kind {
-            super::Reduce::All => all_reduce(c, group, send, recv, dtype, op),
-            super::Reduce::Scatter => reduce_scatter(c, group, send, recv, dtype, op),
-        }
-    }
-
-    /// [`Communicator::reduce_scatter_buf`] through the host.
-    pub fn reduce_scatter<C: Communicator + ?Sized>(
-        c: &C,
-        group: &[usize],
-        send: Buf<'_>,
-        mut recv: BufMut<'_>,
-        dtype: DType,
-        op: ReduceOp,
-    ) -> Result<()> {
-        let send = send.to_host()?;
-        recv.stage(|r| c.reduce_scatter(group, &send, r.into(), dtype, op))
-    }
-
-    /// [`Communicator::all_to_all_buf`] through the host.
-    pub fn all_to_all<C: Communicator + ?Sized>(
-        c: &C,
-        group: &[usize],
-        send: Buf<'_>,
-        mut recv: BufMut<'_>,
-    ) -> Result<()> {
-        let send = send.to_host()?;
-        recv.stage(|r| c.all_to_all(group, &send, r.into()))
-    }
-
-    /// [`Communicator::broadcast_buf`] through the host.
-    pub fn broadcast<C: Communicator + ?Sized>(
-        c: &C,
-        group: &[usize],
-        send: Buf<'_>,
-        mut recv: BufMut<'_>,
-        root: usize,
-    ) -> Result<()> {
-        check::same_len("broadcast", send.len(), recv.len())?;
-        let send = send.to_host()?;
-        recv.stage(|r| {
-            r.copy_from_slice(&send);
-            c.broadcast(group, r, root)
-        })
+        send_recv(send, recv, |s, mut r| kernel(s, r.zeroed()))
     }
 }
 
 #[cfg(feature = "cuda")]
 mod device {
-    use super::{Buf, BufMut};
+    use super::{Buf, BufInOut, BufMut};
     use crate::cuda::{cuda_err, CudaDevice};
     use crate::element::Scalar;
     use crate::error::Result;
@@ -236,7 +298,18 @@ mod device {
         pub fn of_cuda<T: Scalar>(s: &'a mut CudaStorage<T>) -> Result<BufMut<'a>> {
             Ok(match s.device_bytes_mut()? {
                 (Some(view), device) => BufMut::Cuda(CudaBytesMut { view, device }),
-                (None, _) => BufMut::Host(&mut []),
+                (None, _) => BufMut::Host((&mut [][..]).into()),
+            })
+        }
+    }
+
+    impl<'a> BufInOut<'a> {
+        /// A device shard as an in-place collective's buffer (copied first when shared): its
+        /// bytes, or [`BufInOut::Host`] of nothing when empty.
+        pub fn of_cuda<T: Scalar>(s: &'a mut CudaStorage<T>) -> Result<BufInOut<'a>> {
+            Ok(match s.device_bytes_mut()? {
+                (Some(view), device) => BufInOut::Cuda(CudaBytesMut { view, device }),
+                (None, _) => BufInOut::Host(&mut []),
             })
         }
     }
@@ -295,6 +368,12 @@ mod device {
         pub fn is_empty(&self) -> bool {
             self.view.len() == 0
         }
+        /// Copied to the host (a device-to-pageable copy returns once it is complete).
+        pub fn to_host(&self) -> Result<Vec<u8>> {
+            let mut out = vec![0u8; self.view.len()];
+            self.device.stream().memcpy_dtoh(&self.view, &mut out).map_err(|e| cuda_err("staging device bytes", e))?;
+            Ok(out)
+        }
         /// Overwritten with `host` (same length, checked by the caller).
         pub fn copy_from_host(&mut self, host: &[u8]) -> Result<()> {
             crate::comm::check::same_len("staging", host.len(), self.view.len())?;
@@ -345,6 +424,10 @@ mod absent {
         }
         /// Whether it holds no bytes.
         pub fn is_empty(&self) -> bool {
+            match self.never {}
+        }
+        /// Copied to the host.
+        pub fn to_host(&self) -> Result<Vec<u8>> {
             match self.never {}
         }
         /// Overwritten with `host`.

@@ -20,7 +20,7 @@
 //!
 //! This is the default; `DTENSOR_CUDA_THREADS_STAGE=host` at launch (see [`STAGE_ENV`](crate::env::STAGE_ENV)) stages
 //! every collective through the host instead. Both paths passed the GPU check on an H200
-//! (the redistribution property test, the `*_buf` collectives against the host, `mlp_tp` on a
+//! (the redistribution property test, the collectives on device buffers against the host, `mlp_tp` on a
 //! 2x2 mesh), on one GPU. Always staged through the host: host buffers (the inner collectives
 //! directly), reductions of the integers (no device `binary` kernel for them), and groups
 //! whose members are on different GPUs (copies between devices would need peer access to
@@ -28,9 +28,9 @@
 //! all fall back alike). The path depends only on the call, the launch and those published
 //! records, so every member takes the same.
 
-use super::buf::{self, Buf, BufMut, Reduce};
+use super::buf::{Buf, BufInOut, BufMut, Reduce};
 use super::threads::ThreadComm;
-use super::{fingerprint, Communicator, RecvBuf};
+use super::{fingerprint, Communicator};
 use crate::cuda::CudaDevice;
 use crate::device::Device;
 use crate::element::DType;
@@ -69,11 +69,11 @@ impl CudaThreadsComm {
         self.stage_host
     }
 
-    /// `all_reduce_buf` / `reduce_scatter_buf`: device to device when the dtype has the device
-    /// fold kernel (see the [module docs](self)), else staged through the host.
+    /// All-reduce / reduce-scatter: device to device when the dtype has the device fold kernel
+    /// (see the [module docs](self)), else the inner thread backend's (staged through the host).
     // Without the `cuda` feature `recv` is never borrowed mutably.
     #[cfg_attr(not(feature = "cuda"), allow(unused_mut))]
-    fn reduce_buf(
+    fn reduce(
         &self,
         kind: Reduce,
         group: &[usize],
@@ -88,20 +88,24 @@ impl CudaThreadsComm {
                 return Ok(());
             }
         }
-        buf::staged::reduce(self, kind, group, send, recv, dtype, op)
+        match kind {
+            Reduce::All => Communicator::all_reduce_into(&self.inner, group, send, recv, dtype, op),
+            Reduce::Scatter => Communicator::reduce_scatter(&self.inner, group, send, recv, dtype, op),
+        }
     }
 }
 
-// Without the `cuda` feature the `*_buf` overrides never borrow `recv` mutably.
+// Without the `cuda` feature the collectives never borrow `recv` mutably.
 #[cfg_attr(not(feature = "cuda"), allow(unused_mut))]
-// SAFETY: the host collectives are the inner thread communicator's, which upholds the
-// contract; the device ones write every byte of the receive buffer before returning `Ok`.
+// SAFETY: host buffers, and device buffers the device path does not take, go to the inner
+// thread communicator, which upholds the contract; the device path writes every byte of the
+// receive buffer before returning `Ok`.
 unsafe impl Communicator for CudaThreadsComm {
     fn rank(&self) -> usize {
-        self.inner.rank()
+        Communicator::rank(&self.inner)
     }
     fn world_size(&self) -> usize {
-        self.inner.world_size()
+        Communicator::world_size(&self.inner)
     }
     fn backend(&self) -> &'static str {
         "cuda-threads"
@@ -113,92 +117,29 @@ unsafe impl Communicator for CudaThreadsComm {
         Some(Arc::clone(&self.device))
     }
     fn sequences(&self) -> Option<&fingerprint::Sequences> {
-        self.inner.sequences()
+        Communicator::sequences(&self.inner)
     }
-    fn all_gather(&self, group: &[usize], send: &[u8], recv: RecvBuf<'_>) -> Result<()> {
-        self.inner.all_gather(group, send, recv)
-    }
-    fn all_reduce(&self, group: &[usize], buf: &mut [u8], dtype: DType, op: ReduceOp) -> Result<()> {
-        self.inner.all_reduce(group, buf, dtype, op)
-    }
-    fn all_reduce_into(
-        &self,
-        group: &[usize],
-        send: &[u8],
-        recv: RecvBuf<'_>,
-        dtype: DType,
-        op: ReduceOp,
-    ) -> Result<()> {
-        self.inner.all_reduce_into(group, send, recv, dtype, op)
-    }
-    fn reduce_scatter(
-        &self,
-        group: &[usize],
-        send: &[u8],
-        recv: RecvBuf<'_>,
-        dtype: DType,
-        op: ReduceOp,
-    ) -> Result<()> {
-        self.inner.reduce_scatter(group, send, recv, dtype, op)
-    }
-    fn all_to_all(&self, group: &[usize], send: &[u8], recv: RecvBuf<'_>) -> Result<()> {
-        self.inner.all_to_all(group, send, recv)
-    }
-    fn all_to_all_strided(
-        &self,
-        group: &[usize],
-        send: &[u8],
-        rows: usize,
-        run: usize,
-        recv: RecvBuf<'_>,
-    ) -> Result<()> {
-        self.inner.all_to_all_strided(group, send, rows, run, recv)
-    }
-    fn all_gather_v(&self, group: &[usize], send: &[u8], counts: &[usize], recv: RecvBuf<'_>) -> Result<()> {
-        self.inner.all_gather_v(group, send, counts, recv)
-    }
-    fn reduce_scatter_v(
-        &self,
-        group: &[usize],
-        send: &[u8],
-        counts: &[usize],
-        recv: RecvBuf<'_>,
-        dtype: DType,
-        op: ReduceOp,
-    ) -> Result<()> {
-        self.inner.reduce_scatter_v(group, send, counts, recv, dtype, op)
-    }
-    fn all_to_all_v(
-        &self,
-        group: &[usize],
-        send: &[u8],
-        rows: usize,
-        runs: &[usize],
-        recv: RecvBuf<'_>,
-        recv_counts: &[usize],
-    ) -> Result<()> {
-        self.inner.all_to_all_v(group, send, rows, runs, recv, recv_counts)
-    }
-    fn broadcast(&self, group: &[usize], buf: &mut [u8], root: usize) -> Result<()> {
-        self.inner.broadcast(group, buf, root)
-    }
-    fn scatter(&self, group: &[usize], send: &[u8], recv: &mut [u8], root: usize) -> Result<()> {
-        self.inner.scatter(group, send, recv, root)
-    }
-    fn barrier(&self, group: &[usize]) -> Result<()> {
-        self.inner.barrier(group)
-    }
-
-    fn all_gather_buf(&self, group: &[usize], send: Buf<'_>, mut recv: BufMut<'_>) -> Result<()> {
+    fn all_gather(&self, group: &[usize], send: Buf<'_>, mut recv: BufMut<'_>) -> Result<()> {
         #[cfg(feature = "cuda")]
         if let Some((s, r)) = self.on_device(&send, &mut recv) {
             if self.d2d_all_gather(group, s, r)? {
                 return Ok(());
             }
         }
-        buf::staged::all_gather(self, group, send, recv)
+        Communicator::all_gather(&self.inner, group, send, recv)
     }
-    fn all_reduce_buf(
+    fn all_reduce(&self, group: &[usize], mut buf: BufInOut<'_>, dtype: DType, op: ReduceOp) -> Result<()> {
+        #[cfg(feature = "cuda")]
+        if let Some(r) = self.in_out_on_device(&mut buf).filter(|_| d2d::reduces(dtype)) {
+            // Peers read our input while we overwrite it: they read a copy.
+            let copy = self.snapshot(r)?;
+            if self.d2d_reduce(Reduce::All, group, &self.bytes(&copy), r, dtype, op)? {
+                return Ok(());
+            }
+        }
+        Communicator::all_reduce(&self.inner, group, buf, dtype, op)
+    }
+    fn all_reduce_into(
         &self,
         group: &[usize],
         send: Buf<'_>,
@@ -206,9 +147,9 @@ unsafe impl Communicator for CudaThreadsComm {
         dtype: DType,
         op: ReduceOp,
     ) -> Result<()> {
-        self.reduce_buf(Reduce::All, group, send, recv, dtype, op)
+        self.reduce(Reduce::All, group, send, recv, dtype, op)
     }
-    fn reduce_scatter_buf(
+    fn reduce_scatter(
         &self,
         group: &[usize],
         send: Buf<'_>,
@@ -216,25 +157,69 @@ unsafe impl Communicator for CudaThreadsComm {
         dtype: DType,
         op: ReduceOp,
     ) -> Result<()> {
-        self.reduce_buf(Reduce::Scatter, group, send, recv, dtype, op)
+        self.reduce(Reduce::Scatter, group, send, recv, dtype, op)
     }
-    fn all_to_all_buf(&self, group: &[usize], send: Buf<'_>, mut recv: BufMut<'_>) -> Result<()> {
+    fn all_to_all(&self, group: &[usize], send: Buf<'_>, mut recv: BufMut<'_>) -> Result<()> {
         #[cfg(feature = "cuda")]
         if let Some((s, r)) = self.on_device(&send, &mut recv) {
             if self.d2d_all_to_all(group, s, r)? {
                 return Ok(());
             }
         }
-        buf::staged::all_to_all(self, group, send, recv)
+        Communicator::all_to_all(&self.inner, group, send, recv)
     }
-    fn broadcast_buf(&self, group: &[usize], send: Buf<'_>, mut recv: BufMut<'_>, root: usize) -> Result<()> {
+    fn all_to_all_strided(
+        &self,
+        group: &[usize],
+        send: Buf<'_>,
+        rows: usize,
+        run: usize,
+        recv: BufMut<'_>,
+    ) -> Result<()> {
+        Communicator::all_to_all_strided(&self.inner, group, send, rows, run, recv)
+    }
+    fn all_gather_v(&self, group: &[usize], send: Buf<'_>, counts: &[usize], recv: BufMut<'_>) -> Result<()> {
+        Communicator::all_gather_v(&self.inner, group, send, counts, recv)
+    }
+    fn reduce_scatter_v(
+        &self,
+        group: &[usize],
+        send: Buf<'_>,
+        counts: &[usize],
+        recv: BufMut<'_>,
+        dtype: DType,
+        op: ReduceOp,
+    ) -> Result<()> {
+        Communicator::reduce_scatter_v(&self.inner, group, send, counts, recv, dtype, op)
+    }
+    fn all_to_all_v(
+        &self,
+        group: &[usize],
+        send: Buf<'_>,
+        rows: usize,
+        runs: &[usize],
+        recv: BufMut<'_>,
+        recv_counts: &[usize],
+    ) -> Result<()> {
+        Communicator::all_to_all_v(&self.inner, group, send, rows, runs, recv, recv_counts)
+    }
+    fn broadcast(&self, group: &[usize], mut buf: BufInOut<'_>, root: usize) -> Result<()> {
         #[cfg(feature = "cuda")]
-        if let Some((s, r)) = self.on_device(&send, &mut recv) {
-            if self.d2d_broadcast(group, s, r, root)? {
+        if let Some(r) = self.in_out_on_device(&mut buf) {
+            // The root's buffer is read by its peers while each overwrites its own: they read
+            // a copy (as the out-of-place device broadcast into a fresh buffer did).
+            let copy = self.snapshot(r)?;
+            if self.d2d_broadcast(group, &self.bytes(&copy), r, root)? {
                 return Ok(());
             }
         }
-        buf::staged::broadcast(self, group, send, recv, root)
+        Communicator::broadcast(&self.inner, group, buf, root)
+    }
+    fn scatter(&self, group: &[usize], send: Buf<'_>, recv: BufMut<'_>, root: usize) -> Result<()> {
+        Communicator::scatter(&self.inner, group, send, recv, root)
+    }
+    fn barrier(&self, group: &[usize]) -> Result<()> {
+        Communicator::barrier(&self.inner, group)
     }
 }
 
@@ -242,7 +227,7 @@ unsafe impl Communicator for CudaThreadsComm {
 #[cfg(feature = "cuda")]
 mod d2d {
     use super::CudaThreadsComm;
-    use crate::comm::buf::{Buf, BufMut, CudaBytes, CudaBytesMut, Reduce};
+    use crate::comm::buf::{Buf, BufInOut, BufMut, CudaBytes, CudaBytesMut, Reduce};
     use crate::comm::check::Args;
     use crate::comm::threads::Bufs;
     use crate::comm::{check, group, reduce, Communicator};
@@ -251,7 +236,7 @@ mod d2d {
     use crate::error::Result;
     use crate::op::BinaryOp;
     use crate::placement::ReduceOp;
-    use cudarc::driver::{DevicePtr, DevicePtrMut};
+    use cudarc::driver::{CudaSlice, DevicePtr, DevicePtrMut};
 
     /// Whether `dtype` reduces on the device (it has the element-wise `binary` kernel).
     pub(super) fn reduces(dtype: DType) -> bool {
@@ -291,6 +276,26 @@ mod d2d {
                 return None;
             }
             crate::comm::buf::both_on(&self.device, send, recv)
+        }
+
+        /// The buffer of an in-place collective on this rank's device with the device path on,
+        /// or `None`: then the collective is staged through the host.
+        pub(super) fn in_out_on_device<'s, 'b>(&self, buf: &'s mut BufInOut<'b>) -> Option<&'s mut CudaBytesMut<'b>> {
+            if self.stage_host {
+                return None;
+            }
+            crate::comm::buf::in_out_on(&self.device, buf)
+        }
+
+        /// A device copy of `b` on this rank's stream: what peers read in an in-place
+        /// collective while this rank overwrites `b`.
+        pub(super) fn snapshot(&self, b: &CudaBytesMut<'_>) -> Result<CudaSlice<u8>> {
+            self.device.stream().clone_dtod(&b.view).map_err(|e| cuda_err("device to device copy", e))
+        }
+
+        /// `copy` as a collective's input.
+        pub(super) fn bytes<'a>(&'a self, copy: &'a CudaSlice<u8>) -> CudaBytes<'a> {
+            CudaBytes { view: copy.as_view(), device: &self.device }
         }
 
         /// Publishes `send` to the group through the inner thread backend's rendezvous (under

@@ -160,7 +160,11 @@ fn describe(w: &[u64]) -> String {
 pub(crate) fn agree(comm: &dyn Communicator, group: &[usize], fp: Fingerprint) -> Result<()> {
     let mine = fp.encode(group);
     let mut all = vec![0u64; mine.len() * group.len()];
-    comm.all_gather(group, bytemuck::cast_slice(&mine), bytemuck::cast_slice_mut::<_, u8>(&mut all).into())?;
+    comm.all_gather(
+        group,
+        super::Buf::Host(bytemuck::cast_slice(&mine)),
+        bytemuck::cast_slice_mut::<_, u8>(&mut all).into(),
+    )?;
     let words: Vec<&[u64]> = all.chunks(mine.len()).collect();
     for (f, field) in FIELDS.iter().enumerate() {
         if let Some(i) = words.iter().position(|w| w[f] != words[0][f]) {

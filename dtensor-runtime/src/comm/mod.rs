@@ -11,13 +11,16 @@
 //! which works on typed slices, pads uneven shards and records every call for
 //! [`CommDebugMode`](crate::CommDebugMode).
 //!
-//! The trait's collectives take host byte slices (receiving into a [`RecvBuf`]), or, in their
-//! `*_buf` form, [`Buf`]/[`BufMut`] buffers in host or device memory (the defaults stage device
-//! data through the host form; NCCL and `cuda-threads` run on device buffers). The one
-//! started collective, [`Communicator::all_reduce_start`], takes an owned buffer
-//! ([`OwnedBytes`]) in host or device memory and returns a [`PendingAllReduce`]: the
-//! data-parallel overlap (`autograd/grad_reducer.rs`) starts its device gradient buckets on
-//! the device with it.
+//! The trait has one family of collectives, each on buffers in host or device memory
+//! ([`Buf`] in, [`BufMut`] out — on the host a [`RecvBuf`], which need not be initialised —
+//! and [`BufInOut`] for the in-place all-reduce and broadcast). Backends without a device
+//! path (threads, MPI, the one-rank `SelfComm`) write their kernels once, on host bytes, as
+//! [`HostCollectives`], whose blanket impl of [`Communicator`] stages device buffers through
+//! the host ([`buf::staged`], the one place that does); NCCL and `cuda-threads` implement
+//! [`Communicator`] directly and run device buffers on the device. The one started
+//! collective, [`Communicator::all_reduce_start`], takes an owned buffer ([`OwnedBytes`]) in
+//! host or device memory and returns a [`PendingAllReduce`]: the data-parallel overlap
+//! (`autograd/grad_reducer.rs`) starts its device gradient buckets on the device with it.
 
 pub(crate) mod background;
 pub mod bootstrap;
@@ -27,6 +30,7 @@ pub mod cuda_threads;
 pub mod debug;
 pub mod fingerprint;
 mod group;
+pub mod host;
 pub(crate) mod in_flight;
 #[cfg(feature = "mpi")]
 pub mod mpi;
@@ -49,8 +53,10 @@ use crate::placement::ReduceOp;
 use std::fmt;
 use std::sync::Arc;
 
-pub use buf::{Buf, BufMut};
+use buf::staged;
+pub use buf::{Buf, BufInOut, BufMut};
 pub(crate) use group::index_of as group_index;
+pub use host::HostCollectives;
 pub use in_flight::PendingReduce;
 pub use pending::{OwnedBytes, PendingAllReduce};
 pub(crate) use recv::filled;
@@ -59,8 +65,16 @@ pub use recv::RecvBuf;
 /// Collectives over a *group*: a list of global ranks in group order that contains the
 /// calling rank. Every member of the group must make the same call with the same sizes.
 ///
-/// Buffers are raw bytes of elements of `dtype`; `root` is an index into `group`.
-/// A backend must fail (never hang forever) when a peer dies: time out or propagate.
+/// One family of collectives, each on buffers in host or device memory: [`Buf`] to read,
+/// [`BufMut`] to write (on the host a [`RecvBuf`], which may be uninitialised), [`BufInOut`]
+/// for the in-place all-reduce and broadcast. Buffers are raw bytes of elements of `dtype`;
+/// `root` is an index into `group`. A backend must fail (never hang forever) when a peer dies:
+/// time out or propagate.
+///
+/// Backends without a device path implement [`HostCollectives`] (the kernels on host bytes)
+/// and get this trait from its blanket impl, which stages device buffers through the host
+/// ([`buf::staged`]); NCCL and `cuda-threads` implement it directly and run device buffers on
+/// the device.
 ///
 /// Members that disagree — on a length, a count (equal totals included), an element type, a
 /// reduction or a root — get a typed error on every member before any data moves, never
@@ -71,8 +85,10 @@ pub use recv::RecvBuf;
 /// `DTENSOR_DEBUG=detail`) is what catches disagreement.
 ///
 /// # Safety
-/// A [`RecvBuf`] may be uninitialised memory that the caller treats as initialised once the
-/// call returns `Ok`: an implementation must then have written every one of its bytes.
+/// The host arm of a [`BufMut`] is a [`RecvBuf`] that may be uninitialised memory, which the
+/// caller treats as initialised once the call returns `Ok`: an implementation must then have
+/// written every one of its bytes (and every byte of a device [`BufMut`]). It must only write
+/// initialised bytes through it.
 pub unsafe trait Communicator: Send + Sync + fmt::Debug {
     /// This process' global rank.
     fn rank(&self) -> usize;
@@ -107,72 +123,74 @@ pub unsafe trait Communicator: Send + Sync + fmt::Debug {
     }
 
     /// `recv` (= `group.len() * send.len()` bytes) receives every member's `send`, in group order.
-    fn all_gather(&self, group: &[usize], send: &[u8], recv: RecvBuf<'_>) -> Result<()>;
-    /// Reduces `buf` element-wise over the group, in place; the result is identical on every member.
-    fn all_reduce(&self, group: &[usize], buf: &mut [u8], dtype: DType, op: ReduceOp) -> Result<()>;
-    /// `send` holds `group.len()` equal blocks; member `i` receives the reduction of block `i`.
-    fn reduce_scatter(&self, group: &[usize], send: &[u8], recv: RecvBuf<'_>, dtype: DType, op: ReduceOp)
-        -> Result<()>;
-    /// `send` holds `group.len()` equal blocks; block `j` goes to member `j`, whose `recv`
-    /// block `i` is what member `i` sent it.
-    fn all_to_all(&self, group: &[usize], send: &[u8], recv: RecvBuf<'_>) -> Result<()>;
-    /// Out-of-place all-reduce: `recv` (as long as `send`) receives the element-wise reduction
-    /// of every member's `send`, identical on every member. The default copies `send` into
-    /// `recv` and reduces in place; backends that read their peers' buffers override it to
-    /// reduce straight from the inputs (one pass instead of a copy and a pass).
-    fn all_reduce_into(
-        &self,
-        group: &[usize],
-        send: &[u8],
-        mut recv: RecvBuf<'_>,
-        dtype: DType,
-        op: ReduceOp,
-    ) -> Result<()> {
-        check::same_len("all_reduce", send.len(), recv.len())?;
-        self.all_reduce(group, recv.init_from(send), dtype, op)
-    }
-    /// [`all_to_all`](Self::all_to_all) whose send blocks are the column blocks of a row-major
-    /// buffer of `rows` rows of `group.len()` runs of `run` bytes each: block `j` is run `j` of
-    /// every row (a split along a non-leading tensor dim). `recv` receives contiguous blocks,
-    /// as from `all_to_all`. The default packs the blocks and calls `all_to_all`; backends that
-    /// reach their peers' buffers override it to copy the runs without packing (the thread
-    /// backend writes each member's runs straight into its peers' `recv`).
-    fn all_to_all_strided(
-        &self,
-        group: &[usize],
-        send: &[u8],
-        rows: usize,
-        run: usize,
-        recv: RecvBuf<'_>,
-    ) -> Result<()> {
-        let n = group.len();
-        check::all_to_all_strided(send.len(), recv.len(), rows, run, n)?;
-        self.all_to_all(group, &variable::pack_strided(send, n, run), recv)
-    }
+    fn all_gather(&self, group: &[usize], send: Buf<'_>, recv: BufMut<'_>) -> Result<()>;
     /// Variable-size [`all_gather`](Self::all_gather) (uneven shards): member `i` sends
     /// `counts[i]` bytes, and `recv` (`Σ counts` bytes) receives every member's `send`, back to
     /// back in group order. Every member passes the same `counts`.
     ///
-    /// The default pads every block to the largest and runs `all_gather` (one copy in, one
-    /// out); the thread backend copies the blocks into place, MPI runs `MPI_Allgatherv`.
-    fn all_gather_v(&self, group: &[usize], send: &[u8], counts: &[usize], recv: RecvBuf<'_>) -> Result<()> {
-        variable::padded_all_gather(self, group, send, counts, recv)
+    /// The default stages device buffers through the host, pads every block to the largest and
+    /// runs `all_gather` (one copy in, one out); the thread backend copies the blocks into
+    /// place, MPI runs `MPI_Allgatherv`.
+    fn all_gather_v(&self, group: &[usize], send: Buf<'_>, counts: &[usize], recv: BufMut<'_>) -> Result<()> {
+        staged::send_recv(send, recv, |s, r| variable::padded_all_gather(self, group, s, counts, r))
     }
+    /// Reduces `buf` element-wise over the group, in place; the result is identical on every member.
+    fn all_reduce(&self, group: &[usize], buf: BufInOut<'_>, dtype: DType, op: ReduceOp) -> Result<()>;
+    /// Out-of-place all-reduce: `recv` (as long as `send`) receives the element-wise reduction
+    /// of every member's `send`, identical on every member. Backends that read their peers'
+    /// buffers reduce straight from the inputs (one pass instead of a copy and a pass).
+    fn all_reduce_into(
+        &self,
+        group: &[usize],
+        send: Buf<'_>,
+        recv: BufMut<'_>,
+        dtype: DType,
+        op: ReduceOp,
+    ) -> Result<()>;
+    /// `send` holds `group.len()` equal blocks; member `i` receives the reduction of block `i`.
+    fn reduce_scatter(
+        &self,
+        group: &[usize],
+        send: Buf<'_>,
+        recv: BufMut<'_>,
+        dtype: DType,
+        op: ReduceOp,
+    ) -> Result<()>;
     /// Variable-size [`reduce_scatter`](Self::reduce_scatter): `send` holds `group.len()`
     /// blocks back to back, block `i` of `counts[i]` bytes (whole elements); member `i`'s
     /// `recv` (`counts[i]` bytes) receives the reduction of every member's block `i`. Every
-    /// member passes the same `counts`. The default pads the blocks to the largest and runs
-    /// `reduce_scatter`; the thread backend reduces the blocks where they lie.
+    /// member passes the same `counts`. The default stages device buffers through the host,
+    /// pads the blocks to the largest and runs `reduce_scatter`; the thread backend reduces
+    /// the blocks where they lie.
     fn reduce_scatter_v(
         &self,
         group: &[usize],
-        send: &[u8],
+        send: Buf<'_>,
         counts: &[usize],
-        recv: RecvBuf<'_>,
+        recv: BufMut<'_>,
         dtype: DType,
         op: ReduceOp,
     ) -> Result<()> {
-        variable::padded_reduce_scatter(self, group, send, counts, recv, dtype, op)
+        staged::send_recv(send, recv, |s, r| variable::padded_reduce_scatter(self, group, s, counts, r, dtype, op))
+    }
+    /// `send` holds `group.len()` equal blocks; block `j` goes to member `j`, whose `recv`
+    /// block `i` is what member `i` sent it.
+    fn all_to_all(&self, group: &[usize], send: Buf<'_>, recv: BufMut<'_>) -> Result<()>;
+    /// [`all_to_all`](Self::all_to_all) whose send blocks are the column blocks of a row-major
+    /// buffer of `rows` rows of `group.len()` runs of `run` bytes each: block `j` is run `j` of
+    /// every row (a split along a non-leading tensor dim). `recv` receives contiguous blocks,
+    /// as from `all_to_all`. The default stages device buffers through the host, packs the
+    /// blocks and calls `all_to_all`; the thread backend writes each member's runs straight
+    /// into its peers' `recv`.
+    fn all_to_all_strided(
+        &self,
+        group: &[usize],
+        send: Buf<'_>,
+        rows: usize,
+        run: usize,
+        recv: BufMut<'_>,
+    ) -> Result<()> {
+        staged::send_recv(send, recv, |s, r| variable::packed_all_to_all(self, group, s, rows, run, r))
     }
     /// Variable-size [`all_to_all_strided`](Self::all_to_all_strided): `send` is `rows` rows,
     /// each of `group.len()` runs, run `j` (`runs[j]` bytes) for member `j`; members may have
@@ -181,20 +199,27 @@ pub unsafe trait Communicator: Send + Sync + fmt::Debug {
     /// bytes from member `i` (its run for us, row after row), so `recv_counts[i]` must be
     /// member `i`'s `rows × runs[me]`.
     ///
-    /// The default agrees on the largest block (an all-gather of one `u64`), pads every block
-    /// to it and runs `all_to_all`; the thread backend writes each run straight into its
-    /// peer's `recv`, MPI runs `MPI_Alltoallv`.
+    /// The default stages device buffers through the host, agrees on the largest block (an
+    /// all-gather of one `u64`), pads every block to it and runs `all_to_all`; the thread
+    /// backend writes each run straight into its peer's `recv`, MPI runs `MPI_Alltoallv`.
     fn all_to_all_v(
         &self,
         group: &[usize],
-        send: &[u8],
+        send: Buf<'_>,
         rows: usize,
         runs: &[usize],
-        recv: RecvBuf<'_>,
+        recv: BufMut<'_>,
         recv_counts: &[usize],
     ) -> Result<()> {
-        variable::padded_all_to_all(self, group, send, rows, runs, recv, recv_counts)
+        staged::send_recv(send, recv, |s, r| variable::padded_all_to_all(self, group, s, rows, runs, r, recv_counts))
     }
+    /// Copies the root's `buf` into every member's `buf`.
+    fn broadcast(&self, group: &[usize], buf: BufInOut<'_>, root: usize) -> Result<()>;
+    /// The root's `send` holds `group.len()` equal blocks; member `i` receives block `i`.
+    /// `send` is ignored on non-roots.
+    fn scatter(&self, group: &[usize], send: Buf<'_>, recv: BufMut<'_>, root: usize) -> Result<()>;
+    /// Returns once every member has entered.
+    fn barrier(&self, group: &[usize]) -> Result<()>;
     /// Starts an in-place all-reduce of the owned buffer `buf` (host memory, or device memory
     /// of this rank's device) that may complete in the background; [`PendingAllReduce::wait`]
     /// returns the buffer reduced. Every member starts it at the same point of its sequence of
@@ -203,10 +228,10 @@ pub unsafe trait Communicator: Send + Sync + fmt::Debug {
     ///
     /// The default ([`pending::run_now`]) runs the blocking all-reduce at once (no overlap): a
     /// host buffer through [`all_reduce`](Self::all_reduce), a device buffer through
-    /// [`all_reduce_buf`](Self::all_reduce_buf), so NCCL and `cuda-threads` reduce device
-    /// buffers on the device and the other backends stage them through the host. The thread
-    /// backend queues host buffers to a per-rank worker thread; MPI starts an
-    /// `MPI_Iallreduce` on host buffers.
+    /// [`all_reduce_into`](Self::all_reduce_into) into a fresh device buffer, so NCCL and
+    /// `cuda-threads` reduce device buffers on the device and the other backends stage them
+    /// through the host. The thread backend queues host buffers to a per-rank worker thread;
+    /// MPI starts an `MPI_Iallreduce` on host buffers.
     fn all_reduce_start(
         &self,
         group: &[usize],
@@ -215,52 +240,5 @@ pub unsafe trait Communicator: Send + Sync + fmt::Debug {
         op: ReduceOp,
     ) -> Result<PendingAllReduce> {
         pending::run_now(self, group, buf, dtype, op)
-    }
-    /// Copies the root's `buf` into every member's `buf`.
-    fn broadcast(&self, group: &[usize], buf: &mut [u8], root: usize) -> Result<()>;
-    /// The root's `send` holds `group.len()` equal blocks; member `i` receives block `i`.
-    /// `send` is ignored on non-roots.
-    fn scatter(&self, group: &[usize], send: &[u8], recv: &mut [u8], root: usize) -> Result<()>;
-    /// Returns once every member has entered.
-    fn barrier(&self, group: &[usize]) -> Result<()>;
-
-    // Collectives on buffers that may live on the rank's device ([`Buf`], [`BufMut`]). The
-    // defaults stage device data through the host and run the host collectives above
-    // (threads, MPI); NCCL and `cuda-threads` override them to run on device buffers directly.
-
-    /// [`all_gather`](Self::all_gather) on host or device buffers.
-    fn all_gather_buf(&self, group: &[usize], send: Buf<'_>, recv: BufMut<'_>) -> Result<()> {
-        buf::staged::all_gather(self, group, send, recv)
-    }
-    /// Out-of-place [`all_reduce_into`](Self::all_reduce_into) on host or device buffers.
-    fn all_reduce_buf(
-        &self,
-        group: &[usize],
-        send: Buf<'_>,
-        recv: BufMut<'_>,
-        dtype: DType,
-        op: ReduceOp,
-    ) -> Result<()> {
-        buf::staged::all_reduce(self, group, send, recv, dtype, op)
-    }
-    /// [`reduce_scatter`](Self::reduce_scatter) on host or device buffers.
-    fn reduce_scatter_buf(
-        &self,
-        group: &[usize],
-        send: Buf<'_>,
-        recv: BufMut<'_>,
-        dtype: DType,
-        op: ReduceOp,
-    ) -> Result<()> {
-        buf::staged::reduce_scatter(self, group, send, recv, dtype, op)
-    }
-    /// [`all_to_all`](Self::all_to_all) on host or device buffers.
-    fn all_to_all_buf(&self, group: &[usize], send: Buf<'_>, recv: BufMut<'_>) -> Result<()> {
-        buf::staged::all_to_all(self, group, send, recv)
-    }
-    /// Out-of-place [`broadcast`](Self::broadcast): every member's `recv` (as long as its
-    /// `send`) receives the root's `send`.
-    fn broadcast_buf(&self, group: &[usize], send: Buf<'_>, recv: BufMut<'_>, root: usize) -> Result<()> {
-        buf::staged::broadcast(self, group, send, recv, root)
     }
 }

@@ -40,7 +40,7 @@
 use super::pending::Completion;
 use super::variable::{self, offsets};
 use super::{check, group, reduce};
-use super::{Communicator, OwnedBytes, PendingAllReduce, RecvBuf};
+use super::{HostCollectives, OwnedBytes, PendingAllReduce, RecvBuf};
 use crate::element::DType;
 use crate::error::{Error, Result};
 use crate::placement::ReduceOp;
@@ -652,7 +652,7 @@ impl MpiComm {
 
 // SAFETY: MPI writes into initialised memory only, so every `RecvBuf` is zero-filled first
 // (`RecvBuf::zeroed`) and then overwritten by the collective.
-unsafe impl Communicator for MpiComm {
+unsafe impl HostCollectives for MpiComm {
     fn rank(&self) -> usize {
         self.rank
     }
@@ -709,7 +709,7 @@ unsafe impl Communicator for MpiComm {
     ) -> Result<PendingAllReduce> {
         self.my_index("all_reduce", group)?;
         // Device memory (never an MPI rank's own, but a caller may pass one) is reduced at
-        // once, staged through the host by `all_reduce_buf`.
+        // once, staged through the host (`pending::run_now`: `all_reduce_into` on buffers).
         let Some(bytes) = buf.host_mut() else {
             return super::pending::run_now(self, group, buf, dtype, op);
         };

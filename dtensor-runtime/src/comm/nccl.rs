@@ -1,10 +1,12 @@
 //! NCCL backend (cargo feature `cuda`): collectives between GPUs, one rank per GPU.
 //!
 //! Every collective runs on the rank's stream (the one its [`CudaDevice`] queues kernels on).
-//! The `*_buf` collectives on device buffers ([`Buf::Cuda`]) of this rank's device call NCCL on
-//! them directly; host buffers are staged through device buffers (copy in, run, wait, copy
-//! out), so host DTensors on an NCCL mesh keep working. Max/min of floats (NaN mask) and `Avg`
-//! without `ncclAvg` (host divide) stage device buffers through the host instead.
+//! Collectives on device buffers ([`Buf::Cuda`], [`BufInOut::Cuda`]) of this rank's device call
+//! NCCL on them directly; host buffers are staged through device buffers (copy in, run, wait,
+//! copy out), so host DTensors on an NCCL mesh keep working. Max/min of floats (NaN mask) and
+//! `Avg` without `ncclAvg` (host divide) stage device buffers through the host instead
+//! ([`staged`](super::buf::staged)). The variable-size collectives and the strided all-to-all
+//! are the trait's defaults (padded or packed equal-block collectives).
 //!
 //! * all-reduce, all-gather, reduce-scatter, broadcast: the NCCL collectives (`Avg` is
 //!   `ncclAvg` on NCCL ≥ 2.10, else a sum divided by the group size on the host);
@@ -33,10 +35,10 @@
 //! [`Error::Backend`] / [`Error::CollectiveTimeout`]; the communicator is unusable afterwards.
 
 use super::bootstrap::Rendezvous;
-use super::buf::{staged, CudaBytes, CudaBytesMut, Reduce};
+use super::buf::{in_out_on, staged, CudaBytes, CudaBytesMut, Reduce};
 use super::nccl_version::{GroupStrategy, NcclVersion};
 use super::{check, group, reduce};
-use super::{Buf, BufMut, Communicator, RecvBuf};
+use super::{Buf, BufInOut, BufMut, Communicator, RecvBuf};
 use crate::cuda::{cuda_err, require, CudaDevice, CudaLib};
 use crate::device::Device;
 use crate::element::DType;
@@ -209,7 +211,7 @@ impl NcclComm {
     pub fn from_mpi(device: &Arc<CudaDevice>, mpi: &crate::comm::mpi::MpiComm) -> Result<NcclComm> {
         let world: Vec<usize> = (0..mpi.world_size()).collect();
         let mut id: NcclId = if mpi.rank() == 0 { unique_id()? } else { [0; 128] };
-        mpi.broadcast(&world, &mut id, 0)?;
+        mpi.broadcast(&world, (&mut id).into(), 0)?;
         Self::with_id(device, mpi.rank(), mpi.world_size(), &id)
     }
 
@@ -336,7 +338,8 @@ fn nccl_op(op: ReduceOp, version: NcclVersion) -> sys::ncclRedOp_t {
 
 const U8: sys::ncclDataType_t = sys::ncclDataType_t::ncclUint8;
 
-// SAFETY: results come back through host copies into initialised memory, so every
+// SAFETY: device results are written by NCCL into the whole receive buffer (lengths checked
+// first); host results come back through host copies into initialised memory, so every
 // `RecvBuf` is zero-filled first (`RecvBuf::zeroed`) and then overwritten.
 unsafe impl Communicator for NcclComm {
     fn rank(&self) -> usize {
@@ -366,7 +369,111 @@ unsafe impl Communicator for NcclComm {
         }
     }
 
-    fn all_gather(&self, group: &[usize], send: &[u8], mut recv: RecvBuf<'_>) -> Result<()> {
+    fn all_gather(&self, group: &[usize], send: Buf<'_>, mut recv: BufMut<'_>) -> Result<()> {
+        let Some((s, r)) = self.on_device(&send, &mut recv) else {
+            return staged::send_recv(send, recv, |s, r| self.host_all_gather(group, s, r));
+        };
+        check::blocks("all_gather", "recv", r.len(), group.len(), s.len())?;
+        if s.is_empty() {
+            return self.my_index("all_gather", group).map(|_| ());
+        }
+        self.run("all_gather", group, |comm, _| {
+            let (sp, _g1) = s.view.device_ptr(&self.stream);
+            let (rp, _g2) = r.view.device_ptr_mut(&self.stream);
+            // SAFETY: device buffers of s.len() and n * s.len() bytes (checked above).
+            unsafe { result::all_gather(sp as *const c_void, rp as *mut c_void, s.len(), U8, comm, self.cu_stream()) }
+                .map(|_| ())
+                .map_err(|e| nccl_err("ncclAllGather", e))
+        })
+    }
+
+    fn all_reduce(&self, group: &[usize], mut buf: BufInOut<'_>, dtype: DType, op: ReduceOp) -> Result<()> {
+        let direct = self.reduces_on_device(dtype, op);
+        let Some(b) = in_out_on(&self.device, &mut buf).filter(|_| direct) else {
+            return staged::in_place(buf, |h| self.host_all_reduce(group, h, dtype, op));
+        };
+        reduce::check_op(dtype, op)?;
+        let Some(count) = self.reduce_count(Reduce::All, group, b.len(), b.len(), dtype)? else { return Ok(()) };
+        self.run("all_reduce", group, |comm, _| {
+            let (p, _g) = b.view.device_ptr_mut(&self.stream);
+            // SAFETY: in-place reduction over `count` elements of `dtype` (checked above).
+            unsafe { self.enqueue_reduce(Reduce::All, comm, p, p, count, dtype, op) }
+        })
+    }
+
+    fn all_reduce_into(
+        &self,
+        group: &[usize],
+        send: Buf<'_>,
+        recv: BufMut<'_>,
+        dtype: DType,
+        op: ReduceOp,
+    ) -> Result<()> {
+        self.reduce_buf(Reduce::All, group, send, recv, dtype, op)
+    }
+
+    fn reduce_scatter(
+        &self,
+        group: &[usize],
+        send: Buf<'_>,
+        recv: BufMut<'_>,
+        dtype: DType,
+        op: ReduceOp,
+    ) -> Result<()> {
+        self.reduce_buf(Reduce::Scatter, group, send, recv, dtype, op)
+    }
+
+    fn all_to_all(&self, group: &[usize], send: Buf<'_>, mut recv: BufMut<'_>) -> Result<()> {
+        let Some((s, r)) = self.on_device(&send, &mut recv) else {
+            return staged::send_recv(send, recv, |s, r| self.host_all_to_all(group, s, r));
+        };
+        let n = group.len();
+        check::all_to_all(s.len(), r.len(), n)?;
+        if s.is_empty() {
+            return self.my_index("all_to_all", group).map(|_| ());
+        }
+        let l = s.len() / n;
+        self.run("all_to_all", group, |comm, _| {
+            let (sp, _g1) = s.view.device_ptr(&self.stream);
+            let (rp, _g2) = r.view.device_ptr_mut(&self.stream);
+            self.grouped_exchange(comm, sp, rp, n, l)
+        })
+    }
+
+    fn broadcast(&self, group: &[usize], mut buf: BufInOut<'_>, root: usize) -> Result<()> {
+        let Some(b) = in_out_on(&self.device, &mut buf) else {
+            return staged::in_place(buf, |h| self.host_broadcast(group, h, root));
+        };
+        check::root(root, group.len())?;
+        if b.is_empty() {
+            return self.my_index("broadcast", group).map(|_| ());
+        }
+        let len = b.len();
+        self.run("broadcast", group, |comm, _| {
+            let (p, _g) = b.view.device_ptr_mut(&self.stream);
+            // SAFETY: in-place broadcast of `len` bytes.
+            unsafe {
+                result::broadcast(p as *const c_void, p as *mut c_void, len, U8, root as i32, comm, self.cu_stream())
+            }
+            .map(|_| ())
+            .map_err(|e| nccl_err("ncclBroadcast", e))
+        })
+    }
+
+    fn scatter(&self, group: &[usize], send: Buf<'_>, recv: BufMut<'_>, root: usize) -> Result<()> {
+        staged::send_recv_init(send, recv, |s, r| self.host_scatter(group, s, r, root))
+    }
+
+    fn barrier(&self, group: &[usize]) -> Result<()> {
+        let mut one = 1f32.to_ne_bytes();
+        self.host_all_reduce(group, &mut one, DType::F32, ReduceOp::Sum)
+    }
+}
+
+/// The collectives on host bytes, staged through device buffers (copy in, run, wait, copy
+/// out): what host buffers, and device buffers NCCL alone cannot reduce as PyTorch does, run.
+impl NcclComm {
+    fn host_all_gather(&self, group: &[usize], send: &[u8], mut recv: RecvBuf<'_>) -> Result<()> {
         let recv = recv.zeroed();
         check::blocks("all_gather", "recv", recv.len(), group.len(), send.len())?;
         if send.is_empty() {
@@ -387,7 +494,7 @@ unsafe impl Communicator for NcclComm {
         self.download(&r, recv)
     }
 
-    fn all_reduce(&self, group: &[usize], buf: &mut [u8], dtype: DType, op: ReduceOp) -> Result<()> {
+    fn host_all_reduce(&self, group: &[usize], buf: &mut [u8], dtype: DType, op: ReduceOp) -> Result<()> {
         reduce::check_op(dtype, op)?;
         // As PyTorch, a NaN operand wins max/min: reduce a NaN mask alongside.
         let mask = reduce::drops_nan(dtype, op).then(|| reduce::nan_mask(dtype, buf));
@@ -399,7 +506,20 @@ unsafe impl Communicator for NcclComm {
         Ok(())
     }
 
-    fn reduce_scatter(
+    /// Out of place: `send` copied into `recv`, then reduced there in place.
+    fn host_all_reduce_into(
+        &self,
+        group: &[usize],
+        send: &[u8],
+        mut recv: RecvBuf<'_>,
+        dtype: DType,
+        op: ReduceOp,
+    ) -> Result<()> {
+        check::same_len("all_reduce", send.len(), recv.len())?;
+        self.host_all_reduce(group, recv.init_from(send), dtype, op)
+    }
+
+    fn host_reduce_scatter(
         &self,
         group: &[usize],
         send: &[u8],
@@ -419,7 +539,7 @@ unsafe impl Communicator for NcclComm {
         Ok(())
     }
 
-    fn all_to_all(&self, group: &[usize], send: &[u8], mut recv: RecvBuf<'_>) -> Result<()> {
+    fn host_all_to_all(&self, group: &[usize], send: &[u8], mut recv: RecvBuf<'_>) -> Result<()> {
         let recv = recv.zeroed();
         let n = group.len();
         check::all_to_all(send.len(), recv.len(), n)?;
@@ -437,7 +557,7 @@ unsafe impl Communicator for NcclComm {
         self.download(&r, recv)
     }
 
-    fn broadcast(&self, group: &[usize], buf: &mut [u8], root: usize) -> Result<()> {
+    fn host_broadcast(&self, group: &[usize], buf: &mut [u8], root: usize) -> Result<()> {
         check::root(root, group.len())?;
         if buf.is_empty() {
             return self.my_index("broadcast", group).map(|_| ());
@@ -463,7 +583,7 @@ unsafe impl Communicator for NcclComm {
         self.download(&d, buf)
     }
 
-    fn scatter(&self, group: &[usize], send: &[u8], recv: &mut [u8], root: usize) -> Result<()> {
+    fn host_scatter(&self, group: &[usize], send: &[u8], recv: &mut [u8], root: usize) -> Result<()> {
         let n = group.len();
         check::root(root, n)?;
         let me = self.my_index("scatter", group)?;
@@ -507,97 +627,6 @@ unsafe impl Communicator for NcclComm {
             self.download(&r, recv)
         }
     }
-
-    fn barrier(&self, group: &[usize]) -> Result<()> {
-        let mut one = 1f32.to_ne_bytes();
-        self.all_reduce(group, &mut one, DType::F32, ReduceOp::Sum)
-    }
-
-    fn all_gather_buf(&self, group: &[usize], send: Buf<'_>, mut recv: BufMut<'_>) -> Result<()> {
-        let Some((s, r)) = self.on_device(&send, &mut recv) else {
-            return staged::all_gather(self, group, send, recv);
-        };
-        check::blocks("all_gather", "recv", r.len(), group.len(), s.len())?;
-        if s.is_empty() {
-            return self.my_index("all_gather", group).map(|_| ());
-        }
-        self.run("all_gather", group, |comm, _| {
-            let (sp, _g1) = s.view.device_ptr(&self.stream);
-            let (rp, _g2) = r.view.device_ptr_mut(&self.stream);
-            // SAFETY: device buffers of s.len() and n * s.len() bytes (checked above).
-            unsafe { result::all_gather(sp as *const c_void, rp as *mut c_void, s.len(), U8, comm, self.cu_stream()) }
-                .map(|_| ())
-                .map_err(|e| nccl_err("ncclAllGather", e))
-        })
-    }
-
-    fn all_reduce_buf(
-        &self,
-        group: &[usize],
-        send: Buf<'_>,
-        recv: BufMut<'_>,
-        dtype: DType,
-        op: ReduceOp,
-    ) -> Result<()> {
-        self.reduce_buf(Reduce::All, group, send, recv, dtype, op)
-    }
-
-    fn reduce_scatter_buf(
-        &self,
-        group: &[usize],
-        send: Buf<'_>,
-        recv: BufMut<'_>,
-        dtype: DType,
-        op: ReduceOp,
-    ) -> Result<()> {
-        self.reduce_buf(Reduce::Scatter, group, send, recv, dtype, op)
-    }
-
-    fn all_to_all_buf(&self, group: &[usize], send: Buf<'_>, mut recv: BufMut<'_>) -> Result<()> {
-        let Some((s, r)) = self.on_device(&send, &mut recv) else {
-            return staged::all_to_all(self, group, send, recv);
-        };
-        let n = group.len();
-        check::all_to_all(s.len(), r.len(), n)?;
-        if s.is_empty() {
-            return self.my_index("all_to_all", group).map(|_| ());
-        }
-        let l = s.len() / n;
-        self.run("all_to_all", group, |comm, _| {
-            let (sp, _g1) = s.view.device_ptr(&self.stream);
-            let (rp, _g2) = r.view.device_ptr_mut(&self.stream);
-            self.grouped_exchange(comm, sp, rp, n, l)
-        })
-    }
-
-    fn broadcast_buf(&self, group: &[usize], send: Buf<'_>, mut recv: BufMut<'_>, root: usize) -> Result<()> {
-        let Some((s, r)) = self.on_device(&send, &mut recv) else {
-            return staged::broadcast(self, group, send, recv, root);
-        };
-        check::root(root, group.len())?;
-        check::same_len("broadcast", s.len(), r.len())?;
-        if s.is_empty() {
-            return self.my_index("broadcast", group).map(|_| ());
-        }
-        self.run("broadcast", group, |comm, _| {
-            let (sp, _g1) = s.view.device_ptr(&self.stream);
-            let (rp, _g2) = r.view.device_ptr_mut(&self.stream);
-            // SAFETY: out-of-place broadcast of s.len() bytes into a buffer as long.
-            unsafe {
-                result::broadcast(
-                    sp as *const c_void,
-                    rp as *mut c_void,
-                    s.len(),
-                    U8,
-                    root as i32,
-                    comm,
-                    self.cu_stream(),
-                )
-            }
-            .map(|_| ())
-            .map_err(|e| nccl_err("ncclBroadcast", e))
-        })
-    }
 }
 
 impl NcclComm {
@@ -640,7 +669,7 @@ impl NcclComm {
         Ok(Some(recv / dtype.size_of()))
     }
 
-    /// `all_reduce_buf` / `reduce_scatter_buf`: on the device buffers directly when NCCL alone
+    /// `all_reduce_into` / `reduce_scatter`: on the device buffers directly when NCCL alone
     /// computes `op` as PyTorch does, else staged through the host collective.
     fn reduce_buf(
         &self,
@@ -653,7 +682,12 @@ impl NcclComm {
     ) -> Result<()> {
         let direct = self.reduces_on_device(dtype, op);
         let Some((s, r)) = self.on_device(&send, &mut recv).filter(|_| direct) else {
-            return staged::reduce(self, kind, group, send, recv, dtype, op);
+            return match kind {
+                Reduce::All => staged::send_recv(send, recv, |s, r| self.host_all_reduce_into(group, s, r, dtype, op)),
+                Reduce::Scatter => {
+                    staged::send_recv(send, recv, |s, r| self.host_reduce_scatter(group, s, r, dtype, op))
+                }
+            };
         };
         reduce::check_op(dtype, op)?;
         let Some(count) = self.reduce_count(kind, group, s.len(), r.len(), dtype)? else { return Ok(()) };
@@ -744,7 +778,7 @@ impl NcclComm {
         for group::Split { key, group, .. } in splits {
             let mine: NcclId = if key == 0 { unique_id()? } else { [0; 128] };
             let mut ids = vec![0u8; 128 * self.size];
-            self.all_gather(&world, &mine, (&mut ids).into())?;
+            self.host_all_gather(&world, &mine, (&mut ids).into())?;
             let mut st = self.state.lock().unwrap_or_else(|e| e.into_inner());
             if st.groups.contains_key(&group) {
                 continue; // the initialisation involves only the members, who all have it

@@ -6,7 +6,7 @@
 //! free) memory a peer or the network still reads or writes; [`PendingAllReduce::wait`] gives
 //! it back, reduced.
 
-use super::buf::{Buf, BufMut};
+use super::buf::{Buf, BufInOut, BufMut};
 use super::Communicator;
 use crate::element::{DType, Scalar};
 use crate::error::{Error, Result};
@@ -40,7 +40,7 @@ impl<T: Scalar + 'static> OwnedBytes for Vec<T> {
     }
     fn replace_by(&mut self, run: &mut dyn FnMut(Buf<'_>, BufMut<'_>) -> Result<()>) -> Result<()> {
         let mut out = vec![<T as bytemuck::Zeroable>::zeroed(); self.len()];
-        run(Buf::Host(bytemuck::cast_slice(self.as_slice())), BufMut::Host(bytemuck::cast_slice_mut(&mut out)))?;
+        run(Buf::Host(bytemuck::cast_slice(self.as_slice())), bytemuck::cast_slice_mut::<T, u8>(&mut out).into())?;
         *self = out;
         Ok(())
     }
@@ -51,9 +51,9 @@ impl<T: Scalar + 'static> OwnedBytes for Vec<T> {
 
 /// The default [`Communicator::all_reduce_start`]: the blocking all-reduce, at once. A host
 /// buffer is reduced in place by [`all_reduce`](Communicator::all_reduce); any other (device
-/// memory) by [`all_reduce_buf`](Communicator::all_reduce_buf) into a fresh buffer in the same
-/// memory, so backends with a device path (NCCL, `cuda-threads`) reduce it on the device and
-/// the others stage it through the host inside their `all_reduce_buf`.
+/// memory) by [`all_reduce_into`](Communicator::all_reduce_into) into a fresh buffer in the
+/// same memory, so backends with a device path (NCCL, `cuda-threads`) reduce it on the device
+/// and the others stage it through the host (`buf::staged`).
 pub fn reduce_now<C: Communicator + ?Sized>(
     c: &C,
     group: &[usize],
@@ -62,8 +62,8 @@ pub fn reduce_now<C: Communicator + ?Sized>(
     op: ReduceOp,
 ) -> Result<()> {
     match buf.host_mut() {
-        Some(bytes) => c.all_reduce(group, bytes, dtype, op),
-        None => buf.replace_by(&mut |send, recv| c.all_reduce_buf(group, send, recv, dtype, op)),
+        Some(bytes) => c.all_reduce(group, BufInOut::Host(bytes), dtype, op),
+        None => buf.replace_by(&mut |send, recv| c.all_reduce_into(group, send, recv, dtype, op)),
     }
 }
 

@@ -1,7 +1,7 @@
 //! `SelfComm`: the communicator of a one-rank world on one device, where every collective
 //! is a copy. Local tensors (PyTorch's plain `torch.Tensor`) live on meshes made of it.
 
-use super::{Communicator, RecvBuf};
+use super::{HostCollectives, RecvBuf};
 use crate::cuda::CudaDevice;
 use crate::device::{Device, Target};
 use crate::element::DType;
@@ -25,7 +25,7 @@ impl SelfComm {
 }
 
 // SAFETY: each collective with a `RecvBuf` copies a whole `send` of its length into it.
-unsafe impl Communicator for SelfComm {
+unsafe impl HostCollectives for SelfComm {
     fn rank(&self) -> usize {
         0
     }

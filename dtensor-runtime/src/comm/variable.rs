@@ -12,7 +12,7 @@
 //! MPI exchanges them first (`comm::mpi`), and the defaults here exchange small records first.
 
 use super::check::{mismatch, whole, Args};
-use super::{group, Communicator, RecvBuf};
+use super::{group, Buf, Communicator, RecvBuf};
 use crate::element::DType;
 use crate::error::{Error, Result};
 use crate::placement::ReduceOp;
@@ -30,6 +30,21 @@ pub(crate) fn pack_strided(send: &[u8], n: usize, run: usize) -> Vec<u8> {
         }
     }
     packed
+}
+
+/// [`Communicator::all_to_all_strided`] over `all_to_all` on host bytes: the lengths checked,
+/// the column blocks packed, then an equal-block all-to-all.
+pub(crate) fn packed_all_to_all<C: Communicator + ?Sized>(
+    comm: &C,
+    grp: &[usize],
+    send: &[u8],
+    rows: usize,
+    run: usize,
+    recv: RecvBuf<'_>,
+) -> Result<()> {
+    let n = grp.len();
+    super::check::all_to_all_strided(send.len(), recv.len(), rows, run, n)?;
+    comm.all_to_all(grp, Buf::Host(&pack_strided(send, n, run)), recv.into())
 }
 
 /// Byte offset of every block when blocks of `counts` bytes lie back to back.
@@ -163,7 +178,7 @@ fn record_tag(op: &str) -> u64 {
 /// `mine` (the same number of words on every member) from every member, in group order.
 fn all_gather_words<C: Communicator + ?Sized>(comm: &C, grp: &[usize], mine: &[u64]) -> Result<Vec<Vec<u64>>> {
     let mut all = vec![0u64; mine.len() * grp.len()];
-    comm.all_gather(grp, bytemuck::cast_slice(mine), bytemuck::cast_slice_mut::<u64, u8>(&mut all).into())?;
+    comm.all_gather(grp, Buf::Host(bytemuck::cast_slice(mine)), bytemuck::cast_slice_mut::<u64, u8>(&mut all).into())?;
     Ok(all.chunks(mine.len().max(1)).map(<[u64]>::to_vec).collect())
 }
 
@@ -217,7 +232,7 @@ pub(crate) fn padded_all_gather<C: Communicator + ?Sized>(
     verdict(OP, grp, me, &all, local)?;
     let m = counts.iter().copied().max().unwrap_or(0);
     let mut all = vec![0u8; m * grp.len()];
-    comm.all_gather(grp, &padded(send, m), (&mut all).into())?;
+    comm.all_gather(grp, Buf::Host(&padded(send, m)), (&mut all).into())?;
     for (i, (&c, o)) in counts.iter().zip(offsets(counts)).enumerate() {
         recv.write(o, &all[i * m..i * m + c]);
     }
@@ -242,7 +257,7 @@ pub(crate) fn padded_reduce_scatter<C: Communicator + ?Sized>(
     let all = all_gather_words(comm, grp, &record(OP, local.is_err(), Args::reduce(dtype, op), counts, n))?;
     verdict(OP, grp, me, &all, local)?;
     reduce_scatter_padded(send, counts, me, recv, |blocks, mine| {
-        comm.reduce_scatter(grp, blocks, mine.into(), dtype, op)
+        comm.reduce_scatter(grp, Buf::Host(blocks), mine.into(), dtype, op)
     })
 }
 
@@ -304,7 +319,7 @@ pub(crate) fn padded_all_to_all<C: Communicator + ?Sized>(
     // To each peer: the tag and what we send it.
     let out: Vec<u64> = sent.iter().flat_map(|&c| [record_tag(OP), c as u64]).collect();
     let mut back = vec![0u64; 2 * n];
-    comm.all_to_all(grp, bytemuck::cast_slice(&out), bytemuck::cast_slice_mut::<u64, u8>(&mut back).into())?;
+    comm.all_to_all(grp, Buf::Host(bytemuck::cast_slice(&out)), bytemuck::cast_slice_mut::<u64, u8>(&mut back).into())?;
     let got: Vec<u64> = back.chunks_exact(2).map(|w| if w[0] == record_tag(OP) { w[1] } else { u64::MAX }).collect();
     let wrong = if local.is_ok() { first_disagreement(&got, recv_counts) } else { None };
     let largest = sent.iter().chain(recv_counts).copied().max().unwrap_or(0) as u64;
@@ -338,7 +353,7 @@ pub(crate) fn padded_all_to_all<C: Communicator + ?Sized>(
         }
     }
     let mut got = vec![0u8; m * n];
-    comm.all_to_all(grp, &blocks, (&mut got).into())?;
+    comm.all_to_all(grp, Buf::Host(&blocks), (&mut got).into())?;
     for (i, (&c, o)) in recv_counts.iter().zip(offsets(recv_counts)).enumerate() {
         recv.write(o, &got[i * m..i * m + c]);
     }

@@ -5,7 +5,7 @@ pub(crate) mod storage;
 use crate::comm::debug::{record, CollectiveKind};
 use crate::comm::fingerprint::{self, Fingerprint};
 use crate::comm::in_flight::{self, PendingReduce};
-use crate::comm::{filled, variable, Communicator, OwnedBytes};
+use crate::comm::{filled, variable, Buf, BufInOut, Communicator, OwnedBytes};
 use crate::device::{Device, Target};
 use crate::element::{DType, Scalar};
 use crate::error::{Error, Result};
@@ -395,68 +395,57 @@ impl DeviceMesh {
         fingerprint::agree(comm.as_ref(), g, Fingerprint { seq, kind, dtype, count, root, op, detail })
     }
 
-    /// Runs `run` (a `*_buf` collective on host or device buffers) on the group of `along`,
-    /// recorded for `CommDebugMode` and, with the fingerprint check on, agreed first, as every
-    /// typed collective below. `count` elements of `dtype` (`bytes` bytes) go in.
-    // Only device storage takes this path (mesh/storage.rs, feature `cuda`).
-    #[cfg_attr(not(feature = "cuda"), allow(dead_code))]
+    /// Runs `run` (a collective of the communicator, on host or device buffers) on the group of
+    /// `along`, recorded for `CommDebugMode` and, with the fingerprint check on, agreed first:
+    /// the prologue of every equal-block collective below and of the collectives on storage
+    /// (`mesh/storage.rs`). `count` elements of `dtype` (`bytes` bytes; `None`: `u64`
+    /// metadata) go in; a reduction `op` is checked against `dtype` first.
     #[allow(clippy::too_many_arguments)]
-    pub(crate) fn run_buf(
+    pub(crate) fn collective<R>(
         &self,
         kind: CollectiveKind,
         along: Along,
-        dtype: DType,
+        dtype: Option<DType>,
         count: usize,
         root: Option<usize>,
         op: Option<ReduceOp>,
         bytes: usize,
-        run: impl FnOnce(&dyn Communicator, &[usize]) -> Result<()>,
-    ) -> Result<()> {
+        run: impl FnOnce(&dyn Communicator, &[usize]) -> Result<R>,
+    ) -> Result<R> {
         let (g, _) = self.group_of(along)?;
-        if let Some(op) = op {
+        if let (Some(dtype), Some(op)) = (dtype, op) {
             crate::comm::reduce::check_op(dtype, op)?;
         }
         self.note(kind, along, bytes);
-        self.agree(g, kind, Some(dtype), count, root, op, 0)?;
+        self.agree(g, kind, dtype, count, root, op, 0)?;
         run(self.comm().as_ref(), g)
-    }
-
-    /// The number of ranks a collective along `along` spans.
-    #[cfg_attr(not(feature = "cuda"), allow(dead_code))]
-    pub(crate) fn group_len(&self, along: Along) -> Result<usize> {
-        self.group_of(along).map(|(g, _)| g.len())
     }
 
     /// All-gather equal-sized blocks; returns `n * send.len()` elements in group order.
     pub fn all_gather<T: Scalar>(&self, along: Along, send: &[T]) -> Result<Vec<T>> {
-        let (g, _) = self.group_of(along)?;
-        self.note(CollectiveKind::AllGather, along, std::mem::size_of_val(send));
-        self.agree(g, CollectiveKind::AllGather, Some(T::DTYPE), send.len(), None, None, 0)?;
-        // SAFETY (of `filled`): a `Communicator` writes all of its `RecvBuf` on `Ok`.
-        unsafe {
-            filled("all_gather", send.len() * g.len(), |r| self.comm().all_gather(g, bytemuck::cast_slice(send), r))
-        }
+        let bytes = std::mem::size_of_val(send);
+        self.collective(CollectiveKind::AllGather, along, Some(T::DTYPE), send.len(), None, None, bytes, |c, g| {
+            // SAFETY (of `filled`): a `Communicator` writes all of its receive buffer on `Ok`.
+            unsafe { filled("all_gather", send.len() * g.len(), |r| c.all_gather(g, host(send), r.into())) }
+        })
     }
 
     /// All-reduce in place.
     pub fn all_reduce<T: Scalar>(&self, along: Along, buf: &mut [T], op: ReduceOp) -> Result<()> {
-        let (g, _) = self.group_of(along)?;
-        crate::comm::reduce::check_op(T::DTYPE, op)?;
-        self.note(CollectiveKind::AllReduce, along, std::mem::size_of_val(buf));
-        self.agree(g, CollectiveKind::AllReduce, Some(T::DTYPE), buf.len(), None, Some(op), 0)?;
-        self.comm().all_reduce(g, bytemuck::cast_slice_mut(buf), T::DTYPE, op)
+        let (count, bytes) = (buf.len(), std::mem::size_of_val(buf));
+        self.collective(CollectiveKind::AllReduce, along, Some(T::DTYPE), count, None, Some(op), bytes, |c, g| {
+            c.all_reduce(g, BufInOut::Host(bytemuck::cast_slice_mut(buf)), T::DTYPE, op)
+        })
     }
 
     /// All-reduce out of place: the reduction of every member's `send`, in a fresh buffer
     /// (`send` is left as it is, and not copied first).
     pub fn all_reduce_into<T: Scalar>(&self, along: Along, send: &[T], op: ReduceOp) -> Result<Vec<T>> {
-        let (g, _) = self.group_of(along)?;
-        crate::comm::reduce::check_op(T::DTYPE, op)?;
-        self.note(CollectiveKind::AllReduce, along, std::mem::size_of_val(send));
-        self.agree(g, CollectiveKind::AllReduce, Some(T::DTYPE), send.len(), None, Some(op), 0)?;
-        let send_bytes = bytemuck::cast_slice(send);
-        // SAFETY (of `filled`): a `Communicator` writes all of its `RecvBuf` on `Ok`.
-        unsafe { filled("all_reduce", send.len(), |r| self.comm().all_reduce_into(g, send_bytes, r, T::DTYPE, op)) }
+        let (count, bytes) = (send.len(), std::mem::size_of_val(send));
+        self.collective(CollectiveKind::AllReduce, along, Some(T::DTYPE), count, None, Some(op), bytes, |c, g| {
+            // SAFETY (of `filled`): a `Communicator` writes all of its receive buffer on `Ok`.
+            unsafe { filled("all_reduce", count, |r| c.all_reduce_into(g, host(send), r.into(), T::DTYPE, op)) }
+        })
     }
 
     /// Starts an in-place all-reduce of `buf` that completes in the background, where the
@@ -513,26 +502,24 @@ impl DeviceMesh {
 
     /// Reduce-scatter of `n` equal blocks; returns this member's reduced block.
     pub fn reduce_scatter<T: Scalar>(&self, along: Along, send: &[T], op: ReduceOp) -> Result<Vec<T>> {
-        let (g, _) = self.group_of(along)?;
-        crate::comm::reduce::check_op(T::DTYPE, op)?;
-        self.note(CollectiveKind::ReduceScatter, along, std::mem::size_of_val(send));
-        self.agree(g, CollectiveKind::ReduceScatter, Some(T::DTYPE), send.len(), None, Some(op), 0)?;
-        let send_bytes = bytemuck::cast_slice(send);
-        // SAFETY (of `filled`): a `Communicator` writes all of its `RecvBuf` on `Ok`.
-        unsafe {
-            filled("reduce_scatter", send.len() / g.len().max(1), |r| {
-                self.comm().reduce_scatter(g, send_bytes, r, T::DTYPE, op)
-            })
-        }
+        let (count, bytes) = (send.len(), std::mem::size_of_val(send));
+        self.collective(CollectiveKind::ReduceScatter, along, Some(T::DTYPE), count, None, Some(op), bytes, |c, g| {
+            // SAFETY (of `filled`): a `Communicator` writes all of its receive buffer on `Ok`.
+            unsafe {
+                filled("reduce_scatter", count / g.len().max(1), |r| {
+                    c.reduce_scatter(g, host(send), r.into(), T::DTYPE, op)
+                })
+            }
+        })
     }
 
     /// All-to-all of `n` equal blocks.
     pub fn all_to_all<T: Scalar>(&self, along: Along, send: &[T]) -> Result<Vec<T>> {
-        let (g, _) = self.group_of(along)?;
-        self.note(CollectiveKind::AllToAll, along, std::mem::size_of_val(send));
-        self.agree(g, CollectiveKind::AllToAll, Some(T::DTYPE), send.len(), None, None, 0)?;
-        // SAFETY (of `filled`): a `Communicator` writes all of its `RecvBuf` on `Ok`.
-        unsafe { filled("all_to_all", send.len(), |r| self.comm().all_to_all(g, bytemuck::cast_slice(send), r)) }
+        let (count, bytes) = (send.len(), std::mem::size_of_val(send));
+        self.collective(CollectiveKind::AllToAll, along, Some(T::DTYPE), count, None, None, bytes, |c, g| {
+            // SAFETY (of `filled`): a `Communicator` writes all of its receive buffer on `Ok`.
+            unsafe { filled("all_to_all", count, |r| c.all_to_all(g, host(send), r.into())) }
+        })
     }
 
     /// All-to-all of the column blocks of a row-major `send` of `rows` rows of `n` runs of
@@ -546,9 +533,11 @@ impl DeviceMesh {
         let layout = fingerprint::hash_words([rows as u64, run as u64]);
         self.agree(g, CollectiveKind::AllToAll, Some(T::DTYPE), send.len(), None, None, layout)?;
         let (es, send_bytes) = (std::mem::size_of::<T>(), bytemuck::cast_slice(send));
-        // SAFETY (of `filled`): a `Communicator` writes all of its `RecvBuf` on `Ok`.
+        // SAFETY (of `filled`): a `Communicator` writes all of its receive buffer on `Ok`.
         unsafe {
-            filled("all_to_all", send.len(), |r| self.comm().all_to_all_strided(g, send_bytes, rows, run * es, r))
+            filled("all_to_all", send.len(), |r| {
+                self.comm().all_to_all_strided(g, Buf::Host(send_bytes), rows, run * es, r.into())
+            })
         }
     }
 
@@ -572,8 +561,8 @@ impl DeviceMesh {
         let bytes = byte_counts::<T>("all_gather_v", counts)?;
         self.note(CollectiveKind::AllGather, along, std::mem::size_of_val(send));
         self.agree(g, CollectiveKind::AllGather, Some(T::DTYPE), total, None, None, counts_hash(counts))?;
-        // SAFETY (of `filled`): a `Communicator` writes all of its `RecvBuf` on `Ok`.
-        unsafe { filled("all_gather_v", total, |r| self.comm().all_gather_v(g, bytemuck::cast_slice(send), &bytes, r)) }
+        // SAFETY (of `filled`): a `Communicator` writes all of its receive buffer on `Ok`.
+        unsafe { filled("all_gather_v", total, |r| self.comm().all_gather_v(g, host(send), &bytes, r.into())) }
     }
 
     /// Reduce-scatter of blocks of different sizes: `send` holds one block per member, back to
@@ -595,9 +584,11 @@ impl DeviceMesh {
         self.note(CollectiveKind::ReduceScatter, along, std::mem::size_of_val(send));
         self.agree(g, CollectiveKind::ReduceScatter, Some(T::DTYPE), send.len(), None, Some(op), counts_hash(counts))?;
         let send_bytes = bytemuck::cast_slice(send);
-        // SAFETY (of `filled`): a `Communicator` writes all of its `RecvBuf` on `Ok`.
+        // SAFETY (of `filled`): a `Communicator` writes all of its receive buffer on `Ok`.
         unsafe {
-            filled("reduce_scatter_v", mine, |r| self.comm().reduce_scatter_v(g, send_bytes, &bytes, r, T::DTYPE, op))
+            filled("reduce_scatter_v", mine, |r| {
+                self.comm().reduce_scatter_v(g, Buf::Host(send_bytes), &bytes, r.into(), T::DTYPE, op)
+            })
         }
     }
 
@@ -624,48 +615,47 @@ impl DeviceMesh {
         self.note(CollectiveKind::AllToAll, along, std::mem::size_of_val(send));
         self.agree(g, CollectiveKind::AllToAll, Some(T::DTYPE), runs.len(), None, None, 0)?;
         let send_bytes = bytemuck::cast_slice(send);
-        // SAFETY (of `filled`): a `Communicator` writes all of its `RecvBuf` on `Ok`.
+        // SAFETY (of `filled`): a `Communicator` writes all of its receive buffer on `Ok`.
         unsafe {
-            filled("all_to_all_v", total, |r| self.comm().all_to_all_v(g, send_bytes, rows, &run_bytes, r, &recv_bytes))
+            filled("all_to_all_v", total, |r| {
+                self.comm().all_to_all_v(g, Buf::Host(send_bytes), rows, &run_bytes, r.into(), &recv_bytes)
+            })
         }
     }
 
     /// Broadcast from group member `root`.
     pub fn broadcast<T: Scalar>(&self, along: Along, buf: &mut [T], root: usize) -> Result<()> {
-        let (g, _) = self.group_of(along)?;
-        self.note(CollectiveKind::Broadcast, along, std::mem::size_of_val(buf));
-        self.agree(g, CollectiveKind::Broadcast, Some(T::DTYPE), buf.len(), Some(root), None, 0)?;
-        self.comm().broadcast(g, bytemuck::cast_slice_mut(buf), root)
+        let (count, bytes) = (buf.len(), std::mem::size_of_val(buf));
+        self.collective(CollectiveKind::Broadcast, along, Some(T::DTYPE), count, Some(root), None, bytes, |c, g| {
+            c.broadcast(g, BufInOut::Host(bytemuck::cast_slice_mut(buf)), root)
+        })
     }
 
     /// Broadcast of `u64` metadata (shapes, counts: fixed width, so ranks of different
     /// pointer sizes agree).
     pub fn broadcast_u64(&self, along: Along, buf: &mut [u64], root: usize) -> Result<()> {
-        let (g, _) = self.group_of(along)?;
-        self.note(CollectiveKind::Broadcast, along, std::mem::size_of_val(buf));
-        self.agree(g, CollectiveKind::Broadcast, None, buf.len(), Some(root), None, 0)?;
-        self.comm().broadcast(g, bytemuck::cast_slice_mut(buf), root)
+        let (count, bytes) = (buf.len(), std::mem::size_of_val(buf));
+        self.collective(CollectiveKind::Broadcast, along, None, count, Some(root), None, bytes, |c, g| {
+            c.broadcast(g, BufInOut::Host(bytemuck::cast_slice_mut(buf)), root)
+        })
     }
 
     /// All-gather of `u64` metadata (shapes, counts).
     pub fn all_gather_u64(&self, along: Along, send: &[u64]) -> Result<Vec<u64>> {
-        let (g, _) = self.group_of(along)?;
-        self.note(CollectiveKind::AllGather, along, std::mem::size_of_val(send));
-        self.agree(g, CollectiveKind::AllGather, None, send.len(), None, None, 0)?;
-        // SAFETY (of `filled`): a `Communicator` writes all of its `RecvBuf` on `Ok`.
-        unsafe {
-            filled("all_gather", send.len() * g.len(), |r| self.comm().all_gather(g, bytemuck::cast_slice(send), r))
-        }
+        let (count, bytes) = (send.len(), std::mem::size_of_val(send));
+        self.collective(CollectiveKind::AllGather, along, None, count, None, None, bytes, |c, g| {
+            // SAFETY (of `filled`): a `Communicator` writes all of its receive buffer on `Ok`.
+            unsafe { filled("all_gather", count * g.len(), |r| c.all_gather(g, host(send), r.into())) }
+        })
     }
 
     /// Scatter `n` equal blocks of `block` elements from group member `root`.
     pub fn scatter<T: Scalar>(&self, along: Along, send: &[T], block: usize, root: usize) -> Result<Vec<T>> {
         let (g, _) = self.group_of(along)?;
-        let mut out = vec![T::zero(); block];
         self.note(CollectiveKind::Scatter, along, std::mem::size_of_val(send));
         self.agree(g, CollectiveKind::Scatter, Some(T::DTYPE), block, Some(root), None, 0)?;
-        self.comm().scatter(g, bytemuck::cast_slice(send), bytemuck::cast_slice_mut(&mut out), root)?;
-        Ok(out)
+        // SAFETY (of `filled`): a `Communicator` writes all of its receive buffer on `Ok`.
+        unsafe { filled("scatter", block, |r| self.comm().scatter(g, host(send), r.into(), root)) }
     }
 
     /// Barrier over the group.
@@ -675,6 +665,11 @@ impl DeviceMesh {
         self.agree(g, CollectiveKind::Barrier, None, 0, None, None, 0)?;
         self.comm().barrier(g)
     }
+}
+
+/// A typed host slice as a collective's input.
+fn host<T: bytemuck::Pod>(send: &[T]) -> Buf<'_> {
+    Buf::Host(bytemuck::cast_slice(send))
 }
 
 impl PartialEq for DeviceMesh {

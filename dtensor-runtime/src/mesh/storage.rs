@@ -1,12 +1,15 @@
 //! Collectives on [`Storage`]: what redistribution and `from_local` call with local shards.
 //!
-//! Host storage goes through the mesh's typed collectives directly (borrowed when row-major).
-//! Device storage goes through the `*_buf` collectives of the communicator on device buffers
-//! (module `device`): NCCL and `cuda-threads` run on them directly, the other backends stage
-//! them through the host. Results are flat (`[n]`) storages on the input's device; callers reshape or unpack
-//! them with a pack plan.
+//! One path for host and device storage: a shard is handed to the communicator's collectives
+//! as a [`Buf`] (host bytes, borrowed when row-major, or device bytes), and the output is a
+//! fresh flat storage on the input's device that the collective writes through a [`BufMut`]
+//! (host memory is not zero-filled first) or, for all-reduce and broadcast, the shard itself
+//! through a [`BufInOut`]. NCCL and `cuda-threads` run device buffers on the device, the other
+//! backends stage them through the host. Results are flat (`[n]`) storages on the input's
+//! device; callers reshape or unpack them with a pack plan.
 
-use crate::comm::{Buf, BufMut, OwnedBytes, PendingReduce};
+use crate::comm::debug::CollectiveKind;
+use crate::comm::{filled, Buf, BufInOut, BufMut, OwnedBytes, PendingReduce};
 use crate::element::Scalar;
 use crate::error::Result;
 use crate::mesh::Along;
@@ -15,34 +18,75 @@ use crate::placement::ReduceOp;
 use crate::storage::Storage;
 use std::any::Any;
 
-/// [`all_gather`](DeviceMesh::all_gather) of a shard: every member's data, in group order.
-pub(crate) fn all_gather<T: Scalar>(mesh: &DeviceMesh, along: Along, send: &Storage<T>) -> Result<Storage<T>> {
+/// `send`'s elements as a collective's input: host bytes (borrowed when row-major) or the
+/// device bytes of a device shard.
+fn with_send<T: Scalar, R>(send: &Storage<T>, run: impl FnOnce(Buf<'_>) -> Result<R>) -> Result<R> {
     #[cfg(feature = "cuda")]
     if let Storage::Cuda(c) = send {
-        return device::all_gather(mesh, along, c);
+        return run(Buf::of_cuda(c));
     }
-    let out = mesh.all_gather(along, &send.host_data()?)?;
-    send.with_host_data(&[out.len()], out)
+    let data = send.host_data()?;
+    run(Buf::Host(bytemuck::cast_slice(&data)))
 }
 
-/// [`all_reduce`](DeviceMesh::all_reduce) of a shard, in place on host storage.
-pub(crate) fn all_reduce<T: Scalar>(
-    mesh: &DeviceMesh,
-    along: Along,
-    mut buf: Storage<T>,
-    op: ReduceOp,
+/// A fresh storage of `shape` on `like`'s device, every element of which `fill` writes
+/// through a [`BufMut`] (host memory is not zero-filled first).
+fn fresh<T: Scalar>(
+    like: &Storage<T>,
+    context: &str,
+    shape: &[usize],
+    fill: impl FnOnce(BufMut<'_>) -> Result<()>,
 ) -> Result<Storage<T>> {
     #[cfg(feature = "cuda")]
-    if let Storage::Cuda(c) = &buf {
-        return device::all_reduce_into(mesh, along, c, op);
+    if let Storage::Cuda(c) = like {
+        let mut out = crate::storage::CudaStorage::<T>::zeros(c.device(), shape)?;
+        fill(BufMut::of_cuda(&mut out)?)?;
+        return Ok(Storage::Cuda(out));
+    }
+    // SAFETY (of `filled`): a `Communicator` writes all of its receive buffer on `Ok`.
+    let out = unsafe { filled::<T>(context, shape.iter().product(), |r| fill(r.into())) }?;
+    like.with_host_data(shape, out)
+}
+
+/// `buf` overwritten in place by `run` (through a [`BufInOut`] of its own memory: a device
+/// shard's bytes, copied first when shared; a host shard's one row-major block, or a row-major
+/// copy of it).
+fn in_place<T: Scalar>(mut buf: Storage<T>, run: impl FnOnce(BufInOut<'_>) -> Result<()>) -> Result<Storage<T>> {
+    #[cfg(feature = "cuda")]
+    if let Storage::Cuda(c) = &mut buf {
+        run(BufInOut::of_cuda(c)?)?;
+        return Ok(buf);
     }
     if let Some(data) = buf.host_data_mut() {
-        mesh.all_reduce(along, data, op)?;
+        run(BufInOut::Host(bytemuck::cast_slice_mut(data)))?;
         return Ok(buf);
     }
     let mut v = buf.host_data()?.into_owned();
-    mesh.all_reduce(along, &mut v, op)?;
+    run(BufInOut::Host(bytemuck::cast_slice_mut(&mut v)))?;
     buf.with_host_data(buf.shape(), v)
+}
+
+/// [`all_gather`](DeviceMesh::all_gather) of a shard: every member's data, in group order.
+pub(crate) fn all_gather<T: Scalar>(mesh: &DeviceMesh, along: Along, send: &Storage<T>) -> Result<Storage<T>> {
+    let (l, bytes) = (send.len(), send.len() * std::mem::size_of::<T>());
+    with_send(send, |s| {
+        mesh.collective(CollectiveKind::AllGather, along, Some(T::DTYPE), l, None, None, bytes, |c, g| {
+            fresh(send, "all_gather", &[l * g.len()], |r| c.all_gather(g, s, r))
+        })
+    })
+}
+
+/// [`all_reduce`](DeviceMesh::all_reduce) of a shard, in place.
+pub(crate) fn all_reduce<T: Scalar>(
+    mesh: &DeviceMesh,
+    along: Along,
+    buf: Storage<T>,
+    op: ReduceOp,
+) -> Result<Storage<T>> {
+    let (l, bytes) = (buf.len(), buf.len() * std::mem::size_of::<T>());
+    mesh.collective(CollectiveKind::AllReduce, along, Some(T::DTYPE), l, None, Some(op), bytes, |c, g| {
+        in_place(buf, |b| c.all_reduce(g, b, T::DTYPE, op))
+    })
 }
 
 /// [`all_reduce_into`](DeviceMesh::all_reduce_into) of a shard: the reduction in a fresh
@@ -53,12 +97,12 @@ pub(crate) fn all_reduce_into<T: Scalar>(
     send: &Storage<T>,
     op: ReduceOp,
 ) -> Result<Storage<T>> {
-    #[cfg(feature = "cuda")]
-    if let Storage::Cuda(c) = send {
-        return device::all_reduce_into(mesh, along, c, op);
-    }
-    let out = mesh.all_reduce_into(along, &send.host_data()?, op)?;
-    send.with_host_data(send.shape(), out)
+    let (l, bytes) = (send.len(), send.len() * std::mem::size_of::<T>());
+    with_send(send, |s| {
+        mesh.collective(CollectiveKind::AllReduce, along, Some(T::DTYPE), l, None, Some(op), bytes, |c, g| {
+            fresh(send, "all_reduce", send.shape(), |r| c.all_reduce_into(g, s, r, T::DTYPE, op))
+        })
+    })
 }
 
 /// [`all_reduce_start`](DeviceMesh::all_reduce_start) of a shard, on its own memory: a device
@@ -93,7 +137,7 @@ impl<T: Scalar + 'static> OwnedBytes for Storage<T> {
         }
         let send = self.host_data()?.into_owned();
         let mut out = send.clone();
-        run(Buf::Host(bytemuck::cast_slice(&send)), BufMut::Host(bytemuck::cast_slice_mut(&mut out)))?;
+        run(Buf::Host(bytemuck::cast_slice(&send)), bytemuck::cast_slice_mut::<T, u8>(&mut out).into())?;
         *self = self.with_host_data(self.shape(), out)?;
         Ok(())
     }
@@ -110,43 +154,35 @@ pub(crate) fn reduce_scatter<T: Scalar>(
     send: &Storage<T>,
     op: ReduceOp,
 ) -> Result<Storage<T>> {
-    #[cfg(feature = "cuda")]
-    if let Storage::Cuda(c) = send {
-        return device::reduce_scatter(mesh, along, c, op);
-    }
-    let out = mesh.reduce_scatter(along, &send.host_data()?, op)?;
-    send.with_host_data(&[out.len()], out)
+    let (l, bytes) = (send.len(), send.len() * std::mem::size_of::<T>());
+    with_send(send, |s| {
+        mesh.collective(CollectiveKind::ReduceScatter, along, Some(T::DTYPE), l, None, Some(op), bytes, |c, g| {
+            fresh(send, "reduce_scatter", &[l / g.len().max(1)], |r| c.reduce_scatter(g, s, r, T::DTYPE, op))
+        })
+    })
 }
 
 /// [`all_to_all`](DeviceMesh::all_to_all) of `n` equal blocks.
 pub(crate) fn all_to_all<T: Scalar>(mesh: &DeviceMesh, along: Along, send: &Storage<T>) -> Result<Storage<T>> {
-    #[cfg(feature = "cuda")]
-    if let Storage::Cuda(c) = send {
-        return device::all_to_all(mesh, along, c);
-    }
-    let out = mesh.all_to_all(along, &send.host_data()?)?;
-    send.with_host_data(&[out.len()], out)
+    let (l, bytes) = (send.len(), send.len() * std::mem::size_of::<T>());
+    with_send(send, |s| {
+        mesh.collective(CollectiveKind::AllToAll, along, Some(T::DTYPE), l, None, None, bytes, |c, g| {
+            fresh(send, "all_to_all", &[l], |r| c.all_to_all(g, s, r))
+        })
+    })
 }
 
-/// [`broadcast`](DeviceMesh::broadcast) of a shard from group member `root`, in place on
-/// host storage.
+/// [`broadcast`](DeviceMesh::broadcast) of a shard from group member `root`, in place.
 pub(crate) fn broadcast<T: Scalar>(
     mesh: &DeviceMesh,
     along: Along,
-    mut buf: Storage<T>,
+    buf: Storage<T>,
     root: usize,
 ) -> Result<Storage<T>> {
-    #[cfg(feature = "cuda")]
-    if let Storage::Cuda(c) = &buf {
-        return device::broadcast(mesh, along, c, root);
-    }
-    if let Some(data) = buf.host_data_mut() {
-        mesh.broadcast(along, data, root)?;
-        return Ok(buf);
-    }
-    let mut v = buf.host_data()?.into_owned();
-    mesh.broadcast(along, &mut v, root)?;
-    buf.with_host_data(buf.shape(), v)
+    let (l, bytes) = (buf.len(), buf.len() * std::mem::size_of::<T>());
+    mesh.collective(CollectiveKind::Broadcast, along, Some(T::DTYPE), l, Some(root), None, bytes, |c, g| {
+        in_place(buf, |b| c.broadcast(g, b, root))
+    })
 }
 
 /// [`all_to_all_strided`](DeviceMesh::all_to_all_strided) of a shard viewed as `rows`
@@ -202,94 +238,4 @@ pub(crate) fn all_to_all_v<T: Scalar>(
 ) -> Result<Storage<T>> {
     let out = mesh.all_to_all_v(along, &send.host_data()?, rows, runs, recv_counts)?;
     send.with_host_data(&[out.len()], out)
-}
-
-/// The device path: flat device outputs written by the communicator's `*_buf` collectives.
-#[cfg(feature = "cuda")]
-mod device {
-    use crate::comm::debug::CollectiveKind;
-    use crate::comm::{Buf, BufMut, Communicator};
-    use crate::element::Scalar;
-    use crate::error::Result;
-    use crate::mesh::{Along, DeviceMesh};
-    use crate::placement::ReduceOp;
-    use crate::storage::{CudaStorage, Storage};
-
-    fn len<T: Scalar>(c: &CudaStorage<T>) -> usize {
-        c.shape().iter().product()
-    }
-
-    /// Collective `kind` of `c`'s elements (recorded and fingerprinted by
-    /// [`DeviceMesh::run_buf`], with its `root` and `op`) into a fresh flat device shard of `n`
-    /// elements, all of which `call` writes: it runs the communicator's `*_buf` method on the
-    /// group, `c` the send buffer.
-    #[allow(clippy::too_many_arguments)]
-    fn collective<T: Scalar>(
-        mesh: &DeviceMesh,
-        along: Along,
-        c: &CudaStorage<T>,
-        kind: CollectiveKind,
-        root: Option<usize>,
-        op: Option<ReduceOp>,
-        n: usize,
-        call: impl FnOnce(&dyn Communicator, &[usize], Buf<'_>, BufMut<'_>) -> Result<()>,
-    ) -> Result<Storage<T>> {
-        let mut out = CudaStorage::<T>::zeros(c.device(), &[n])?;
-        let recv = BufMut::of_cuda(&mut out)?;
-        let l = len(c);
-        let bytes = l * std::mem::size_of::<T>();
-        mesh.run_buf(kind, along, T::DTYPE, l, root, op, bytes, |comm, g| call(comm, g, Buf::of_cuda(c), recv))?;
-        Ok(Storage::Cuda(out))
-    }
-
-    pub(super) fn all_gather<T: Scalar>(mesh: &DeviceMesh, along: Along, c: &CudaStorage<T>) -> Result<Storage<T>> {
-        let n = len(c) * mesh.group_len(along)?;
-        collective(mesh, along, c, CollectiveKind::AllGather, None, None, n, |comm, g, send, recv| {
-            comm.all_gather_buf(g, send, recv)
-        })
-    }
-
-    pub(super) fn all_reduce_into<T: Scalar>(
-        mesh: &DeviceMesh,
-        along: Along,
-        c: &CudaStorage<T>,
-        op: ReduceOp,
-    ) -> Result<Storage<T>> {
-        let out =
-            collective(mesh, along, c, CollectiveKind::AllReduce, None, Some(op), len(c), |comm, g, send, recv| {
-                comm.all_reduce_buf(g, send, recv, T::DTYPE, op)
-            })?;
-        out.reshape(c.shape())
-    }
-
-    pub(super) fn reduce_scatter<T: Scalar>(
-        mesh: &DeviceMesh,
-        along: Along,
-        c: &CudaStorage<T>,
-        op: ReduceOp,
-    ) -> Result<Storage<T>> {
-        let n = len(c) / mesh.group_len(along)?.max(1);
-        collective(mesh, along, c, CollectiveKind::ReduceScatter, None, Some(op), n, |comm, g, send, recv| {
-            comm.reduce_scatter_buf(g, send, recv, T::DTYPE, op)
-        })
-    }
-
-    pub(super) fn all_to_all<T: Scalar>(mesh: &DeviceMesh, along: Along, c: &CudaStorage<T>) -> Result<Storage<T>> {
-        collective(mesh, along, c, CollectiveKind::AllToAll, None, None, len(c), |comm, g, send, recv| {
-            comm.all_to_all_buf(g, send, recv)
-        })
-    }
-
-    pub(super) fn broadcast<T: Scalar>(
-        mesh: &DeviceMesh,
-        along: Along,
-        c: &CudaStorage<T>,
-        root: usize,
-    ) -> Result<Storage<T>> {
-        let out =
-            collective(mesh, along, c, CollectiveKind::Broadcast, Some(root), None, len(c), |comm, g, send, recv| {
-                comm.broadcast_buf(g, send, recv, root)
-            })?;
-        out.reshape(c.shape())
-    }
 }

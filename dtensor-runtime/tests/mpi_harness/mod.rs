@@ -59,7 +59,7 @@ pub fn main(suite: &str, tests: &[(&str, TestFn)]) {
                 eprintln!("rank {me}: {name} FAILED: {msg}");
             }
             let mut agreed = code.to_ne_bytes();
-            ctx.comm().all_reduce(&world, &mut agreed, DType::F64, ReduceOp::Max)?;
+            ctx.comm().all_reduce(&world, (&mut agreed).into(), DType::F64, ReduceOp::Max)?;
             let ms = start.elapsed().as_millis();
             let verdict = match f64::from_ne_bytes(agreed) as u8 {
                 0 => {

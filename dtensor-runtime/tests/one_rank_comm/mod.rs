@@ -1,10 +1,11 @@
 //! A one-rank communicator that reports a chosen device (and optionally its CUDA handle):
-//! every collective of a world of one is a copy. Lets tests build meshes on a device without
-//! a multi-rank device backend.
+//! every collective of a world of one is a copy (on host bytes: device buffers are staged
+//! through the host by the blanket `Communicator` impl). Lets tests build meshes on a device
+//! without a multi-rank device backend.
 #![allow(dead_code)]
 
 use dtensor_runtime::cuda::CudaDevice;
-use dtensor_runtime::{Communicator, DType, Device, RecvBuf, ReduceOp, Result};
+use dtensor_runtime::{DType, Device, HostCollectives, RecvBuf, ReduceOp, Result};
 use std::sync::Arc;
 
 #[derive(Debug)]
@@ -14,7 +15,7 @@ pub struct OneRankComm {
 }
 
 // SAFETY: each collective with a `RecvBuf` copies a whole `send` of its length into it.
-unsafe impl Communicator for OneRankComm {
+unsafe impl HostCollectives for OneRankComm {
     fn rank(&self) -> usize {
         0
     }

@@ -21,7 +21,7 @@ fn device_and_host_collectives_never_match() {
     let (c0, c1) = (w.communicator(0).unwrap(), w.communicator(1).unwrap());
     let t = std::thread::spawn(move || {
         let mut recv = [7u8; 48];
-        let r = c1.all_gather(&[0, 1], &[1u8; 24], (&mut recv[..]).into());
+        let r = c1.all_gather(&[0, 1], (&[1u8; 24]).into(), (&mut recv[..]).into());
         (r, recv)
     });
     let ran = AtomicBool::new(false);

@@ -33,7 +33,7 @@ use super::check::Args;
 use super::reduce;
 use super::variable::{self, offsets};
 use super::{check, group, timeout};
-use super::{Communicator, OwnedBytes, PendingAllReduce, RecvBuf};
+use super::{HostCollectives, OwnedBytes, PendingAllReduce, RecvBuf};
 use crate::element::DType;
 use crate::error::{Error, Result};
 use crate::placement::ReduceOp;
@@ -510,7 +510,7 @@ const REDUCE_BLOCK: usize = 64 << 10;
 
 // SAFETY: every collective below writes all of its `RecvBuf` before returning `Ok` (each
 // says how), and a failed length check returns before anything is read.
-unsafe impl Communicator for ThreadComm {
+unsafe impl HostCollectives for ThreadComm {
     fn rank(&self) -> usize {
         self.rank
     }
