@@ -49,6 +49,12 @@ lift_unary!(
     LeafGradRule
 );
 
+/// The layout of the gradient of a leaf laid out `L` on the mesh `M`.
+pub type LeafGrad<L, M> = <L as LeafGradLayout<M>>::Out;
+
+/// The typed gradient of a leaf `Dt<T, M, L, R>`.
+pub type GradOf<T, M, L, const R: usize> = Dt<T, M, LeafGrad<L, M>, R>;
+
 impl<N, const D: usize> LeafGradRule<N> for Shard<D> {
     type Out = Shard<D>;
 }
@@ -135,7 +141,7 @@ impl<T: Element, M: MeshDims, L: TypedLayout<M>, const R: usize> Dt<T, M, L, R> 
     /// the engine reduces every gradient that reaches a leaf to it (the data-parallel sum of a
     /// replicated weight's gradient, for one), so the type says it is reduced.
     #[track_caller]
-    pub fn grad(&self) -> Result<Option<Dt<T, M, <L as LeafGradLayout<M>>::Out, R>>>
+    pub fn grad(&self) -> Result<Option<GradOf<T, M, L, R>>>
     where
         L: LeafGradLayout<M>,
     {
@@ -241,10 +247,10 @@ mod tests {
             w.zero_grad();
             assert!(w.grad()?.is_none());
             assert!(!w.detach().requires_grad());
-            Ok(g.full_tensor()?)
+            g.full_tensor()
         })
         .unwrap();
-        assert!(out.iter().all(|g| g == &out[0]));
+        assert!(out.iter().all(|g| *g == out[0]));
     }
 
     /// `to_local_grad::<(Partial<Sum>,)>` of a replicated value whose ranks use it

@@ -137,6 +137,9 @@ impl<N, const D: usize> MseRule<N> for Shard<D> {
 /// The loss layout of `cross_entropy` of `L` logits against `Lt` ids of rank `C`.
 pub type CrossEntropyOut<L, Lt, M, const C: usize> = <L as CrossEntropyLayout<Lt, M, Target<C>>>::Out;
 
+/// The loss layout of `cross_entropy_loss_parallel` of `L` logits against `Lt` ids of rank `C`.
+pub type LossParallelOut<L, Lt, M, const C: usize> = <L as LossParallelLayout<Lt, M, Target<C>>>::Out;
+
 impl<T: Element, M: MeshDims, L: TypedLayout<M>, const R: usize> Dt<T, M, L, R> {
     /// Mean cross-entropy of these logits `[.., C]` against class ids `[..]` of rank `R - 1`
     /// (integers, or whole floats, read as `i64` whatever `T` is; PyTorch
@@ -177,7 +180,7 @@ impl<T: Element, M: MeshDims, L: TypedLayout<M>, const R: usize> Dt<T, M, L, R> 
     pub fn cross_entropy_loss_parallel<I: IndexElement, Lt, Lx, const C: usize>(
         &self,
         target: &Dt<I, M, Lt, C>,
-    ) -> Result<Dt<T, M, <Lx as LossParallelLayout<Lt, M, Target<C>>>::Out, 0>>
+    ) -> Result<Dt<T, M, LossParallelOut<Lx, Lt, M, C>, 0>>
     where
         L: SameLayout<Lx>,
         Lx: LossParallelLayout<Lt, M, Target<C>>,
