@@ -10,9 +10,9 @@
 //! one-hot, indexing) are `long long` (`i64`) in every kernel, whatever the element type, and
 //! `argmax`/`argmin` write `long long` indices: an index never passes through a float, which
 //! would round it (bf16 holds every integer only up to 256). Kernels take raw element
-//! counts, a grid-stride loop covers any grid, and index arithmetic is 64-bit. Op codes are the `*_CODE` functions
-//! of `storage::cuda`, which the `switch`es here must agree with (the device tests check every
-//! code against the host kernels).
+//! counts, a grid-stride loop covers any grid, and index arithmetic is 64-bit. Op codes are the
+//! `code()` of the op enums (`op.rs`) and the `*_code` functions of `cuda/args.rs`, which the
+//! `switch`es here must agree with (the device tests check every code against the host kernels).
 //!
 //! Compile every module with `--fmad=false`: then `a * b + c` rounds twice as on the host, the
 //! optimizer updates and the Philox normals are bit-identical to the CPU path, and element-wise
