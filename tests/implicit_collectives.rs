@@ -181,3 +181,47 @@ fn a_typed_op_refuses_a_hidden_collective_before_sending_anything() {
         }
     }
 }
+
+/// `exp` of the Partial input on a helper thread spawned inside the body: the helper opened
+/// no scope of its own, so it answers to the function's.
+#[distribute(mesh = "tp", placements = [Partial(Sum)], returns = [Replicate])]
+fn exp_on_a_helper_thread(x: &DTensor<f32>) -> Result<DTensor<f32>> {
+    let local = std::thread::scope(|s| s.spawn(|| x.as_dtensor().exp()).join()).expect("the helper thread")?;
+    Dt::from_dtensor(local)
+}
+
+/// The same, opted in: the helper runs the all-reduce as the body itself could.
+#[distribute(mesh = "tp", placements = [Partial(Sum)], returns = [Replicate], implicit = "allow")]
+fn exp_on_a_helper_thread_allowed(x: &DTensor<f32>) -> Result<DTensor<f32>> {
+    let local = std::thread::scope(|s| s.spawn(|| x.as_dtensor().exp()).join()).expect("the helper thread")?;
+    Dt::from_dtensor(local)
+}
+
+#[test]
+fn a_helper_thread_cannot_carry_a_hidden_collective_out_of_the_function() {
+    let want = expected();
+    let out = run(2, |ctx| {
+        let x = partial_product(&ctx)?;
+        let err = exp_on_a_helper_thread(&x).err();
+        let allowed = exp_on_a_helper_thread_allowed(&x)?.as_dtensor().full_tensor()?;
+        // Once the function returned, a helper thread redistributes as the rank thread does.
+        let after = std::thread::scope(|s| s.spawn(|| x.as_dtensor().exp()).join()).expect("helper")?.full_tensor()?;
+        Ok((err, allowed, after))
+    })
+    .unwrap();
+    for (err, allowed, after) in out {
+        match err {
+            Some(Error::ImplicitCollective { op, redistribution, function }) => {
+                assert!(op.contains("exp"), "{op}");
+                assert_eq!(redistribution, "input 0 from (P(sum)) to (R)");
+                assert!(
+                    function.starts_with("`exp_on_a_helper_thread` (") && function.contains("from a thread"),
+                    "{function}"
+                );
+            }
+            other => panic!("expected ImplicitCollective from the helper thread, got {other:?}"),
+        }
+        assert_close(&allowed, &want);
+        assert_close(&after, &want);
+    }
+}

@@ -186,6 +186,63 @@ pub(crate) fn has_impl_trait(ty: &Type) -> bool {
     ty.to_token_stream().into_iter().any(|t| matches!(&t, proc_macro2::TokenTree::Ident(i) if i == "impl"))
 }
 
+/// Traits whose values run code later, when the caller drives them: a closure, an iterator,
+/// a future.
+const DEFERRED: &[&str] = &[
+    "Fn",
+    "FnMut",
+    "FnOnce",
+    "AsyncFn",
+    "AsyncFnMut",
+    "AsyncFnOnce",
+    "Iterator",
+    "IntoIterator",
+    "DoubleEndedIterator",
+    "ExactSizeIterator",
+    "Future",
+    "IntoFuture",
+    "Stream",
+];
+
+/// The first `impl Trait` or `dyn Trait` in `ty` whose trait runs code later (see
+/// [`DEFERRED`]), with that trait's name: a value that would run a function body's ops after
+/// the function returned.
+pub(crate) fn deferred_work(ty: &Type) -> Option<(&Type, String)> {
+    let bounds = match ty {
+        Type::ImplTrait(t) => Some(&t.bounds),
+        Type::TraitObject(t) => Some(&t.bounds),
+        _ => None,
+    };
+    if let Some(bounds) = bounds {
+        for b in bounds {
+            if let syn::TypeParamBound::Trait(t) = b {
+                if let Some(last) = t.path.segments.last() {
+                    if DEFERRED.iter().any(|d| last.ident == d) {
+                        return Some((ty, last.ident.to_string()));
+                    }
+                }
+            }
+        }
+        return None;
+    }
+    match ty {
+        Type::Path(p) => p.path.segments.iter().find_map(|seg| match &seg.arguments {
+            PathArguments::AngleBracketed(a) => a.args.iter().find_map(|g| match g {
+                GenericArgument::Type(t) => deferred_work(t),
+                _ => None,
+            }),
+            _ => None,
+        }),
+        Type::Reference(r) => deferred_work(&r.elem),
+        Type::Tuple(t) => t.elems.iter().find_map(deferred_work),
+        Type::Array(a) => deferred_work(&a.elem),
+        Type::Slice(s) => deferred_work(&s.elem),
+        Type::Paren(p) => deferred_work(&p.elem),
+        Type::Group(g) => deferred_work(&g.elem),
+        _ => None,
+    }
+}
+
 /// Is `ty` a type that certainly holds no tensor (numbers, `bool`, `char`, `String`, `str`)?
 pub(crate) fn is_plain_data(ty: &Type) -> bool {
     const PLAIN: &[&str] = &[

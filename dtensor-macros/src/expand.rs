@@ -572,18 +572,26 @@ pub(crate) fn fallback_fn(mut item: ItemFn, e: TokenStream) -> TokenStream {
             ast::strip_rank(&mut pt.ty);
         }
     }
+    let mut opaque = false;
     if let ReturnType::Type(_, t) = &mut item.sig.output {
         ast::strip_rank(t);
+        opaque = ast::has_impl_trait(t);
     }
     let attrs = &item.attrs;
     let vis = &item.vis;
     let sig = &item.sig;
+    // A diverging stub gives an `impl Trait` result no hidden type (rustc picks `()`, which
+    // then fails the trait: a second, unrelated error); the user's own body gives it one.
+    let body = if opaque {
+        let block = &item.block;
+        quote!(#block)
+    } else {
+        quote!({ ::core::unimplemented!("#[distribute] failed to expand") })
+    };
     quote! {
         #e
         #(#attrs)*
         #[allow(unused_variables, unused_mut, unreachable_code)]
-        #vis #sig {
-            ::core::unimplemented!("#[distribute] failed to expand")
-        }
+        #vis #sig #body
     }
 }

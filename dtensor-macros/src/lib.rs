@@ -105,6 +105,11 @@ use proc_macro::TokenStream;
 /// allowed; `implicit = "allow"` lets the body's dynamic ops redistribute as they would
 /// outside (`implicit = "deny"` is the default).
 ///
+/// The scope covers what the body starts: a helper thread spawned inside it answers to it.
+/// What would run after the body returned cannot: under the default, the function may not be
+/// `async` nor return a closure, iterator or future (`impl Fn`, `impl Iterator`, their `dyn`
+/// forms), a compile error that says so.
+///
 /// # Other arguments
 ///
 /// `crate = "path"` names the facade crate when it is renamed or re-exported (default

@@ -347,7 +347,38 @@ pub(crate) fn validate_fn<'a>(
         );
     }
     let allow_implicit = args.implicit.as_ref().is_some_and(|(a, _)| *a);
+    if !allow_implicit {
+        check_nothing_deferred(item, errs);
+    }
     Some(FnPlan { mesh, args: out, ret, allow_implicit })
+}
+
+/// A `#[distribute]` body's promise (no collective it does not show) is kept by a guard that
+/// lives while the body runs. A closure, iterator or future in the result would run the body's
+/// ops after the guard ended, where a dynamic op could redistribute unseen: refused, with the
+/// ways out.
+fn check_nothing_deferred(item: &ItemFn, errs: &mut Errors) {
+    if let Some(a) = &item.sig.asyncness {
+        errs.spanned(
+            a,
+            "a `#[distribute]` function cannot be `async`: its body would run after the call returned, outside the guard that refuses hidden collectives; make it a plain function (or write `implicit = \"allow\"`)",
+        );
+    }
+    if let ReturnType::Type(_, ty) = &item.sig.output {
+        if let Some((t, name)) = crate::ast::deferred_work(ty) {
+            let what = match name.as_str() {
+                n if n.contains("Fn") => "a closure",
+                n if n.contains("Iter") => "an iterator",
+                _ => "a future",
+            };
+            errs.spanned(
+                t,
+                format!(
+                    "a `#[distribute]` function cannot return {what} (`{name}`): its ops would run after the function returned, outside the guard that refuses hidden collectives; return the tensors, or put `#[distribute]` on the function it calls (or write `implicit = \"allow\"`)"
+                ),
+            );
+        }
+    }
 }
 
 /// The extra checks of a method in a trait impl (expanded by

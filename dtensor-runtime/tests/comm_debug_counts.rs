@@ -187,3 +187,40 @@ fn distribute_from_a_source_rank_is_a_broadcast_and_a_scatter() {
         assert_eq!(c, BTreeMap::from([(Broadcast, 1), (Scatter, 1)]));
     }
 }
+
+/// A mesh dim of one rank has no collectives: what runs on its group of one is a local copy,
+/// so nothing is recorded (and, fingerprint check on, nothing is agreed), while every value is
+/// what the collective gives. The 2-rank dim still records each call.
+#[test]
+fn a_group_of_one_rank_records_no_collective() {
+    use dtensor_runtime::mesh::Along;
+    let out = run(2, |ctx| {
+        let mesh = ctx.init_device_mesh(&[2, 1], &["dp", "tp"])?;
+        mesh.set_collective_checks(true);
+        let r = mesh.rank() as f32;
+        let mode = CommDebugMode::new();
+        let (one, two) = mode.scope(|| -> dtensor_runtime::Result<_> {
+            let mut sum = vec![r + 1.0, 2.0 * r];
+            mesh.all_reduce(Along::Dim(1), &mut sum, ReduceOp::Sum)?;
+            let gathered = mesh.all_gather(Along::Dim(1), &[r, r + 0.5])?;
+            let mut b = vec![r; 3];
+            mesh.broadcast(Along::Dim(1), &mut b, 0)?;
+            mesh.barrier(Along::Dim(1))?;
+            let one = (sum, gathered, b);
+            let mut both = vec![r + 1.0];
+            mesh.all_reduce(Along::Dim(0), &mut both, ReduceOp::Sum)?;
+            Ok((one, both))
+        })?;
+        let recs: Vec<(CollectiveKind, String)> =
+            mode.records().iter().map(|x| (x.kind, x.mesh_dim_label().to_string())).collect();
+        Ok((r, one, two, recs))
+    })
+    .unwrap();
+    for (r, (sum, gathered, b), both, recs) in out {
+        assert_eq!(sum, vec![r + 1.0, 2.0 * r], "rank {r}: a sum over one rank is the input");
+        assert_eq!(gathered, vec![r, r + 0.5], "rank {r}");
+        assert_eq!(b, vec![r; 3], "rank {r}");
+        assert_eq!(both, vec![3.0], "rank {r}: 1 + 2 over dp");
+        assert_eq!(recs, vec![(AllReduce, "dp".to_string())], "rank {r}: only the dp all-reduce is a collective");
+    }
+}

@@ -38,7 +38,6 @@ use crate::device::Device;
 pub use crate::env::DEFAULT_TIMEOUT;
 use crate::error::{Error, Result};
 use crate::mesh::DeviceMesh;
-use std::cell::RefCell;
 use std::fmt;
 use std::str::FromStr;
 use std::sync::Arc;
@@ -47,19 +46,7 @@ use std::sync::Arc;
 #[deprecated(since = "0.2.0", note = "renamed to `Launch`")]
 pub type Backend = Launch;
 
-thread_local! {
-    static CURRENT_MESH: RefCell<Option<DeviceMesh>> = const { RefCell::new(None) };
-}
-
-/// Sets the mesh that factories use when none is given (PyTorch's "current mesh").
-pub fn set_current_mesh(mesh: Option<DeviceMesh>) {
-    CURRENT_MESH.with(|m| *m.borrow_mut() = mesh);
-}
-
-/// The mesh set by the latest [`RankCtx::init_device_mesh`] (or [`set_current_mesh`]) on this rank.
-pub fn current_mesh() -> Option<DeviceMesh> {
-    CURRENT_MESH.with(|m| m.borrow().clone())
-}
+pub use crate::mesh::current::{current_mesh, set_current_mesh};
 
 /// What every rank's closure receives: its rank and the communicator of its world.
 #[derive(Clone, Debug)]

@@ -1,5 +1,6 @@
 //! `DeviceMesh`: an n-d grid of ranks with named dimensions.
 
+pub(crate) mod current;
 pub(crate) mod storage;
 
 use crate::comm::debug::{record, CollectiveKind};
@@ -361,15 +362,21 @@ impl DeviceMesh {
         }
     }
 
-    /// Records a collective; `along` was checked by `group_of` first.
+    /// Records a collective; `along` was checked by `group_of` first. A group of one rank
+    /// records nothing: its "collective" is a local copy, and a plan of the step's
+    /// communication (`CommDebugMode`) should not change with a mesh dim of size 1.
     fn note(&self, kind: CollectiveKind, along: Along, bytes: usize) {
         let Ok((g, d)) = self.group_of(along) else { return };
+        if g.len() == 1 {
+            return;
+        }
         record(kind, d.map(|d| self.dim_names()[d].as_str()), g.len(), bytes);
     }
 
     /// Prepares a collective on `g`: first completes what this thread started in the
     /// background on `g` (so the call cannot overtake it), then, with the fingerprint check
-    /// on, agrees with the group on this call before it runs.
+    /// on, agrees with the group on this call before it runs (a group of one has nobody to
+    /// agree with: nothing is sent).
     #[allow(clippy::too_many_arguments)] // the fields of a fingerprint
     fn agree(
         &self,
@@ -382,7 +389,7 @@ impl DeviceMesh {
         detail: u64,
     ) -> Result<()> {
         in_flight::settle(g);
-        if !self.collective_checks() {
+        if g.len() == 1 || !self.collective_checks() {
             return Ok(());
         }
         let comm = self.comm();

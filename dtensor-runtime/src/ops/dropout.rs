@@ -36,7 +36,7 @@ impl<T: Element> DTensor<T> {
         let x = if keep == self.placements {
             self.clone()
         } else {
-            super::implicit::check("dropout", 0, &self.placements, &keep, &self.plan_redistribute(&keep)?)?;
+            super::implicit::check("dropout", 0, &self.mesh, &self.placements, &keep, &self.plan_redistribute(&keep)?)?;
             redistribute_op(self, &keep, "dropout", None)?
         };
         let (seed, offset) = rng::reserve(x.numel());

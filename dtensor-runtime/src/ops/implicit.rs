@@ -14,9 +14,13 @@
 //! rank-independent), so no rank is left waiting in a collective.
 
 use crate::error::{Error, Result};
+use crate::mesh::current::with_current_mesh;
+use crate::mesh::DeviceMesh;
 use crate::placement::{fmt_placements, Placement};
 use crate::redistribute::RedistributePlan;
 use std::cell::RefCell;
+use std::sync::{Arc, Mutex, MutexGuard};
+use std::thread::ThreadId;
 
 /// Where a scope was opened: the `#[distribute]` function and its source location.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -48,10 +52,36 @@ thread_local! {
     static SCOPES: RefCell<Vec<Scope>> = const { RefCell::new(Vec::new()) };
 }
 
+/// The `#[distribute]` scopes open on every thread, by rank: what a thread that opened none
+/// of its own (a helper thread spawned inside a `#[distribute]` body) answers to. A rank is
+/// known by its communicator (the current mesh's, [`rank_key`]); entries of one thread are
+/// in opening order.
+static OPEN: Mutex<Vec<Open>> = Mutex::new(Vec::new());
+
+struct Open {
+    rank: usize,
+    thread: ThreadId,
+    /// `None`: an `implicit = "allow"` scope.
+    forbid: Option<ScopeSite>,
+}
+
+fn open_scopes() -> MutexGuard<'static, Vec<Open>> {
+    // Entries are pushed and removed whole: a poisoned lock holds consistent data.
+    OPEN.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+/// Which rank `mesh` belongs to, as the registry of open scopes knows it: the address of its
+/// communicator (every mesh of a rank shares it; two ranks never do).
+fn rank_key(mesh: &DeviceMesh) -> usize {
+    Arc::as_ptr(mesh.comm()) as *const () as usize
+}
+
 /// Closes its scope when dropped (also on an early return or `?`).
 #[must_use = "the scope ends when this guard is dropped"]
 #[derive(Debug)]
 pub struct ImplicitScope {
+    /// Registered for this thread's rank (a `#[distribute]` scope opened on a rank thread).
+    registered: bool,
     // Not `Send`: the scope belongs to the thread that opened it.
     _not_send: std::marker::PhantomData<*const ()>,
 }
@@ -59,12 +89,40 @@ pub struct ImplicitScope {
 impl Drop for ImplicitScope {
     fn drop(&mut self) {
         SCOPES.with(|s| s.borrow_mut().pop());
+        if self.registered {
+            let me = std::thread::current().id();
+            let mut open = open_scopes();
+            if let Some(i) = open.iter().rposition(|o| o.thread == me) {
+                open.remove(i);
+            }
+        }
     }
 }
 
 fn push(scope: Scope) -> ImplicitScope {
     SCOPES.with(|s| s.borrow_mut().push(scope));
-    ImplicitScope { _not_send: std::marker::PhantomData }
+    ImplicitScope { registered: false, _not_send: std::marker::PhantomData }
+}
+
+/// [`push`] for a `#[distribute]` scope, also registered under this thread's rank (when it
+/// has a current mesh) for the helper threads it may spawn.
+fn push_registered(scope: Scope, forbid: Option<ScopeSite>) -> ImplicitScope {
+    let mut guard = push(scope);
+    if let Some(rank) = with_current_mesh(|m| m.map(rank_key)) {
+        open_scopes().push(Open { rank, thread: std::thread::current().id(), forbid });
+        guard.registered = true;
+    }
+    guard
+}
+
+/// The `#[distribute]` scope that forbids implicit redistributions on `mesh`'s rank for a
+/// thread that opened no scope of its own: the innermost scope of another thread of that
+/// rank (the thread that spawned this one, inside a `#[distribute]` body).
+fn forbidding_on_rank(mesh: &DeviceMesh) -> Option<ScopeSite> {
+    let rank = rank_key(mesh);
+    let me = std::thread::current().id();
+    let open = open_scopes();
+    open.iter().rev().find(|o| o.rank == rank && o.thread != me).and_then(|o| o.forbid)
 }
 
 /// Until the guard drops, the dynamic op that the typed op `op` (called at `at`) runs may not
@@ -84,13 +142,13 @@ pub(crate) fn typed_op(op: &'static str, at: &'static std::panic::Location<'stat
 /// assert_eq!(dtensor_runtime::ops::implicit::forbidding(), Some(site));
 /// ```
 pub fn forbid_implicit(site: ScopeSite) -> ImplicitScope {
-    push(Scope::Forbid(site))
+    push_registered(Scope::Forbid(site), Some(site))
 }
 
 /// Until the guard drops, ops may redistribute their inputs again (`implicit = "allow"`
 /// inside a forbidding scope).
 pub fn allow_implicit() -> ImplicitScope {
-    push(Scope::Allow)
+    push_registered(Scope::Allow, None)
 }
 
 /// The `#[distribute]` scope that currently forbids implicit redistributions on this thread,
@@ -113,6 +171,7 @@ pub fn forbidding() -> Option<ScopeSite> {
 pub(crate) fn check(
     op: &str,
     input: usize,
+    mesh: &DeviceMesh,
     from: &[Placement],
     to: &[Placement],
     plan: &RedistributePlan,
@@ -121,19 +180,32 @@ pub(crate) fn check(
         return Ok(());
     }
     let redistribution = || format!("input {input} from {} to {}", fmt_placements(from), fmt_placements(to));
-    if let Some(Scope::TypedOp { op: typed, at }) = SCOPES.with(|s| s.borrow().last().copied()) {
+    let (innermost, own) = SCOPES.with(|s| (s.borrow().last().copied(), !s.borrow().is_empty()));
+    if let Some(Scope::TypedOp { op: typed, at }) = innermost {
         return Err(Error::TypedOpCollective {
             op: typed.to_string(),
             redistribution: format!("{} (in `{op}`)", redistribution()),
             at: at.to_string(),
         });
     }
-    match forbidding() {
+    let (site, helper) = match own {
+        true => (forbidding(), false),
+        // A thread without scopes of its own answers to its rank's (a helper thread spawned
+        // inside a `#[distribute]` body cannot run the collective the body may not).
+        false => (forbidding_on_rank(mesh), true),
+    };
+    match site {
         None => Ok(()),
         Some(site) => Err(Error::ImplicitCollective {
             op: op.to_string(),
             redistribution: redistribution(),
-            function: format!("`{}` ({}:{})", site.function, site.file, site.line),
+            function: format!(
+                "`{}` ({}:{}){}",
+                site.function,
+                site.file,
+                site.line,
+                if helper { ", from a thread running while it does" } else { "" }
+            ),
         }),
     }
 }
@@ -159,7 +231,9 @@ mod tests {
                 wire_bytes: 8,
             }],
         };
-        let check = |op: &str, i: usize, from: &[Placement], to: &[Placement]| check(op, i, from, to, &all_reduce);
+        let mesh = crate::autograd::local_mesh();
+        let check =
+            |op: &str, i: usize, from: &[Placement], to: &[Placement]| check(op, i, &mesh, from, to, &all_reduce);
         assert!(check("exp", 0, &p, &r).is_ok());
         {
             let _deny = forbid_implicit(site);

@@ -47,7 +47,7 @@ pub(crate) fn unshard_dim<T: Scalar>(x: &DTensor<T>, dim: usize, op: &'static st
     }
     let to: Vec<Placement> =
         x.placements.iter().map(|p| if p.is_shard_on(dim) { Placement::Replicate } else { *p }).collect();
-    super::implicit::check(op, 0, &x.placements, &to, &x.plan_redistribute(&to)?)?;
+    super::implicit::check(op, 0, &x.mesh, &x.placements, &to, &x.plan_redistribute(&to)?)?;
     crate::autograd::redistribute_recorded(x, &to, op)
 }
 

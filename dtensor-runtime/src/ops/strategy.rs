@@ -349,9 +349,18 @@ impl Hasher for WordHasher {
     fn finish(&self) -> u64 {
         self.0
     }
+    /// One round per 8 bytes: `Hash for [u64]` hands the whole key over as bytes, and a round
+    /// per byte made the lookup cost more than the search it saves (issue 32's dispatch bench).
     fn write(&mut self, bytes: &[u8]) {
-        for b in bytes {
-            self.write_u64(*b as u64);
+        let mut words = bytes.chunks_exact(8);
+        for w in &mut words {
+            self.write_u64(u64::from_le_bytes(w.try_into().expect("chunks_exact(8)")));
+        }
+        let rest = words.remainder();
+        if !rest.is_empty() {
+            let mut last = [0u8; 8];
+            last[..rest.len()].copy_from_slice(rest);
+            self.write_u64(u64::from_le_bytes(last) ^ ((rest.len() as u64) << 59));
         }
     }
     fn write_u64(&mut self, w: u64) {
@@ -495,7 +504,7 @@ fn moved<'a, T: Scalar>(
             &planned
         }
     };
-    super::implicit::check(op, j, &x.placements, want, plan)?;
+    super::implicit::check(op, j, &x.mesh, &x.placements, want, plan)?;
     log(ImplicitRedistribute { op, input: j, from: x.placements.clone(), to: want.to_vec(), bytes: plan.wire_bytes() });
     let out = x.redistribute_planned(plan, op)?;
     Ok(Cow::Owned(crate::autograd::recorded_redistribution(x, out)))
@@ -569,6 +578,31 @@ mod tests {
             }
             other => panic!("{other:?}"),
         }
+    }
+
+    /// The cache key is hashed a word at a time: hashing a `[u64]` (which `Hash` hands over
+    /// as bytes) equals its length and then each word through `write_u64`; a tail shorter than
+    /// a word still changes the hash.
+    #[test]
+    fn word_hasher_takes_a_key_a_word_at_a_time() {
+        use std::hash::Hash;
+        let key: Vec<u64> = vec![7, u64::MAX, 1 << 62, 0, 42];
+        let mut sliced = WordHasher::default();
+        key.as_slice().hash(&mut sliced);
+        let mut by_word = WordHasher::default();
+        by_word.write_usize(key.len());
+        for &w in &key {
+            by_word.write_u64(w);
+        }
+        assert_eq!(sliced.finish(), by_word.finish());
+        let (mut a, mut b) = (WordHasher::default(), WordHasher::default());
+        a.write(&[1, 2, 3]);
+        b.write(&[1, 2, 4]);
+        assert_ne!(a.finish(), b.finish());
+        let (mut a, mut b) = (WordHasher::default(), WordHasher::default());
+        a.write(&[1, 2, 3]);
+        b.write(&[1, 2, 3, 0]);
+        assert_ne!(a.finish(), b.finish(), "a zero byte more is another key");
     }
 
     use crate::placement::Placement::{Partial, Replicate, Shard};

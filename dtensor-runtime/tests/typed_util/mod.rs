@@ -5,6 +5,7 @@
 
 use dtensor_runtime::layout::checked_local_shape_and_offset;
 use dtensor_runtime::ndarray::{ArrayD, Axis, IxDyn, Slice};
+use dtensor_runtime::ops::implicit::{forbid_implicit, ScopeSite};
 use dtensor_runtime::typed::{Avg, Dt, MeshDims, Partial, Replicate, Shard, Sum, TypedLayout};
 use dtensor_runtime::{from_local, run, DTensor, DeviceMesh, FromLocal, Placement, ReduceOp, Result};
 
@@ -140,10 +141,14 @@ pub fn on_meshes(
     body2: impl Fn(&DeviceMesh, &mut Vec<String>) -> Result<()> + Sync,
 ) {
     // Every typed op runs under its typed-op guard (no communicating move its rule does not
-    // show); the 1-rank meshes check that the rules hold where every group has one rank.
+    // show) and inside a `#[distribute]` body's guard (no implicit collective): the typed
+    // rules and the guard must agree. The 1-rank meshes check that the rules hold where every
+    // group has one rank.
     let on = |world: usize, shape: &'static [usize], names: &'static [&'static str], two_d: bool| {
         run(world, |ctx| {
             let mesh = ctx.init_device_mesh(shape, names)?;
+            let site = ScopeSite { function: "typed_util::on_meshes", file: file!(), line: line!() };
+            let _guard = forbid_implicit(site);
             let mut fails = vec![];
             if two_d {
                 body2(&mesh, &mut fails)?;
