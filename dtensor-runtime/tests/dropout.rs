@@ -78,3 +78,23 @@ fn fresh_mask_per_call_gradient_and_eval() {
     assert!(matches!(bad_layer, Some(Error::InvalidArgument { .. })));
     assert!(matches!(bad_p, Some(Error::InvalidArgument { .. })));
 }
+
+/// Dropout of a `Partial` reduces it first: an implicit move, logged like every op's
+/// (`implicit_redistributions`), attributed to `dropout`, and planned once.
+#[test]
+fn reducing_a_partial_is_a_logged_implicit_move() {
+    let out = run(2, |ctx| {
+        let m = ctx.init_device_mesh(&[2], &[])?;
+        let d = distribute_tensor(x(), &m, &[R], None)?.redistribute(&[Partial(ReduceOp::Sum)])?;
+        let _ = dtensor_runtime::implicit_redistributions();
+        manual_seed(3);
+        let full = d.dropout(0.4, true)?.full_tensor()?;
+        let log = dtensor_runtime::implicit_redistributions();
+        Ok((full, log.iter().map(|r| (r.op, r.from.clone(), r.to.clone())).collect::<Vec<_>>()))
+    })
+    .unwrap();
+    for (_, log) in &out {
+        assert_eq!(log, &vec![("dropout", vec![Partial(ReduceOp::Sum)], vec![R])]);
+    }
+    assert_eq!(out[0].0, out[1].0);
+}

@@ -95,30 +95,38 @@ pub trait Module<T: Element> {
 /// ([`Module::declared_placements`]): an [`Error::DeclaredLayout`](crate::Error::DeclaredLayout)
 /// names the first that differs (`by`: what is checking, e.g. `"the optimizer step found it"`).
 pub fn check_declared_layouts<T: Element, M: Module<T> + ?Sized>(module: &M, by: &str) -> Result<()> {
-    let declared = module.declared_placements();
-    if declared.is_empty() {
+    let declared = DeclaredLayouts::of(module);
+    if declared.0.is_empty() {
         return Ok(());
     }
-    let declared: std::collections::HashMap<String, Vec<Placement>> = declared.into_iter().collect();
     for (name, p) in module.named_parameters() {
-        if let Some(want) = declared.get(&name) {
-            check_declared(&name, want, p.placements(), by)?;
-        }
+        declared.check(&name, p.placements(), by)?;
     }
     Ok(())
 }
 
-/// One parameter's placements `actual` against its declared `want`.
-pub(crate) fn check_declared(name: &str, want: &[Placement], actual: &[Placement], by: &str) -> Result<()> {
-    if want == actual {
-        return Ok(());
+/// A module's declared layouts by parameter name (none for a module that declares none): the
+/// one check of a parameter's placements against its declaration, for the optimizer steps
+/// ([`check_declared_layouts`]) and for a load that is about to replace parameters.
+pub(crate) struct DeclaredLayouts(std::collections::HashMap<String, Vec<Placement>>);
+
+impl DeclaredLayouts {
+    pub(crate) fn of<T: Element, M: Module<T> + ?Sized>(module: &M) -> Self {
+        DeclaredLayouts(module.declared_placements().into_iter().collect())
     }
-    Err(crate::error::Error::DeclaredLayout {
-        parameter: name.to_string(),
-        declared: crate::placement::fmt_placements(want),
-        by: by.to_string(),
-        actual: crate::placement::fmt_placements(actual),
-    })
+
+    /// Parameter `name` with placements `actual` against its declaration (`Ok` when it has none).
+    pub(crate) fn check(&self, name: &str, actual: &[Placement], by: &str) -> Result<()> {
+        match self.0.get(name) {
+            Some(want) if want != actual => Err(crate::error::Error::DeclaredLayout {
+                parameter: name.to_string(),
+                declared: crate::placement::fmt_placements(want),
+                by: by.to_string(),
+                actual: crate::placement::fmt_placements(actual),
+            }),
+            _ => Ok(()),
+        }
+    }
 }
 
 /// A module's computation.

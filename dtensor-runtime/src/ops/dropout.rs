@@ -9,8 +9,7 @@
 
 use super::new_output;
 use super::pointwise::{partials_kept, UnaryKind};
-use super::strategy::reduce_partials;
-use crate::autograd::redistribute_op;
+use super::strategy::{moved, reduce_partials};
 use crate::dtensor::DTensor;
 use crate::element::Element;
 use crate::error::{Error, Result};
@@ -33,12 +32,7 @@ impl<T: Element> DTensor<T> {
             return Ok(self.clone());
         }
         let keep = reduce_partials(&self.placements, partials_kept(UnaryKind::Dropout));
-        let x = if keep == self.placements {
-            self.clone()
-        } else {
-            super::implicit::check("dropout", 0, &self.mesh, &self.placements, &keep, &self.plan_redistribute(&keep)?)?;
-            redistribute_op(self, &keep, "dropout", None)?
-        };
+        let x = moved("dropout", 0, self, &keep, None)?.into_owned();
         let (seed, offset) = rng::reserve(x.numel());
         let fill = RandomFill { seed, offset, dist: Distribution::Uniform };
         let (shape, at) = local_shape_and_offset(&x.shape, x.mesh.shape(), x.mesh.coordinate(), &x.placements);

@@ -6,7 +6,7 @@
 //! (slicing is linear). The gradient is the slice's gradient padded with zeros, under the same
 //! rule. `split`/`chunk` unshard the dim once and then slice locally.
 
-use super::strategy::{partial_ops, select, DimRule, Select};
+use super::strategy::{moved, partial_ops, select, DimRule, Select};
 use super::{new_output, norm_dim};
 use crate::autograd::record;
 use crate::dtensor::DTensor;
@@ -47,8 +47,7 @@ pub(crate) fn unshard_dim<T: Scalar>(x: &DTensor<T>, dim: usize, op: &'static st
     }
     let to: Vec<Placement> =
         x.placements.iter().map(|p| if p.is_shard_on(dim) { Placement::Replicate } else { *p }).collect();
-    super::implicit::check(op, 0, &x.mesh, &x.placements, &to, &x.plan_redistribute(&to)?)?;
-    crate::autograd::redistribute_recorded(x, &to, op)
+    Ok(moved(op, 0, x, &to, None)?.into_owned())
 }
 
 fn narrow_impl<T: Scalar>(x: &DTensor<T>, d: usize, start: usize, len: usize) -> Result<DTensor<T>> {

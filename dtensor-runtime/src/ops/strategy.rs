@@ -485,8 +485,9 @@ pub(crate) fn cached_choices() -> usize {
 
 /// Input `j` of `op` moved to `want` by `plan` (made once, in the strategy search; recorded
 /// on the autograd tape for floats, and in the implicit-redistribution log), or borrowed when
-/// it stays.
-fn moved<'a, T: Scalar>(
+/// it stays. The one path of an implicit input move: the ops that move an input by hand
+/// (dropout reducing a `Partial`, ops unsharding a dim) call it with `plan: None`.
+pub(crate) fn moved<'a, T: Scalar>(
     op: &'static str,
     j: usize,
     x: &'a DTensor<T>,

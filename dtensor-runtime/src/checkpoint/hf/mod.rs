@@ -288,7 +288,7 @@ impl HfCheckpoint {
         mesh: &DeviceMesh,
         plan: &LoadPlan,
     ) -> Result<()> {
-        let declared = module.declared_placements();
+        let declared = crate::module::DeclaredLayouts::of(&*module);
         let mut params = module.named_parameters_mut();
         let names: Vec<String> = params.iter().map(|(n, _)| format!("{prefix}{n}")).collect();
         let wanted: HashSet<&str> = names.iter().map(String::as_str).collect();
@@ -317,12 +317,9 @@ impl HfCheckpoint {
         let placements = plan.resolve(&refs, mesh, &self.listing.display().to_string())?;
         // A module whose type declares its layouts (a `#[distribute]` struct) keeps them: a
         // plan that disagrees is refused before any parameter is replaced.
-        let declared: std::collections::HashMap<String, Vec<Placement>> = declared.into_iter().collect();
         for ((path, p), pl) in params.iter().zip(&placements) {
-            if let Some(want) = declared.get(path) {
-                let got = normalize_placements(pl, p.ndim(), mesh.ndim()).unwrap_or_else(|_| pl.clone());
-                crate::module::check_declared(path, want, &got, "load_into with this plan would make it")?;
-            }
+            let got = normalize_placements(pl, p.ndim(), mesh.ndim()).unwrap_or_else(|_| pl.clone());
+            declared.check(path, &got, "load_into with this plan would make it")?;
         }
         for (((_, p), name), pl) in params.iter_mut().zip(&names).zip(placements) {
             let rg = p.requires_grad();
