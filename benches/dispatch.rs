@@ -13,8 +13,11 @@
 //!
 //! The baseline runs the same kernel on the same local arrays with ndarray. The typed op is
 //! the same tensors as `Dt<f32, (dp, tp), Layout, 2>`: its layout rule runs in the type
-//! system, then it calls the dynamic op and checks the placements it promised. The table at
-//! the end gives the times, the overhead in ns per op (target ≤ 1000 ns) and the ratio.
+//! system, then it calls the dynamic op and checks the placements it promised. The `user`
+//! variant is the same op defined outside the library as a [`CustomOp`] (the kernel is the
+//! ndarray baseline's, the rules are the built-in op's), run by `apply_op`: the price of
+//! extending the library (target ≤ 1.2× the built-in op). The table at the end gives the
+//! times, the overhead in ns per op (target ≤ 1000 ns) and the ratios.
 
 mod common;
 
@@ -23,6 +26,7 @@ use criterion::{criterion_group, criterion_main, Criterion};
 use dtensor::prelude::*;
 use dtensor::typed::dims::{dp, tp};
 use dtensor::typed::Dt;
+use dtensor::{apply_op, CustomOp, DimRule};
 use ndarray::{ArrayD, Ix2};
 use std::hint::black_box;
 use std::sync::LazyLock;
@@ -33,7 +37,7 @@ const GELU_C: f64 = 0.797_884_560_802_865_4; // sqrt(2/pi)
 const GELU_A: f64 = 0.044_715;
 const OPS: [&str; 4] = ["add", "mul", "gelu", "matmul"];
 const LAYOUTS: [&str; 2] = ["1rank", "2x2"];
-const VARIANTS: [&str; 3] = ["ndarray", "dtensor", "typed"];
+const VARIANTS: [&str; 4] = ["ndarray", "dtensor", "typed", "user"];
 
 static RECORDER: LazyLock<Recorder> = LazyLock::new(Recorder::default);
 
@@ -91,6 +95,64 @@ fn dyn_ops(i: &Inputs) -> Vec<Op<'_>> {
     ]
 }
 
+/// A user's op as a bench needs it: the kernel and rules as plain functions.
+#[derive(Clone, Copy)]
+struct UserOp {
+    name: &'static str,
+    kernel: fn(&[&ArrayD<f32>]) -> ArrayD<f32>,
+    rules: fn(usize) -> Vec<DimRule>,
+}
+
+impl CustomOp<f32> for UserOp {
+    fn name(&self) -> &'static str {
+        self.name
+    }
+    fn output_shape(&self, inputs: &[&[usize]]) -> Result<Vec<usize>> {
+        Ok(match inputs {
+            [a, b] if self.name == "user_matmul" => vec![a[0], b[1]],
+            _ => inputs[0].to_vec(),
+        })
+    }
+    fn rules(&self, inputs: &[&[usize]]) -> Vec<DimRule> {
+        (self.rules)(inputs.len())
+    }
+    fn forward(&self, inputs: &[&ArrayD<f32>]) -> Result<ArrayD<f32>> {
+        Ok((self.kernel)(inputs))
+    }
+}
+
+/// The element-wise rules of `n` inputs of rank 2 (the built-in ones, Partials aside).
+fn elementwise(n: usize) -> Vec<DimRule> {
+    [Replicate, Shard(0), Shard(1)].into_iter().map(|p| DimRule::new(&vec![p; n], p)).collect()
+}
+
+/// The built-in matmul's rules of two matrices.
+fn matmul_rules(_: usize) -> Vec<DimRule> {
+    vec![
+        DimRule::new(&[Replicate, Replicate], Replicate),
+        DimRule::new(&[Shard(0), Replicate], Shard(0)),
+        DimRule::new(&[Replicate, Shard(1)], Shard(1)),
+        DimRule::new(&[Shard(1), Shard(0)], Placement::Partial(ReduceOp::Sum)),
+    ]
+}
+
+fn user_ops(i: &Inputs) -> Vec<Op<'_>> {
+    let user = [
+        UserOp { name: "user_add", kernel: |l| l[0] + l[1], rules: elementwise },
+        UserOp { name: "user_mul", kernel: |l| l[0] * l[1], rules: elementwise },
+        UserOp { name: "user_gelu", kernel: |l| l[0].mapv(gelu), rules: elementwise },
+        UserOp { name: "user_matmul", kernel: |l| dot(l[0], l[1]), rules: matmul_rules },
+    ];
+    let run = |r: Result<DTensor<f32>>| r.expect("user op").into_local().into_host().expect("host data");
+    let [add, mul, gelu, matmul] = user;
+    vec![
+        Box::new(move || run(apply_op(&add, &[&i.x, &i.y]))),
+        Box::new(move || run(apply_op(&mul, &[&i.x, &i.y]))),
+        Box::new(move || run(apply_op(&gelu, &[&i.x]))),
+        Box::new(move || run(apply_op(&matmul, &[&i.x, &i.w]))),
+    ]
+}
+
 /// The typed ops for layouts `Lx` (x, y) and `Lw` (w); one expansion per layout pair, since
 /// each pair is a different type.
 macro_rules! typed_ops {
@@ -139,7 +201,7 @@ fn bench_dispatch(c: &mut Criterion) {
             let typed = typed_ops!(inp, (S<0>, R), (R, S<1>));
             (inp, typed)
         };
-        let variants = [local_ops(&inp), dyn_ops(&inp), typed];
+        let variants = [local_ops(&inp), dyn_ops(&inp), typed, user_ops(&inp)];
         for (k, name) in OPS.iter().enumerate() {
             // Every variant must compute the same thing, or the comparison means nothing.
             let want = variants[0][k]();
@@ -166,20 +228,33 @@ fn bench_dispatch(c: &mut Criterion) {
         println!("(test mode: one iteration each, timings are not measurements; run `cargo bench --bench dispatch`)");
     }
     println!(
-        "{:<8} {:<7} {:>11} {:>12} {:>13} {:>7} {:>10} {:>13} {:>7}",
-        "op", "layout", "ndarray ns", "dynamic ns", "overhead ns", "ratio", "typed ns", "overhead ns", "ratio"
+        "{:<8} {:<7} {:>11} {:>12} {:>13} {:>7} {:>10} {:>13} {:>7} {:>9} {:>13} {:>9}",
+        "op",
+        "layout",
+        "ndarray ns",
+        "dynamic ns",
+        "overhead ns",
+        "ratio",
+        "typed ns",
+        "overhead ns",
+        "ratio",
+        "user ns",
+        "overhead ns",
+        "user/dyn"
     );
     for layout in LAYOUTS {
         for name in OPS {
             let t: Vec<Option<f64>> =
                 VARIANTS.iter().map(|v| RECORDER.median_ns(&format!("{name}/{layout}/{v}"))).collect();
-            let (Some(l), Some(d), Some(ty)) = (t[0], t[1], t[2]) else { continue };
+            let (Some(l), Some(d), Some(ty), Some(u)) = (t[0], t[1], t[2], t[3]) else { continue };
             println!(
-                "{name:<8} {layout:<7} {l:>11.0} {d:>12.0} {:>13.0} {:>7.2} {ty:>10.0} {:>13.0} {:>7.2}",
+                "{name:<8} {layout:<7} {l:>11.0} {d:>12.0} {:>13.0} {:>7.2} {ty:>10.0} {:>13.0} {:>7.2} {u:>9.0} {:>13.0} {:>9.2}",
                 d - l,
                 d / l,
                 ty - l,
-                ty / l
+                ty / l,
+                u - l,
+                u / d
             );
         }
     }

@@ -28,6 +28,11 @@ pub use dtensor_runtime::*;
 #[doc = include_str!("../README.md")]
 pub struct ReadmeDoctests;
 
+/// The Rust snippets of docs/ADDING_AN_OP.md, compiled and run as doctests.
+#[cfg(doctest)]
+#[doc = include_str!("../docs/ADDING_AN_OP.md")]
+pub struct AddingAnOpDoctests;
+
 /// The Rust snippets of docs/CHECKPOINTS.md, compiled and run as doctests.
 #[cfg(doctest)]
 #[doc = include_str!("../docs/CHECKPOINTS.md")]

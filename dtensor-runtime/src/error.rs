@@ -259,6 +259,32 @@ pub enum Error {
         /// How to reach a supported layout.
         hint: String,
     },
+    /// A user's op ([`CustomOp`](crate::ops::custom::CustomOp) or
+    /// [`local_map`](crate::ops::local_map::local_map)) broke its own definition: a rule naming a
+    /// dim the tensor does not have, two rules that contradict, a kernel returning the wrong
+    /// local shape, a gradient of the wrong shape or mesh.
+    #[error("op `{op}` is defined wrong: {problem}")]
+    OpDefinition {
+        /// The user's op.
+        op: String,
+        /// What is wrong, naming the rule, input or output.
+        problem: String,
+    },
+    /// An input of a [`local_map`](crate::ops::local_map::local_map) function does not have
+    /// the placements the function declares (and redistributing it was not asked for).
+    #[error(
+        "local_map `{op}`: input {input} is laid out {actual}, but the function declares {declared}: redistribute it first, or ask for it with `.redistribute_inputs(true)`"
+    )]
+    LocalMapInput {
+        /// The local-map function's name.
+        op: String,
+        /// Which input.
+        input: usize,
+        /// The declared placements.
+        declared: String,
+        /// The input's placements.
+        actual: String,
+    },
     /// An op is not supported for this input.
     #[error("op `{op}`: {reason}")]
     Unsupported {

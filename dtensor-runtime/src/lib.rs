@@ -55,7 +55,8 @@ pub use mesh::Along;
 pub use mesh::DeviceMesh;
 pub use module::{distribute_module, parallelize_module, Forward, Module};
 pub use ops::{
-    cat, implicit_redistribution_count, implicit_redistributions, rotary_tables, scaled_dot_product_attention, stack,
+    apply_op, cat, implicit_redistribution_count, implicit_redistributions, local_map, rotary_tables,
+    scaled_dot_product_attention, stack, CustomOp, DimRule, LocalMap,
 };
 pub use placement::{Partial, Placement, ReduceOp, Replicate, Shard};
 pub use redistribute::{

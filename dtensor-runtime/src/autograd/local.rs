@@ -131,17 +131,29 @@ impl<T: Element> DTensor<T> {
     /// The gradient of the result is taken as the local shard of a DTensor laid out as
     /// `grad_placements` (default: this tensor's placements).
     pub fn to_local_grad(&self, grad_placements: Option<&[Placement]>) -> Result<DTensor<T>> {
+        self.to_local_grad_named(grad_placements, "to_local_backward", "to_local backward".into())
+    }
+
+    /// [`DTensor::to_local_grad`] recorded on the tape as `tape`; a local gradient of the wrong
+    /// shape is an error naming `context` (the caller: `local_map` names the user's function
+    /// and the input).
+    pub(crate) fn to_local_grad_named(
+        &self,
+        grad_placements: Option<&[Placement]>,
+        tape: &'static str,
+        context: String,
+    ) -> Result<DTensor<T>> {
         let gp = match grad_placements {
             Some(g) => normalize_placements(g, self.ndim(), self.mesh.ndim())?,
             None => self.placements.clone(),
         };
         let out = DTensor::local_tensor(self.to_local());
         let (mesh, shape) = (self.mesh.clone(), self.shape.clone());
-        Ok(record("to_local_backward", out, &[self], move |g| {
+        Ok(record(tape, out, &[self], move |g| {
             let (expected, _) = local_shape_and_offset(&shape, mesh.shape(), mesh.coordinate(), &gp);
             if g.local.shape() != expected.as_slice() {
                 return Err(Error::ShapeMismatch {
-                    context: format!("to_local backward: local gradient for grad_placements {}", fmt_placements(&gp)),
+                    context: format!("{context}: local gradient for grad_placements {}", fmt_placements(&gp)),
                     expected,
                     actual: g.local.shape().to_vec(),
                 });

@@ -20,6 +20,8 @@
 //! | [`dropout`] | dropout | every placement kept, Partial reduced; placement-invariant mask |
 //! | [`attention`] | scaled_dot_product_attention, apply_rotary | batch/head dims sharded alike, or q sequence-sharded with k/v Replicate; local |
 //! | [`loss`] | cross_entropy, mse_loss | composed of the above |
+//! | [`custom`] | a user's op ([`CustomOp`], [`apply_op`]) | the user's [`DimRule`]s |
+//! | [`local_map`](mod@local_map) | a user's function on local shards ([`LocalMap`]) | declared input/output placements |
 //!
 //! Comparisons, `where`, `masked_fill`, views, slices, `cat`, `repeat` and indexing are
 //! written once over [`Scalar`], so integer tensors (`i64`, `i32`, `u8`) take
@@ -38,12 +40,14 @@
 
 pub mod attention;
 pub mod cat;
+pub mod custom;
 pub(crate) mod dispatch;
 pub mod dropout;
 pub mod embedding;
 mod grad_kernels;
 pub mod implicit;
 pub mod index;
+pub mod local_map;
 pub mod loss;
 pub mod mask;
 pub mod math;
@@ -59,8 +63,10 @@ pub mod view;
 
 pub use attention::{rotary_tables, scaled_dot_product_attention};
 pub use cat::{cat, stack};
+pub use custom::{apply_op, Backward, CustomOp};
+pub use local_map::{local_map, LocalMap};
 pub use math::GeluApproximate;
-pub use strategy::{implicit_redistribution_count, implicit_redistributions, ImplicitRedistribute};
+pub use strategy::{implicit_redistribution_count, implicit_redistributions, DimRule, ImplicitRedistribute};
 
 pub(crate) use grad_kernels::grad_kernels;
 

@@ -24,9 +24,20 @@ use std::collections::HashMap;
 use std::hash::{BuildHasherDefault, Hasher};
 use std::rc::Rc;
 
-/// One way an op can run along one mesh dimension.
+/// One way an op can run along one mesh dimension (PyTorch's single-dim strategy): when each
+/// input has `inputs[i]` on a mesh dim, the op's local kernel gives an output laid out `output`
+/// on that dim. An op lists the rules it supports; a strategy picks one per mesh dim, and the
+/// cheapest legal one is chosen (see the module docs). Every op, the library's own and a user's
+/// [`CustomOp`](crate::ops::custom::CustomOp), is described by these.
+///
+/// ```
+/// use dtensor_runtime::{DimRule, Shard};
+/// // a row-wise op: shard the rows of its one input, the output is sharded the same way
+/// let rule = DimRule::new(&[Shard(0)], Shard(0));
+/// assert_eq!(rule.inputs, vec![Shard(0)]);
+/// ```
 #[derive(Debug, Clone, PartialEq)]
-pub(crate) struct DimRule {
+pub struct DimRule {
     /// Placement each input must have on this mesh dim.
     pub inputs: Vec<Placement>,
     /// Placement of the output on this mesh dim.
@@ -34,7 +45,8 @@ pub(crate) struct DimRule {
 }
 
 impl DimRule {
-    pub(crate) fn new(inputs: &[Placement], output: Placement) -> Self {
+    /// The rule `inputs → output` on one mesh dim.
+    pub fn new(inputs: &[Placement], output: Placement) -> Self {
         DimRule { inputs: inputs.to_vec(), output }
     }
 }

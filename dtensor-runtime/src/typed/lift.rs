@@ -5,20 +5,25 @@
 //! exactly when the rule holds on every mesh dim, and its `Out` is the tuple of the per-dim
 //! outputs. The layout-level traits carry no message of their own: rustc then reports the
 //! failing per-dim rule, with its message, and notes which layout required it.
+//!
+//! The macros are exported (hidden) so that a user's crate can lift its own op's rule the
+//! same way, through [`typed_rule!`](crate::typed_rule).
 
 /// `lift_binary!(LayoutTrait, RuleTrait)` or, with a context type (`Rank<R>`, ...),
 /// `lift_binary!(LayoutTrait, RuleTrait, ctx)`.
-macro_rules! lift_binary {
+#[doc(hidden)]
+#[macro_export]
+macro_rules! __lift_binary {
     ($(#[$doc:meta])* $TypedLayout:ident, $Rule:ident) => {
         $(#[$doc])*
         pub trait $TypedLayout<Rhs, M: $crate::typed::MeshDims>: $crate::typed::TypedLayout<M> {
             /// The output layout.
             type Out: $crate::typed::TypedLayout<M>;
         }
-        lift_binary!(@arity $TypedLayout, $Rule, []; (A0 B0 N0));
-        lift_binary!(@arity $TypedLayout, $Rule, []; (A0 B0 N0) (A1 B1 N1));
-        lift_binary!(@arity $TypedLayout, $Rule, []; (A0 B0 N0) (A1 B1 N1) (A2 B2 N2));
-        lift_binary!(@arity $TypedLayout, $Rule, []; (A0 B0 N0) (A1 B1 N1) (A2 B2 N2) (A3 B3 N3));
+        $crate::__lift_binary!(@arity $TypedLayout, $Rule, []; (A0 B0 N0));
+        $crate::__lift_binary!(@arity $TypedLayout, $Rule, []; (A0 B0 N0) (A1 B1 N1));
+        $crate::__lift_binary!(@arity $TypedLayout, $Rule, []; (A0 B0 N0) (A1 B1 N1) (A2 B2 N2));
+        $crate::__lift_binary!(@arity $TypedLayout, $Rule, []; (A0 B0 N0) (A1 B1 N1) (A2 B2 N2) (A3 B3 N3));
     };
     ($(#[$doc:meta])* $TypedLayout:ident, $Rule:ident, ctx) => {
         $(#[$doc])*
@@ -26,10 +31,10 @@ macro_rules! lift_binary {
             /// The output layout.
             type Out: $crate::typed::TypedLayout<M>;
         }
-        lift_binary!(@arity $TypedLayout, $Rule, [Ctx]; (A0 B0 N0));
-        lift_binary!(@arity $TypedLayout, $Rule, [Ctx]; (A0 B0 N0) (A1 B1 N1));
-        lift_binary!(@arity $TypedLayout, $Rule, [Ctx]; (A0 B0 N0) (A1 B1 N1) (A2 B2 N2));
-        lift_binary!(@arity $TypedLayout, $Rule, [Ctx]; (A0 B0 N0) (A1 B1 N1) (A2 B2 N2) (A3 B3 N3));
+        $crate::__lift_binary!(@arity $TypedLayout, $Rule, [Ctx]; (A0 B0 N0));
+        $crate::__lift_binary!(@arity $TypedLayout, $Rule, [Ctx]; (A0 B0 N0) (A1 B1 N1));
+        $crate::__lift_binary!(@arity $TypedLayout, $Rule, [Ctx]; (A0 B0 N0) (A1 B1 N1) (A2 B2 N2));
+        $crate::__lift_binary!(@arity $TypedLayout, $Rule, [Ctx]; (A0 B0 N0) (A1 B1 N1) (A2 B2 N2) (A3 B3 N3));
     };
     (@arity $TypedLayout:ident, $Rule:ident, []; $(($a:ident $b:ident $n:ident))+) => {
         impl<$($a, $b, $n,)+> $TypedLayout<($($b,)+), ($($n,)+)> for ($($a,)+)
@@ -58,17 +63,19 @@ macro_rules! lift_binary {
 }
 
 /// Like [`lift_binary`] for ops of one tensor.
-macro_rules! lift_unary {
+#[doc(hidden)]
+#[macro_export]
+macro_rules! __lift_unary {
     ($(#[$doc:meta])* $TypedLayout:ident, $Rule:ident) => {
         $(#[$doc])*
         pub trait $TypedLayout<M: $crate::typed::MeshDims>: $crate::typed::TypedLayout<M> {
             /// The output layout.
             type Out: $crate::typed::TypedLayout<M>;
         }
-        lift_unary!(@arity $TypedLayout, $Rule, []; (A0 N0));
-        lift_unary!(@arity $TypedLayout, $Rule, []; (A0 N0) (A1 N1));
-        lift_unary!(@arity $TypedLayout, $Rule, []; (A0 N0) (A1 N1) (A2 N2));
-        lift_unary!(@arity $TypedLayout, $Rule, []; (A0 N0) (A1 N1) (A2 N2) (A3 N3));
+        $crate::__lift_unary!(@arity $TypedLayout, $Rule, []; (A0 N0));
+        $crate::__lift_unary!(@arity $TypedLayout, $Rule, []; (A0 N0) (A1 N1));
+        $crate::__lift_unary!(@arity $TypedLayout, $Rule, []; (A0 N0) (A1 N1) (A2 N2));
+        $crate::__lift_unary!(@arity $TypedLayout, $Rule, []; (A0 N0) (A1 N1) (A2 N2) (A3 N3));
     };
     ($(#[$doc:meta])* $TypedLayout:ident, $Rule:ident, ctx) => {
         $(#[$doc])*
@@ -76,10 +83,10 @@ macro_rules! lift_unary {
             /// The output layout.
             type Out: $crate::typed::TypedLayout<M>;
         }
-        lift_unary!(@arity $TypedLayout, $Rule, [Ctx]; (A0 N0));
-        lift_unary!(@arity $TypedLayout, $Rule, [Ctx]; (A0 N0) (A1 N1));
-        lift_unary!(@arity $TypedLayout, $Rule, [Ctx]; (A0 N0) (A1 N1) (A2 N2));
-        lift_unary!(@arity $TypedLayout, $Rule, [Ctx]; (A0 N0) (A1 N1) (A2 N2) (A3 N3));
+        $crate::__lift_unary!(@arity $TypedLayout, $Rule, [Ctx]; (A0 N0));
+        $crate::__lift_unary!(@arity $TypedLayout, $Rule, [Ctx]; (A0 N0) (A1 N1));
+        $crate::__lift_unary!(@arity $TypedLayout, $Rule, [Ctx]; (A0 N0) (A1 N1) (A2 N2));
+        $crate::__lift_unary!(@arity $TypedLayout, $Rule, [Ctx]; (A0 N0) (A1 N1) (A2 N2) (A3 N3));
     };
     (@arity $TypedLayout:ident, $Rule:ident, []; $(($a:ident $n:ident))+) => {
         impl<$($a, $n,)+> $TypedLayout<($($n,)+)> for ($($a,)+)
@@ -106,7 +113,9 @@ macro_rules! lift_unary {
 }
 
 /// One hidden, uninhabited impl of a binary rule per marker kind (see `markers::Never`).
-macro_rules! never_binary {
+#[doc(hidden)]
+#[macro_export]
+macro_rules! __never_binary {
     ($Rule:ident $(, $ctx:ident)?) => {
         #[diagnostic::do_not_recommend]
         impl<const D: usize, N $(, $ctx)?> $Rule<$crate::typed::markers::Never, N $(, $ctx)?>
@@ -127,4 +136,4 @@ macro_rules! never_binary {
     };
 }
 
-pub(crate) use {lift_binary, lift_unary, never_binary};
+pub(crate) use crate::{__lift_binary as lift_binary, __lift_unary as lift_unary, __never_binary as never_binary};

@@ -21,12 +21,14 @@
 pub mod attention;
 pub mod broadcast;
 pub mod cat;
+pub mod custom;
 pub mod dims;
 pub mod embedding;
 pub mod grad;
 pub mod index;
 pub mod layout;
 mod lift;
+pub mod local_map;
 pub mod loss;
 pub mod markers;
 pub mod mask;
@@ -48,6 +50,7 @@ pub mod transpose;
 pub mod unary;
 pub mod view;
 
+pub use custom::{TypedOp1, TypedOp2};
 pub use dims::{MeshDim, MeshDims};
 pub use grad::{FromLocalGradLayout, LeafGradLayout, LocalGradLayout};
 pub use layout::TypedLayout;
