@@ -246,13 +246,74 @@ fn local_map_refuses_an_input_of_another_layout_unless_asked_to_move_it() {
         let e = spec.call(&[&x], identity).expect_err("a Shard(0) input where Replicate is declared");
         assert!(matches!(e, Error::LocalMapInput { ref op, input: 0, .. } if op == "row_norms"), "{e}");
         assert!(e.to_string().contains("input 0 is laid out (S(0)), but the function declares (R)"), "{e}");
+        let x = x.requires_grad_(true);
         let mode = CommDebugMode::new();
         let y = mode.scope(|| spec.clone().redistribute_inputs(true).call(&[&x], identity))?.remove(0);
         assert_eq!(mode.count_for_op(dtensor_runtime::CollectiveKind::AllGather, "row_norms"), 1, "{}", mode.summary());
         assert_eq!(y.full_tensor()?, g);
+        // the move is on the tape: the gradient comes back to x, in x's layout
+        y.mul(&y)?.sum()?.backward()?;
+        let dx = x.grad().expect("the moved input's gradient");
+        assert_eq!(dx.placements(), &[Shard(0)]);
+        assert_eq!(dx.full_tensor()?, g.mapv(|v| 2.0 * v));
         Ok(())
     })
     .unwrap();
+}
+
+/// A Partial input's local term gets the whole gradient by default (its gradient is
+/// Replicate); declaring it Partial would make the gradient n times too large, and is refused.
+#[test]
+fn local_map_gives_a_partial_input_the_whole_gradient() {
+    let g = global(&[3, 2], 9);
+    run(2, move |ctx| {
+        let mesh = ctx.init_device_mesh(&[2], &["tp"])?;
+        let w = distribute_tensor(&g, &mesh, &[Replicate], Some(0))?.requires_grad_(true);
+        let p = w.redistribute(&[P])?; // each rank holds a term, w / 2
+        let identity = |l: &[DTensor<f64>]| Ok(vec![l[0].clone()]);
+        let y = LocalMap::new("terms", &[&[P]]).in_placements(&[&[P]]).call(&[&p], identity)?.remove(0);
+        y.sum()?.backward()?;
+        // d/dw Σ w = 1 everywhere, on every rank
+        assert_eq!(w.grad().unwrap().full_tensor()?, g.mapv(|_| 1.0));
+        let e = LocalMap::new("terms", &[&[P]])
+            .in_grad_placements(&[&[P]])
+            .call(&[&p], identity)
+            .expect_err("a Partial gradient for a Partial input");
+        assert!(e.to_string().contains("input 0 is P(sum) on mesh dim 0, and its gradient cannot be P(sum)"), "{e}");
+        Ok(())
+    })
+    .unwrap();
+}
+
+#[test]
+fn local_map_needs_the_global_shape_of_a_sharded_output() {
+    // 5 rows over 4 ranks: 2, 2, 1, 0; a shape inferred from each rank's rows would be 8, 8, 4, 0
+    let g = global(&[5, 2], 10);
+    run(4, move |ctx| {
+        let mesh = ctx.init_device_mesh(&[4], &["tp"])?;
+        let x = distribute_tensor(&g, &mesh, &[Shard(0)], Some(0))?;
+        let rows = |l: &[DTensor<f64>]| Ok(vec![l[0].exp()?]);
+        let e = LocalMap::new("rows", &[&[Shard(0)]]).call(&[&x], rows).expect_err("no global shape");
+        assert!(e.to_string().contains("output 0 is sharded ((S(0))): give its global shape"), "{e}");
+        let y = LocalMap::new("rows", &[&[Shard(0)]]).out_shapes(&[&[5, 2]]).call(&[&x], rows)?.remove(0);
+        assert_eq!(y.shape(), &[5, 2]);
+        // the library's vectorised exp is within a few ulp of libm's
+        let close = y.full_tensor()?.iter().zip(&g).all(|(a, b)| (a - b.exp()).abs() < 1e-14);
+        assert!(close);
+        Ok(())
+    })
+    .unwrap();
+}
+
+#[test]
+fn a_rule_whose_output_a_kernel_cannot_make_is_an_error() {
+    for (rules, what) in [
+        ((|_| vec![DimRule::new(&[Replicate], P)]) as fn(usize) -> Vec<DimRule>, "P(sum)"),
+        (|_| vec![DimRule::new(&[Replicate], Shard(0))], "S(0)"),
+    ] {
+        let e = definition_error(Double { rules, ..Double::default() }, Replicate);
+        assert!(e.contains(&format!("makes a {what} output from inputs that are not split")), "{e}");
+    }
 }
 
 #[test]
@@ -273,6 +334,13 @@ fn local_map_checks_what_the_function_returns() {
         let counts = LocalMap::new("f", &[&[Shard(0)]]).in_placements(&[&[Shard(0)], &[Shard(0)]]);
         let e = counts.call(&[&x], |l| Ok(vec![l[0].clone()])).expect_err("two layouts for one input");
         assert!(e.to_string().contains("declares 2 input layouts for 1 inputs"), "{e}");
+        // a layout for another mesh, a dim the tensor does not have: errors naming the function and input
+        let mesh_dims = LocalMap::new("f", &[&[Shard(0)]]).in_placements(&[&[Shard(0), Replicate]]);
+        let e = mesh_dims.call(&[&x], |l| Ok(vec![l[0].clone()])).expect_err("2 placements on a 1-d mesh");
+        assert!(e.to_string().contains("local_map f") && e.to_string().contains("input 0"), "{e}");
+        let grad_dim = LocalMap::new("f", &[&[Shard(0)]]).in_grad_placements(&[&[Shard(5)]]);
+        let e = grad_dim.call(&[&x], |l| Ok(vec![l[0].clone()])).expect_err("a gradient sharded on dim 5 of 2");
+        assert!(e.to_string().contains("gradient layout it declares for input 0"), "{e}");
         Ok(())
     })
     .unwrap();

@@ -49,6 +49,24 @@ fn local_mesh_on(target: Target) -> DeviceMesh {
     })
 }
 
+/// The gradient layouts a value may declare for its local shard, on one mesh dim (the
+/// dynamic twin of the typed `LocalGradRule` in `typed/grad.rs`, for `local_map`): a
+/// `Shard(d)` value's gradient is `Shard(d)`; a `Partial(Sum)` or `Partial(Avg)` value's is the
+/// whole gradient, `Replicate`; a `Replicate` value's is `Replicate` when every rank uses its
+/// copy the same way, `Partial(Sum)` when ranks use it differently.
+pub(crate) fn local_grad_allowed(value: Placement, grad: Placement) -> bool {
+    use Placement::{Partial, Replicate, Shard};
+    match (value, grad) {
+        (Shard(a), Shard(b)) => a == b,
+        (Replicate, Replicate) | (Replicate, Partial(ReduceOp::Sum)) => true,
+        (Partial(ReduceOp::Sum | ReduceOp::Avg), Replicate) => true,
+        _ => false,
+    }
+}
+
+/// [`local_grad_allowed`] in words, for errors.
+pub(crate) const LOCAL_GRAD_RULE: &str = "the gradient of a Shard(d) value is Shard(d); of a Partial(sum) or Partial(avg) value, Replicate; of a Replicate value, Replicate when every rank uses its copy the same way or Partial(sum) when ranks use it differently";
+
 /// Is `mesh` a [`local_mesh`] (the home of plain local tensors)?
 pub fn is_local_mesh(mesh: &DeviceMesh) -> bool {
     mesh.comm().backend() == SelfComm::BACKEND

@@ -26,7 +26,7 @@
 mod engine;
 mod float_split;
 mod grad_reducer;
-mod local;
+pub(crate) mod local;
 mod options;
 
 pub(crate) use engine::input_needs_grad;

@@ -18,8 +18,15 @@
 //! What the op promises is checked where it is used, and a broken promise is an
 //! [`Error::OpDefinition`] naming the op: a rule with the wrong number of input placements or
 //! a `Shard` of a dim the tensor does not have, two rules that take the same inputs to
-//! different outputs, no rule at all, a kernel whose local output does not have the shape its
-//! layout gives on this rank, a gradient of another shape or on another mesh than its input.
+//! different outputs, a rule whose output a kernel cannot make (a `Shard` or `Partial(sum)`
+//! output from inputs none of which is split: the kernel does not know its rank), no rule at
+//! all, a kernel whose local output does not have the shape its layout gives on this rank, a
+//! gradient of another shape or on another mesh than its input. What cannot be checked is
+//! whether the rules describe what the kernel computes (a `Partial(sum)` rule for a kernel
+//! that is not linear in that input): the tests of the op do that, against the op composed of
+//! built-in ops (see `examples/user-ops`). A kernel-shape error can show on some ranks only
+//! (uneven shards); the others then fail in their next collective with
+//! [`Error::PeerFailed`], never hang.
 //!
 //! ```
 //! use dtensor_runtime::ndarray::{ArrayD, Zip};
@@ -71,7 +78,7 @@ use crate::dtensor::DTensor;
 use crate::element::Element;
 use crate::error::{Error, Result};
 use crate::layout::local_shape_and_offset;
-use crate::placement::{fmt_placements, Placement};
+use crate::placement::{fmt_placements, Placement, ReduceOp};
 use crate::storage::Storage;
 use ndarray::ArrayD;
 use std::collections::HashMap;
@@ -137,6 +144,9 @@ impl<T: Element> Backward<'_, T> {
     }
 
     /// Input `i`, laid out as the kernel saw it.
+    ///
+    /// # Panics
+    /// If `i` is not below the number of inputs the op was applied to (as slice indexing).
     pub fn input(&self, i: usize) -> &DTensor<T> {
         &self.inputs[i]
     }
@@ -248,6 +258,24 @@ fn checked_rules(op: &str, mut rules: Vec<DimRule>, shapes: &[&[usize]], out_ndi
             bad(format!("rule {k} ({}) shards {out} of the output, which has {out_ndim} dims", fmt_rule(rule)))
         })?;
     }
+    for (k, rule) in rules.iter().enumerate() {
+        // A kernel sees its shards, not which rank it runs on, so every rank computes the same
+        // from inputs none of which is split: it cannot give one shard of a result, nor one
+        // term of a sum (the ranks' equal terms would add up to n times the value).
+        let split = |p: &Placement| matches!(p, Placement::Shard(_) | Placement::Partial(_));
+        let from_replicas = match rule.output {
+            Placement::Shard(_) => !rule.inputs.iter().any(|p| matches!(p, Placement::Shard(_))),
+            Placement::Partial(ReduceOp::Sum | ReduceOp::Product) => !rule.inputs.iter().any(split),
+            _ => false,
+        };
+        if from_replicas {
+            return Err(bad(format!(
+                "rule {k} ({}) makes a {} output from inputs that are not split on that mesh dim: every rank's kernel computes the same value, so its output there is Replicate (or Partial(avg/max/min))",
+                fmt_rule(rule),
+                rule.output
+            )));
+        }
+    }
     for (j, b) in rules.iter().enumerate() {
         if let Some(i) = rules[..j].iter().position(|a| a.inputs == b.inputs && a.output != b.output) {
             return Err(bad(format!(
@@ -301,7 +329,7 @@ fn checked_grads<T: Element>(
 }
 
 /// `<op>_backward` as a `'static` name for the autograd tape, made once per op name.
-fn backward_name(op: &'static str) -> &'static str {
+pub(crate) fn backward_name(op: &'static str) -> &'static str {
     static NAMES: OnceLock<Mutex<HashMap<&'static str, &'static str>>> = OnceLock::new();
     let mut names = NAMES.get_or_init(Default::default).lock().unwrap_or_else(|e| e.into_inner());
     names.entry(op).or_insert_with(|| Box::leak(format!("{op}_backward").into_boxed_str()))

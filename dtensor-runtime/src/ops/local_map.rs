@@ -39,12 +39,14 @@
 //! assert_eq!(sums[0].as_slice().unwrap(), &[3.0, 12.0, 21.0, 30.0]);
 //! ```
 
-use crate::autograd::from_local_grad;
+use crate::autograd::local::{local_grad_allowed, LOCAL_GRAD_RULE};
+use crate::autograd::{from_local_grad, redistribute_recorded};
 use crate::comm::debug::op_scope;
 use crate::dtensor::{DTensor, FromLocal};
 use crate::element::Element;
 use crate::error::{Error, Result};
-use crate::placement::{fmt_placements, normalize_placements, Placement};
+use crate::ops::custom::backward_name;
+use crate::placement::{fmt_placements, normalize_placements, without_partials, Placement};
 use crate::shape::contiguous_strides;
 
 /// A `local_map` function's declared layouts (see the [module docs](self)). Built with
@@ -80,17 +82,22 @@ impl LocalMap {
         self
     }
 
-    /// The placements of each input's gradient (PyTorch's `in_grad_placements`; default:
-    /// the input's placements). A `Replicate` input that the ranks use differently has a
-    /// `Partial(Sum)` gradient: each rank's local gradient is one term of the sum.
+    /// The placements of each input's gradient (PyTorch's `in_grad_placements`; default: the
+    /// input's placements with its Partials made Replicate, since a Partial input's local term
+    /// gets the whole gradient — PyTorch keeps the Partial, which makes the gradient n times
+    /// too large). A `Replicate` input that the ranks use differently has a `Partial(Sum)`
+    /// gradient: each rank's local gradient is one term of the sum. Layouts that are wrong for
+    /// every program (a `Shard(d)` input's gradient other than `Shard(d)`, a Partial one for a
+    /// Partial input) are an [`Error::OpDefinition`].
     pub fn in_grad_placements(mut self, placements: &[&[Placement]]) -> Self {
         self.in_grad_placements = Some(placements.iter().map(|p| p.to_vec()).collect());
         self
     }
 
-    /// The global shape of each output. Without it an output's global shape is computed from
-    /// its local shape as if its sharded dims split evenly (PyTorch's `from_local` default);
-    /// give it when a sharded dim may be uneven.
+    /// The global shape of each output. Needed for an output sharded over a mesh dim of more
+    /// than one rank: inferred from one rank's shard (PyTorch's `from_local` default), it is
+    /// wrong, and differs per rank, whenever the dim splits unevenly, so `call` refuses it
+    /// ([`Error::OpDefinition`]). Unsharded outputs have their local shape.
     pub fn out_shapes(mut self, shapes: &[&[usize]]) -> Self {
         self.out_shapes = Some(shapes.iter().map(|s| s.to_vec()).collect());
         self
@@ -140,11 +147,13 @@ impl LocalMap {
             let moved;
             let x = match &self.in_placements {
                 Some(declared) => {
-                    let want = normalize_placements(&declared[i], x.ndim(), mesh.ndim())?;
+                    let want = normalize_placements(&declared[i], x.ndim(), mesh.ndim())
+                        .map_err(|e| bad(format!("the layout it declares for input {i}: {e}")))?;
                     if x.placements == want {
                         x
                     } else if self.redistribute_inputs {
-                        moved = x.redistribute_scoped(&want, name)?;
+                        // recorded, so that the gradient finds its way back to the caller's layout
+                        moved = redistribute_recorded(x, &want, name)?;
                         &moved
                     } else {
                         return Err(Error::LocalMapInput {
@@ -157,8 +166,25 @@ impl LocalMap {
                 }
                 None => x,
             };
-            let gp = self.in_grad_placements.as_ref().map(|g| g[i].as_slice());
-            locals.push(x.to_local_grad_named(gp, name, format!("local_map `{name}` backward, input {i}"))?);
+            let gp = match &self.in_grad_placements {
+                Some(g) => normalize_placements(&g[i], x.ndim(), mesh.ndim())
+                    .map_err(|e| bad(format!("the gradient layout it declares for input {i}: {e}")))?,
+                // a Partial input's local term gets the whole gradient
+                None => without_partials(&x.placements),
+            };
+            for (k, (&p, &g)) in x.placements.iter().zip(&gp).enumerate() {
+                if !local_grad_allowed(p, g) {
+                    return Err(bad(format!(
+                        "input {i} is {p} on mesh dim {k}, and its gradient cannot be {g} there: {}",
+                        LOCAL_GRAD_RULE
+                    )));
+                }
+            }
+            locals.push(x.to_local_grad_named(
+                Some(&gp),
+                backward_name(name),
+                format!("local_map `{name}` backward, input {i}"),
+            )?);
         }
         let outs = op_scope(name, || f(&locals))?;
         if outs.len() != self.out_placements.len() {
@@ -179,6 +205,16 @@ impl LocalMap {
                     )));
                 }
                 let shape = self.out_shapes.as_ref().map(|s| s[j].clone());
+                let sharded =
+                    placements.iter().enumerate().any(|(k, p)| matches!(p, Placement::Shard(_)) && mesh.size(k) > 1);
+                if shape.is_none() && sharded {
+                    // inferred from the local shape, a global shape is wrong (and differs per
+                    // rank) whenever the sharded dim splits unevenly: no rank can tell alone
+                    return Err(bad(format!(
+                        "output {j} is sharded ({}): give its global shape with `.out_shapes(..)`",
+                        fmt_placements(placements)
+                    )));
+                }
                 let stride = shape.as_deref().map(contiguous_strides);
                 from_local_grad(out, mesh, placements, FromLocal { shape, stride, ..FromLocal::default() })
                     .map_err(|e| bad(format!("output {j}: {e}")))

@@ -44,8 +44,8 @@ impl<T: Element, M: MeshDims, L: TypedLayout<M>, const R: usize> Dt<T, M, L, R> 
     /// result as a typed tensor laid out `LO` of rank `RO` (PyTorch's `local_map` with
     /// `in_placements` = this type's layout). `GL` is the layout of this tensor's gradient
     /// ([`LocalGradRule`](super::grad::LocalGradRule)); the output's gradient is its layout
-    /// with Partials made Replicate. `out_shape` is the output's global shape, needed when a
-    /// sharded dim of it may split unevenly (see [`LocalMap::out_shapes`]). Named `name` in
+    /// with Partials made Replicate. `out_shape` is the output's global shape, needed when it
+    /// is sharded (see [`LocalMap::out_shapes`]). Named `name` in
     /// errors and `CommDebugMode`.
     #[track_caller]
     pub fn local_map<GL, LO, const RO: usize>(
@@ -60,7 +60,7 @@ impl<T: Element, M: MeshDims, L: TypedLayout<M>, const R: usize> Dt<T, M, L, R> 
         LO: TypedLayout<M>,
     {
         let spec = spec(name, &[&L::placements()], &[&GL::placements()], &LO::placements(), out_shape);
-        Dt::from_dtensor(spec.call(&[self.as_dtensor()], |l| Ok(vec![f(&l[0])?]))?.remove(0))
+        typed_output(name, spec.call(&[self.as_dtensor()], |l| Ok(vec![f(&l[0])?]))?.remove(0))
     }
 
     /// [`local_map`](Dt::local_map) of this tensor and `rhs`: `GL` and `GL2` are their
@@ -88,8 +88,25 @@ impl<T: Element, M: MeshDims, L: TypedLayout<M>, const R: usize> Dt<T, M, L, R> 
             &LO::placements(),
             out_shape,
         );
-        Dt::from_dtensor(spec.call(&[self.as_dtensor(), rhs.as_dtensor()], |l| Ok(vec![f(&l[0], &l[1])?]))?.remove(0))
+        typed_output(name, spec.call(&[self.as_dtensor(), rhs.as_dtensor()], |l| Ok(vec![f(&l[0], &l[1])?]))?.remove(0))
     }
+}
+
+/// The output as the typed tensor the caller declared; a mismatch (the function's output has
+/// another rank) names the function.
+#[track_caller]
+fn typed_output<T: Element, M: MeshDims, L: TypedLayout<M>, const R: usize>(
+    name: &str,
+    out: DTensor<T>,
+) -> Result<Dt<T, M, L, R>> {
+    Dt::from_dtensor(out).map_err(|e| match e {
+        crate::error::Error::TypedMismatch { what, expected, actual } => crate::error::Error::TypedMismatch {
+            what: format!("output of local_map `{name}`: {what}"),
+            expected,
+            actual,
+        },
+        e => e,
+    })
 }
 
 /// The dynamic spec of a typed `local_map`: the layouts come from the types.

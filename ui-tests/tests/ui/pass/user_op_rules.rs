@@ -68,7 +68,7 @@ fn own_rule(r: &T2<(Replicate, Replicate)>) -> Result<Dt<f32, (dp, tp), (Replica
 fn local_maps(s: &T2<(Shard<0>, Replicate)>, r: &T2<(Replicate, Replicate)>) -> Result<()> {
     // a replicated input every rank uses differently: its gradient is a Partial sum
     let _: T2<(Shard<0>, Replicate)> =
-        s.local_map2::<(Shard<0>, Replicate), (Partial<Sum>, Replicate), _, _, _, _>(r, "scaled", None, |a, b| {
+        s.local_map2::<(Shard<0>, Replicate), (Partial<Sum>, Replicate), _, _, _, _>(r, "scaled", Some(s.shape()), |a, b| {
             a.mul(b)
         })?;
     let _: Dt<f32, (dp, tp), (Partial<Sum>, Replicate), 0> =
