@@ -7,9 +7,10 @@
 //!    (`#[diagnostic::on_unimplemented]`) and one impl per legal placement pair, whose `Out` is
 //!    the output placement;
 //! 2. [`typed_rule!`](crate::typed_rule) to lift it to whole layouts (one marker per mesh dim);
-//! 3. an impl of [`TypedOp1`] (one input) or [`TypedOp2`] (two inputs) for the op, naming the
-//!    input and output ranks and the lifted rule; then `x.apply_op(&op)` or
-//!    `x.apply_op2(&op, &y)` compile exactly for the layouts the rule allows.
+//! 3. an impl of [`TypedOp1`], [`TypedOp2`] or [`TypedOp3`] (one, two or three inputs) for the
+//!    op, naming the input and output ranks and the lifted rule; then `x.apply_op(&op)`,
+//!    `x.apply_op2(&op, &y)` or `x.apply_op3(&op, &y, &z)` compile exactly for the layouts the
+//!    rule allows.
 //!
 //! The dynamic rules ([`CustomOp::rules`]) stay the ground truth: the typed call runs the
 //! dynamic op, refuses any collective it would run (the typed rule promised none) and checks
@@ -111,12 +112,31 @@ pub trait TypedOp2<
     type Out: TypedLayout<M>;
 }
 
+/// The typed rule of a user's op of three inputs (laid out `L1`, `L2`, `L3`, of ranks `R1`,
+/// `R2`, `R3`), giving an output of rank `RO` laid out `Out`; see [`TypedOp1`].
+pub trait TypedOp3<
+    T: Element,
+    M: MeshDims,
+    L1: TypedLayout<M>,
+    L2: TypedLayout<M>,
+    L3: TypedLayout<M>,
+    const R1: usize,
+    const R2: usize,
+    const R3: usize,
+    const RO: usize,
+>: CustomOp<T>
+{
+    /// The output layout.
+    type Out: TypedLayout<M>;
+}
+
 /// `typed_rule!(unary Layout = Rule)` / `typed_rule!(binary Layout = Rule)` lifts a user's
 /// rule on one mesh dim to whole layouts, as the library lifts its own ops' rules.
 ///
 /// `Rule` is the user's trait: `trait Rule<Name> { type Out: PlacementMarker; }` (one input)
 /// or `trait Rule<Rhs, Name> { type Out: PlacementMarker; }` (two inputs), implemented for the
-/// legal marker pairs. With `, ctx` after the rule, it takes one more parameter, a context
+/// legal marker pairs, or `trait Rule<B, C, Name>` (three inputs, `typed_rule!(ternary Layout =
+/// Rule)`, which defines `Layout<B, C, M>`). With `, ctx` after the rule, it takes one more parameter, a context
 /// type (e.g. [`Rank<R>`](crate::typed::Rank), for rules that depend on the tensor rank):
 /// `trait Rule<Rhs, Name, Ctx>`. The macro defines the layout trait `Layout<Rhs, M>` (binary),
 /// `Layout<M>` (unary), with one more `Ctx` parameter with `, ctx`, whose `Out` is the output
@@ -133,6 +153,12 @@ macro_rules! typed_rule {
     ($(#[$doc:meta])* binary $Layout:ident = $Rule:ident) => {
         $crate::__lift_binary!($(#[$doc])* $Layout, $Rule);
         $crate::__never_binary!($Rule);
+    };
+    ($(#[$doc:meta])* ternary $Layout:ident = $Rule:ident) => {
+        $crate::__lift_ternary!($(#[$doc])* $Layout, $Rule);
+    };
+    ($(#[$doc:meta])* ternary $Layout:ident = $Rule:ident, ctx) => {
+        $crate::__lift_ternary!($(#[$doc])* $Layout, $Rule, ctx);
     };
     ($(#[$doc:meta])* binary $Layout:ident = $Rule:ident, ctx) => {
         $crate::__lift_binary!($(#[$doc])* $Layout, $Rule, ctx);
@@ -165,5 +191,23 @@ impl<T: Element, M: MeshDims, L: TypedLayout<M>, const R: usize> Dt<T, M, L, R> 
         L2: TypedLayout<M>,
     {
         Dt::from_op(op.name(), || apply_op(op, &[self.as_dtensor(), rhs.as_dtensor()]))
+    }
+
+    /// Runs the user's op `op` on this tensor, `b` and `c`; its [`TypedOp3`] rule gives the
+    /// output layout and rank, and layouts it does not allow do not compile.
+    #[track_caller]
+    #[allow(clippy::type_complexity)] // the three operands' layouts and ranks
+    pub fn apply_op3<O, L2, L3, const R2: usize, const R3: usize, const RO: usize>(
+        &self,
+        op: &O,
+        b: &Dt<T, M, L2, R2>,
+        c: &Dt<T, M, L3, R3>,
+    ) -> Result<Dt<T, M, O::Out, RO>>
+    where
+        O: TypedOp3<T, M, L, L2, L3, R, R2, R3, RO>,
+        L2: TypedLayout<M>,
+        L3: TypedLayout<M>,
+    {
+        Dt::from_op(op.name(), || apply_op(op, &[self.as_dtensor(), b.as_dtensor(), c.as_dtensor()]))
     }
 }

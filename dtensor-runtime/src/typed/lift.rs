@@ -62,6 +62,80 @@ macro_rules! __lift_binary {
     };
 }
 
+/// Like [`lift_binary`] for ops of three tensors (a user's fused op: `typed_rule!(ternary ..)`).
+#[doc(hidden)]
+#[macro_export]
+macro_rules! __lift_ternary {
+    ($(#[$doc:meta])* $TypedLayout:ident, $Rule:ident) => {
+        $(#[$doc])*
+        pub trait $TypedLayout<B, C, M: $crate::typed::MeshDims>: $crate::typed::TypedLayout<M> {
+            /// The output layout.
+            type Out: $crate::typed::TypedLayout<M>;
+        }
+        $crate::__lift_ternary!(@all $TypedLayout, $Rule, []);
+    };
+    ($(#[$doc:meta])* $TypedLayout:ident, $Rule:ident, ctx) => {
+        $(#[$doc])*
+        pub trait $TypedLayout<B, C, M: $crate::typed::MeshDims, Ctx>: $crate::typed::TypedLayout<M> {
+            /// The output layout.
+            type Out: $crate::typed::TypedLayout<M>;
+        }
+        $crate::__lift_ternary!(@all $TypedLayout, $Rule, [Ctx]);
+    };
+    (@all $TypedLayout:ident, $Rule:ident, [$($ctx:ident)?]) => {
+        $crate::__lift_ternary!(@arity $TypedLayout, $Rule, [$($ctx)?]; (A0 B0 C0 N0));
+        $crate::__lift_ternary!(@arity $TypedLayout, $Rule, [$($ctx)?]; (A0 B0 C0 N0) (A1 B1 C1 N1));
+        $crate::__lift_ternary!(@arity $TypedLayout, $Rule, [$($ctx)?]; (A0 B0 C0 N0) (A1 B1 C1 N1) (A2 B2 C2 N2));
+        $crate::__lift_ternary!(@arity $TypedLayout, $Rule, [$($ctx)?]; (A0 B0 C0 N0) (A1 B1 C1 N1) (A2 B2 C2 N2) (A3 B3 C3 N3));
+        // as `never_binary!`: no marker may have a single impl, or rustc infers the other
+        // operands from it and reports a bare type mismatch instead of the rule's message. Two
+        // hidden impls per marker, apart in both operands: a marker with no real impl under
+        // some context (`Rank<2>`) would otherwise still have one.
+        $crate::__lift_ternary!(@never $Rule, [$($ctx)?], $crate::typed::markers::Never);
+        $crate::__lift_ternary!(@never $Rule, [$($ctx)?], ());
+    };
+    (@never $Rule:ident, [$($ctx:ident)?], $X:ty) => {
+        #[diagnostic::do_not_recommend]
+        impl<const D: usize, N $(, $ctx)?> $Rule<$X, $X, N $(, $ctx)?> for $crate::typed::Shard<D> {
+            type Out = $crate::typed::Replicate;
+        }
+        #[diagnostic::do_not_recommend]
+        impl<N $(, $ctx)?> $Rule<$X, $X, N $(, $ctx)?> for $crate::typed::Replicate {
+            type Out = $crate::typed::Replicate;
+        }
+        #[diagnostic::do_not_recommend]
+        impl<Op: $crate::typed::ReduceMarker, N $(, $ctx)?> $Rule<$X, $X, N $(, $ctx)?> for $crate::typed::Partial<Op> {
+            type Out = $crate::typed::Replicate;
+        }
+    };
+    (@arity $TypedLayout:ident, $Rule:ident, []; $(($a:ident $b:ident $c:ident $n:ident))+) => {
+        impl<$($a, $b, $c, $n,)+> $TypedLayout<($($b,)+), ($($c,)+), ($($n,)+)> for ($($a,)+)
+        where
+            $($a: $Rule<$b, $c, $n> + $crate::typed::PlacementMarker,
+              $b: $crate::typed::PlacementMarker,
+              $c: $crate::typed::PlacementMarker,
+              $n: $crate::typed::MeshDim,)+
+            ($($a,)+): $crate::typed::TypedLayout<($($n,)+)>,
+            ($(<$a as $Rule<$b, $c, $n>>::Out,)+): $crate::typed::TypedLayout<($($n,)+)>,
+        {
+            type Out = ($(<$a as $Rule<$b, $c, $n>>::Out,)+);
+        }
+    };
+    (@arity $TypedLayout:ident, $Rule:ident, [$ctx:ident]; $(($a:ident $b:ident $c:ident $n:ident))+) => {
+        impl<$($a, $b, $c, $n,)+ $ctx> $TypedLayout<($($b,)+), ($($c,)+), ($($n,)+), $ctx> for ($($a,)+)
+        where
+            $($a: $Rule<$b, $c, $n, $ctx> + $crate::typed::PlacementMarker,
+              $b: $crate::typed::PlacementMarker,
+              $c: $crate::typed::PlacementMarker,
+              $n: $crate::typed::MeshDim,)+
+            ($($a,)+): $crate::typed::TypedLayout<($($n,)+)>,
+            ($(<$a as $Rule<$b, $c, $n, $ctx>>::Out,)+): $crate::typed::TypedLayout<($($n,)+)>,
+        {
+            type Out = ($(<$a as $Rule<$b, $c, $n, $ctx>>::Out,)+);
+        }
+    };
+}
+
 /// Like [`lift_binary`] for ops of one tensor.
 #[doc(hidden)]
 #[macro_export]

@@ -50,7 +50,7 @@ pub mod transpose;
 pub mod unary;
 pub mod view;
 
-pub use custom::{TypedOp1, TypedOp2};
+pub use custom::{TypedOp1, TypedOp2, TypedOp3};
 pub use dims::{MeshDim, MeshDims};
 pub use grad::{FromLocalGradLayout, LeafGradLayout, LocalGradLayout};
 pub use layout::TypedLayout;

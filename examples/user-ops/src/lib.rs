@@ -7,6 +7,8 @@
 //! - [`Linear`]: `x · Wᵀ` with Hugging Face's `[out, in]` weight, with the column-parallel
 //!   (`W` sharded on `out`) and row-parallel (`x` and `W` sharded on `in`, a `Partial` sum)
 //!   rules of Megatron's tensor parallelism; its backward is written with the library's ops.
+//! - [`RmsNormLinear`]: `rms_norm(x, g) · Wᵀ`, the pre-norm projection of a Llama block, in one
+//!   op of three inputs; column parallel over `W`'s `out` (the norm needs whole rows of `x`).
 //!
 //! Each op also has typed rules ([`SwiGluRule`], [`LinearRule`], lifted by
 //! [`dtensor::typed_rule!`] and tied to the op by [`TypedOp2`]), so that in the typed layer an
@@ -17,7 +19,7 @@
 
 use dtensor::ndarray::{ArrayD, Ix2, Zip};
 use dtensor::ops::custom::Backward;
-use dtensor::typed::{self, MeshDims, PlacementMarker, Rank, TypedLayout, TypedOp2};
+use dtensor::typed::{self, MeshDims, PlacementMarker, Rank, TypedLayout, TypedOp2, TypedOp3};
 use dtensor::{apply_op, CustomOp, DTensor, DimRule, Element, Error, Placement, ReduceOp, Result, Shard};
 
 const R: Placement = Placement::Replicate;
@@ -47,6 +49,18 @@ pub struct SwiGluGradUp;
 /// parallel); `(Partial(sum), R) → Partial(sum)` (linear in `x`).
 #[derive(Clone, Copy, Debug, Default)]
 pub struct Linear;
+
+/// `rms_norm(x, g) · Wᵀ` with `x: [.., in]`, the norm weight `g: [in]` and `W: [out, in]`:
+/// `x / √(mean(x²) + eps) · g`, then the linear map, in one pass.
+///
+/// Rules on one mesh dim: `(R, R, R) → R`; `(Shard(d), R, R) → Shard(d)` for a batch dim `d`;
+/// `(R, R, Shard(0)) → Shard(-1)` (column parallel). `x` is never split on `in`: the norm
+/// reads whole rows.
+#[derive(Clone, Copy, Debug)]
+pub struct RmsNormLinear {
+    /// Added to the mean square before the root.
+    pub eps: f64,
+}
 
 fn silu(x: f64) -> f64 {
     x / (1.0 + (-x).exp())
@@ -215,6 +229,65 @@ impl<T: Element> CustomOp<T> for Linear {
     }
 }
 
+impl<T: Element> CustomOp<T> for RmsNormLinear {
+    fn name(&self) -> &'static str {
+        "fused_rms_norm_linear"
+    }
+
+    fn output_shape(&self, inputs: &[&[usize]]) -> Result<Vec<usize>> {
+        let bad = |reason: String| Error::InvalidArgument { context: "fused_rms_norm_linear".into(), reason };
+        let [x, g, w] = inputs else { return Err(bad(format!("takes x, g and W, got {} tensors", inputs.len()))) };
+        match (x.split_last(), g, w) {
+            (Some((&inner, batch)), &[g_in], &[out, w_in]) if inner == *g_in && inner == *w_in && !batch.is_empty() => {
+                Ok(batch.iter().copied().chain([*out]).collect())
+            }
+            _ => Err(bad(format!("x {x:?} must be [.., in] (rank ≥ 2), g {g:?} [in] and W {w:?} [out, in]"))),
+        }
+    }
+
+    fn rules(&self, inputs: &[&[usize]]) -> Vec<DimRule> {
+        let batch = inputs[0].len() as isize - 1;
+        let mut rules = vec![DimRule::new(&[R, R, R], R), DimRule::new(&[R, R, Shard(0)], Shard(-1))];
+        rules.extend((0..batch).map(|d| DimRule::new(&[Shard(d), R, R], Shard(d))));
+        rules
+    }
+
+    fn forward(&self, inputs: &[&ArrayD<T>]) -> Result<ArrayD<T>> {
+        let (x, g) = (inputs[0], inputs[1]);
+        let inner = *x.shape().last().unwrap_or(&0);
+        let mut y = x.as_standard_layout().into_owned();
+        if inner > 0 {
+            for mut row in y.lanes_mut(dtensor::ndarray::Axis(x.ndim() - 1)) {
+                let ms = row.iter().map(|&v| f(v) * f(v)).sum::<f64>() / inner as f64;
+                let r = 1.0 / (ms + self.eps).sqrt();
+                row.iter_mut().zip(g.iter()).for_each(|(v, &gi)| *v = t::<T>(f(*v) * r) * gi);
+            }
+        }
+        Linear.forward(&[&y, inputs[2]])
+    }
+
+    fn backward(&self, ctx: &Backward<'_, T>) -> Result<Vec<Option<DTensor<T>>>> {
+        let (x, g, w, gout) = (ctx.input(0), ctx.input(1), ctx.input(2), ctx.grad());
+        // the norm again, from library ops (their layouts and collectives are theirs)
+        let r = x.mul(x)?.mean_dim(-1, true)?.add_scalar(t(self.eps))?.rsqrt()?;
+        let n = x.mul(&r)?;
+        let y = n.mul(g)?;
+        let n_dims = x.shape().len() as isize;
+        let rows = |a: &DTensor<T>| if n_dims > 2 { a.flatten(0, n_dims - 2) } else { Ok(a.clone()) };
+        let dw = if ctx.needs_grad(2) { Some(rows(gout)?.matmul_t(&rows(&y)?, true, false)?) } else { None };
+        let dy = gout.matmul(w)?;
+        let dg = if ctx.needs_grad(1) { Some(rows(&dy.mul(&n)?)?.sum_dim(0, false)?) } else { None };
+        let dx = if ctx.needs_grad(0) {
+            // d/dx of x·r: r·(dn − n·mean(dn·n)) over the row
+            let dn = dy.mul(g)?;
+            Some(r.mul(&dn.sub(&n.mul(&dn.mul(&n)?.mean_dim(-1, true)?)?)?)?)
+        } else {
+            None
+        };
+        Ok(vec![dx, dg, dw])
+    }
+}
+
 // ------------------------------------------------------------------------------ typed rules
 
 /// [`SwiGlu`]'s rule on one mesh dim, for the typed layer: `gate` and `up` laid out alike.
@@ -293,4 +366,48 @@ where
     L2: TypedLayout<M>,
 {
     type Out = <L1 as LinearLayout<L2, M, Rank<R>>>::Out;
+}
+
+/// [`RmsNormLinear`]'s rule on one mesh dim, for `x` of rank `R` (`Rank<R>`), its norm weight
+/// `g` and `W`.
+#[diagnostic::on_unimplemented(
+    message = "fused_rms_norm_linear of x `{Self}`, g `{G}`, W `{W}` on mesh dim `{Name}` is not a legal layout",
+    label = "no fused_rms_norm_linear rule for `{Self}`, `{G}`, `{W}` on mesh dim `{Name}`",
+    note = "legal per mesh dim: all Replicate; x S(batch) with g, W Replicate; x, g Replicate with W S<0> (column parallel). x is never split on its last dim: the norm reads whole rows"
+)]
+pub trait RmsNormLinearRule<G, W, Name, Ctx> {
+    /// The output's placement on this mesh dim.
+    type Out: PlacementMarker;
+}
+impl<N, const R: usize> RmsNormLinearRule<typed::Replicate, typed::Replicate, N, Rank<R>> for typed::Replicate {
+    type Out = typed::Replicate;
+}
+
+/// Per rank of `x`: its batch dims, and the output's last dim.
+macro_rules! norm_linear_rank_rules {
+    ($($r:literal: [$($batch:literal),+], last = $last:literal;)+) => {$(
+        $(impl<N> RmsNormLinearRule<typed::Replicate, typed::Replicate, N, Rank<$r>> for typed::Shard<$batch> {
+            type Out = typed::Shard<$batch>;
+        })+
+        impl<N> RmsNormLinearRule<typed::Replicate, typed::Shard<0>, N, Rank<$r>> for typed::Replicate {
+            type Out = typed::Shard<$last>;
+        }
+    )+};
+}
+norm_linear_rank_rules! {
+    2: [0], last = 1;
+    3: [0, 1], last = 2;
+}
+dtensor::typed_rule!(
+    /// [`RmsNormLinearRule`] on every mesh dim.
+    ternary RmsNormLinearLayout = RmsNormLinearRule, ctx
+);
+
+impl<T: Element, M: MeshDims, L1, L2, L3, const R: usize> TypedOp3<T, M, L1, L2, L3, R, 1, 2, R> for RmsNormLinear
+where
+    L1: RmsNormLinearLayout<L2, L3, M, Rank<R>>,
+    L2: TypedLayout<M>,
+    L3: TypedLayout<M>,
+{
+    type Out = <L1 as RmsNormLinearLayout<L2, L3, M, Rank<R>>>::Out;
 }

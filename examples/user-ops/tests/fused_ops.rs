@@ -8,7 +8,7 @@ use dtensor::{
     apply_op, distribute_tensor, CollectiveKind, CommDebugMode, DTensor, DeviceMesh, Partial, Placement, ReduceOp,
     Replicate, Result, Shard,
 };
-use dtensor_user_ops::{Linear, SwiGlu};
+use dtensor_user_ops::{Linear, RmsNormLinear, SwiGlu};
 
 const MESHES: [(&[usize], &[&str]); 3] = [(&[1], &["tp"]), (&[4], &["tp"]), (&[2, 2], &["dp", "tp"])];
 
@@ -224,5 +224,80 @@ fn swiglu_takes_a_partial_output_gradient_without_reducing_it_first() {
     for runs in out {
         assert_close("gate grad", &runs[0].1, &runs[1].1);
         assert_close("up grad", &runs[0].2, &runs[1].2);
+    }
+}
+
+/// (output, grad of x, grad of g, grad of W), gathered.
+type Run3 = [ArrayD<f64>; 4];
+
+fn norm_linear_run(
+    mesh: &DeviceMesh,
+    ps: [&[Placement]; 3],
+    fused: bool,
+    (x, g, w): (&ArrayD<f64>, &ArrayD<f64>, &ArrayD<f64>),
+) -> Result<Run3> {
+    let (a, b, c) = (leaf(x, mesh, ps[0])?, leaf(g, mesh, ps[1])?, leaf(w, mesh, ps[2])?);
+    let y = if fused {
+        apply_op(&RmsNormLinear { eps: 1e-6 }, &[&a, &b, &c])?
+    } else {
+        a.rms_norm(&[x.shape()[x.ndim() - 1]], Some(&b), 1e-6)?.matmul_t(&c, false, true)?
+    };
+    let weight = distribute_tensor(global(y.shape(), 13), mesh, &vec![Replicate; mesh.ndim()], Some(0))?;
+    y.mul(&weight)?.sum()?.backward()?;
+    let grad = |t: &DTensor<f64>| t.grad().expect("a gradient").full_tensor();
+    Ok([y.full_tensor()?, grad(&a)?, grad(&b)?, grad(&c)?])
+}
+
+/// A fused op of three inputs (the pre-norm projection of a Llama block) against
+/// `rms_norm` then `matmul_t`, on every layout its rules accept, 1, 4 and 2×2 ranks.
+#[test]
+fn rms_norm_linear_equals_the_norm_then_the_projection() {
+    // x: [batch 3, seq 5, in 6], g: [6], W: [out 7, in 6]
+    let (x, g, w) = (global(&[3, 5, 6], 14), global(&[6], 15).mapv(|v| v + 1.0), global(&[7, 6], 16));
+    let reference = dtensor::run(1, {
+        let (x, g, w) = (x.clone(), g.clone(), w.clone());
+        move |ctx| {
+            let mesh = ctx.init_device_mesh(&[1], &["tp"])?;
+            norm_linear_run(&mesh, [&[Replicate], &[Replicate], &[Replicate]], false, (&x, &g, &w))
+        }
+    })
+    .unwrap()
+    .remove(0);
+    for (shape, names) in MESHES {
+        let n: usize = shape.iter().product();
+        let (x, g, w, reference) = (x.clone(), g.clone(), w.clone(), reference.clone());
+        dtensor::run(n, move |ctx| {
+            let mesh = ctx.init_device_mesh(shape, names)?;
+            let r = vec![Replicate; shape.len()];
+            // per mesh dim: replicated, x batch-sharded, x sequence-sharded, W column-parallel
+            let styles: Vec<[Vec<Placement>; 3]> = [
+                [Replicate, Replicate, Replicate],
+                [Shard(0), Replicate, Replicate],
+                [Shard(1), Replicate, Replicate],
+                [Replicate, Replicate, Shard(0)],
+            ]
+            .into_iter()
+            .map(|[a, b, c]| {
+                let last = |p: Placement| {
+                    let mut v = r.clone();
+                    *v.last_mut().unwrap() = p;
+                    v
+                };
+                [last(a), last(b), last(c)]
+            })
+            .collect();
+            for ps in &styles {
+                let ps = [ps[0].as_slice(), ps[1].as_slice(), ps[2].as_slice()];
+                let fused = norm_linear_run(&mesh, ps, true, (&x, &g, &w))?;
+                let composed = norm_linear_run(&mesh, ps, false, (&x, &g, &w))?;
+                for (k, what) in ["output", "x grad", "g grad", "W grad"].iter().enumerate() {
+                    let what = format!("{what} on {shape:?} {ps:?}");
+                    assert_close(&format!("{what} vs composed"), &fused[k], &composed[k]);
+                    assert_close(&format!("{what} vs 1 rank"), &fused[k], &reference[k]);
+                }
+            }
+            Ok(())
+        })
+        .unwrap();
     }
 }

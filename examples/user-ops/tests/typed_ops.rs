@@ -6,7 +6,7 @@ use dtensor::ndarray::{ArrayD, Dimension, IxDyn};
 use dtensor::typed::dims::{dp, tp};
 use dtensor::typed::{Dt, Partial, Replicate, Shard, Sum};
 use dtensor::{distribute_tensor, CommDebugMode, DTensor, DeviceMesh, Placement, Result};
-use dtensor_user_ops::{Linear, SwiGlu};
+use dtensor_user_ops::{Linear, RmsNormLinear, SwiGlu};
 
 type X = Dt<f64, (dp, tp), (Shard<0>, Replicate), 3>;
 type ColW = Dt<f64, (dp, tp), (Replicate, Shard<0>), 2>;
@@ -135,4 +135,31 @@ fn a_typed_user_op_reduces_its_partial_output_only_where_the_code_says() {
         Ok(())
     })
     .unwrap();
+}
+
+/// The three-input fused op in the typed layer: x batch-sharded over dp, W column-parallel over
+/// tp, against `rms_norm` then `matmul_t` of the dynamic layer, forward and backward.
+#[test]
+fn a_typed_three_input_user_op_equals_the_composed_ops() {
+    for shape in [[1, 1], [2, 2]] {
+        dtensor::run(shape.iter().product(), move |ctx| {
+            let mesh = ctx.init_device_mesh(&shape, &["dp", "tp"])?;
+            let w = weights();
+            let gain = global(&[4], 6).mapv(|v| v + 1.0);
+            let x: X = Dt::distribute(&w.x, &mesh)?.requires_grad_(true);
+            let g: Dt<f64, (dp, tp), (Replicate, Replicate), 1> = Dt::distribute(&gain, &mesh)?.requires_grad_(true);
+            let proj: ColW = Dt::distribute(&w.gate, &mesh)?.requires_grad_(true);
+            let y: Hidden = x.apply_op3(&RmsNormLinear { eps: 1e-6 }, &g, &proj)?;
+            let typed = finish(y.as_dtensor(), [x.as_dtensor(), g.as_dtensor(), proj.as_dtensor()])?;
+            let (xd, gd, pd) = (x.as_dtensor().detach(), g.as_dtensor().detach(), proj.as_dtensor().detach());
+            let (xd, gd, pd) = (xd.requires_grad_(true), gd.requires_grad_(true), pd.requires_grad_(true));
+            let out = xd.rms_norm(&[4], Some(&gd), 1e-6)?.matmul_t(&pd, false, true)?;
+            let composed = finish(&out, [&xd, &gd, &pd])?;
+            for (k, what) in ["output", "d x", "d g", "d W"].iter().enumerate() {
+                assert_close(&format!("{what} on {shape:?}"), &typed[k], &composed[k]);
+            }
+            Ok(())
+        })
+        .unwrap();
+    }
 }

@@ -5,7 +5,7 @@
 use dtensor::typed::dims::{dp, tp};
 use dtensor::typed::{Dt, MeshDims, Partial, PlacementMarker, Replicate, Shard, Sum, TypedOp1};
 use dtensor::{CustomOp, DimRule, Element, Result};
-use dtensor_user_ops::{Linear, SwiGlu};
+use dtensor_user_ops::{Linear, RmsNormLinear, SwiGlu};
 
 type T2<L> = Dt<f32, (dp, tp), L, 2>;
 type T3<L> = Dt<f32, (dp, tp), L, 3>;
@@ -27,6 +27,19 @@ fn linear(
     let _: T3<(Shard<0>, Shard<2>)> = x.apply_op2(&Linear, col)?;
     let _: T3<(Shard<0>, Partial<Sum>)> = h.apply_op2(&Linear, row)?;
     let _: T2<(Partial<Sum>, Replicate)> = p.apply_op2(&Linear, r)?;
+    Ok(())
+}
+
+fn norm_linear(
+    x: &T3<(Shard<0>, Replicate)>,
+    g: &Dt<f32, (dp, tp), (Replicate, Replicate), 1>,
+    col: &T2<(Replicate, Shard<0>)>,
+    seq: &T3<(Replicate, Shard<1>)>,
+    r: &T2<(Replicate, Replicate)>,
+) -> Result<()> {
+    let op = RmsNormLinear { eps: 1e-6 };
+    let _: T3<(Shard<0>, Shard<2>)> = x.apply_op3(&op, g, col)?;
+    let _: T3<(Replicate, Shard<1>)> = seq.apply_op3(&op, g, r)?;
     Ok(())
 }
 
@@ -77,5 +90,5 @@ fn local_maps(s: &T2<(Shard<0>, Replicate)>, r: &T2<(Replicate, Replicate)>) -> 
 }
 
 fn main() {
-    let _ = (swiglu, linear, own_rule, local_maps);
+    let _ = (swiglu, linear, norm_linear, own_rule, local_maps);
 }
