@@ -249,12 +249,12 @@ fn checked_rules(op: &str, mut rules: Vec<DimRule>, shapes: &[&[usize]], out_ndi
         }
         for (i, shape) in shapes.iter().enumerate() {
             let p = rule.inputs[i];
-            rule.inputs[i] = resolved(p, shape.len()).ok_or_else(|| {
+            rule.inputs[i] = p.normalize(shape.len()).ok().ok_or_else(|| {
                 bad(format!("rule {k} ({}) shards {p} of input {i}, which has {} dims", fmt_rule(rule), shape.len()))
             })?;
         }
         let out = rule.output;
-        rule.output = resolved(out, out_ndim).ok_or_else(|| {
+        rule.output = out.normalize(out_ndim).ok().ok_or_else(|| {
             bad(format!("rule {k} ({}) shards {out} of the output, which has {out_ndim} dims", fmt_rule(rule)))
         })?;
     }
@@ -286,14 +286,6 @@ fn checked_rules(op: &str, mut rules: Vec<DimRule>, shapes: &[&[usize]], out_ndi
         }
     }
     Ok(rules)
-}
-
-/// `p` with a `Shard` dim resolved against `ndim` (`None`: out of range).
-fn resolved(p: Placement, ndim: usize) -> Option<Placement> {
-    match p {
-        Placement::Shard(d) => crate::shape::normalize_dim(d, ndim).map(|d| Placement::Shard(d as isize)),
-        p => Some(p),
-    }
 }
 
 fn fmt_rule(rule: &DimRule) -> String {
