@@ -4,6 +4,10 @@
 //! ```text
 //! cargo run --example transformer_tp                        # 2×2 mesh, thread backend
 //! cargo run --example transformer_tp -- --mesh 1x4 --steps 10
+//! cargo run --example transformer_tp -- --export-hf /tmp/gpt2   # + a GPT-2 checkpoint for transformers
+//! python3 scripts/check_hf_export.py /tmp/gpt2                 # transformers' logits against ours
+//! cargo run --example transformer_tp -- --steps 3 --save-state /tmp/ck       # train 3 steps on 2×2, save
+//! cargo run --example transformer_tp -- --steps 3 --resume /tmp/ck --mesh 1x4   # 3 more on 1×4: vs 6 on 1 rank
 //! ```
 //!
 //! The model (`transformer_tp/model.rs`): vocab-parallel token embedding → blocks of
@@ -23,19 +27,22 @@
 //! build or machine cannot run (no `cuda` feature, no GPU, too few GPUs) prints
 //! `SKIP: <reason>` and exits 0.
 
+#[path = "transformer_tp/export_hf.rs"]
+mod export_hf;
 #[path = "transformer_tp/model.rs"]
 mod model;
 #[path = "common/report.rs"]
 mod report;
 
 use clap::Parser;
-use dtensor::optim::{AdamW, Sgd};
+use dtensor::checkpoint::{self, Checkpointer, Restore, TrainState};
+use dtensor::optim::{AdamW, OptimizerState, Sgd};
 use dtensor::prelude::*;
 use dtensor::typed::dims::{dp, tp};
 use dtensor::typed::Dt;
-use dtensor::{local_mesh, manual_seed, rand, CollectiveKind, CommDebugMode, Launch, RankCtx};
+use dtensor::{manual_seed, CollectiveKind, CommDebugMode, Launch, RankCtx};
 use model::{Gpt, GptConfig};
-use ndarray::{Array2, ArrayD};
+use ndarray::ArrayD;
 use report::{check_lr, comm_line, exit_code, parse_backend, parse_mesh};
 use std::collections::BTreeMap;
 use std::process::ExitCode;
@@ -85,6 +92,27 @@ struct Args {
     /// Largest relative difference to the 1-rank run that still passes (f64 throughout).
     #[arg(long, default_value_t = 1e-9)]
     tol: f64,
+    /// After training, write the model as a Hugging Face GPT-2 checkpoint in DIR (with
+    /// `config.json` and this run's logits on one batch; `scripts/check_hf_export.py DIR`
+    /// compares them with transformers').
+    #[arg(long, value_name = "DIR")]
+    export_hf: Option<std::path::PathBuf>,
+    /// After training, save the whole training state (model, optimizer, generator) into the
+    /// checkpoint root DIR.
+    #[arg(long, value_name = "DIR")]
+    save_state: Option<std::path::PathBuf>,
+    /// Resume from the committed training state in the checkpoint root DIR (saved on any mesh)
+    /// and train `--steps` more; the 1-rank reference trains all the steps from scratch.
+    #[arg(long, value_name = "DIR")]
+    resume: Option<std::path::PathBuf>,
+}
+
+/// Where a run's training state comes from and goes to.
+#[derive(Clone, Copy, Default)]
+struct StateDirs<'a> {
+    resume: Option<&'a std::path::Path>,
+    save: Option<&'a std::path::Path>,
+    export_hf: Option<&'a std::path::Path>,
 }
 
 /// The optimizer `--optim` names.
@@ -121,6 +149,19 @@ impl Optimizer {
         match kind {
             OptimKind::Adamw => Optimizer::AdamW(AdamW::new(lr)),
             OptimKind::Sgd => Optimizer::Sgd(Sgd::new(lr)),
+        }
+    }
+    /// The state a checkpoint saves.
+    fn state(&self) -> &dyn OptimizerState<f64> {
+        match self {
+            Optimizer::AdamW(o) => o,
+            Optimizer::Sgd(o) => o,
+        }
+    }
+    fn state_mut(&mut self) -> &mut dyn OptimizerState<f64> {
+        match self {
+            Optimizer::AdamW(o) => o,
+            Optimizer::Sgd(o) => o,
         }
     }
     fn step(&mut self, model: &mut Gpt) -> Result<()> {
@@ -174,24 +215,6 @@ fn expected_comm(layers: usize, (dp, tp): (usize, usize)) -> BTreeMap<(Collectiv
     .collect()
 }
 
-/// Sequences of the rule `t[i+1] = (5·t[i] + 3) mod vocab` from random starts: the ids
-/// `[batch, seq]` and the next tokens (the targets), the same on every rank, as `i64` (ids are
-/// integers: read in the model's float type they would round past its exact integers).
-fn batch_data(cfg: &GptConfig) -> Result<(ArrayD<i64>, ArrayD<i64>)> {
-    let starts = rand::<f64>(&[cfg.batch], &TensorOptions::new().mesh(&local_mesh()))?.to_host()?;
-    let v = cfg.vocab;
-    let tokens = Array2::from_shape_fn((cfg.batch, cfg.seq + 1), |(b, i)| {
-        let mut t = (starts[[b]] * v as f64) as usize % v;
-        for _ in 0..i {
-            t = (5 * t + 3) % v;
-        }
-        t as i64
-    });
-    let ids = tokens.slice(ndarray::s![.., ..cfg.seq]).to_owned().into_dyn();
-    let targets = tokens.slice(ndarray::s![.., 1..]).to_owned().into_dyn();
-    Ok((ids, targets))
-}
-
 type Tokens = Dt<i64, (dp, tp), (Shard<0>, Replicate), 2>;
 
 /// Trains on this rank's part of a `dp × tp` mesh.
@@ -201,16 +224,29 @@ fn train(
     optim: OptimKind,
     steps: usize,
     (dpn, tpn): (usize, usize),
+    dirs: StateDirs<'_>,
 ) -> Result<Outcome> {
     let mesh = ctx.init_device_mesh(&[dpn, tpn], &["dp", "tp"])?;
     manual_seed(cfg.seed);
     let mut model = Gpt::new(cfg, &mesh)?;
     let mut opt = Optimizer::new(optim, cfg.lr);
     manual_seed(cfg.seed.wrapping_add(DATA_SEED));
+    // Resuming restores the weights, AdamW's moments and step, and the generator (the data).
+    let done = match dirs.resume {
+        None => 0,
+        Some(dir) => {
+            let r = Checkpointer::new(dir).load(Restore::new(&mut model).optimizer(opt.state_mut()))?;
+            r.ok_or_else(|| Error::InvalidArgument {
+                context: "--resume".into(),
+                reason: format!("{} holds no committed training state", dir.display()),
+            })?
+            .step
+        }
+    };
     let mut out = Outcome { losses: Vec::new(), weights: Vec::new(), comm: Vec::new(), comm_line: String::new() };
     for step in 0..steps {
         // Input: host ids scattered over dp (the edge; not a training collective).
-        let (ids, targets) = batch_data(cfg)?;
+        let (ids, targets) = model::batch_data(cfg)?;
         let (ids, targets): (Tokens, Tokens) = (Dt::distribute(&ids, &mesh)?, Dt::distribute(&targets, &mesh)?);
         let comm = CommDebugMode::new();
         let loss = comm.scope(|| -> Result<_> {
@@ -235,6 +271,15 @@ fn train(
     }
     out.weights =
         model.named_parameters().into_iter().map(|(name, p)| Ok((name, p.full_tensor()?))).collect::<Result<_>>()?;
+    if let Some(dir) = dirs.save {
+        Checkpointer::new(dir).save(TrainState::new(&model, done + steps as u64).optimizer(opt.state()))?;
+    }
+    if let Some(dir) = dirs.export_hf {
+        let (ids, _) = model::batch_data(cfg)?;
+        let ids_dt: Tokens = Dt::distribute(&ids, &mesh)?;
+        let logits = model::logits(&model, &ids_dt, cfg.heads)?.full_tensor()?;
+        export_hf::export(&model, cfg, &mesh, dir, &ids, &logits)?;
+    }
     Ok(out)
 }
 
@@ -313,21 +358,41 @@ fn real_main(args: &Args) -> Result<bool> {
         cfg.lr,
         args.seed
     );
+    let dirs = StateDirs {
+        resume: args.resume.as_deref(),
+        save: args.save_state.as_deref(),
+        export_hf: args.export_hf.as_deref(),
+    };
+    // Steps already trained by the state resumed from.
+    let done = match &args.resume {
+        None => 0,
+        Some(dir) => checkpoint::latest_version(dir)?.map_or(Ok(0), |v| checkpoint::read_meta(v).map(|m| m.step))?,
+    };
+    if done > 0 {
+        println!(
+            "resuming from step {done} ({})",
+            args.resume.as_deref().unwrap_or(std::path::Path::new("")).display()
+        );
+    }
     // Threads: every rank's result comes back. MPI: each process gets its own rank's; the
     // process of rank 0 prints, checks and reports, the others only train.
     let outs = dtensor::launch(args.backend, dpn * tpn, |ctx| {
         if ctx.rank() == 0 {
             println!("{header}");
         }
-        Ok((ctx.rank(), train(&ctx, &cfg, args.optim, args.steps, (dpn, tpn))?))
+        Ok((ctx.rank(), train(&ctx, &cfg, args.optim, args.steps, (dpn, tpn), dirs)?))
     })?;
     let Some((_, run)) = outs.into_iter().find(|(rank, _)| *rank == 0) else { return Ok(true) };
-    let reference = dtensor::run(1, |ctx| train(&ctx, &cfg, args.optim, args.steps, (1, 1)))?;
-    let Some(reference) = reference.into_iter().next() else { return Ok(false) };
+    let steps = done as usize + args.steps;
+    let reference = dtensor::run(1, |ctx| train(&ctx, &cfg, args.optim, steps, (1, 1), StateDirs::default()))?;
+    let Some(mut reference) = reference.into_iter().next() else { return Ok(false) };
+    // A resumed run is compared with the reference's last steps.
+    reference.losses.drain(..done as usize);
+    reference.comm.drain(..done as usize);
 
     println!("step  loss (mesh)         loss (1 rank)       rel. diff");
     for (i, (a, b)) in run.losses.iter().zip(&reference.losses).enumerate() {
-        println!("{:>4}  {a:<18.12}  {b:<18.12}  {:.1e}", i + 1, (a - b).abs() / b.abs());
+        println!("{:>4}  {a:<18.12}  {b:<18.12}  {:.1e}", i + 1 + done as usize, (a - b).abs() / b.abs());
     }
     let (diff, at) = compare(&run, &reference);
     let (first, last) = (run.losses[0], run.losses[run.losses.len() - 1]);

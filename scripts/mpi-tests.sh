@@ -5,7 +5,8 @@
 #   mpi_redistribute  distribute/redistribute (uneven, 1-d and 2x2 mesh) + deterministic property test
 #   mpi_failure       a failing / panicking / stuck rank ends the job (MPI_Abort), never a hang
 #   mlp_tp example    `--backend mpi` must print PASS (also with `--overlap-bucket`)
-#   transformer_tp    `--backend mpi` must print PASS
+#   transformer_tp    `--backend mpi` must print PASS; so must a run saving its training state
+#                     on 2x2 and one resuming it on 1x4
 # Needs: apt-get install -y libopenmpi-dev openmpi-bin libclang-dev
 # Env: NP, DTENSOR_MPI_PROPTEST_CASES (default 200), CARGO_FLAGS (extra cargo flags).
 set -euo pipefail
@@ -84,6 +85,12 @@ run_example mlp_tp
 # The dp gradients in MPI_Iallreduce buckets of 2 gradients (32 KiB each at the defaults).
 run_example mlp_tp --overlap-bucket 65536 --steps 10
 run_example transformer_tp
+# The training state saved by 4 processes on 2x2, resumed by 4 processes on 1x4 (each rank
+# reading its byte ranges of the other layout), against 6 steps on 1 rank.
+ck=$(mktemp -d)
+run_example transformer_tp --steps 3 --save-state "$ck"
+run_example transformer_tp --steps 3 --resume "$ck" --mesh 1x4
+rm -rf "$ck"
 
 [ "$status" -eq 0 ] && echo "mpi-tests: all MPI suites passed" || echo "mpi-tests: FAILURES" >&2
 exit "$status"

@@ -145,8 +145,9 @@ fn index_describes_blocks_once() {
     );
     // 1 row over 2: the dp=1 ranks hold empty shards and write nothing for `e`.
     assert_eq!(idx.tensor("e").unwrap().shards.iter().map(|s| s.rank).collect::<Vec<_>>(), vec![0, 1]);
-    // Replicated over dp: written once, by the dp=0 replicas.
-    assert_eq!(idx.tensor("b").unwrap().shards.iter().map(|s| s.rank).collect::<Vec<_>>(), vec![0, 1]);
+    // Replicated over dp: written once, by one replica; `b` is the fourth tensor (salt 3), so
+    // the dp=1 replicas write it (replicated tensors take turns among the replicas).
+    assert_eq!(idx.tensor("b").unwrap().shards.iter().map(|s| s.rank).collect::<Vec<_>>(), vec![2, 3]);
 }
 
 #[test]

@@ -10,6 +10,7 @@
 //! The layouts are checked at compile time: `block_forward` only compiles because every op in
 //! it is legal for the declared placements (see `examples/compile_time.rs` for one that is not).
 
+use dtensor::checkpoint::{Checkpointer, Restore, Restored, TrainState};
 use dtensor::distribute;
 use dtensor::optim::{GradScaler, Sgd};
 use dtensor::prelude::*;
@@ -156,6 +157,35 @@ impl<T: Element> Trainer<T> {
     pub fn overlap_grad_reduce(mut self, bytes: Option<usize>) -> Self {
         self.overlap_bucket_bytes = bytes;
         self
+    }
+
+    /// Gives the SGD optimizer a momentum (a state to checkpoint).
+    #[allow(dead_code)] // the resume test uses it
+    pub fn momentum(mut self, m: f64) -> Self {
+        self.opt = self.opt.clone().momentum(m);
+        self
+    }
+
+    /// What a checkpoint after `step` steps holds: the student, its optimizer, the loss
+    /// scaler and the generator's position (the data's). The teacher is not saved: it is
+    /// drawn again from its seed.
+    #[allow(dead_code)] // the resume test uses it
+    pub fn train_state(&self, step: u64) -> TrainState<'_, T> {
+        let state = TrainState::new(&self.student, step).optimizer(&self.opt);
+        match &self.scaler {
+            Some(s) => state.scaler(s),
+            None => state,
+        }
+    }
+
+    /// Loads the committed state of `ck` into this trainer, on whatever mesh it was built.
+    #[allow(dead_code)] // the resume test uses it
+    pub fn restore(&mut self, ck: &Checkpointer) -> Result<Option<Restored>> {
+        let into = Restore::new(&mut self.student).optimizer(&mut self.opt);
+        match &mut self.scaler {
+            Some(s) => ck.load(into.scaler(s)),
+            None => ck.load(into),
+        }
     }
 
     /// The loss scaler's current scale, if the student trains with one.

@@ -17,7 +17,7 @@ use dtensor::typed::dims::{dp, tp};
 use dtensor::typed::reduce::Dim;
 use dtensor::typed::{Dims, Dt, Sum};
 use dtensor::{local_mesh, rand};
-use ndarray::ArrayD;
+use ndarray::{Array2, ArrayD};
 
 /// `layer_norm`'s epsilon (PyTorch's default).
 const EPS: f64 = 1e-5;
@@ -127,11 +127,10 @@ pub struct Gpt {
     pub head: DTensor<f64>,
 }
 
-/// Mean next-token cross-entropy of `model` on token ids `[batch, seq]` against `targets`
-/// (both sharded on dp), loss-parallel over tp. The loss stays a partial sum on both mesh
-/// dims: only its reader sums it.
-#[distribute(mesh = "dp,tp", placements = [Shard(0), Replicate], returns = [Partial(Sum), Partial(Sum)])]
-pub fn loss(model: &Gpt, ids: &DTensor<i64>, targets: &DTensor<i64>, heads: usize) -> Result<DTensor<f64, 0>> {
+/// Logits `[batch, seq, vocab]` of `model` on token ids `[batch, seq]` (sharded on dp), sharded
+/// on the vocabulary over tp (the LM head is column-parallel).
+#[distribute(mesh = "dp,tp", placements = [Shard(0), Replicate], returns = [Shard(0), Shard(2)])]
+pub fn logits(model: &Gpt, ids: &DTensor<i64>, heads: usize) -> Result<DTensor<f64, 3>> {
     // Vocab-parallel lookup: ids outside this rank's rows give zeros; one all-reduce over tp.
     let x: Dt<f64, (dp, tp), (Shard<0>, Partial<Sum>), 3> = model.wte.embedding(ids)?;
     let mut x: Dt<f64, (dp, tp), (Shard<0>, Replicate), 3> = x.redistribute()?;
@@ -140,7 +139,15 @@ pub fn loss(model: &Gpt, ids: &DTensor<i64>, targets: &DTensor<i64>, heads: usiz
     }
     let width = x.shape()[2];
     let x = x.layer_norm([width], Some(&model.lnf_w), Some(&model.lnf_b), EPS)?;
-    let logits: Dt<f64, (dp, tp), (Shard<0>, Shard<2>), 3> = x.matmul(&model.head)?;
+    x.matmul(&model.head)
+}
+
+/// Mean next-token cross-entropy of `model` on token ids `[batch, seq]` against `targets`
+/// (both sharded on dp), loss-parallel over tp. The loss stays a partial sum on both mesh
+/// dims: only its reader sums it.
+#[distribute(mesh = "dp,tp", placements = [Shard(0), Replicate], returns = [Partial(Sum), Partial(Sum)])]
+pub fn loss(model: &Gpt, ids: &DTensor<i64>, targets: &DTensor<i64>, heads: usize) -> Result<DTensor<f64, 0>> {
+    let logits: Dt<f64, (dp, tp), (Shard<0>, Shard<2>), 3> = logits(model, ids, heads)?;
     logits.cross_entropy_loss_parallel(targets)
 }
 
@@ -179,4 +186,22 @@ impl Gpt {
             GptGlobal { wte: uniform(&[v, w], 1)?, blocks, lnf_w: ones(), lnf_b: zeros(), head: uniform(&[w, v], w)? };
         Gpt::distribute(global, mesh)
     }
+}
+
+/// Sequences of the rule `t[i+1] = (5·t[i] + 3) mod vocab` from random starts: the ids
+/// `[batch, seq]` and the next tokens (the targets), the same on every rank, as `i64` (ids are
+/// integers: read in the model's float type they would round past its exact integers).
+pub fn batch_data(cfg: &GptConfig) -> Result<(ArrayD<i64>, ArrayD<i64>)> {
+    let starts = rand::<f64>(&[cfg.batch], &TensorOptions::new().mesh(&local_mesh()))?.to_host()?;
+    let v = cfg.vocab;
+    let tokens = Array2::from_shape_fn((cfg.batch, cfg.seq + 1), |(b, i)| {
+        let mut t = (starts[[b]] * v as f64) as usize % v;
+        for _ in 0..i {
+            t = (5 * t + 3) % v;
+        }
+        t as i64
+    });
+    let ids = tokens.slice(ndarray::s![.., ..cfg.seq]).to_owned().into_dyn();
+    let targets = tokens.slice(ndarray::s![.., 1..]).to_owned().into_dyn();
+    Ok((ids, targets))
 }

@@ -3,9 +3,9 @@
 //! A checkpoint is a directory:
 //! - `shard-RRRRR.safetensors`, one per global rank that owns data: that rank's block of every
 //!   tensor of the state dict, under the tensor's name, with the block's global offset in the
-//!   file's `__metadata__`. A block replicated over several ranks is written once, by the
-//!   replica at coordinate 0 of the replicating mesh dims; ranks holding only replicas or
-//!   empty shards write no file.
+//!   file's `__metadata__`. A block replicated over several ranks is written once, by one
+//!   replica (the tensors of a state dict take turns among the replicas, so the writing is
+//!   spread over them); ranks that write no block write no file.
 //! - `index.json` ([`CheckpointIndex`]): global shape, dtype and placements of each tensor, the
 //!   saving mesh (shape, dim names, ranks), and each block's file, offset and shape. It is
 //!   written last, so a checkpoint without it is incomplete.
@@ -17,6 +17,11 @@
 //!
 //! **Partial tensors are reduced before saving**: [`save`] redistributes every `Partial` mesh
 //! dim to `Replicate` (an all-reduce), so the checkpoint holds logical values.
+//!
+//! **Training state**: a [`Checkpointer`] saves a model with its optimizer's state, loss
+//! scaler, random generator and a user value ([`TrainState`]) into versioned directories of a
+//! root, in the background, committing each atomically; [`Checkpointer::load`] (or
+//! [`load_train_state`]) resumes it onto any mesh ([`Restore`]).
 //!
 //! [`save_full`] writes one plain safetensors file with full tensors (readable by any
 //! safetensors reader); [`Checkpoint::export_full`] does the same offline from a sharded
@@ -47,15 +52,23 @@
 //! assert_eq!(locals[2], g.slice(ndarray::s![.., 2..3]).into_dyn());
 //! ```
 
+mod checkpointer;
 mod convert;
 pub mod hf;
 mod index;
 pub(crate) mod safe_file;
 mod shard_file;
+mod snapshot;
+mod train_state;
 
 pub use crate::error::{FileKind, FileProblem};
+pub use checkpointer::{latest_version, Checkpointer, SaveTimes, DEFAULT_SAVE_TIMEOUT, LATEST_FILE};
 pub use index::{CheckpointIndex, MeshInfo, ShardEntry, TensorEntry, FORMAT, INDEX_FILE, VERSION};
 pub use safe_file::MAX_INDEX_BYTES;
+pub use train_state::{
+    load_train_state, model_tensor_name, optim_tensor_name, read_meta, Restore, Restored, SavedOptimizer,
+    SavedParamState, TrainState, TrainStateMeta, STATE_FILE, STATE_FORMAT, STATE_VERSION,
+};
 
 use crate::dtensor::DTensor;
 use crate::element::Scalar;
@@ -69,6 +82,7 @@ use index::safetensors_dtype;
 use ndarray::{ArrayD, IxDyn};
 use safe_file::SafeDir;
 use shard_file::{pt_metadata, read_intersection, write_file, RawTensor, SavedBlock, ShardFile};
+use snapshot::Snapshot;
 use std::collections::HashMap;
 use std::path::Path;
 
@@ -110,31 +124,6 @@ fn replicate_partials<T: Scalar>(t: &DTensor<T>) -> Result<DTensor<T>> {
     t.redistribute(&without_partials(t.placements()))
 }
 
-/// The bytes a shard is saved as (a device shard goes through a host copy).
-fn raw_shard<T: Scalar>(local: &Storage<T>) -> Result<RawTensor> {
-    Ok(match local.as_cpu() {
-        Some(a) => RawTensor::of(a),
-        None => RawTensor::of(&local.to_host()?),
-    })
-}
-
-/// The blocks of a tensor with `placements` as saved: one per distinct non-empty block, owned
-/// by the replica at coordinate 0 of every non-sharding mesh dim.
-fn owned_blocks(shape: &[usize], mesh: &DeviceMesh, placements: &[Placement]) -> Result<Vec<ShardEntry>> {
-    let mut out = Vec::new();
-    for &rank in mesh.ranks() {
-        let c = mesh.coordinate_of(rank)?;
-        if placements.iter().zip(&c).any(|(p, &ci)| !p.is_shard() && ci != 0) {
-            continue;
-        }
-        let (sz, off) = local_shape_and_offset(shape, mesh.shape(), &c, placements);
-        if sz.iter().all(|&s| s > 0) {
-            out.push(ShardEntry { file: shard_file_name(rank), rank, offset: off, shape: sz });
-        }
-    }
-    Ok(out)
-}
-
 /// Saves a state dict as a sharded checkpoint in `dir` (created if needed).
 ///
 /// Collective: every rank of the mesh calls it with the same names in the same order. Each
@@ -156,41 +145,14 @@ pub fn save<T: Scalar>(dir: impl AsRef<Path>, state: &[(String, DTensor<T>)]) ->
             Err(e) => return Err(dir_err(e)),
         }
     }
-    let me = mesh.rank();
-    let mut entries = Vec::with_capacity(state.len());
-    let mut mine: Vec<(String, RawTensor)> = Vec::new();
-    let mut meta = HashMap::from([("format".to_string(), FORMAT.to_string()), ("rank".to_string(), me.to_string())]);
+    let mut snap = Snapshot::new(mesh);
     for ((name, _), t) in state.iter().zip(&reduced) {
-        let blocks = owned_blocks(t.shape(), mesh, t.placements())?;
-        if blocks.iter().any(|b| b.rank == me) {
-            mine.push((name.clone(), raw_shard(t.local())?));
-            meta.insert(format!("{name}.offset"), format!("{:?}", t.local_offset()));
-            meta.insert(format!("{name}.global_shape"), format!("{:?}", t.shape()));
-        }
-        entries.push(TensorEntry {
-            name: name.clone(),
-            dtype: T::DTYPE.safetensors_name().to_string(),
-            shape: t.shape().to_vec(),
-            placements: t.placements().iter().map(|p| p.to_string()).collect(),
-            shards: blocks,
-        });
+        snap.add(name, t.local(), mesh, t.placements(), t.shape())?;
     }
-    if !mine.is_empty() {
-        write_file(&dir.join(shard_file_name(me)), &mine, meta)?;
-    }
+    snap.write_mine(dir, false)?;
     mesh.barrier(Along::All)?;
     if leader {
-        let index = CheckpointIndex {
-            format: FORMAT.into(),
-            version: VERSION,
-            mesh: MeshInfo {
-                shape: mesh.shape().to_vec(),
-                dim_names: mesh.dim_names().to_vec(),
-                ranks: mesh.ranks().to_vec(),
-            },
-            tensors: entries,
-        };
-        index.write(dir)?;
+        snap.index().write(dir)?;
     }
     mesh.barrier(Along::All)
 }

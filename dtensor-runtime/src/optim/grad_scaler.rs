@@ -11,6 +11,23 @@ use crate::placement::ReduceOp;
 /// The smallest scale [`GradScaler::update`] backs off to: `1 / MIN_SCALE` is finite in f32.
 const MIN_SCALE: f64 = f32::MIN_POSITIVE as f64;
 
+/// A [`GradScaler`]'s state: its configuration, current scale and growth count.
+#[derive(Debug, Clone, PartialEq, serde::Serialize, serde::Deserialize)]
+pub struct GradScalerState {
+    /// The current scale.
+    pub scale: f64,
+    /// Factor of growth after `growth_interval` good steps.
+    pub growth_factor: f64,
+    /// Factor of backoff after an inf/NaN gradient.
+    pub backoff_factor: f64,
+    /// Good steps in a row before the scale grows.
+    pub growth_interval: usize,
+    /// Good steps in a row so far.
+    pub good_steps: usize,
+    /// Whether the last step found an inf/NaN (`None` when `update` ran since).
+    pub found_inf: Option<bool>,
+}
+
 /// Multiplies the loss by a scale so that small f16 gradients do not underflow, divides the
 /// gradients by it again inside the optimizer step (in f32 with master weights), skips a step
 /// whose gradients hold an inf or NaN and then halves the scale, and doubles the scale after
@@ -114,6 +131,34 @@ impl GradScaler {
         if self.growth_interval == 0 {
             return Err(bad("growth_interval", "0".into(), ">= 1"));
         }
+        Ok(())
+    }
+
+    /// The scaler's state (PyTorch's `GradScaler.state_dict()`), for a training checkpoint.
+    pub fn state(&self) -> GradScalerState {
+        GradScalerState {
+            scale: self.scale,
+            growth_factor: self.growth_factor,
+            backoff_factor: self.backoff_factor,
+            growth_interval: self.growth_interval,
+            good_steps: self.good_steps,
+            found_inf: self.found_inf,
+        }
+    }
+
+    /// Restores a state from [`state`](Self::state); a state this scaler would refuse (see
+    /// [`validate`](Self::validate)) is an error and changes nothing.
+    pub fn load_state(&mut self, s: &GradScalerState) -> Result<()> {
+        let next = GradScaler {
+            scale: s.scale,
+            growth_factor: s.growth_factor,
+            backoff_factor: s.backoff_factor,
+            growth_interval: s.growth_interval,
+            good_steps: s.good_steps,
+            found_inf: s.found_inf,
+        };
+        next.validate()?;
+        *self = next;
         Ok(())
     }
 

@@ -28,8 +28,10 @@
 //! gradient underflow and skips the steps whose gradients overflowed.
 
 mod grad_scaler;
+mod state;
 
-pub use grad_scaler::GradScaler;
+pub use grad_scaler::{GradScaler, GradScalerState};
+pub use state::{OptimizerConfig, OptimizerState, OptimizerStateDict, ParamState, StateTensor};
 
 use crate::dtensor::DTensor;
 use crate::element::Element;

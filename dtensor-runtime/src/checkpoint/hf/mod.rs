@@ -59,7 +59,7 @@ mod save;
 
 pub use index::{HfIndex, INDEX_FILE, SINGLE_FILE};
 pub use plan::LoadPlan;
-pub use save::{save, save_sharded, shard_file_name};
+pub use save::{export_train_state, save, save_sharded, shard_file_name};
 
 use super::convert::loadable_size;
 use super::safe_file::SafeDir;
