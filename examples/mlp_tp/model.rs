@@ -5,7 +5,8 @@
 //!
 //! Generic over the element type: `Trainer::new` trains in f32; `Trainer::with_precision`
 //! trains a bf16/f16 student (optionally with f32 master weights, f32 gradient reduction and
-//! a loss scaler) against the same f32 teacher and data, rounded to the student's type.
+//! a loss scaler) against the same f32 teacher and data, rounded to the student's type (the
+//! teacher's type is a second parameter, f32 by default).
 //!
 //! The layouts are checked at compile time: `block_forward` only compiles because every op in
 //! it is legal for the declared placements (see `examples/compile_time.rs` for one that is not).
@@ -111,9 +112,10 @@ pub struct Precision {
 
 /// Student, teacher and optimizer on one rank of a mesh with dims `dp` and `tp`. The teacher
 /// and the data are f32 whatever the student's type `T`.
-pub struct Trainer<T: Element> {
+pub struct Trainer<T: Element, U: Element = f32> {
     pub student: Mlp<T>,
-    teacher: Mlp<f32>,
+    /// In `U` (f32 unless chosen): the data's precision.
+    teacher: Mlp<U>,
     opt: Sgd<T>,
     scaler: Option<GradScaler>,
     precision: Precision,
@@ -129,10 +131,11 @@ impl Trainer<f32> {
     }
 }
 
-impl<T: Element> Trainer<T> {
-    /// Builds an f32 teacher and a student in `T` from the same seeds as [`Trainer::new`]
+impl<T: Element, U: Element> Trainer<T, U> {
+    /// Builds a teacher in `U` (f32 by default; f64 makes the data exact to f64 rounding on
+    /// every mesh) and a student in `T` from the same seeds as [`Trainer::new`]
     /// (its f32 initial weights rounded to `T`), trained as `precision` says.
-    pub fn with_precision(mesh: &DeviceMesh, cfg: MlpConfig, precision: Precision) -> Result<Trainer<T>> {
+    pub fn with_precision(mesh: &DeviceMesh, cfg: MlpConfig, precision: Precision) -> Result<Trainer<T, U>> {
         manual_seed(cfg.seed.wrapping_add(TEACHER_SEED));
         let teacher = Mlp::new(&cfg, mesh)?;
         manual_seed(cfg.seed);
@@ -147,7 +150,7 @@ impl<T: Element> Trainer<T> {
     /// for it, both rounded to `T`. `randn` is placement-invariant: the same global batch
     /// whatever the mesh.
     pub fn batch(&self) -> Result<(DTensor<T>, DTensor<T>)> {
-        let x = randn::<f32>(&[self.cfg.batch, self.cfg.dim], &self.data)?;
+        let x = randn::<f32>(&[self.cfg.batch, self.cfg.dim], &self.data)?.cast::<U>()?;
         let y = no_grad(|| self.teacher.forward(&x))?;
         Ok((x.cast()?, y.cast()?))
     }
