@@ -391,12 +391,14 @@ fn kill_child() {
         let mut m = big(&mesh)?;
         let mut opt = AdamW::new(0.01);
         let mut ck = Checkpointer::new(&dir).keep_last(2);
+        let start = std::time::Instant::now();
         for s in 1u64.. {
             adam_step(&mut m, &mut opt)?;
             ck.save_async(TrainState::new(&m, s).optimizer(&opt))?;
             if s == 2 && mesh.rank() == 0 {
                 ck.wait()?; // one committed version exists before the parent starts killing
-                println!("READY");
+                            // How long a save takes here, so the parent's kills span several saves.
+                println!("READY {}", start.elapsed().as_micros() / 2);
             }
         }
         Ok(())
@@ -415,7 +417,8 @@ fn big(mesh: &DeviceMesh) -> Result<Three<f64>> {
     })
 }
 
-/// 20 times: a child process saving in a loop is killed (SIGKILL) at a random moment; the
+/// 20 times: a child process saving in a loop is killed (SIGKILL) at a random moment (within
+/// about six of its saves, as timed by the child); the
 /// checkpoint root must always hold a committed state, loadable, equal to the state the
 /// child had at that step (replayed here).
 #[test]
@@ -438,10 +441,13 @@ fn a_killed_save_leaves_a_loadable_checkpoint() {
             line.clear();
             assert!(out.read_line(&mut line).unwrap() > 0, "run {run_no}: the child ended before it was ready");
         }
+        // The harness may print `test kill_child ... ` before it on the same line.
+        let save_us: u64 = line.split("READY").nth(1).and_then(|v| v.trim().parse().ok()).unwrap_or(0);
         seed ^= seed << 13;
         seed ^= seed >> 7;
         seed ^= seed << 17;
-        std::thread::sleep(std::time::Duration::from_micros(seed % 300_000));
+        // Anywhere in the next ~6 saves (at least 300 ms), however slow the machine.
+        std::thread::sleep(std::time::Duration::from_micros(seed % (6 * save_us).max(300_000)));
         child.kill().unwrap();
         child.wait().unwrap();
         let step = check_killed_root(dir.path());
