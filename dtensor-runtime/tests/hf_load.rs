@@ -246,6 +246,8 @@ fn load_into_a_module() {
     let dir = tempfile::tempdir().unwrap();
     let (w, b) = (global(&[6, 4], 1), global(&[6], 2));
     write_st(&dir.path().join(SINGLE_FILE), &[("up.weight", Dtype::BF16, &w), ("up.bias", Dtype::F32, &b)]);
+    let split_dir = tempfile::tempdir().unwrap();
+    write_st(&split_dir.path().join(SINGLE_FILE), &[("a.weight", Dtype::F32, &w), ("b.bias", Dtype::F32, &b)]);
     run(2, |ctx| {
         let mesh = ctx.init_device_mesh(&[2], &["tp"])?;
         let mut ck = HfCheckpoint::open(dir.path())?;
@@ -271,7 +273,24 @@ fn load_into_a_module() {
         expect_checkpoint(
             ck.load_into(&mut lin, "down.", &mesh, &LoadPlan::new()),
             SINGLE_FILE,
-            &["no tensor `down.weight`"],
+            &[
+                "no tensor for 2 of the module's 2 parameters with prefix `down.`",
+                "\"down.weight\"",
+                "with prefix `up.` every parameter has a tensor",
+            ],
+        );
+        // No prefix at all: the hint names the one that matches every parameter.
+        expect_checkpoint(
+            ck.load_into(&mut lin, "", &mesh, &LoadPlan::new()),
+            SINGLE_FILE,
+            &["with prefix `up.` every parameter has a tensor"],
+        );
+        // No prefix covers every parameter: no hint, rather than a wrong one.
+        let mut split = HfCheckpoint::open(split_dir.path())?;
+        let err = split.load_into(&mut lin, "", &mesh, &LoadPlan::new()).unwrap_err().to_string();
+        assert!(
+            err.contains("no tensor for 2 of the module's 2 parameters") && !err.contains("every parameter"),
+            "{err}"
         );
         assert_eq!(no_bias.named_parameters().len(), 1);
         Ok(())
@@ -303,6 +322,8 @@ fn load_into_keeps_the_declared_layouts() {
     let dir = tempfile::tempdir().unwrap();
     let (w, b) = (global(&[6, 4], 1), global(&[6], 2));
     write_st(&dir.path().join(SINGLE_FILE), &[("up.weight", Dtype::BF16, &w), ("up.bias", Dtype::F32, &b)]);
+    let split_dir = tempfile::tempdir().unwrap();
+    write_st(&split_dir.path().join(SINGLE_FILE), &[("a.weight", Dtype::F32, &w), ("b.bias", Dtype::F32, &b)]);
     run(2, |ctx| {
         let mesh = ctx.init_device_mesh(&[2], &["tp"])?;
         let mut ck = HfCheckpoint::open(dir.path())?;

@@ -292,12 +292,31 @@ impl HfCheckpoint {
         let mut params = module.named_parameters_mut();
         let names: Vec<String> = params.iter().map(|(n, _)| format!("{prefix}{n}")).collect();
         let wanted: HashSet<&str> = names.iter().map(String::as_str).collect();
+        let paths: Vec<&str> = params.iter().map(|(n, _)| n.as_str()).collect();
+        let missing: Vec<&str> =
+            names.iter().map(String::as_str).filter(|n| !self.weight_map.contains_key(*n)).collect();
+        if !missing.is_empty() {
+            return Err(Error::Checkpoint {
+                path: self.listing.display().to_string(),
+                reason: format!(
+                    "no tensor for {} of the module's {} parameters with prefix `{prefix}`: {:?}{}",
+                    missing.len(),
+                    names.len(),
+                    &missing[..missing.len().min(8)],
+                    prefix_hint(&self.names(), &paths, prefix)
+                ),
+            });
+        }
         let unexpected: Vec<&str> =
             self.names().into_iter().filter(|n| n.starts_with(prefix) && !wanted.contains(n)).collect();
         if !unexpected.is_empty() {
             return Err(Error::Checkpoint {
                 path: self.listing.display().to_string(),
-                reason: format!("tensors {unexpected:?} match no parameter of the module"),
+                reason: format!(
+                    "tensors {:?} match no parameter of the module{}",
+                    &unexpected[..unexpected.len().min(8)],
+                    if unexpected.len() > 8 { format!(" ({} in all)", unexpected.len()) } else { String::new() }
+                ),
             });
         }
         for ((path, p), name) in params.iter().zip(&names) {
@@ -327,4 +346,23 @@ impl HfCheckpoint {
         }
         Ok(())
     }
+}
+
+/// A hint naming the prefix under which the checkpoint holds *every* parameter path, when
+/// `prefix` is not it (a wrong prefix otherwise only lists names): the candidates are the
+/// leading parts of the checkpoint names that end with the first path, at a dot.
+fn prefix_hint(checkpoint: &[&str], paths: &[&str], prefix: &str) -> String {
+    let Some(first) = paths.first() else { return String::new() };
+    let have: HashSet<&str> = checkpoint.iter().copied().collect();
+    let mut seen = HashSet::new();
+    for name in checkpoint {
+        let Some(lead) = name.strip_suffix(first) else { continue };
+        if !(lead.is_empty() || lead.ends_with('.')) || lead == prefix || !seen.insert(lead) {
+            continue;
+        }
+        if paths.iter().all(|p| have.contains(format!("{lead}{p}").as_str())) {
+            return format!("; with prefix `{lead}` every parameter has a tensor");
+        }
+    }
+    String::new()
 }
