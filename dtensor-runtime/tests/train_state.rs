@@ -392,13 +392,18 @@ fn kill_child() {
         let mut opt = AdamW::new(0.01);
         let mut ck = Checkpointer::new(&dir).keep_last(2);
         let start = std::time::Instant::now();
-        for s in 1u64.. {
+        // A fixed number of saves (the same on both ranks), so a child whose parent failed
+        // ends on its own.
+        for s in 1..=400u64 {
             adam_step(&mut m, &mut opt)?;
             ck.save_async(TrainState::new(&m, s).optimizer(&opt))?;
-            if s == 2 && mesh.rank() == 0 {
-                ck.wait()?; // one committed version exists before the parent starts killing
-                            // How long a save takes here, so the parent's kills span several saves.
-                println!("READY {}", start.elapsed().as_micros() / 2);
+            if s == 2 {
+                // One committed version exists before the parent starts killing; the time of a
+                // save here lets the parent's kills span several saves.
+                ck.wait()?;
+                if mesh.rank() == 0 {
+                    println!("READY {}", start.elapsed().as_micros() / 2);
+                }
             }
         }
         Ok(())
@@ -428,14 +433,16 @@ fn a_killed_save_leaves_a_loadable_checkpoint() {
     let mut steps_seen = Vec::new();
     for run_no in 0..20 {
         let dir = tempfile::tempdir().unwrap();
-        let mut child = std::process::Command::new(&exe)
-            .args(["--ignored", "--exact", "kill_child", "--nocapture", "--test-threads", "1"])
-            .env(CHILD_ENV, dir.path())
-            .stdout(std::process::Stdio::piped())
-            .stderr(std::process::Stdio::null())
-            .spawn()
-            .unwrap();
-        let mut out = std::io::BufReader::new(child.stdout.take().unwrap());
+        let mut child = KillOnDrop(
+            std::process::Command::new(&exe)
+                .args(["--ignored", "--exact", "kill_child", "--nocapture", "--test-threads", "1"])
+                .env(CHILD_ENV, dir.path())
+                .stdout(std::process::Stdio::piped())
+                .stderr(std::process::Stdio::null())
+                .spawn()
+                .unwrap(),
+        );
+        let mut out = std::io::BufReader::new(child.0.stdout.take().unwrap());
         let mut line = String::new();
         while !line.contains("READY") {
             line.clear();
@@ -448,13 +455,23 @@ fn a_killed_save_leaves_a_loadable_checkpoint() {
         seed ^= seed << 17;
         // Anywhere in the next ~6 saves (at least 300 ms), however slow the machine.
         std::thread::sleep(std::time::Duration::from_micros(seed % (6 * save_us).max(300_000)));
-        child.kill().unwrap();
-        child.wait().unwrap();
+        child.0.kill().unwrap();
+        child.0.wait().unwrap();
         let step = check_killed_root(dir.path());
         steps_seen.push(step);
     }
     println!("committed step found after each of the 20 kills: {steps_seen:?}");
     assert!(steps_seen.iter().any(|&s| s > 2), "no kill landed after a later commit: the test kills too early");
+}
+
+/// A child process killed when dropped, so a failing parent leaves no saving child behind.
+struct KillOnDrop(std::process::Child);
+
+impl Drop for KillOnDrop {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
 }
 
 /// Loads the root a killed child left on 2 ranks and compares with a replay of that many steps.

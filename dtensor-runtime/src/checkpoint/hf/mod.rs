@@ -54,10 +54,12 @@
 //! ```
 
 mod index;
+mod llama;
 mod plan;
 mod save;
 
 pub use index::{HfIndex, INDEX_FILE, SINGLE_FILE};
+pub use llama::{KvHeads, LlamaConfig, CONFIG_FILE};
 pub use plan::LoadPlan;
 pub use save::{export_train_state, save, save_sharded, shard_file_name};
 
