@@ -106,6 +106,13 @@ fn batch(cfg: &gpt::GptConfig, mesh: &DeviceMesh) -> Result<(Tokens, Tokens)> {
 
 type Tokens = Dt<i64, (dp, tp), (Shard<0>, Replicate), 2>;
 
+/// The user value saved with the state: where the data stand.
+#[derive(Debug, PartialEq, serde::Serialize, serde::Deserialize)]
+struct Progress {
+    epoch: u64,
+    sequences_seen: u64,
+}
+
 fn gpt_segment(s: &Segment<'_>) -> Outcome {
     let cfg = gpt_cfg();
     rank0(s.mesh, |mesh| {
@@ -116,7 +123,8 @@ fn gpt_segment(s: &Segment<'_>) -> Outcome {
         if let Some(dir) = s.from {
             let r = Checkpointer::new(dir).load(Restore::new(&mut model).optimizer(&mut opt))?.unwrap();
             assert_eq!(r.step, s.done);
-            assert_eq!(r.extra, Some(dtensor::serde_json::json!({ "epoch": 0, "sequences_seen": s.done * 4 })));
+            let extra: Option<Progress> = r.extra_as()?;
+            assert_eq!(extra, Some(Progress { epoch: 0, sequences_seen: s.done * 4 }));
         }
         let mut losses = Vec::new();
         for _ in 0..s.steps {
@@ -129,8 +137,8 @@ fn gpt_segment(s: &Segment<'_>) -> Outcome {
         }
         if let Some(dir) = s.to {
             let step = s.done + s.steps as u64;
-            let extra = dtensor::serde_json::json!({ "epoch": 0, "sequences_seen": step * 4 });
-            Checkpointer::new(dir).save(TrainState::new(&model, step).optimizer(&opt).extra(extra))?;
+            let extra = Progress { epoch: 0, sequences_seen: step * 4 };
+            Checkpointer::new(dir).save(TrainState::new(&model, step).optimizer(&opt).extra(&extra)?)?;
         }
         Ok(Outcome { losses, weights: full(model.named_parameters())? })
     })

@@ -38,8 +38,6 @@ pub mod typed;
 pub mod visualize;
 
 pub use ndarray;
-/// JSON values (a training checkpoint's user value: [`checkpoint::TrainState::extra`]).
-pub use serde_json;
 
 pub use autograd::{from_local_grad, local_mesh, no_grad, BackwardOptions};
 pub use comm::debug::{op_scope, CollectiveKind, CollectiveRecord, CommDebugGuard, CommDebugMode, CommStats};

@@ -11,7 +11,7 @@
 use super::model::{Gpt, GptConfig};
 use dtensor::checkpoint::hf;
 use dtensor::prelude::*;
-use dtensor::{distribute_tensor, serde_json};
+use dtensor::distribute_tensor;
 use ndarray::{concatenate, ArrayD, Axis};
 use std::path::Path;
 

@@ -130,12 +130,17 @@ impl<'a, T: Element> TrainState<'a, T> {
         self.scaler = Some(scaler);
         self
     }
-    /// Saves a user value (any JSON: epoch, position in the data, ...). The first rank's value
-    /// is saved and every rank gets it back: give every rank the same value (a per-rank data
-    /// position belongs in a value keyed by rank).
-    pub fn extra(mut self, value: serde_json::Value) -> Self {
-        self.extra = Some(value);
-        self
+    /// Saves a user value (anything `serde` serializes: epoch, position in the data, ...),
+    /// read back with [`Restored::extra_as`]. The first rank's value is saved and every rank
+    /// gets it back: give every rank the same value (a per-rank data position belongs in a
+    /// value keyed by rank). A value that cannot be serialized is an error.
+    pub fn extra(mut self, value: &impl Serialize) -> Result<Self> {
+        let v = serde_json::to_value(value).map_err(|e| Error::InvalidArgument {
+            context: "checkpoint: TrainState::extra".into(),
+            reason: format!("the value cannot be saved as JSON: {e}"),
+        })?;
+        self.extra = Some(v);
+        Ok(self)
     }
     /// Leaves the random generator's position out.
     pub fn without_rng(mut self) -> Self {
@@ -272,6 +277,18 @@ pub struct Restored {
     pub extra: Option<serde_json::Value>,
     /// Tensor bytes this rank read.
     pub payload_bytes_read: u64,
+}
+
+impl Restored {
+    /// The user value saved with [`TrainState::extra`], as `D` (`None` when none was saved);
+    /// a value that is not a `D` is an error.
+    pub fn extra_as<D: serde::de::DeserializeOwned>(&self) -> Result<Option<D>> {
+        let Some(v) = &self.extra else { return Ok(None) };
+        D::deserialize(v).map(Some).map_err(|e| Error::Checkpoint {
+            path: self.path.join(STATE_FILE).display().to_string(),
+            reason: format!("the saved user value is not of the type asked for: {e}"),
+        })
+    }
 }
 
 /// Reads and checks `dir/train_state.json`.
