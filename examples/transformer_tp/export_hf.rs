@@ -10,8 +10,8 @@
 
 use super::model::{Gpt, GptConfig};
 use dtensor::checkpoint::hf;
-use dtensor::prelude::*;
 use dtensor::distribute_tensor;
+use dtensor::prelude::*;
 use ndarray::{concatenate, ArrayD, Axis};
 use std::path::Path;
 
