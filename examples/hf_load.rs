@@ -4,9 +4,8 @@
 //! two RMS norms, final norm, lm_head) as sharded `model-0000N-of-0000M.safetensors` files
 //! with `model.safetensors.index.json`, in a temporary directory; loads it on one rank and on
 //! a `dp × tp` = 2×2 mesh with a tensor-parallel plan (PyTorch's Llama plan: q/k/v, gate/up,
-//! lm_head Colwise; o, down Rowwise; embedding Rowwise); runs a causal-attention forward (no
-//! rotary embedding: the runtime has no sin/cos op) on both and prints PASS when the logits
-//! match. Prints, per rank, the bytes read and the peak heap growth while loading.
+//! lm_head Colwise; o, down Rowwise; embedding Rowwise); runs a Llama forward (rotary
+//! embeddings, causal attention, SwiGLU) on both and prints PASS when the logits match. Prints, per rank, the bytes read and the peak heap growth while loading.
 //!
 //! `--fsdp` shards the 2-D weights over `dp` as well (each rank then reads about a quarter).
 use clap::Parser;
@@ -120,10 +119,10 @@ fn silu(x: &DTensor<f32>) -> Result<DTensor<f32>> {
 
 /// `x Wᵀ` for an HF Linear weight `[out, in]`.
 fn linear(x: &DTensor<f32>, w: &DTensor<f32>) -> Result<DTensor<f32>> {
-    x.matmul(&w.transpose(0, 1)?)
+    x.linear(w, None)
 }
 
-/// Llama forward (no rotary embedding) on the loaded weights; returns the logits.
+/// Llama forward on the loaded weights; returns the logits.
 fn forward(a: &Args, w: &HashMap<String, DTensor<f32>>, mesh: &DeviceMesh) -> Result<DTensor<f32>> {
     let (b, s, h, nh) = (a.batch, a.seq, a.hidden, a.heads);
     let hd = h / nh;
@@ -132,12 +131,13 @@ fn forward(a: &Args, w: &HashMap<String, DTensor<f32>>, mesh: &DeviceMesh) -> Re
     let mask = ndarray::ArrayD::from_shape_fn(vec![s, s], |ix| if ix[1] > ix[0] { -1e9f32 } else { 0.0 });
     let mask = distribute_tensor(&mask, mesh, &vec![Replicate; mesh.ndim()], None)?;
     let heads = |t: DTensor<f32>| t.reshape(&[b as isize, s as isize, nh as isize, hd as isize])?.transpose(1, 2);
+    let (cos, sin) = dtensor::rotary_tables::<f32>(s, hd, 10000.0, &TensorOptions::new().mesh(mesh))?;
     let mut x = w["model.embed_tokens.weight"].embedding(&ids)?;
     for l in 0..a.layers {
         let p = |n: &str| &w[&format!("model.layers.{l}.{n}.weight")];
         let hn = rms_norm(&x, p("input_layernorm"))?;
-        let q = heads(linear(&hn, p("self_attn.q_proj"))?)?;
-        let k = heads(linear(&hn, p("self_attn.k_proj"))?)?;
+        let q = heads(linear(&hn, p("self_attn.q_proj"))?)?.apply_rotary(&cos, &sin)?;
+        let k = heads(linear(&hn, p("self_attn.k_proj"))?)?.apply_rotary(&cos, &sin)?;
         let v = heads(linear(&hn, p("self_attn.v_proj"))?)?;
         let scores = q.matmul(&k.transpose(2, 3)?)?.div_scalar((hd as f32).sqrt())?.add(&mask)?;
         let ctx = scores.softmax(-1)?.matmul(&v)?.transpose(1, 2)?.reshape(&[b as isize, s as isize, h as isize])?;

@@ -56,7 +56,7 @@ pub use mesh::DeviceMesh;
 pub use module::{distribute_module, parallelize_module, Forward, Module};
 pub use ops::{
     apply_op, cat, implicit_redistribution_count, implicit_redistributions, local_map, rotary_tables,
-    scaled_dot_product_attention, stack, CustomOp, DimRule, LocalMap,
+    scaled_dot_product_attention, stack, CrossEntropyOptions, CustomOp, DimRule, LocalMap, LossReduction, RotaryStyle,
 };
 pub use placement::{Partial, Placement, ReduceOp, Replicate, Shard};
 pub use redistribute::{

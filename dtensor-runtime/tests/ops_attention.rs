@@ -6,7 +6,7 @@ mod ops_util;
 
 use dtensor_runtime::{
     distribute_tensor, rotary_tables, run, scaled_dot_product_attention as sdpa, CommDebugMode, Partial, Placement,
-    ReduceOp, Replicate as R, Shard as S, TensorOptions,
+    ReduceOp, Replicate as R, RotaryStyle, Shard as S, TensorOptions,
 };
 use ops_util::{case, check_op, inp, Case};
 
@@ -65,6 +65,56 @@ fn rotary() {
         let (cos, sin) = rotary_tables::<f64>(s[2], s[3], 10000.0, &opts)?;
         x[0].apply_rotary(&cos, &sin)
     });
+}
+
+/// Both rotary forms keep every layout that leaves the feature dim whole, a Partial input
+/// included (the map is linear), with no collective; a feature-sharded input is gathered.
+#[test]
+fn rotary_styles_keep_layouts() {
+    let p = Partial(ReduceOp::Sum);
+    let cs = vec![
+        case(&[2, 2], vec![inp(&[2, 3, 5, 4], &[S(0), S(1)])], Some(&[S(0), S(1)])),
+        // sequence sharded, uneven (7 over 3)
+        case(&[3], vec![inp(&[1, 2, 7, 6], &[S(2)])], Some(&[S(2)])),
+        // an empty shard (2 heads over 4 ranks on one dim)
+        case(&[2, 2], vec![inp(&[1, 2, 3, 4], &[S(1), S(1)])], Some(&[S(1), S(1)])),
+        case(&[2, 2], vec![inp(&[2, 5, 4], &[p, S(0)])], Some(&[p, S(0)])),
+        case(&[2], vec![inp(&[3, 8], &[S(1)])], None),
+    ];
+    for style in [RotaryStyle::Half, RotaryStyle::Interleaved] {
+        check_op(&format!("apply_rotary({style:?})"), &cs, true, &move |x| {
+            let s = x[0].shape();
+            let n = s.len();
+            let opts = TensorOptions::new().mesh(x[0].device_mesh());
+            let (cos, sin) = style.tables::<f64>(s[n - 2], s[n - 1], 500.0, &opts)?;
+            x[0].apply_rotary_with(&cos, &sin, style)
+        });
+    }
+}
+
+/// The interleaved form is the complex product `(x₂ᵢ + i·x₂ᵢ₊₁)·e^{i·pos·θⱼ}` of Meta's Llama
+/// code, computed here on the host.
+#[test]
+fn interleaved_rotary_is_the_complex_product() {
+    let (seq, dim, base) = (5, 6, 10000.0f64);
+    let x = ops_util::values(&[2, seq, dim], ops_util::Kind::Real, 3);
+    let got = run(1, |ctx| {
+        let mesh = ctx.init_device_mesh(&[1], &["tp"])?;
+        let (cos, sin) = RotaryStyle::Interleaved.tables::<f64>(seq, dim, base, &TensorOptions::new().mesh(&mesh))?;
+        distribute_tensor(&x, &mesh, &[R], None)?.apply_rotary_with(&cos, &sin, RotaryStyle::Interleaved)?.full_tensor()
+    })
+    .unwrap()
+    .remove(0);
+    for h in 0..2 {
+        for pos in 0..seq {
+            for j in 0..dim / 2 {
+                let theta = pos as f64 * base.powf(-2.0 * j as f64 / dim as f64);
+                let (a, b) = (x[[h, pos, 2 * j]], x[[h, pos, 2 * j + 1]]);
+                let (re, im) = (a * theta.cos() - b * theta.sin(), a * theta.sin() + b * theta.cos());
+                assert!((got[[h, pos, 2 * j]] - re).abs() < 1e-12 && (got[[h, pos, 2 * j + 1]] - im).abs() < 1e-12);
+            }
+        }
+    }
 }
 
 /// On a strategy's layout the op is local: no collective in the forward.

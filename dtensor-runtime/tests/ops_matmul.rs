@@ -127,3 +127,32 @@ fn shape_errors_are_typed() {
     .unwrap();
     assert!(matches!(r[0], Some(dtensor_runtime::Error::ShapeMismatch { .. })), "{:?}", r[0]);
 }
+
+/// `linear` (x·Wᵀ + b, weights `[out, in]`): column-parallel, row-parallel, batch-sharded and
+/// disagreeing layouts, with and without bias, against the single-rank result.
+#[test]
+fn linear() {
+    let cases = vec![
+        // column-parallel: W S(0) -> output features sharded (uneven: 5 over 2)
+        case(
+            &[2, 2],
+            vec![inp(&[3, 4], &[S(0), R]), inp(&[5, 4], &[R, S(0)]), inp(&[5], &[R, S(0)])],
+            Some(&[S(0), S(1)]),
+        ),
+        // row-parallel: x S(last), W S(1) -> Partial(sum)
+        case(&[2, 2], vec![inp(&[2, 3, 6], &[S(0), S(2)]), inp(&[4, 6], &[R, S(1)]), inp(&[4], &[R, R])], None),
+        // batch sharded, uneven over 3 with an empty shard
+        case(&[3], vec![inp(&[2, 4], &[S(0)]), inp(&[3, 4], &[R]), inp(&[3], &[R])], Some(&[S(0)])),
+        // disagreeing: W sharded on its input features with a replicated input
+        case(&[2], vec![inp(&[3, 4], &[R]), inp(&[5, 4], &[S(1)]), inp(&[5], &[S(0)])], None),
+    ];
+    check_op("linear(bias)", &cases, true, &|x| x[0].linear(&x[1], Some(&x[2])));
+    let no_bias: Vec<_> = cases
+        .into_iter()
+        .map(|mut c| {
+            c.inputs.pop();
+            c
+        })
+        .collect();
+    check_op("linear", &no_bias, true, &|x| x[0].linear(&x[1], None));
+}

@@ -2,7 +2,7 @@
 
 mod ops_util;
 
-use dtensor_runtime::{Replicate as R, Shard as S};
+use dtensor_runtime::{CrossEntropyOptions, DTensor, LossReduction, Replicate as R, Result, Shard as S};
 use ops_util::{case, check_op, ids, inp, Case};
 
 fn cases() -> Vec<Case> {
@@ -37,6 +37,42 @@ fn cross_entropy() {
         case(&[2, 2], vec![inp(&[2, 3, 4], &[S(0), S(1)]), ids(&[2, 3], &[S(0), S(1)], 4)], None),
     ];
     check_op("cross_entropy", &cases, true, &|x| x[0].cross_entropy(&x[1]));
+}
+
+fn loss_cases() -> Vec<Case> {
+    vec![
+        // batch-sharded logits and targets (uneven: 5 over 2)
+        case(&[2, 2], vec![inp(&[5, 4], &[S(0), R]), ids(&[5], &[S(0), R], 4)], None),
+        // class-sharded logits (vocab parallel), replicated targets
+        case(&[2, 2], vec![inp(&[4, 6], &[R, S(1)]), ids(&[4], &[R, R], 6)], None),
+        // batch-sharded logits, replicated targets (uneven: 7 over 3)
+        case(&[3], vec![inp(&[7, 3], &[S(0)]), ids(&[7], &[R], 3)], None),
+        // both batch dims sharded, one with an empty shard (1 sequence over 2 ranks)
+        case(&[2, 2], vec![inp(&[1, 3, 4], &[S(0), S(1)]), ids(&[1, 3], &[S(0), S(1)], 4)], None),
+    ]
+}
+
+/// The targets with every id 0 replaced by -100 (Hugging Face's "no target"), so that each
+/// case ignores some positions.
+fn with_ignored(t: &DTensor<f64>) -> Result<DTensor<f64>> {
+    t.masked_fill(&t.eq_mask(&t.mul_scalar(0.0)?)?, -100.0)
+}
+
+#[test]
+fn cross_entropy_with_options() {
+    let ignore = CrossEntropyOptions::new().ignore_index(-100);
+    for (name, opts) in [
+        ("cross_entropy(ignore_index, mean)", ignore),
+        ("cross_entropy(ignore_index, sum)", ignore.reduction(LossReduction::Sum)),
+        ("cross_entropy(ignore_index, none)", ignore.reduction(LossReduction::None)),
+        ("cross_entropy(label_smoothing 0.1, mean)", CrossEntropyOptions::new().label_smoothing(0.1)),
+        ("cross_entropy(ignore_index, label_smoothing 0.2, mean)", ignore.label_smoothing(0.2)),
+    ] {
+        check_op(name, &loss_cases(), true, &move |x| match opts.ignore_index {
+            Some(_) => x[0].cross_entropy_with(&with_ignored(&x[1])?, &opts),
+            None => x[0].cross_entropy_with(&x[1], &opts),
+        });
+    }
 }
 
 #[test]
@@ -89,5 +125,29 @@ fn softmax_on_sharded_dim_keeps_the_layout() {
     .unwrap();
     for (want, got) in out.into_iter().flatten() {
         assert_eq!(got, want);
+    }
+}
+
+/// Partial ids, a label smoothing outside [0, 1] and an ignored id without `ignore_index` are
+/// typed errors naming the op.
+#[test]
+fn cross_entropy_option_errors() {
+    use dtensor_runtime::{distribute_tensor, ndarray::ArrayD, run, Error, Partial, ReduceOp};
+    let out = run(2, |ctx| {
+        let mesh = ctx.init_device_mesh(&[2], &["dp"])?;
+        let x = distribute_tensor(&ArrayD::<f64>::zeros(vec![4, 3]), &mesh, &[R], None)?;
+        let ids = ArrayD::from_shape_vec(vec![4], vec![0i64, -100, 2, 1]).unwrap();
+        let t = distribute_tensor(&ids, &mesh, &[R], None)?;
+        let partial = t.redistribute(&[Partial(ReduceOp::Sum)])?;
+        let e1 = x.cross_entropy_with(&partial, &CrossEntropyOptions::new().ignore_index(-100)).unwrap_err().to_string();
+        let e2 = x.cross_entropy_with(&t, &CrossEntropyOptions::new().label_smoothing(1.5)).unwrap_err();
+        let e3 = x.cross_entropy(&t).unwrap_err();
+        Ok((e1, matches!(e2, Error::InvalidArgument { .. }), e2.to_string(), e3.to_string()))
+    })
+    .unwrap();
+    for (e1, typed, e2, e3) in out {
+        assert!(e1.contains("cross_entropy") && e1.contains("Partial"), "{e1}");
+        assert!(typed && e2.contains("label_smoothing 1.5"), "{e2}");
+        assert!(e3.contains("-100"), "{e3}");
     }
 }

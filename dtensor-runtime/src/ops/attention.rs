@@ -9,15 +9,15 @@
 //! `softmax(q kᵀ · scale + mask) v` from the dynamic ops (the causal mask is built for the
 //! local query rows only), so no collective is issued and autograd differentiates it.
 //!
-//! [`rotary_tables`] and [`DTensor::apply_rotary`] build rotary position embeddings (the
-//! "rotate half" form of GPT-NeoX and Llama) from `narrow`, `cat`, `neg`, `mul` and `add`.
+//! Rotary position embeddings, which attention's inputs take first, are in
+//! [`rotary`](super::rotary).
 
 use super::mask::scalar_like;
 use super::strategy::{select, DimRule, Select};
 use crate::dtensor::DTensor;
 use crate::element::Element;
 use crate::error::{Error, Result};
-use crate::factory::{causal_mask, from_fn, TensorOptions};
+use crate::factory::{causal_mask, TensorOptions};
 use crate::placement::Placement;
 
 const R: Placement = Placement::Replicate;
@@ -125,47 +125,4 @@ pub fn scaled_dot_product_attention<T: Element>(
         scores = scores.masked_fill(&hidden, T::neg_infinity())?;
     }
     scores.softmax(-1)?.matmul(vi)
-}
-
-/// Cosine and sine tables `[seq_len, dim]` of rotary embeddings with frequencies
-/// `base^(-2i/dim)` repeated over both halves (GPT-NeoX / Llama), replicated on `mesh`.
-pub fn rotary_tables<T: Element>(
-    seq_len: usize,
-    dim: usize,
-    base: f64,
-    opts: &TensorOptions,
-) -> Result<(DTensor<T>, DTensor<T>)> {
-    if dim == 0 || !dim.is_multiple_of(2) {
-        return Err(Error::InvalidArgument {
-            context: "rotary_tables".into(),
-            reason: format!("dim {dim} must be even"),
-        });
-    }
-    let half = dim / 2;
-    let angle = move |i: usize| {
-        let (pos, j) = (i / dim, i % dim % half);
-        pos as f64 * base.powf(-2.0 * j as f64 / dim as f64)
-    };
-    let cos = from_fn("rotary_tables", &[seq_len, dim], opts, &|i| T::of_f64(angle(i).cos()))?;
-    let sin = from_fn("rotary_tables", &[seq_len, dim], opts, &|i| T::of_f64(angle(i).sin()))?;
-    Ok((cos, sin))
-}
-
-impl<T: Element> DTensor<T> {
-    /// Rotary position embedding of `self [.., seq, dim]`: `x·cos + rotate_half(x)·sin` with
-    /// `rotate_half(x) = cat(-x₂, x₁)` over the two halves of the last dim; `cos` and `sin`
-    /// broadcast to `self` (see [`rotary_tables`]).
-    pub fn apply_rotary(&self, cos: &DTensor<T>, sin: &DTensor<T>) -> Result<DTensor<T>> {
-        let dim = *self.shape.last().unwrap_or(&0);
-        if !dim.is_multiple_of(2) {
-            return Err(Error::InvalidArgument {
-                context: "apply_rotary".into(),
-                reason: format!("the last dim ({dim}) must be even"),
-            });
-        }
-        let half = dim / 2;
-        let (x1, x2) = (self.narrow(-1, 0, half)?, self.narrow(-1, half, half)?);
-        let rotated = super::cat::cat(&[&x2.neg()?, &x1], -1)?;
-        self.mul(cos)?.add(&rotated.mul(sin)?)
-    }
 }

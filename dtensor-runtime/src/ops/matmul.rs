@@ -9,7 +9,7 @@ use super::strategy::{partial_ops, DimRule, Select};
 use crate::autograd::input_needs_grad;
 use crate::dtensor::DTensor;
 use crate::element::Element;
-use crate::error::Result;
+use crate::error::{Error, Result};
 use crate::placement::{Placement, ReduceOp};
 use crate::storage::{matmul_shape as out_shape, swapped_last, Storage};
 
@@ -44,6 +44,52 @@ fn rules(na: usize, nb: usize, ta: bool, tb: bool, pops: &[ReduceOp]) -> Vec<Dim
 }
 
 impl<T: Element> DTensor<T> {
+    /// PyTorch `F.linear`: `self · weightᵀ (+ bias)` for a weight `[out, in]` (Hugging Face
+    /// `nn.Linear`'s orientation) and an optional bias `[out]`; the weight is read through its
+    /// strides (no transposed copy). Column-parallel is the weight `Shard(0)` (and the bias
+    /// `Shard(0)`), row-parallel the input and the weight sharded on their input features (the
+    /// output Partial(sum), the bias then added once, replicated, by `add`'s rule).
+    ///
+    /// ```
+    /// use dtensor_runtime::{distribute_tensor, ndarray::ArrayD, run, Replicate, Shard};
+    /// run(2, |ctx| {
+    ///     let mesh = ctx.init_device_mesh(&[2], &["tp"])?;
+    ///     let x = ArrayD::from_shape_fn(vec![3, 4], |i| (i[0] * 4 + i[1]) as f64);
+    ///     let w = ArrayD::from_shape_fn(vec![6, 4], |i| i[0] as f64 - i[1] as f64);
+    ///     let b = ArrayD::from_shape_fn(vec![6], |i| i[0] as f64);
+    ///     let dx = distribute_tensor(&x, &mesh, &[Replicate], None)?;
+    ///     let (dw, db) = (distribute_tensor(&w, &mesh, &[Shard(0)], None)?, distribute_tensor(&b, &mesh, &[Shard(0)], None)?);
+    ///     let y = dx.linear(&dw, Some(&db))?; // column-parallel: [3, 6] sharded on features
+    ///     assert_eq!(y.placements(), &[Shard(1)]);
+    ///     assert_eq!(y.full_tensor()?, dx.matmul(&dw.transpose(0, 1)?)?.add(&db)?.full_tensor()?);
+    ///     Ok(())
+    /// })
+    /// .unwrap();
+    /// ```
+    pub fn linear(&self, weight: &DTensor<T>, bias: Option<&DTensor<T>>) -> Result<DTensor<T>> {
+        if weight.ndim() != 2 {
+            return Err(Error::ShapeMismatch {
+                context: "linear: the weight must be [out, in]".into(),
+                expected: vec![0, *self.shape.last().unwrap_or(&0)],
+                actual: weight.shape.clone(),
+            });
+        }
+        if let Some(b) = bias {
+            if b.shape != weight.shape[..1] {
+                return Err(Error::ShapeMismatch {
+                    context: "linear: the bias must be [out]".into(),
+                    expected: weight.shape[..1].to_vec(),
+                    actual: b.shape.clone(),
+                });
+            }
+        }
+        let y = self.matmul_t(weight, false, true)?;
+        match bias {
+            Some(b) => y.add(b),
+            None => Ok(y),
+        }
+    }
+
     /// `[.., m, k] @ [k, n]` or `[.., m, k] @ [.., k, n]` (same batch dims).
     ///
     /// ```

@@ -56,16 +56,19 @@ pub mod norm;
 pub mod pointwise;
 pub mod reduction;
 pub mod repeat;
+pub mod rotary;
 pub mod slice;
 pub mod softmax;
 pub mod strategy;
 pub mod view;
 
-pub use attention::{rotary_tables, scaled_dot_product_attention};
+pub use attention::scaled_dot_product_attention;
 pub use cat::{cat, stack};
 pub use custom::{apply_op, Backward, CustomOp};
 pub use local_map::{local_map, LocalMap};
+pub use loss::{CrossEntropyOptions, LossReduction};
 pub use math::GeluApproximate;
+pub use rotary::{rotary_tables, RotaryStyle};
 pub use strategy::{implicit_redistribution_count, implicit_redistributions, DimRule, ImplicitRedistribute};
 
 pub(crate) use grad_kernels::grad_kernels;

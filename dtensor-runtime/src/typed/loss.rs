@@ -9,6 +9,13 @@
 //! statistics), so only [`Dt::cross_entropy_loss_parallel`] takes them, and its name shows it.
 //! A `Partial` or a sharded target against unsharded logits does not compile.
 //!
+//! `cross_entropy_sum` (and its loss-parallel twin) takes the same layouts and an
+//! `ignore_index` (Hugging Face's `-100`): the sum of the counted targets' losses. Its mean
+//! needs the count of counted targets over the whole batch, a collective where the ids are
+//! sharded, so the typed layer makes it two visible steps: `count_ne` of the ids (per mesh dim
+//! `Replicate` → `Replicate`, `Shard<d>` → `Partial<Sum>`, never a `Partial`) and a division
+//! after the redistributes the code shows (or by a count the data loader already knows).
+//!
 //! `mse_loss` of two tensors of one layout and shape: `Replicate` → `Replicate`, `Shard<d>` →
 //! `Partial<Sum>`; a `Partial` does not compile (the square is not linear).
 
@@ -18,6 +25,7 @@ use super::same::SameLayout;
 use super::{Dt, MeshDims, TypedLayout};
 use crate::element::{Element, IndexElement};
 use crate::error::{Error, Result};
+use crate::ops::loss::{CrossEntropyOptions, LossReduction};
 
 /// Context of the cross-entropy rule: the rank of the ids (the class dim's index).
 #[doc(hidden)]
@@ -134,6 +142,31 @@ impl<N, const D: usize> MseRule<N> for Shard<D> {
     type Out = Partial<Sum>;
 }
 
+/// The rule of `count_ne` on one mesh dim: a full sum of a 0/1 mask of the ids.
+#[doc(hidden)]
+#[diagnostic::on_unimplemented(
+    message = "`count_ne` of `{Self}` ids on mesh dim `{Name}` is not a legal layout: a Partial of ids is no id",
+    label = "`{Self}` ids on mesh dim `{Name}` must be redistributed first",
+    note = "legal per mesh dim: `Replicate` → `Replicate`, `Shard<d>` → `Partial<Sum>`"
+)]
+pub trait CountRule<Name> {
+    /// Placement of the count on this mesh dim.
+    type Out: super::PlacementMarker;
+}
+
+lift_unary!(
+    /// The `count_ne` rule on every mesh dim of a layout.
+    #[doc(hidden)]
+    CountLayout,
+    CountRule
+);
+impl<N> CountRule<N> for Replicate {
+    type Out = Replicate;
+}
+impl<N, const D: usize> CountRule<N> for Shard<D> {
+    type Out = Partial<Sum>;
+}
+
 /// The loss layout of `cross_entropy` of `L` logits against `Lt` ids of rank `C`.
 pub type CrossEntropyOut<L, Lt, M, const C: usize> = <L as CrossEntropyLayout<Lt, M, Target<C>>>::Out;
 
@@ -190,6 +223,64 @@ impl<T: Element, M: MeshDims, L: TypedLayout<M>, const R: usize> Dt<T, M, L, R> 
         Dt::from_op("cross_entropy", || self.as_dtensor().cross_entropy(target.as_dtensor()))
     }
 
+    /// Sum of the cross-entropies of these logits `[.., C]` against the class ids `[..]`
+    /// whose id is not `ignore_index` (PyTorch `cross_entropy(reduction="sum",
+    /// ignore_index=..)`; an ignored id need not be a class). The layouts of
+    /// [`cross_entropy`](Dt::cross_entropy), and no collective: the mean over the counted
+    /// targets divides by [`count_ne`](Dt::count_ne) of the ids, as the module shows.
+    ///
+    /// ```
+    /// use dtensor_runtime::typed::{dims::dp, Dt, Partial, Replicate, Shard, Sum};
+    /// let out = dtensor_runtime::run(2, |ctx| {
+    ///     let mesh = ctx.init_device_mesh(&[2], &["dp"])?;
+    ///     let x: Dt<f64, (dp,), (Shard<0>,), 2> = Dt::distribute(&ndarray::ArrayD::zeros(vec![4, 8]), &mesh)?;
+    ///     let ids = ndarray::arr1(&[3, -100, 5, 1]).into_dyn();
+    ///     let t: Dt<i64, (dp,), (Shard<0>,), 1> = Dt::distribute(&ids, &mesh)?;
+    ///     let total: Dt<f64, (dp,), (Partial<Sum>,), 0> = x.cross_entropy_sum(&t, Some(-100))?;
+    ///     let n: Dt<f64, (dp,), (Partial<Sum>,), 0> = t.count_ne(-100)?;
+    ///     // The two all-reduces of the mean, shown.
+    ///     let (total, n): (Dt<f64, (dp,), (Replicate,), 0>, Dt<f64, (dp,), (Replicate,), 0>) =
+    ///         (total.redistribute()?, n.redistribute()?);
+    ///     total.div(&n)?.full_tensor()
+    /// })
+    /// .unwrap();
+    /// assert!((out[0].sum() - 8f64.ln()).abs() < 1e-12); // the mean of 3 counted targets
+    /// ```
+    #[track_caller]
+    pub fn cross_entropy_sum<I: IndexElement, Lt, Lx, const C: usize>(
+        &self,
+        target: &Dt<I, M, Lt, C>,
+        ignore_index: Option<i64>,
+    ) -> Result<Dt<T, M, CrossEntropyOut<Lx, Lt, M, C>, 0>>
+    where
+        L: SameLayout<Lx>,
+        Lx: CrossEntropyLayout<Lt, M, Target<C>>,
+        Lt: TypedLayout<M>,
+    {
+        const { assert!(C + 1 == R, "`cross_entropy_sum`: the targets have the logits' rank - 1") };
+        let opts = summed(ignore_index);
+        Dt::from_op("cross_entropy_sum", || self.as_dtensor().cross_entropy_with(target.as_dtensor(), &opts))
+    }
+
+    /// [`cross_entropy_sum`](Dt::cross_entropy_sum) that also takes logits sharded on the
+    /// class dim (loss parallelism; the collectives of
+    /// [`cross_entropy_loss_parallel`](Dt::cross_entropy_loss_parallel)).
+    #[track_caller]
+    pub fn cross_entropy_sum_loss_parallel<I: IndexElement, Lt, Lx, const C: usize>(
+        &self,
+        target: &Dt<I, M, Lt, C>,
+        ignore_index: Option<i64>,
+    ) -> Result<Dt<T, M, LossParallelOut<Lx, Lt, M, C>, 0>>
+    where
+        L: SameLayout<Lx>,
+        Lx: LossParallelLayout<Lt, M, Target<C>>,
+        Lt: TypedLayout<M>,
+    {
+        const { assert!(C + 1 == R, "`cross_entropy_sum_loss_parallel`: the targets have the logits' rank - 1") };
+        let opts = summed(ignore_index);
+        Dt::from_op("cross_entropy_sum", || self.as_dtensor().cross_entropy_with(target.as_dtensor(), &opts))
+    }
+
     /// Mean squared error against `target` (same layout and shape); see the module.
     #[track_caller]
     pub fn mse_loss<Lt, Lx>(&self, target: &Dt<T, M, Lt, R>) -> Result<Dt<T, M, <Lx as MseLayout<M>>::Out, 0>>
@@ -206,5 +297,29 @@ impl<T: Element, M: MeshDims, L: TypedLayout<M>, const R: usize> Dt<T, M, L, R> 
             });
         }
         Dt::from_op("mse_loss", || self.as_dtensor().mse_loss(target.as_dtensor()))
+    }
+}
+
+/// The options of the typed summed cross-entropy.
+fn summed(ignore_index: Option<i64>) -> CrossEntropyOptions {
+    let opts = CrossEntropyOptions::new().reduction(LossReduction::Sum);
+    match ignore_index {
+        Some(i) => opts.ignore_index(i),
+        None => opts,
+    }
+}
+
+impl<I: IndexElement, M: MeshDims, L: TypedLayout<M>, const R: usize> Dt<I, M, L, R> {
+    /// How many of these ids differ from `value`, as a rank-0 `U` (the denominator of a mean
+    /// cross-entropy with `ignore_index = value`): per mesh dim `Replicate` → `Replicate`,
+    /// `Shard<d>` → `Partial<Sum>`; see [`cross_entropy_sum`](Dt::cross_entropy_sum). Exact
+    /// while the count fits `U`'s mantissa (count in f32 or f64 for a bf16 model).
+    #[track_caller]
+    pub fn count_ne<U: Element, Lx>(&self, value: i64) -> Result<Dt<U, M, <Lx as CountLayout<M>>::Out, 0>>
+    where
+        L: SameLayout<Lx>,
+        Lx: CountLayout<M>,
+    {
+        Dt::from_op("count_ne", || self.as_dtensor().count_ne::<U>(value))
     }
 }
