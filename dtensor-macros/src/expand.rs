@@ -120,6 +120,7 @@ pub(crate) fn expand_struct(krate: &TokenStream, mut item: ItemStruct, plan: Str
     let mut collect_mut = Vec::new();
     let mut placements = Vec::new();
     let mut patterns = Vec::new();
+    let mut load = Vec::new();
     for (f, fplan) in item.fields.iter_mut().zip(&plan.fields) {
         let fname = f.ident.clone().expect("named field");
         let key = ast::ident_name(&fname);
@@ -134,6 +135,9 @@ pub(crate) fn expand_struct(krate: &TokenStream, mut item: ItemStruct, plan: Str
             FieldPlan::Plain => {
                 global_fields.push(quote!(#(#cfgs)* #(#docs)* #fvis #fname: #global_ty));
                 init.push(quote!(#(#cfgs)* #fname: global.#fname));
+                let ty_name = f.ty.to_token_stream().to_string();
+                load.push(quote!(#(#cfgs)* #fname: #krate::typed::source::plain_field(
+                    &#krate::typed::params::join(prefix, #key), #ty_name)?));
                 continue;
             }
             FieldPlan::Tensors(markers) => {
@@ -174,6 +178,8 @@ pub(crate) fn expand_struct(krate: &TokenStream, mut item: ItemStruct, plan: Str
         // The field's type is not repeated here (it is inferred from the field): an unknown
         // mesh dim in it is then one error, at the struct, and not one more per impl.
         init.push(quote_spanned!(span=> #(#cfgs)* #fname: <_ as #params>::distribute_global(global.#fname, mesh)?));
+        load.push(quote_spanned!(span=> #(#cfgs)* #fname: <_ as #params>::load_parameters(
+            source, &#krate::typed::params::join(prefix, #key))?));
         collect.push(quote_spanned!(span=> #(#cfgs)* {
             <_ as #params>::collect_parameters(&self.#fname, &#krate::typed::params::join(prefix, #key), out);
         }));
@@ -246,6 +252,12 @@ pub(crate) fn expand_struct(krate: &TokenStream, mut item: ItemStruct, plan: Str
             ) {
                 #(#patterns)*
             }
+            fn load_parameters(
+                source: &mut dyn #krate::typed::TensorSource<#elem>,
+                prefix: &str,
+            ) -> #krate::Result<Self> {
+                ::core::result::Result::Ok(Self { #(#load,)* })
+            }
         }
 
         #[automatically_derived]
@@ -259,6 +271,22 @@ pub(crate) fn expand_struct(krate: &TokenStream, mut item: ItemStruct, plan: Str
             pub fn distribute(global: #global_ident #ty_g, mesh: &#krate::DeviceMesh) -> #krate::Result<Self> {
                 Self::check_mesh(mesh)?;
                 <Self as #params>::distribute_global(global, mesh)
+            }
+
+            /// Builds this module from a Hugging Face checkpoint directory: each parameter is
+            /// the tensor `prefix` + its dotted name, read with its declared placements (this
+            /// rank reads only its shard; no full-size model first), requiring grad. Strict,
+            /// as PyTorch's `load_state_dict`: a missing tensor, a tensor under `prefix` that
+            /// no parameter takes, or a rank that differs from the declared one is an error,
+            /// and no module is returned. Errors if `mesh` does not have this struct's mesh
+            /// dims.
+            pub fn load_hf(
+                checkpoint: &mut #krate::checkpoint::hf::HfCheckpoint,
+                prefix: &str,
+                mesh: &#krate::DeviceMesh,
+            ) -> #krate::Result<Self> {
+                Self::check_mesh(mesh)?;
+                checkpoint.load_module::<#elem, Self>(prefix, mesh)
             }
 
             fn check_mesh(mesh: &#krate::DeviceMesh) -> #krate::Result<()> {
@@ -378,6 +406,7 @@ pub(crate) fn fallback_struct(krate: &TokenStream, args: &Args, mut item: ItemSt
             fn collect_parameters_mut<'__a>(&'__a mut self, prefix: &str, out: &mut ::std::vec::Vec<(::std::string::String, &'__a mut #dynamic)>) { #stub }
             fn collect_placements(&self, prefix: &str, out: &mut ::std::vec::Vec<(::std::string::String, ::std::vec::Vec<#krate::Placement>)>) { #stub }
             fn collect_patterns(prefix: &str, out: &mut ::std::vec::Vec<(::std::string::String, ::std::vec::Vec<#krate::Placement>)>) { #stub }
+            fn load_parameters(source: &mut dyn #krate::typed::TensorSource<#elem>, prefix: &str) -> #krate::Result<Self> { #stub }
         }
 
         #[automatically_derived]
@@ -385,6 +414,7 @@ pub(crate) fn fallback_struct(krate: &TokenStream, args: &Args, mut item: ItemSt
         impl #impl_g #ident #ty_g #where_g {
             pub const MESH_DIMS: &'static [&'static str] = &[];
             pub fn distribute(global: #global_ident #ty_g, mesh: &#krate::DeviceMesh) -> #krate::Result<Self> { #stub }
+            pub fn load_hf(checkpoint: &mut #krate::checkpoint::hf::HfCheckpoint, prefix: &str, mesh: &#krate::DeviceMesh) -> #krate::Result<Self> { #stub }
             pub fn named_parameters(&self) -> ::std::vec::Vec<(::std::string::String, &#dynamic)> { #stub }
             pub fn named_parameters_mut(&mut self) -> ::std::vec::Vec<(::std::string::String, &mut #dynamic)> { #stub }
             pub fn parameter_placements(&self) -> ::std::vec::Vec<(::std::string::String, ::std::vec::Vec<#krate::Placement>)> { #stub }

@@ -47,6 +47,14 @@ fn reads_a_llama_config() {
     assert_eq!((cfg.kv_heads(), cfg.head_dim(), cfg.rope_theta, cfg.rms_norm_eps), (2, 4, 500000.0, 1e-5));
     assert_eq!(cfg.tensor_shapes().len(), 1 + 2 * 9 + 2);
     cfg.check(&mut HfCheckpoint::open(dir.path()).unwrap()).unwrap();
+    // transformers 5 writes the base inside `rope_parameters`: read from there, not defaulted.
+    let v5 = CONFIG.replace(
+        "\"rope_theta\": 500000.0",
+        "\"rope_parameters\": {\"rope_theta\": 250000.0, \"rope_type\": \"default\"}",
+    );
+    assert_ne!(v5, CONFIG);
+    let cfg = LlamaConfig::from_json(v5.as_bytes(), Path::new("c.json")).unwrap();
+    assert_eq!(cfg.rope_theta, 250000.0);
 }
 
 /// The plan on a 2-rank tp mesh: q/k/v sharded by whole heads, o and down by rows, the
@@ -129,6 +137,25 @@ fn bad_configs_are_refused() {
         (edit("\"vocab_size\": 10", "\"vocab_size\": 18446744073709551615"), "too large to exist"),
         (edit("\"vocab_size\": 10,", ""), "missing field `vocab_size`"),
         ("[1, 2]".to_string(), "not a Llama config"),
+        // Rotary scalings change the frequencies: refused, never read as plain tables.
+        (
+            edit(
+                "\"rope_theta\": 500000.0",
+                "\"rope_parameters\": {\"rope_theta\": 5e5, \"rope_type\": \"llama3\", \"factor\": 8.0}",
+            ),
+            "rotary scaling `llama3`",
+        ),
+        (
+            edit(
+                "\"rope_theta\": 500000.0",
+                "\"rope_theta\": 5e5, \"rope_scaling\": {\"type\": \"linear\", \"factor\": 2.0}",
+            ),
+            "`rope_scaling` asks for rotary scaling `linear`",
+        ),
+        (
+            edit("\"rope_theta\": 500000.0", "\"rope_theta\": 5e5, \"rope_parameters\": {\"rope_theta\": 1e4}"),
+            "disagree",
+        ),
     ] {
         let bad = tempfile::tempdir().unwrap();
         std::fs::write(bad.path().join(CONFIG_FILE), &text).unwrap();

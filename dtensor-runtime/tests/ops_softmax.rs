@@ -135,11 +135,12 @@ fn cross_entropy_option_errors() {
     use dtensor_runtime::{distribute_tensor, ndarray::ArrayD, run, Error, Partial, ReduceOp};
     let out = run(2, |ctx| {
         let mesh = ctx.init_device_mesh(&[2], &["dp"])?;
-        let x = distribute_tensor(&ArrayD::<f64>::zeros(vec![4, 3]), &mesh, &[R], None)?;
+        let x = distribute_tensor(ArrayD::<f64>::zeros(vec![4, 3]), &mesh, &[R], None)?;
         let ids = ArrayD::from_shape_vec(vec![4], vec![0i64, -100, 2, 1]).unwrap();
         let t = distribute_tensor(&ids, &mesh, &[R], None)?;
         let partial = t.redistribute(&[Partial(ReduceOp::Sum)])?;
-        let e1 = x.cross_entropy_with(&partial, &CrossEntropyOptions::new().ignore_index(-100)).unwrap_err().to_string();
+        let e1 =
+            x.cross_entropy_with(&partial, &CrossEntropyOptions::new().ignore_index(-100)).unwrap_err().to_string();
         let e2 = x.cross_entropy_with(&t, &CrossEntropyOptions::new().label_smoothing(1.5)).unwrap_err();
         let e3 = x.cross_entropy(&t).unwrap_err();
         Ok((e1, matches!(e2, Error::InvalidArgument { .. }), e2.to_string(), e3.to_string()))

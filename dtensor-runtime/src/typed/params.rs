@@ -10,6 +10,7 @@
 //! `PhantomData`): no parameters. Mark any other field `#[distribute(skip)]`.
 
 use super::lift::lift_unary;
+use super::source::{plain_field, TensorSource};
 use super::{Dt, MeshDims, TypedLayout};
 use crate::dtensor::DTensor;
 use crate::element::Element;
@@ -41,6 +42,11 @@ pub trait Parameters<T: Element>: Sized {
     /// Appends the declared placements by name pattern, without an instance: a container's
     /// indices are `*` (`blocks.*.w1`).
     fn collect_patterns(prefix: &str, out: &mut Vec<(String, Vec<Placement>)>);
+    /// Builds the value from `source` under `prefix`, each parameter laid out with its
+    /// declared placements as it is read (no full-size copy first); parameters require grad.
+    /// A `Vec` takes as many elements as the source has indices, an `Option` is `Some` when the
+    /// source holds something under its name; plain data is an error naming the field.
+    fn load_parameters(source: &mut dyn TensorSource<T>, prefix: &str) -> Result<Self>;
 }
 
 /// `prefix.name`, or `name` at the top.
@@ -122,6 +128,17 @@ impl<T: Element, M: MeshDims, L: TypedLayout<M> + ParameterLayout<M>, const R: u
     fn collect_patterns(prefix: &str, out: &mut Vec<(String, Vec<Placement>)>) {
         out.push((prefix.to_string(), L::placements()));
     }
+    fn load_parameters(source: &mut dyn TensorSource<T>, prefix: &str) -> Result<Self> {
+        let x = source.tensor(prefix, &L::placements())?;
+        if x.ndim() != R {
+            return Err(crate::error::Error::TypedMismatch {
+                what: format!("rank of the tensor loaded for the parameter `{prefix}`"),
+                expected: format!("{R} (its declared type)"),
+                actual: format!("{} (shape {:?})", x.ndim(), x.shape()),
+            });
+        }
+        Ok(Dt::from_dtensor(x)?.requires_grad_(true))
+    }
 }
 
 /// A sequence's elements under `prefix.0`, `prefix.1`, ... (shared by `Vec` and arrays).
@@ -161,6 +178,9 @@ mod indexed {
 
 impl<T: Element, P: Parameters<T>> Parameters<T> for Vec<P> {
     type Global = Vec<P::Global>;
+    fn load_parameters(source: &mut dyn TensorSource<T>, prefix: &str) -> Result<Self> {
+        (0..source.count(prefix)).map(|i| P::load_parameters(source, &join(prefix, &i.to_string()))).collect()
+    }
     fn distribute_global(global: Self::Global, mesh: &DeviceMesh) -> Result<Self> {
         global.into_iter().map(|g| P::distribute_global(g, mesh)).collect()
     }
@@ -180,6 +200,11 @@ impl<T: Element, P: Parameters<T>> Parameters<T> for Vec<P> {
 
 impl<T: Element, P: Parameters<T>, const N: usize> Parameters<T> for [P; N] {
     type Global = [P::Global; N];
+    fn load_parameters(source: &mut dyn TensorSource<T>, prefix: &str) -> Result<Self> {
+        let v: Vec<P> =
+            (0..N).map(|i| P::load_parameters(source, &join(prefix, &i.to_string()))).collect::<Result<_>>()?;
+        Ok(v.try_into().unwrap_or_else(|_| unreachable!("N elements in, N out")))
+    }
     fn distribute_global(global: Self::Global, mesh: &DeviceMesh) -> Result<Self> {
         let v: Vec<P> = global.into_iter().map(|g| P::distribute_global(g, mesh)).collect::<Result<_>>()?;
         // `v` has exactly N elements (one per element of `global`).
@@ -202,6 +227,13 @@ impl<T: Element, P: Parameters<T>, const N: usize> Parameters<T> for [P; N] {
 /// `Some(p)` holds `p`'s parameters under the field's own name; `None` holds none.
 impl<T: Element, P: Parameters<T>> Parameters<T> for Option<P> {
     type Global = Option<P::Global>;
+    fn load_parameters(source: &mut dyn TensorSource<T>, prefix: &str) -> Result<Self> {
+        if source.contains(prefix) {
+            P::load_parameters(source, prefix).map(Some)
+        } else {
+            Ok(None)
+        }
+    }
     fn distribute_global(global: Self::Global, mesh: &DeviceMesh) -> Result<Self> {
         global.map(|g| P::distribute_global(g, mesh)).transpose()
     }
@@ -227,6 +259,9 @@ impl<T: Element, P: Parameters<T>> Parameters<T> for Option<P> {
 
 impl<T: Element, P: Parameters<T>> Parameters<T> for Box<P> {
     type Global = Box<P::Global>;
+    fn load_parameters(source: &mut dyn TensorSource<T>, prefix: &str) -> Result<Self> {
+        P::load_parameters(source, prefix).map(Box::new)
+    }
     fn distribute_global(global: Self::Global, mesh: &DeviceMesh) -> Result<Self> {
         Ok(Box::new(P::distribute_global(*global, mesh)?))
     }
@@ -256,6 +291,9 @@ macro_rules! plain_data {
             fn collect_parameters_mut<'a>(&'a mut self, _prefix: &str, _out: &mut Vec<(String, &'a mut DTensor<T>)>) {}
             fn collect_placements(&self, _prefix: &str, _out: &mut Vec<(String, Vec<Placement>)>) {}
             fn collect_patterns(_prefix: &str, _out: &mut Vec<(String, Vec<Placement>)>) {}
+            fn load_parameters(_source: &mut dyn TensorSource<T>, prefix: &str) -> Result<Self> {
+                plain_field(prefix, stringify!($ty))
+            }
         }
     )*};
 }

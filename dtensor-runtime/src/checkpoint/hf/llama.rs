@@ -56,6 +56,47 @@ pub struct LlamaConfig {
     pub model_type: Option<String>,
 }
 
+/// Where a `config.json` may say the rotary base and its scaling: `rope_theta` (transformers
+/// 4), `rope_parameters` (transformers 5: `{"rope_theta": .., "rope_type": ..}`) and the
+/// legacy `rope_scaling`.
+#[derive(Deserialize)]
+struct RopeFields {
+    #[serde(default)]
+    rope_theta: Option<f64>,
+    #[serde(default)]
+    rope_parameters: Option<serde_json::Value>,
+    #[serde(default)]
+    rope_scaling: Option<serde_json::Value>,
+}
+
+impl RopeFields {
+    /// The rotary base the config gives, if any; an error for a scaling or two bases that
+    /// disagree.
+    fn theta(&self) -> std::result::Result<Option<f64>, String> {
+        for (field, v) in [("rope_parameters", &self.rope_parameters), ("rope_scaling", &self.rope_scaling)] {
+            let Some(v) = v.as_ref().filter(|v| !v.is_null()) else { continue };
+            let Some(obj) = v.as_object() else { return Err(format!("`{field}` is not an object")) };
+            let kind = obj.get("rope_type").or_else(|| obj.get("type")).and_then(|t| t.as_str()).unwrap_or("default");
+            if kind != "default" {
+                return Err(format!(
+                    "`{field}` asks for rotary scaling `{kind}`, which this reader does not implement (its frequencies \
+                     differ from plain rotary tables)"
+                ));
+            }
+        }
+        let nested = match self.rope_parameters.as_ref().and_then(|v| v.get("rope_theta")) {
+            None => None,
+            Some(t) => Some(t.as_f64().ok_or("`rope_parameters.rope_theta` is not a number")?),
+        };
+        match (self.rope_theta, nested) {
+            (Some(a), Some(b)) if a != b => {
+                Err(format!("`rope_theta` {a} and `rope_parameters.rope_theta` {b} disagree"))
+            }
+            (a, b) => Ok(b.or(a)),
+        }
+    }
+}
+
 /// What a tensor-parallel plan does with the key/value projections when tp does not divide
 /// the key/value heads.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
@@ -79,10 +120,15 @@ impl LlamaConfig {
         Self::from_json(&text, &dir.join(CONFIG_FILE))
     }
 
-    /// Parses and checks a `config.json`'s text (`path` names it in errors).
+    /// Parses and checks a `config.json`'s text (`path` names it in errors). The rotary base
+    /// is read from `rope_theta` or from transformers 5's `rope_parameters`; a rotary scaling
+    /// (`rope_type` other than `default`: `llama3`, `linear`, `yarn`, ...) is refused, naming
+    /// it, since plain tables would give other frequencies.
     pub fn from_json(text: &[u8], path: &Path) -> Result<LlamaConfig> {
         let bad = |reason: String| Error::Checkpoint { path: path.display().to_string(), reason };
-        let cfg: LlamaConfig = serde_json::from_slice(text).map_err(|e| bad(format!("not a Llama config: {e}")))?;
+        let mut cfg: LlamaConfig = serde_json::from_slice(text).map_err(|e| bad(format!("not a Llama config: {e}")))?;
+        let rope: RopeFields = serde_json::from_slice(text).map_err(|e| bad(format!("not a Llama config: {e}")))?;
+        cfg.rope_theta = rope.theta().map_err(bad)?.unwrap_or(cfg.rope_theta);
         cfg.validate().map_err(bad)?;
         Ok(cfg)
     }

@@ -55,6 +55,7 @@
 
 mod index;
 mod llama;
+mod module_load;
 mod plan;
 mod save;
 

@@ -1,0 +1,344 @@
+//! A Hugging Face Llama with `#[distribute]`: `cargo run --example llama`.
+//!
+//! Loads a `save_pretrained` directory (`--model DIR`; by default the tiny random Llama in
+//! `examples/llama/fixture/`, made by `scripts/gen_llama_fixture.py` with transformers) straight
+//! into the typed model (`LlamaForCausalLM::load_hf`: each rank reads only its shards) on each
+//! mesh of `--meshes` (`dp×tp`, default `1x1,2x2,1x2`), then:
+//!
+//! 1. computes the logits, the causal-LM loss (labels with -100, as transformers) and the
+//!    gradients, and greedy-generates with a KV cache; on the fixture, checks them against
+//!    what transformers computed (`expected.json`): logits, loss and gradients within 1e-4
+//!    relative (to each tensor's largest value) in f32, identical generated ids;
+//! 2. trains a few AdamW steps and checks that every mesh's losses match the first mesh's.
+//!
+//! Prints PASS when every check holds (exit code 1 otherwise), with load time, bytes read and
+//! peak heap growth while loading per rank, and generation tokens/s per mesh.
+//!
+//! `--generate-mb N` first writes a random Llama checkpoint of about N MB (hidden 1024, 16
+//! query over 8 key/value heads, vocab 32000, as many layers as fit) to a temporary directory
+//! and runs on it (checked across meshes only): the load measurement of a large checkpoint.
+
+#[path = "hf_load/heap.rs"]
+mod heap;
+#[path = "llama/model.rs"]
+mod model;
+
+#[global_allocator]
+static ALLOC: heap::Counting = heap::Counting;
+
+use clap::Parser;
+use dtensor::checkpoint::hf::{HfCheckpoint, LlamaConfig};
+use dtensor::ndarray::{Array2, ArrayD, IxDyn};
+use dtensor::optim::AdamW;
+use dtensor::prelude::*;
+use dtensor::typed::Dt;
+use dtensor::{distribute_tensor, Replicate};
+use model::{Ids, Llama, LlamaForCausalLM};
+use serde_json::Value;
+use std::path::{Path, PathBuf};
+use std::time::Instant;
+
+#[derive(Parser, Debug, Clone)]
+#[command(about = "A Hugging Face Llama on a dp x tp mesh: parity with transformers, training, greedy generation")]
+struct Args {
+    /// A `save_pretrained` directory of a Llama-family model [default: the committed fixture].
+    #[arg(long)]
+    model: Option<PathBuf>,
+    /// Meshes `dp×tp`, comma-separated.
+    #[arg(long, default_value = "1x1,2x2,1x2")]
+    meshes: String,
+    /// New tokens to generate per row.
+    #[arg(long, default_value_t = 10)]
+    new_tokens: usize,
+    /// AdamW steps.
+    #[arg(long, default_value_t = 3)]
+    steps: usize,
+    /// AdamW learning rate.
+    #[arg(long, default_value_t = 1e-3)]
+    lr: f64,
+    /// Write a random Llama checkpoint of about this many MB and run on it.
+    #[arg(long)]
+    generate_mb: Option<usize>,
+}
+
+/// Writes a random Llama checkpoint of about `mb` MB (f32) with its `config.json` to `dir`.
+fn generate(dir: &Path, mb: usize) -> Result<()> {
+    let (h, inter, nh, nkv, hd, vocab) = (1024usize, 2816usize, 16usize, 8usize, 64usize, 32000usize);
+    let per_layer = 4 * (2 * h * nh * hd + 2 * h * nkv * hd + 3 * h * inter + 2 * h);
+    let fixed = 4 * (2 * vocab * h + h);
+    let layers = (mb * 1_000_000).saturating_sub(fixed).div_ceil(per_layer).max(1);
+    let cfg = serde_json::json!({
+        "model_type": "llama", "vocab_size": vocab, "hidden_size": h, "intermediate_size": inter,
+        "num_hidden_layers": layers, "num_attention_heads": nh, "num_key_value_heads": nkv, "head_dim": hd,
+        "rms_norm_eps": 1e-5, "rope_theta": 500000.0, "tie_word_embeddings": false
+    });
+    std::fs::create_dir_all(dir)
+        .and_then(|_| std::fs::write(dir.join("config.json"), cfg.to_string()))
+        .map_err(|e| Error::InvalidArgument { context: format!("writing {}", dir.display()), reason: e.to_string() })?;
+    let cfg = LlamaConfig::read(dir)?;
+    let mut seed = 0x2545_F491_4F6C_DD1Du64;
+    let mut draw = |shape: &[usize], scale: f32| {
+        ArrayD::from_shape_fn(IxDyn(shape), |_| {
+            seed ^= seed << 13;
+            seed ^= seed >> 7;
+            seed ^= seed << 17;
+            ((seed >> 40) as f32 / (1u64 << 24) as f32 - 0.5) * scale
+        })
+    };
+    let tensors: Vec<(String, ArrayD<f32>)> = cfg
+        .tensor_shapes()
+        .into_iter()
+        .map(|(n, shape)| {
+            let a = if n.ends_with("norm.weight") { ArrayD::ones(IxDyn(&shape)) } else { draw(&shape, 0.1) };
+            (n, a)
+        })
+        .collect();
+    println!(
+        "writing a random Llama checkpoint: {layers} layers, {:.0} MB, to {}",
+        (fixed + layers * per_layer) as f64 / 1e6,
+        dir.display()
+    );
+    dtensor::run(1, |ctx| {
+        let mesh = ctx.init_device_mesh(&[1], &["x"])?;
+        let state: Vec<(String, DTensor<f32>)> = tensors
+            .iter()
+            .map(|(n, a)| Ok((n.clone(), distribute_tensor(a, &mesh, &[Replicate], None)?)))
+            .collect::<Result<_>>()?;
+        dtensor::checkpoint::hf::save_sharded(dir, &state, 500_000_000)
+    })?;
+    Ok(())
+}
+
+/// What transformers computed on the fixture.
+struct Expected {
+    ids: Array2<i64>,
+    labels: Array2<i64>,
+    logits: ArrayD<f32>,
+    loss: f32,
+    grads: Vec<(String, ArrayD<f32>)>,
+    prompt_len: usize,
+    generated: Array2<i64>,
+}
+
+fn array(v: &Value) -> ArrayD<f32> {
+    let shape: Vec<usize> = v["shape"].as_array().unwrap().iter().map(|x| x.as_u64().unwrap() as usize).collect();
+    let data: Vec<f32> = v["data"].as_array().unwrap().iter().map(|x| x.as_f64().unwrap() as f32).collect();
+    ArrayD::from_shape_vec(IxDyn(&shape), data).expect("fixture shape")
+}
+
+fn ids(v: &Value) -> Array2<i64> {
+    let rows: Vec<Vec<i64>> = v
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|r| r.as_array().unwrap().iter().map(|x| x.as_i64().unwrap()).collect())
+        .collect();
+    Array2::from_shape_fn((rows.len(), rows[0].len()), |(i, j)| rows[i][j])
+}
+
+fn expected(dir: &Path) -> Result<Expected> {
+    let text = std::fs::read_to_string(dir.join("expected.json")).map_err(|e| Error::InvalidArgument {
+        context: format!("reading {}/expected.json", dir.display()),
+        reason: e.to_string(),
+    })?;
+    let v: Value = serde_json::from_str(&text)
+        .map_err(|e| Error::InvalidArgument { context: "expected.json".into(), reason: e.to_string() })?;
+    Ok(Expected {
+        ids: ids(&v["input_ids"]),
+        labels: ids(&v["labels"]),
+        logits: array(&v["logits"]),
+        loss: v["loss"].as_f64().unwrap() as f32,
+        grads: v["grads"].as_object().unwrap().iter().map(|(k, g)| (k.clone(), array(g))).collect(),
+        prompt_len: v["prompt_len"].as_u64().unwrap() as usize,
+        generated: ids(&v["generated"]),
+    })
+}
+
+/// `max |a - b| / max |b|`.
+fn rel(a: &ArrayD<f32>, b: &ArrayD<f32>) -> f64 {
+    assert_eq!(a.shape(), b.shape());
+    let scale = b.iter().fold(0f64, |m, &x| m.max((x as f64).abs())).max(f64::MIN_POSITIVE);
+    a.iter().zip(b).fold(0f64, |m, (&x, &y)| m.max((x as f64 - y as f64).abs())) / scale
+}
+
+/// `eos_token_id` of `config.json` (a number or the first of a list), if any.
+fn eos(dir: &Path) -> Option<i64> {
+    let v: Value = serde_json::from_str(&std::fs::read_to_string(dir.join("config.json")).ok()?).ok()?;
+    let e = &v["eos_token_id"];
+    e.as_i64().or_else(|| e.as_array()?.first()?.as_i64())
+}
+
+/// One mesh's results (rank 0's).
+struct MeshRun {
+    logits: ArrayD<f32>,
+    loss: f32,
+    grads: Vec<(String, ArrayD<f32>)>,
+    generated: Array2<i64>,
+    losses: Vec<f32>,
+    load_s: f64,
+    bytes_read: Vec<u64>,
+    peak_mb: Vec<f64>,
+    gen_tokens_per_s: f64,
+}
+
+fn run_mesh(a: &Args, dir: &Path, cfg: &LlamaConfig, exp: &Expected, dp: usize, tp: usize) -> Result<MeshRun> {
+    let eos = eos(dir);
+    let out = dtensor::run(dp * tp, |ctx| {
+        let mesh = ctx.init_device_mesh(&[dp, tp], &["dp", "tp"])?;
+        let t0 = Instant::now();
+        let (loaded, peak) = heap::peak_growth(|| {
+            let mut ck = HfCheckpoint::open(dir)?;
+            cfg.check(&mut ck)?;
+            let model = LlamaForCausalLM::load_hf(&mut ck, "", &mesh)?;
+            Ok::<_, Error>((ck, model))
+        });
+        let (ck, mut model) = loaded?;
+        let load_s = t0.elapsed().as_secs_f64();
+        let (b, s) = exp.ids.dim();
+        let llama = Llama::new(cfg.clone(), s.max(exp.prompt_len + a.new_tokens), &mesh)?;
+        let ids: Ids = Dt::distribute(&exp.ids.clone().into_dyn(), &mesh)?;
+        let labels: Ids = Dt::distribute(&exp.labels.clone().into_dyn(), &mesh)?;
+
+        let logits = llama.logits(&model, &ids, 0, None)?.full_tensor()?;
+        let loss = llama.loss(&model, &ids, &labels)?;
+        loss.as_dtensor().backward()?;
+        let mut grads = Vec::new();
+        for (name, p) in model.named_parameters() {
+            if exp.grads.iter().any(|(n, _)| *n == name) {
+                grads.push((name, p.grad().expect("a gradient").full_tensor()?));
+            }
+        }
+        let loss0 = loss.full_tensor()?.sum();
+
+        let prompt: Ids =
+            Dt::distribute(&exp.ids.slice(ndarray::s![.., ..exp.prompt_len]).to_owned().into_dyn(), &mesh)?;
+        let t1 = Instant::now();
+        let generated = llama.generate(&model, &prompt, a.new_tokens, eos, 0)?;
+        let gen_tokens_per_s = (b * a.new_tokens) as f64 / t1.elapsed().as_secs_f64();
+
+        // A few AdamW steps on the same batch (the gradients above are the first step's).
+        let mut opt = AdamW::new(a.lr);
+        let mut losses = vec![loss0];
+        for step in 0..a.steps {
+            if step > 0 {
+                model.zero_grad();
+                let l = llama.loss(&model, &ids, &labels)?;
+                l.as_dtensor().backward()?;
+                losses.push(l.full_tensor()?.sum());
+            }
+            opt.step(&mut model)?;
+        }
+        Ok(MeshRun {
+            logits,
+            loss: loss0,
+            grads,
+            generated,
+            losses,
+            load_s,
+            bytes_read: vec![ck.payload_bytes_read()],
+            peak_mb: vec![peak as f64 / 1e6],
+            gen_tokens_per_s,
+        })
+    })?;
+    let bytes_read = out.iter().map(|r| r.bytes_read[0]).collect();
+    let peak_mb = out.iter().map(|r| r.peak_mb[0]).collect();
+    let mut first = out.into_iter().next().expect("rank 0");
+    first.bytes_read = bytes_read;
+    first.peak_mb = peak_mb;
+    Ok(first)
+}
+
+fn main() -> Result<()> {
+    let a = Args::parse();
+    let fixture = Path::new(env!("CARGO_MANIFEST_DIR")).join("examples/llama/fixture");
+    let scratch =
+        tempfile::tempdir().map_err(|e| Error::InvalidArgument { context: "tempdir".into(), reason: e.to_string() })?;
+    let dir = match (a.generate_mb, &a.model) {
+        (Some(mb), _) => {
+            generate(scratch.path(), mb)?;
+            scratch.path().to_path_buf()
+        }
+        (None, Some(m)) => m.clone(),
+        (None, None) => fixture.clone(),
+    };
+    let cfg = LlamaConfig::read(&dir)?;
+    let on_fixture = dir.join("expected.json").is_file();
+    let exp = if on_fixture {
+        expected(&dir)?
+    } else {
+        // Any checkpoint: a deterministic batch, checked across meshes only.
+        let v = cfg.vocab_size as i64;
+        let ids = Array2::from_shape_fn((2, 8), |(i, j)| (i as i64 * 131 + j as i64 * 17 + 5) % v);
+        let mut labels = ids.clone();
+        labels[[0, 2]] = -100;
+        Expected {
+            ids,
+            labels,
+            logits: ArrayD::zeros(IxDyn(&[0])),
+            loss: 0.0,
+            grads: vec![],
+            prompt_len: 4,
+            generated: Array2::zeros((0, 0)),
+        }
+    };
+    println!(
+        "Llama from {}: hidden {}, {} layers, {} heads over {} key/value heads, vocab {}",
+        dir.display(),
+        cfg.hidden_size,
+        cfg.num_hidden_layers,
+        cfg.num_attention_heads,
+        cfg.kv_heads(),
+        cfg.vocab_size
+    );
+    let mut ok = true;
+    let mut reference: Option<Vec<f32>> = None;
+    for m in a.meshes.split(',') {
+        let (dp, tp) =
+            m.split_once('x').and_then(|(x, y)| Some((x.parse().ok()?, y.parse().ok()?))).ok_or_else(|| {
+                Error::InvalidArgument { context: "--meshes".into(), reason: format!("`{m}` is not dp×tp like 2x2") }
+            })?;
+        let r = run_mesh(&a, &dir, &cfg, &exp, dp, tp)?;
+        let mut line = format!(
+            "mesh {dp}x{tp}: load {:.1} ms, bytes read per rank {:?}, peak heap growth while loading {:?} MB, \
+             generation {:.0} tokens/s, losses {:?}",
+            r.load_s * 1e3,
+            r.bytes_read,
+            r.peak_mb.iter().map(|m| (m * 10.0).round() / 10.0).collect::<Vec<_>>(),
+            r.gen_tokens_per_s,
+            r.losses
+        );
+        if on_fixture {
+            let el = rel(&r.logits, &exp.logits);
+            let ls = ((r.loss - exp.loss) / exp.loss).abs() as f64;
+            let eg = r
+                .grads
+                .iter()
+                .map(|(n, g)| rel(g, &exp.grads.iter().find(|(m, _)| m == n).unwrap().1))
+                .fold(0f64, f64::max);
+            let same_ids = r.generated == exp.generated && r.grads.len() == exp.grads.len();
+            line += &format!(
+                "\n  vs transformers: logits {el:.2e}, loss {ls:.2e}, {} gradients {eg:.2e} (relative), generated ids {}",
+                r.grads.len(),
+                if same_ids { "identical" } else { "DIFFERENT" }
+            );
+            ok &= el <= 1e-4 && ls <= 1e-4 && eg <= 1e-4 && same_ids;
+            if !same_ids {
+                line += &format!("\n  ours {:?}\n  transformers {:?}", r.generated, exp.generated);
+            }
+        }
+        match &reference {
+            None => reference = Some(r.losses.clone()),
+            Some(first) => {
+                let worst = first.iter().zip(&r.losses).map(|(x, y)| ((x - y) / x).abs()).fold(0f32, f32::max);
+                line += &format!("\n  training losses vs the first mesh: {worst:.2e} relative");
+                ok &= worst <= 1e-4;
+            }
+        }
+        println!("{line}");
+    }
+    println!("{}", if ok { "PASS" } else { "FAIL" });
+    if !ok {
+        std::process::exit(1);
+    }
+    Ok(())
+}
