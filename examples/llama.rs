@@ -185,6 +185,8 @@ fn run_mesh(a: &Args, dir: &Path, cfg: &LlamaConfig, exp: &Expected, dp: usize, 
     let eos = eos(dir);
     let out = dtensor::run(dp * tp, |ctx| {
         let mesh = ctx.init_device_mesh(&[dp, tp], &["dp", "tp"])?;
+        // First: it refuses a tp that would cut a head.
+        let llama = Llama::new(cfg.clone(), exp.ids.ncols().max(exp.prompt_len + a.new_tokens), &mesh)?;
         let t0 = Instant::now();
         let (loaded, peak) = heap::peak_growth(|| {
             let mut ck = HfCheckpoint::open(dir)?;
@@ -194,8 +196,7 @@ fn run_mesh(a: &Args, dir: &Path, cfg: &LlamaConfig, exp: &Expected, dp: usize, 
         });
         let (ck, mut model) = loaded?;
         let load_s = t0.elapsed().as_secs_f64();
-        let (b, s) = exp.ids.dim();
-        let llama = Llama::new(cfg.clone(), s.max(exp.prompt_len + a.new_tokens), &mesh)?;
+        let b = exp.ids.nrows();
         let ids: Ids = Dt::distribute(&exp.ids.clone().into_dyn(), &mesh)?;
         let labels: Ids = Dt::distribute(&exp.labels.clone().into_dyn(), &mesh)?;
 

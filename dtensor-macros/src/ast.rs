@@ -334,8 +334,8 @@ pub(crate) fn slot(
 
 /// A struct field as written.
 pub(crate) enum FieldAst {
-    /// Holds `DTensor`s (directly or inside a container).
-    Tensors(Box<TensorSlot>),
+    /// Holds `DTensor`s (directly or inside a container); `true`: `#[distribute(buffer)]`.
+    Tensors(Box<TensorSlot>, bool),
     /// `#[distribute(skip)]`.
     Skip,
     /// Numbers, `bool`, `String`, ...: certainly no parameters.
@@ -357,20 +357,29 @@ pub(crate) fn parse_struct(item: &mut syn::ItemStruct, errs: &mut Errors) -> Vec
     for f in item.fields.iter_mut() {
         let name = f.ident.as_ref().map(ident_name).unwrap_or_default();
         let span = f.ident.to_token_stream();
-        let skip = attr::take_skip_attr(&mut f.attrs, errs);
-        let slot = slot(name, &f.ty, &mut f.attrs, span, errs);
-        out.push(match (skip, slot) {
-            (true, Some(s)) => {
+        let flag = attr::take_field_flag(&mut f.attrs, errs);
+        let slot = slot(name.clone(), &f.ty, &mut f.attrs, span.clone(), errs);
+        use attr::FieldFlag;
+        out.push(match (flag, slot) {
+            (FieldFlag::Skip, Some(s)) => {
                 errs.spanned(
                     &s.span_tokens,
                     format!("`{}` holds a `DTensor`: it is a parameter and cannot be `#[distribute(skip)]`", s.name),
                 );
                 FieldAst::Skip
             }
-            (true, None) => FieldAst::Skip,
-            (false, Some(s)) => FieldAst::Tensors(Box::new(s)),
-            (false, None) if is_plain_data(&f.ty) => FieldAst::Plain,
-            (false, None) => FieldAst::Other,
+            (FieldFlag::Skip, None) => FieldAst::Skip,
+            (FieldFlag::Buffer, Some(s)) => FieldAst::Tensors(Box::new(s), true),
+            (FieldFlag::Buffer, None) => {
+                errs.spanned(
+                    &span,
+                    format!("`#[distribute(buffer)]` on `{name}`, which holds no `DTensor<T>` written out (a nested struct declares its own buffers)"),
+                );
+                FieldAst::Skip
+            }
+            (FieldFlag::None, Some(s)) => FieldAst::Tensors(Box::new(s), false),
+            (FieldFlag::None, None) if is_plain_data(&f.ty) => FieldAst::Plain,
+            (FieldFlag::None, None) => FieldAst::Other,
         });
     }
     out

@@ -412,25 +412,38 @@ pub(crate) fn is_field_distribute_attr(a: &Attribute) -> bool {
     a.path().is_ident("distribute")
 }
 
-/// Takes `#[distribute(skip)]` out of a field's attributes; anything else in it is an error.
-pub(crate) fn take_skip_attr(attrs: &mut Vec<Attribute>, errs: &mut Errors) -> bool {
-    let mut skip = false;
+/// Takes `#[distribute(skip)]` / `#[distribute(buffer)]` out of a field's attributes; anything
+/// else in it is an error.
+pub(crate) fn take_field_flag(attrs: &mut Vec<Attribute>, errs: &mut Errors) -> FieldFlag {
+    let mut flag = FieldFlag::None;
     for a in attrs.iter().filter(|a| is_field_distribute_attr(a)) {
-        let ok = match &a.meta {
-            Meta::List(list) => list.parse_args::<syn::Ident>().is_ok_and(|i| i == "skip"),
-            _ => false,
+        let word = match &a.meta {
+            Meta::List(list) => list.parse_args::<syn::Ident>().ok().map(|i| i.to_string()),
+            _ => None,
         };
-        if ok {
-            skip = true;
-        } else {
-            errs.spanned(
+        match word.as_deref() {
+            Some("skip") => flag = FieldFlag::Skip,
+            Some("buffer") => flag = FieldFlag::Buffer,
+            _ => errs.spanned(
                 a,
-                "on a field, `#[distribute]` only takes `skip`: `#[distribute(skip)]` (a field without parameters)",
-            );
+                "on a field, `#[distribute]` takes `skip` (a field without parameters) or `buffer` (tensors that are state, not parameters): `#[distribute(skip)]`, `#[distribute(buffer)]`",
+            ),
         }
     }
     attrs.retain(|a| !is_field_distribute_attr(a));
-    skip
+    flag
+}
+
+/// What a field's own `#[distribute(..)]` says.
+#[derive(Clone, Copy, PartialEq, Eq)]
+pub(crate) enum FieldFlag {
+    /// Nothing: tensors are parameters.
+    None,
+    /// `skip`: no parameters.
+    Skip,
+    /// `buffer`: tensors that are not trained (no gradient, not given to optimizers), placed,
+    /// loaded and saved like parameters.
+    Buffer,
 }
 
 /// Is this our `placements` helper attribute?

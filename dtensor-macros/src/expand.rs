@@ -121,6 +121,8 @@ pub(crate) fn expand_struct(krate: &TokenStream, mut item: ItemStruct, plan: Str
     let mut placements = Vec::new();
     let mut patterns = Vec::new();
     let mut load = Vec::new();
+    let mut buffers = Vec::new();
+    let mut buffers_mut = Vec::new();
     for (f, fplan) in item.fields.iter_mut().zip(&plan.fields) {
         let fname = f.ident.clone().expect("named field");
         let key = ast::ident_name(&fname);
@@ -131,6 +133,7 @@ pub(crate) fn expand_struct(krate: &TokenStream, mut item: ItemStruct, plan: Str
         let cfgs: Vec<_> = f.attrs.iter().filter(|a| a.path().is_ident("cfg")).cloned().collect();
         let mut global_ty = f.ty.clone();
         let surely_parameters = ast::surely_parameters(&f.ty);
+        let is_buffer = matches!(fplan, FieldPlan::Tensors(_, true));
         match fplan {
             FieldPlan::Plain => {
                 global_fields.push(quote!(#(#cfgs)* #(#docs)* #fvis #fname: #global_ty));
@@ -140,7 +143,7 @@ pub(crate) fn expand_struct(krate: &TokenStream, mut item: ItemStruct, plan: Str
                     &#krate::typed::params::join(prefix, #key), #ty_name)?));
                 continue;
             }
-            FieldPlan::Tensors(markers) => {
+            FieldPlan::Tensors(markers, _) => {
                 // The user's `DTensor` import counts as used.
                 let mut written = Vec::new();
                 let _ = ast::find_tensors(&f.ty, &mut written);
@@ -175,22 +178,43 @@ pub(crate) fn expand_struct(krate: &TokenStream, mut item: ItemStruct, plan: Str
             }
         }
         global_fields.push(quote!(#(#cfgs)* #(#docs)* #fvis #fname: #global_ty));
+        let path = quote!(&#krate::typed::params::join(prefix, #key));
+        if is_buffer {
+            // A buffer's tensors are placed, loaded and saved as parameters are, but never
+            // require grad and are listed by `named_buffers`, so no optimizer sees them.
+            init.push(quote_spanned!(span=> #(#cfgs)* #fname: #krate::typed::params::into_buffers(
+                <_ as #params>::distribute_global(global.#fname, mesh)?)));
+            load.push(quote_spanned!(span=> #(#cfgs)* #fname: #krate::typed::params::into_buffers(
+                <_ as #params>::load_parameters(source, #path)?)));
+            buffers.push(quote_spanned!(span=> #(#cfgs)* {
+                <_ as #params>::collect_parameters(&self.#fname, #path, out);
+            }));
+            buffers_mut.push(quote_spanned!(span=> #(#cfgs)* {
+                <_ as #params>::collect_parameters_mut(&mut self.#fname, #path, out);
+            }));
+            continue;
+        }
         // The field's type is not repeated here (it is inferred from the field): an unknown
         // mesh dim in it is then one error, at the struct, and not one more per impl.
         init.push(quote_spanned!(span=> #(#cfgs)* #fname: <_ as #params>::distribute_global(global.#fname, mesh)?));
-        load.push(quote_spanned!(span=> #(#cfgs)* #fname: <_ as #params>::load_parameters(
-            source, &#krate::typed::params::join(prefix, #key))?));
+        load.push(quote_spanned!(span=> #(#cfgs)* #fname: <_ as #params>::load_parameters(source, #path)?));
         collect.push(quote_spanned!(span=> #(#cfgs)* {
-            <_ as #params>::collect_parameters(&self.#fname, &#krate::typed::params::join(prefix, #key), out);
+            <_ as #params>::collect_parameters(&self.#fname, #path, out);
         }));
         collect_mut.push(quote_spanned!(span=> #(#cfgs)* {
-            <_ as #params>::collect_parameters_mut(&mut self.#fname, &#krate::typed::params::join(prefix, #key), out);
+            <_ as #params>::collect_parameters_mut(&mut self.#fname, #path, out);
+        }));
+        buffers.push(quote_spanned!(span=> #(#cfgs)* {
+            <_ as #params>::collect_buffers(&self.#fname, #path, out);
+        }));
+        buffers_mut.push(quote_spanned!(span=> #(#cfgs)* {
+            <_ as #params>::collect_buffers_mut(&mut self.#fname, #path, out);
         }));
         placements.push(quote_spanned!(span=> #(#cfgs)* {
-            <_ as #params>::collect_placements(&self.#fname, &#krate::typed::params::join(prefix, #key), out);
+            <_ as #params>::collect_placements(&self.#fname, #path, out);
         }));
         patterns.push(quote_spanned!(span=> #(#cfgs)* {
-            #krate::typed::params::field_patterns::<#elem, Self, _>(|s: &Self| &s.#fname, &#krate::typed::params::join(prefix, #key), out);
+            #krate::typed::params::field_patterns::<#elem, Self, _>(|s: &Self| &s.#fname, #path, out);
         }));
     }
     let (impl_g, ty_g, where_g) = generics.split_for_impl();
@@ -258,6 +282,20 @@ pub(crate) fn expand_struct(krate: &TokenStream, mut item: ItemStruct, plan: Str
             ) -> #krate::Result<Self> {
                 ::core::result::Result::Ok(Self { #(#load,)* })
             }
+            fn collect_buffers<'__a>(
+                &'__a self,
+                prefix: &str,
+                out: &mut ::std::vec::Vec<(::std::string::String, &'__a #dynamic)>,
+            ) {
+                #(#buffers)*
+            }
+            fn collect_buffers_mut<'__a>(
+                &'__a mut self,
+                prefix: &str,
+                out: &mut ::std::vec::Vec<(::std::string::String, &'__a mut #dynamic)>,
+            ) {
+                #(#buffers_mut)*
+            }
         }
 
         #[automatically_derived]
@@ -315,6 +353,21 @@ pub(crate) fn expand_struct(krate: &TokenStream, mut item: ItemStruct, plan: Str
                 out
             }
 
+            /// Every buffer (`#[distribute(buffer)]` fields, nested modules' included) with
+            /// its dotted name: state that is placed, loaded and saved but not trained.
+            pub fn named_buffers(&self) -> ::std::vec::Vec<(::std::string::String, &#dynamic)> {
+                let mut out = ::std::vec::Vec::new();
+                <Self as #params>::collect_buffers(self, "", &mut out);
+                out
+            }
+
+            /// Every buffer with its name, mutably.
+            pub fn named_buffers_mut(&mut self) -> ::std::vec::Vec<(::std::string::String, &mut #dynamic)> {
+                let mut out = ::std::vec::Vec::new();
+                <Self as #params>::collect_buffers_mut(self, "", &mut out);
+                out
+            }
+
             /// The declared placements of every parameter, by dotted name.
             pub fn parameter_placements(&self) -> ::std::vec::Vec<(::std::string::String, ::std::vec::Vec<#krate::Placement>)> {
                 let mut out = ::std::vec::Vec::new();
@@ -352,6 +405,12 @@ pub(crate) fn expand_struct(krate: &TokenStream, mut item: ItemStruct, plan: Str
             }
             fn declared_placements(&self) -> ::std::vec::Vec<(::std::string::String, ::std::vec::Vec<#krate::Placement>)> {
                 #ident::parameter_placements(self)
+            }
+            fn named_buffers(&self) -> ::std::vec::Vec<(::std::string::String, &#dynamic)> {
+                #ident::named_buffers(self)
+            }
+            fn named_buffers_mut(&mut self) -> ::std::vec::Vec<(::std::string::String, &mut #dynamic)> {
+                #ident::named_buffers_mut(self)
             }
         }
     }
@@ -417,6 +476,8 @@ pub(crate) fn fallback_struct(krate: &TokenStream, args: &Args, mut item: ItemSt
             pub fn load_hf(checkpoint: &mut #krate::checkpoint::hf::HfCheckpoint, prefix: &str, mesh: &#krate::DeviceMesh) -> #krate::Result<Self> { #stub }
             pub fn named_parameters(&self) -> ::std::vec::Vec<(::std::string::String, &#dynamic)> { #stub }
             pub fn named_parameters_mut(&mut self) -> ::std::vec::Vec<(::std::string::String, &mut #dynamic)> { #stub }
+            pub fn named_buffers(&self) -> ::std::vec::Vec<(::std::string::String, &#dynamic)> { #stub }
+            pub fn named_buffers_mut(&mut self) -> ::std::vec::Vec<(::std::string::String, &mut #dynamic)> { #stub }
             pub fn parameter_placements(&self) -> ::std::vec::Vec<(::std::string::String, ::std::vec::Vec<#krate::Placement>)> { #stub }
             pub fn partition(name: &str, _param: &#dynamic, mesh: &#krate::DeviceMesh)
                 -> #krate::Result<::core::option::Option<::std::vec::Vec<#krate::Placement>>> { #stub }

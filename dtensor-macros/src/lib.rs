@@ -56,9 +56,15 @@ use proc_macro::TokenStream;
 /// field must be marked `#[distribute(skip)]` — a field the macro cannot type (a tensor behind
 /// a type alias, a foreign type) is one compile error at the field, never a parameter silently
 /// left out. Parameters are floating point: a `DTensor<i64>` field is an error (integer tensors
-/// are arguments of `#[distribute]` functions). Generated (impls `#[automatically_derived]`): the `{Name}Global` struct of global
-/// arrays, `Name::distribute(global, &mesh)`, `named_parameters`, `named_parameters_mut`,
-/// `parameter_placements`, `MESH_DIMS`, the `Module` and `typed::Parameters` impls, and
+/// are arguments of `#[distribute]` functions). A tensor field marked `#[distribute(buffer)]`
+/// is state, not a parameter (running statistics, fixed tables): placed, loaded and saved the
+/// same way, listed by `named_buffers` and never by `named_parameters` (so no optimizer sees
+/// it), never requiring grad. Generated (impls `#[automatically_derived]`): the `{Name}Global` struct of global
+/// arrays, `Name::distribute(global, &mesh)`, `Name::load_hf(&mut checkpoint, prefix, &mesh)`
+/// (built from a Hugging Face checkpoint with the declared placements, each rank reading only
+/// its shards), `named_parameters`, `named_parameters_mut`, `named_buffers`,
+/// `named_buffers_mut`, `parameter_placements`, `MESH_DIMS`, the `Module` and
+/// `typed::Parameters` impls, and
 /// `Name::partition` (a `partition_fn` for `distribute_module` that lays out a dynamic module
 /// with the same parameter names). A struct whose parameters all live in nested modules takes
 /// its element type from `elem = T` (default `f32`).

@@ -179,8 +179,9 @@ pub(crate) fn resolve_slot(
 
 /// A struct field as the expansion sees it.
 pub(crate) enum FieldPlan {
-    /// Holds tensors (directly or in a container), with the markers of each.
-    Tensors(Vec<Vec<Marker>>),
+    /// Holds tensors (directly or in a container), with the markers of each; `true`: they are
+    /// buffers (`#[distribute(buffer)]`), not parameters.
+    Tensors(Vec<Vec<Marker>>, bool),
     /// `#[distribute(skip)]` or plain data: copied as is.
     Plain,
     /// Anything else: a nested `#[distribute]` struct (or a container of them), checked by the
@@ -215,7 +216,7 @@ pub(crate) fn validate_struct<'a>(
         return None;
     }
     let mesh = mesh?;
-    if !fields.iter().any(|f| matches!(f, FieldAst::Tensors(_) | FieldAst::Other)) {
+    if !fields.iter().any(|f| matches!(f, FieldAst::Tensors(..) | FieldAst::Other)) {
         errs.spanned(
             &item.ident,
             "`#[distribute]` struct has no parameters: it needs a `DTensor<T>` field or a field holding another `#[distribute]` struct",
@@ -225,7 +226,7 @@ pub(crate) fn validate_struct<'a>(
     let mut first_elem: Option<(String, syn::Type)> = None;
     for f in fields {
         plans.push(match f {
-            FieldAst::Tensors(slot) => {
+            FieldAst::Tensors(slot, buffer) => {
                 let e = slot.ty.elem.to_token_stream().to_string();
                 let integer = slot.all.iter().find(|t| crate::ast::is_integer_elem(&t.elem));
                 if let Some(t) = integer {
@@ -252,7 +253,7 @@ pub(crate) fn validate_struct<'a>(
                     }
                 }
                 match resolve_slot(&slot, args, mesh, Use::Parameter, "field", errs) {
-                    Some(ms) => FieldPlan::Tensors(ms),
+                    Some(ms) => FieldPlan::Tensors(ms, buffer),
                     None => FieldPlan::Plain,
                 }
             }

@@ -122,8 +122,11 @@ fn positions(x: &RotaryTable<f32, M>, start: usize, len: usize) -> Result<Rotary
 }
 
 impl Llama {
-    /// Rotary tables for `max_positions` positions (replicated), for `cfg`.
+    /// Rotary tables for `max_positions` positions (replicated), for `cfg`. Refused, naming
+    /// the heads, when tp does not divide the query and key/value heads: the struct shards
+    /// q/k/v by whole heads (transformers' plan decides it).
     pub fn new(cfg: LlamaConfig, max_positions: usize, mesh: &DeviceMesh) -> Result<Llama> {
+        cfg.tp_plan(mesh, "tp", dtensor::checkpoint::hf::KvHeads::Shard)?;
         let (cos, sin) =
             rotary_tables::<f32, M>(max_positions, cfg.head_dim(), cfg.rope_theta, RotaryStyle::Half, mesh)?;
         Ok(Llama { cfg, cos, sin })

@@ -8,6 +8,10 @@
 //! parameters under the field's name), `Vec`, `[_; N]` (`name.0`, `name.1`, ...), `Option` and
 //! `Box` of those, and plain data (numbers, `bool`, `char`, `String`, `&'static str`, `()`,
 //! `PhantomData`): no parameters. Mark any other field `#[distribute(skip)]`.
+//!
+//! A field marked `#[distribute(buffer)]` holds tensors of the same kinds that are not
+//! parameters: the struct lists them through [`Parameters::collect_buffers`] instead, and
+//! builds them through [`into_buffers`] (detached, never requiring grad).
 
 use super::lift::lift_unary;
 use super::source::{plain_field, TensorSource};
@@ -47,6 +51,22 @@ pub trait Parameters<T: Element>: Sized {
     /// A `Vec` takes as many elements as the source has indices, an `Option` is `Some` when the
     /// source holds something under its name; plain data is an error naming the field.
     fn load_parameters(source: &mut dyn TensorSource<T>, prefix: &str) -> Result<Self>;
+    /// Appends every buffer under `prefix` (a `#[distribute(buffer)]` field's tensors; a bare
+    /// tensor in a parameter position holds none).
+    fn collect_buffers<'a>(&'a self, _prefix: &str, _out: &mut Vec<(String, &'a DTensor<T>)>) {}
+    /// Same, mutably.
+    fn collect_buffers_mut<'a>(&'a mut self, _prefix: &str, _out: &mut Vec<(String, &'a mut DTensor<T>)>) {}
+}
+
+/// `p` with every tensor it holds made a buffer: detached, never requiring grad (what
+/// `#[distribute(buffer)]` fields are built through).
+pub fn into_buffers<T: Element, P: Parameters<T>>(mut p: P) -> P {
+    let mut out = Vec::new();
+    p.collect_parameters_mut("", &mut out);
+    for (_, t) in out {
+        *t = t.detach();
+    }
+    p
 }
 
 /// `prefix.name`, or `name` at the top.
@@ -165,6 +185,26 @@ mod indexed {
         }
     }
 
+    pub(super) fn buffers<'a, T: Element, P: Parameters<T>>(
+        items: &'a [P],
+        prefix: &str,
+        out: &mut Vec<(String, &'a DTensor<T>)>,
+    ) {
+        for (i, p) in items.iter().enumerate() {
+            p.collect_buffers(&join(prefix, &i.to_string()), out);
+        }
+    }
+
+    pub(super) fn buffers_mut<'a, T: Element, P: Parameters<T>>(
+        items: &'a mut [P],
+        prefix: &str,
+        out: &mut Vec<(String, &'a mut DTensor<T>)>,
+    ) {
+        for (i, p) in items.iter_mut().enumerate() {
+            p.collect_buffers_mut(&join(prefix, &i.to_string()), out);
+        }
+    }
+
     pub(super) fn placements<T: Element, P: Parameters<T>>(
         items: &[P],
         prefix: &str,
@@ -193,6 +233,12 @@ impl<T: Element, P: Parameters<T>> Parameters<T> for Vec<P> {
     fn collect_placements(&self, prefix: &str, out: &mut Vec<(String, Vec<Placement>)>) {
         indexed::placements(self, prefix, out);
     }
+    fn collect_buffers<'a>(&'a self, prefix: &str, out: &mut Vec<(String, &'a DTensor<T>)>) {
+        indexed::buffers(self, prefix, out);
+    }
+    fn collect_buffers_mut<'a>(&'a mut self, prefix: &str, out: &mut Vec<(String, &'a mut DTensor<T>)>) {
+        indexed::buffers_mut(self, prefix, out);
+    }
     fn collect_patterns(prefix: &str, out: &mut Vec<(String, Vec<Placement>)>) {
         P::collect_patterns(&join(prefix, "*"), out);
     }
@@ -218,6 +264,12 @@ impl<T: Element, P: Parameters<T>, const N: usize> Parameters<T> for [P; N] {
     }
     fn collect_placements(&self, prefix: &str, out: &mut Vec<(String, Vec<Placement>)>) {
         indexed::placements(self, prefix, out);
+    }
+    fn collect_buffers<'a>(&'a self, prefix: &str, out: &mut Vec<(String, &'a DTensor<T>)>) {
+        indexed::buffers(self, prefix, out);
+    }
+    fn collect_buffers_mut<'a>(&'a mut self, prefix: &str, out: &mut Vec<(String, &'a mut DTensor<T>)>) {
+        indexed::buffers_mut(self, prefix, out);
     }
     fn collect_patterns(prefix: &str, out: &mut Vec<(String, Vec<Placement>)>) {
         P::collect_patterns(&join(prefix, "*"), out);
@@ -252,6 +304,16 @@ impl<T: Element, P: Parameters<T>> Parameters<T> for Option<P> {
             p.collect_placements(prefix, out);
         }
     }
+    fn collect_buffers<'a>(&'a self, prefix: &str, out: &mut Vec<(String, &'a DTensor<T>)>) {
+        if let Some(p) = self {
+            p.collect_buffers(prefix, out);
+        }
+    }
+    fn collect_buffers_mut<'a>(&'a mut self, prefix: &str, out: &mut Vec<(String, &'a mut DTensor<T>)>) {
+        if let Some(p) = self {
+            p.collect_buffers_mut(prefix, out);
+        }
+    }
     fn collect_patterns(prefix: &str, out: &mut Vec<(String, Vec<Placement>)>) {
         P::collect_patterns(prefix, out);
     }
@@ -273,6 +335,12 @@ impl<T: Element, P: Parameters<T>> Parameters<T> for Box<P> {
     }
     fn collect_placements(&self, prefix: &str, out: &mut Vec<(String, Vec<Placement>)>) {
         (**self).collect_placements(prefix, out);
+    }
+    fn collect_buffers<'a>(&'a self, prefix: &str, out: &mut Vec<(String, &'a DTensor<T>)>) {
+        (**self).collect_buffers(prefix, out);
+    }
+    fn collect_buffers_mut<'a>(&'a mut self, prefix: &str, out: &mut Vec<(String, &'a mut DTensor<T>)>) {
+        (**self).collect_buffers_mut(prefix, out);
     }
     fn collect_patterns(prefix: &str, out: &mut Vec<(String, Vec<Placement>)>) {
         P::collect_patterns(prefix, out);

@@ -1,4 +1,4 @@
-// On a field, `#[distribute]` only takes `skip`.
+// On a field, `#[distribute]` takes `skip` (a field without parameters) or `buffer`.
 use dtensor::{distribute, DTensor};
 
 #[distribute(mesh = "tp", placements = [Shard(0)])]
