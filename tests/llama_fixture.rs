@@ -3,31 +3,23 @@
 //! logits and loss within 1e-4 relative of transformers' in f32 and its greedy generation
 //! with a KV cache identical. (The example also checks gradients and training.)
 
+mod fixture_util;
+
 #[path = "../examples/llama/model.rs"]
 #[allow(dead_code)]
 mod model;
 
 use dtensor::checkpoint::hf::{HfCheckpoint, LlamaConfig};
-use dtensor::ndarray::{Array2, ArrayD, IxDyn};
+use dtensor::ndarray::{ArrayD, IxDyn};
 use dtensor::typed::Dt;
+use fixture_util::{data, ids, json};
 use model::{Ids, Llama, LlamaForCausalLM};
-use serde_json::Value;
 use std::path::Path;
 
-fn fixture() -> (std::path::PathBuf, Value) {
+fn fixture() -> (std::path::PathBuf, serde_json::Value) {
     let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("examples/llama/fixture");
-    let v = serde_json::from_str(&std::fs::read_to_string(dir.join("expected.json")).unwrap()).unwrap();
+    let v = json(&dir, "expected.json");
     (dir, v)
-}
-
-fn ids(v: &Value) -> Array2<i64> {
-    let rows: Vec<Vec<i64>> = v
-        .as_array()
-        .unwrap()
-        .iter()
-        .map(|r| r.as_array().unwrap().iter().map(|x| x.as_i64().unwrap()).collect())
-        .collect();
-    Array2::from_shape_fn((rows.len(), rows[0].len()), |(i, j)| rows[i][j])
 }
 
 #[test]
@@ -35,7 +27,7 @@ fn llama_matches_transformers_on_every_mesh() {
     let (dir, exp) = fixture();
     let cfg = LlamaConfig::read(&dir).unwrap();
     let (input, labels, generated) = (ids(&exp["input_ids"]), ids(&exp["labels"]), ids(&exp["generated"]));
-    let want: Vec<f32> = exp["logits"]["data"].as_array().unwrap().iter().map(|x| x.as_f64().unwrap() as f32).collect();
+    let want = data(&exp["logits"]);
     let scale = want.iter().fold(0f32, |m, x| m.max(x.abs()));
     let (want_loss, prompt_len) = (exp["loss"].as_f64().unwrap() as f32, exp["prompt_len"].as_u64().unwrap() as usize);
     let new = generated.ncols() - prompt_len;

@@ -58,11 +58,13 @@ mod llama;
 mod module_load;
 mod plan;
 mod save;
+mod tensor_map;
 
 pub use index::{HfIndex, INDEX_FILE, SINGLE_FILE};
 pub use llama::{KvHeads, LlamaConfig, CONFIG_FILE};
 pub use plan::LoadPlan;
 pub use save::{export_train_state, save, save_sharded, shard_file_name};
+pub use tensor_map::{Split, TensorMap};
 
 use super::convert::loadable_size;
 use super::safe_file::SafeDir;

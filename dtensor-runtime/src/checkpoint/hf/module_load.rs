@@ -1,12 +1,16 @@
 //! Building a typed module straight from a checkpoint: [`HfCheckpoint::load_module`], the
-//! [`TensorSource`] that a `#[distribute]` struct's `load_hf` reads its parameters from.
+//! [`TensorSource`] that a `#[distribute]` struct's `load_hf` reads its parameters from, and
+//! [`HfCheckpoint::load_module_mapped`] for checkpoints that name or fuse tensors otherwise.
 
-use super::{prefix_hint, HfCheckpoint};
+use super::tensor_map::Split;
+use super::{prefix_hint, HfCheckpoint, TensorMap};
 use crate::dtensor::DTensor;
 use crate::element::Element;
 use crate::error::{Error, Result};
+use crate::layout::local_shape_and_offset;
 use crate::mesh::DeviceMesh;
-use crate::placement::Placement;
+use crate::placement::{normalize_placements, Placement};
+use crate::storage::Storage;
 use crate::typed::{Parameters, TensorSource};
 use std::collections::BTreeSet;
 
@@ -16,50 +20,92 @@ struct Source<'a> {
     checkpoint: &'a mut HfCheckpoint,
     prefix: &'a str,
     mesh: &'a DeviceMesh,
+    map: &'a TensorMap,
     taken: BTreeSet<String>,
 }
 
 impl<T: Element> TensorSource<T> for Source<'_> {
     fn tensor(&mut self, path: &str, placements: &[Placement]) -> Result<DTensor<T>> {
-        let name = format!("{}{path}", self.prefix);
+        let (mapped, split) = self.map.source(path)?;
+        let name = format!("{}{mapped}", self.prefix);
         if !self.checkpoint.weight_map.contains_key(&name) {
             return Err(Error::Checkpoint {
                 path: self.checkpoint.listing.display().to_string(),
                 reason: format!(
                     "no tensor `{name}` for the module's parameter `{path}` (prefix `{}`){}",
                     self.prefix,
-                    prefix_hint(&self.checkpoint.names(), &[path], self.prefix)
+                    prefix_hint(&self.checkpoint.names(), &[mapped.as_str()], self.prefix)
                 ),
             });
         }
-        let t = self.checkpoint.load_tensor::<T>(&name, self.mesh, placements).map_err(|e| match e {
+        let named = |e: Error| match e {
             Error::InvalidArgument { context, reason } => {
                 Error::InvalidArgument { context: format!("{context} for the module's parameter `{path}`"), reason }
             }
             e => e,
-        })?;
+        };
+        let t = match split {
+            None => self.checkpoint.load_tensor::<T>(&name, self.mesh, placements).map_err(named)?,
+            Some(split) => self.part::<T>(&name, path, placements, split).map_err(named)?,
+        };
         self.taken.insert(name);
         Ok(t)
     }
 
     fn count(&self, path: &str) -> usize {
-        let head = format!("{}{path}.", self.prefix);
-        (0..).take_while(|i| self.holds(&format!("{head}{i}"))).count()
+        (0..).take_while(|i| self.holds(&format!("{path}.{i}"))).count()
     }
 
     fn contains(&self, path: &str) -> bool {
-        self.holds(&format!("{}{path}", self.prefix))
+        self.holds(path)
     }
 }
 
 impl Source<'_> {
-    /// Whether the checkpoint has the tensor `name` or tensors below it (`name.`...).
-    fn holds(&self, name: &str) -> bool {
-        let below = format!("{name}.");
+    /// Part `part` of `parts` of tensor `name` along `dim`, laid out with `placements`: this
+    /// rank reads its shard of the part only.
+    fn part<T: Element>(
+        &mut self,
+        name: &str,
+        path: &str,
+        placements: &[Placement],
+        Split { dim, part, parts }: Split,
+    ) -> Result<DTensor<T>> {
+        let (_, full, _) = self.checkpoint.source(name)?;
+        if dim >= full.len() || !full[dim].is_multiple_of(parts) {
+            return Err(Error::Checkpoint {
+                path: self.checkpoint.listing.display().to_string(),
+                reason: format!(
+                    "tensor `{name}` of shape {full:?} cannot give the parameter `{path}` part {part} of {parts} \
+                     equal parts along dim {dim}"
+                ),
+            });
+        }
+        let mut global = full.clone();
+        global[dim] /= parts;
+        let placements = normalize_placements(placements, global.len(), self.mesh.ndim()).map_err(|e| {
+            Error::InvalidArgument { context: format!("loading `{name}` of shape {global:?}"), reason: e.to_string() }
+        })?;
+        if let Some(p) = placements.iter().find(|p| p.is_partial()) {
+            return Err(Error::PartialNotAllowed { placement: *p, context: format!("loading `{name}`") });
+        }
+        let (shape, mut offset) =
+            local_shape_and_offset(&global, self.mesh.shape(), self.mesh.coordinate(), &placements);
+        offset[dim] += part * global[dim];
+        let local = Storage::from_host(self.checkpoint.read_block::<T>(name, &offset, &shape)?, self.mesh.target())?;
+        Ok(DTensor::new_unchecked(local, self.mesh.clone(), placements, global, None))
+    }
+
+    /// Whether the module path `path` holds something: a checkpoint tensor at it or below it
+    /// (`path.`...), or a rule of the map that sends a parameter at or below it to a tensor
+    /// the checkpoint has.
+    fn holds(&self, path: &str) -> bool {
+        let (name, below) = (format!("{}{path}", self.prefix), format!("{}{path}.", self.prefix));
         let map = &self.checkpoint.weight_map;
-        map.range(name.to_string()..)
-            .take_while(|(n, _)| n.starts_with(name))
-            .any(|(n, _)| n == name || n.starts_with(&below))
+        map.range(name.clone()..)
+            .take_while(|(n, _)| n.starts_with(&name))
+            .any(|(n, _)| *n == name || n.starts_with(&below))
+            || self.map.maps_below(path, |t| map.contains_key(&format!("{}{t}", self.prefix)))
     }
 }
 
@@ -76,7 +122,20 @@ impl HfCheckpoint {
     /// prefix under which nothing loads is a typed error naming the parameter or the tensor;
     /// no module is returned then.
     pub fn load_module<T: Element, M: Parameters<T>>(&mut self, prefix: &str, mesh: &DeviceMesh) -> Result<M> {
-        let mut source = Source { checkpoint: self, prefix, mesh, taken: BTreeSet::new() };
+        self.load_module_mapped(prefix, mesh, &TensorMap::new())
+    }
+
+    /// [`load_module`](Self::load_module) with the parameters read where `map` says:
+    /// renamed tensors, or parts of fused ones (GPT-2's `c_attn` split into q, k and v, each
+    /// then sharded by its declared placements, so each rank keeps its own heads of all
+    /// three). A fused tensor counts as taken once any part of it is read.
+    pub fn load_module_mapped<T: Element, M: Parameters<T>>(
+        &mut self,
+        prefix: &str,
+        mesh: &DeviceMesh,
+        map: &TensorMap,
+    ) -> Result<M> {
+        let mut source = Source { checkpoint: self, prefix, mesh, map, taken: BTreeSet::new() };
         let module = M::load_parameters(&mut source, "")?;
         let taken = source.taken;
         let listing = self.listing.display().to_string();
