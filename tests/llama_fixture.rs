@@ -34,7 +34,7 @@ fn llama_matches_transformers_on_every_mesh() {
     for (dp, tp) in [(1, 1), (2, 2), (1, 2)] {
         let out = dtensor::run(dp * tp, |ctx| {
             let mesh = ctx.init_device_mesh(&[dp, tp], &["dp", "tp"])?;
-            let model = LlamaForCausalLM::load_hf(&mut HfCheckpoint::open(&dir)?, "", &mesh)?;
+            let model = LlamaForCausalLM::<f32>::load_hf(&mut HfCheckpoint::open(&dir)?, "", &mesh)?;
             let llama = Llama::new(cfg.clone(), generated.ncols(), &mesh)?;
             let x: Ids = Dt::distribute(&input.clone().into_dyn(), &mesh)?;
             let y: Ids = Dt::distribute(&labels.clone().into_dyn(), &mesh)?;

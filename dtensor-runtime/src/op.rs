@@ -374,7 +374,7 @@ pub struct AdamWStep {
     pub eps: f64,
     /// Decoupled weight decay.
     pub weight_decay: f64,
-    /// Bias correction `1 - β₁ᵗ`, computed by the caller in the element type.
+    /// Bias correction `1 - β₁ᵗ`, computed by the caller in f64 (as PyTorch).
     pub bias_correction1: f64,
     /// Bias correction `1 - β₂ᵗ`.
     pub bias_correction2: f64,

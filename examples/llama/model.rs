@@ -19,124 +19,129 @@ use dtensor::typed::attention::scaled_dot_product_attention;
 use dtensor::typed::dims::{dp, tp};
 use dtensor::typed::rotary::{rotary_tables, RotaryTable};
 use dtensor::typed::{Dim, Dims, Dt, Sum};
+use dtensor::Element;
 
 /// The mesh type: data parallel × tensor parallel.
 pub type M = (dp, tp);
 /// Activations `[batch, seq, hidden]`: the batch over dp, replicated over tp.
-pub type Hidden = Dt<f32, M, (Shard<0>, Replicate), 3>;
+pub type Hidden<T> = Dt<T, M, (Shard<0>, Replicate), 3>;
 /// Per-head tensors `[batch, heads, seq, head_dim]`: heads over tp.
-pub type Heads = Dt<f32, M, (Shard<0>, Shard<1>), 4>;
+pub type Heads<T> = Dt<T, M, (Shard<0>, Shard<1>), 4>;
 /// Token ids `[batch, seq]`.
 pub type Ids = Dt<i64, M, (Shard<0>, Replicate), 2>;
 /// Logits `[batch, seq, vocab]`: the vocabulary over tp.
-pub type Logits = Dt<f32, M, (Shard<0>, Shard<2>), 3>;
+pub type Logits<T> = Dt<T, M, (Shard<0>, Shard<2>), 3>;
 
 /// `nn.Linear` without bias, column-parallel: weight `[out, in]` sharded on its output rows.
 #[distribute(mesh = "dp,tp")]
-pub struct ColLinear {
+pub struct ColLinear<T: Element> {
     #[placements = [Replicate, Shard(0)]]
-    pub weight: DTensor<f32>,
+    pub weight: DTensor<T>,
 }
 
 /// `nn.Linear` without bias, row-parallel: weight `[out, in]` sharded on its input columns.
 #[distribute(mesh = "dp,tp")]
-pub struct RowLinear {
+pub struct RowLinear<T: Element> {
     #[placements = [Replicate, Shard(1)]]
-    pub weight: DTensor<f32>,
+    pub weight: DTensor<T>,
 }
 
 /// `LlamaRMSNorm`: a replicated `[hidden]` scale.
 #[distribute(mesh = "dp,tp")]
-pub struct RmsNorm {
+pub struct RmsNorm<T: Element> {
     #[placements = [Replicate, Replicate]]
-    pub weight: DTensor<f32, 1>,
+    pub weight: DTensor<T, 1>,
 }
 
 /// The token table `[vocab, hidden]`, vocab-parallel.
 #[distribute(mesh = "dp,tp")]
-pub struct Embedding {
+pub struct Embedding<T: Element> {
     #[placements = [Replicate, Shard(0)]]
-    pub weight: DTensor<f32>,
+    pub weight: DTensor<T>,
 }
 
 /// `LlamaAttention`.
-#[distribute(mesh = "dp,tp")]
-pub struct Attention {
-    pub q_proj: ColLinear,
-    pub k_proj: ColLinear,
-    pub v_proj: ColLinear,
-    pub o_proj: RowLinear,
+#[distribute(mesh = "dp,tp", elem = T)]
+pub struct Attention<T: Element> {
+    pub q_proj: ColLinear<T>,
+    pub k_proj: ColLinear<T>,
+    pub v_proj: ColLinear<T>,
+    pub o_proj: RowLinear<T>,
 }
 
 /// `LlamaMLP` (SwiGLU).
-#[distribute(mesh = "dp,tp")]
-pub struct Mlp {
-    pub gate_proj: ColLinear,
-    pub up_proj: ColLinear,
-    pub down_proj: RowLinear,
+#[distribute(mesh = "dp,tp", elem = T)]
+pub struct Mlp<T: Element> {
+    pub gate_proj: ColLinear<T>,
+    pub up_proj: ColLinear<T>,
+    pub down_proj: RowLinear<T>,
 }
 
 /// `LlamaDecoderLayer`.
-#[distribute(mesh = "dp,tp")]
-pub struct DecoderLayer {
-    pub self_attn: Attention,
-    pub mlp: Mlp,
-    pub input_layernorm: RmsNorm,
-    pub post_attention_layernorm: RmsNorm,
+#[distribute(mesh = "dp,tp", elem = T)]
+pub struct DecoderLayer<T: Element> {
+    pub self_attn: Attention<T>,
+    pub mlp: Mlp<T>,
+    pub input_layernorm: RmsNorm<T>,
+    pub post_attention_layernorm: RmsNorm<T>,
 }
 
 /// `LlamaModel`.
-#[distribute(mesh = "dp,tp")]
-pub struct LlamaModel {
-    pub embed_tokens: Embedding,
-    pub layers: Vec<DecoderLayer>,
-    pub norm: RmsNorm,
+#[distribute(mesh = "dp,tp", elem = T)]
+pub struct LlamaModel<T: Element> {
+    pub embed_tokens: Embedding<T>,
+    pub layers: Vec<DecoderLayer<T>>,
+    pub norm: RmsNorm<T>,
 }
 
 /// `LlamaForCausalLM`; `lm_head` is absent when the checkpoint ties it to the token table.
-#[distribute(mesh = "dp,tp")]
-pub struct LlamaForCausalLM {
-    pub model: LlamaModel,
-    pub lm_head: Option<ColLinear>,
+#[distribute(mesh = "dp,tp", elem = T)]
+pub struct LlamaForCausalLM<T: Element> {
+    pub model: LlamaModel<T>,
+    pub lm_head: Option<ColLinear<T>>,
 }
 
 /// What the forward needs besides the weights: the configuration and the rotary tables.
-pub struct Llama {
+pub struct Llama<T: Element> {
     pub cfg: LlamaConfig,
-    cos: RotaryTable<f32, M>,
-    sin: RotaryTable<f32, M>,
+    cos: RotaryTable<T, M>,
+    sin: RotaryTable<T, M>,
 }
 
 /// Keys and values of the positions seen so far, per layer (`[batch, kv_heads, t, head_dim]`,
 /// heads over tp): generation appends one position per step instead of recomputing.
-#[derive(Default)]
-pub struct KvCache {
-    layers: Vec<Option<(Heads, Heads)>>,
+pub struct KvCache<T: Element> {
+    layers: Vec<Option<(Heads<T>, Heads<T>)>>,
     /// Positions held.
     pub len: usize,
 }
 
-/// The columns `[start, start + len)` of a layout-keeping op's dim 1.
-fn positions(x: &RotaryTable<f32, M>, start: usize, len: usize) -> Result<RotaryTable<f32, M>> {
+impl<T: Element> Default for KvCache<T> {
+    fn default() -> Self {
+        KvCache { layers: Vec::new(), len: 0 }
+    }
+}
+
+/// The rows `[start, start + len)` of a rotary table: the positions of this step.
+fn positions<T: Element>(x: &RotaryTable<T, M>, start: usize, len: usize) -> Result<RotaryTable<T, M>> {
     x.narrow(Dim::<0>, start, len)
 }
 
-impl Llama {
+impl<T: Element> Llama<T> {
     /// Rotary tables for `max_positions` positions (replicated), for `cfg`. Refused, naming
     /// the heads, when tp does not divide the query and key/value heads: the struct shards
     /// q/k/v by whole heads (transformers' plan decides it).
-    pub fn new(cfg: LlamaConfig, max_positions: usize, mesh: &DeviceMesh) -> Result<Llama> {
+    pub fn new(cfg: LlamaConfig, max_positions: usize, mesh: &DeviceMesh) -> Result<Llama<T>> {
         cfg.tp_plan(mesh, "tp", dtensor::checkpoint::hf::KvHeads::Shard)?;
-        let (cos, sin) =
-            rotary_tables::<f32, M>(max_positions, cfg.head_dim(), cfg.rope_theta, RotaryStyle::Half, mesh)?;
+        let (cos, sin) = rotary_tables::<T, M>(max_positions, cfg.head_dim(), cfg.rope_theta, RotaryStyle::Half, mesh)?;
         Ok(Llama { cfg, cos, sin })
     }
 
     /// `[b, s, hidden]` → `[b, n, s, head_dim]` through a column-parallel projection: the
     /// heads land on tp, no communication.
-    fn heads(&self, x: &Hidden, w: &ColLinear, n: usize) -> Result<Heads> {
-        let y: Dt<f32, M, (Shard<0>, Shard<2>), 3> = x.linear(&w.weight)?;
-        let y: Dt<f32, M, (Shard<0>, Shard<2>), 4> = y.unflatten(Dim::<2>, [n, self.cfg.head_dim()])?;
+    fn heads(&self, x: &Hidden<T>, w: &ColLinear<T>, n: usize) -> Result<Heads<T>> {
+        let y: Dt<T, M, (Shard<0>, Shard<2>), 3> = x.linear(&w.weight)?;
+        let y: Dt<T, M, (Shard<0>, Shard<2>), 4> = y.unflatten(Dim::<2>, [n, self.cfg.head_dim()])?;
         y.transpose(Dim::<1>, Dim::<2>)
     }
 
@@ -144,11 +149,11 @@ impl Llama {
     /// positions too and appends this step's keys and values. One all-reduce over tp.
     fn attention(
         &self,
-        x: &Hidden,
-        a: &Attention,
+        x: &Hidden<T>,
+        a: &Attention<T>,
         start: usize,
-        cache: Option<&mut Option<(Heads, Heads)>>,
-    ) -> Result<Hidden> {
+        cache: Option<&mut Option<(Heads<T>, Heads<T>)>>,
+    ) -> Result<Hidden<T>> {
         let (nh, nkv, s) = (self.cfg.num_attention_heads, self.cfg.kv_heads(), x.shape()[1]);
         let (cos, sin) = (positions(&self.cos, start, s)?, positions(&self.sin, start, s)?);
         let q = self.heads(x, &a.q_proj, nh)?.apply_rotary(&cos, &sin, RotaryStyle::Half)?;
@@ -165,22 +170,22 @@ impl Llama {
         // groups per tp rank: the tp plan shards by whole key/value heads).
         let (k, v) = (k.repeat_interleave(nh / nkv, Dim::<1>)?, v.repeat_interleave(nh / nkv, Dim::<1>)?);
         // Causal among new positions that start at 0; a single new position sees them all.
-        let o: Heads = scaled_dot_product_attention(&q, &k, &v, start == 0 && s > 1, None)?;
-        let o: Dt<f32, M, (Shard<0>, Shard<2>), 4> = o.transpose(Dim::<1>, Dim::<2>)?;
-        let o: Dt<f32, M, (Shard<0>, Shard<2>), 3> = o.flatten(Dims::<2, 3>)?;
-        let o: Dt<f32, M, (Shard<0>, Partial<Sum>), 3> = o.linear(&a.o_proj.weight)?;
+        let o: Heads<T> = scaled_dot_product_attention(&q, &k, &v, start == 0 && s > 1, None)?;
+        let o: Dt<T, M, (Shard<0>, Shard<2>), 4> = o.transpose(Dim::<1>, Dim::<2>)?;
+        let o: Dt<T, M, (Shard<0>, Shard<2>), 3> = o.flatten(Dims::<2, 3>)?;
+        let o: Dt<T, M, (Shard<0>, Partial<Sum>), 3> = o.linear(&a.o_proj.weight)?;
         o.redistribute()
     }
 
     /// SwiGLU: `down(silu(gate(x)) · up(x))`. One all-reduce over tp.
-    fn mlp(&self, x: &Hidden, m: &Mlp) -> Result<Hidden> {
-        let g: Dt<f32, M, (Shard<0>, Shard<2>), 3> = x.linear(&m.gate_proj.weight)?;
-        let u: Dt<f32, M, (Shard<0>, Shard<2>), 3> = x.linear(&m.up_proj.weight)?;
-        let y: Dt<f32, M, (Shard<0>, Partial<Sum>), 3> = g.silu()?.mul(&u)?.linear(&m.down_proj.weight)?;
+    fn mlp(&self, x: &Hidden<T>, m: &Mlp<T>) -> Result<Hidden<T>> {
+        let g: Dt<T, M, (Shard<0>, Shard<2>), 3> = x.linear(&m.gate_proj.weight)?;
+        let u: Dt<T, M, (Shard<0>, Shard<2>), 3> = x.linear(&m.up_proj.weight)?;
+        let y: Dt<T, M, (Shard<0>, Partial<Sum>), 3> = g.silu()?.mul(&u)?.linear(&m.down_proj.weight)?;
         y.redistribute()
     }
 
-    fn norm(&self, x: &Hidden, n: &RmsNorm) -> Result<Hidden> {
+    fn norm(&self, x: &Hidden<T>, n: &RmsNorm<T>) -> Result<Hidden<T>> {
         x.rms_norm([self.cfg.hidden_size], Some(&n.weight), self.cfg.rms_norm_eps)
     }
 
@@ -189,11 +194,11 @@ impl Llama {
     /// these (a prompt at `start` 0, then one token per step).
     pub fn logits(
         &self,
-        model: &LlamaForCausalLM,
+        model: &LlamaForCausalLM<T>,
         ids: &Ids,
         start: usize,
-        mut cache: Option<&mut KvCache>,
-    ) -> Result<Logits> {
+        mut cache: Option<&mut KvCache<T>>,
+    ) -> Result<Logits<T>> {
         let s = ids.shape()[1];
         if start > 0 && s != 1 {
             return Err(Error::InvalidArgument {
@@ -202,8 +207,8 @@ impl Llama {
             });
         }
         let body = &model.model;
-        let x: Dt<f32, M, (Shard<0>, Partial<Sum>), 3> = body.embed_tokens.weight.embedding(ids)?;
-        let mut x: Hidden = x.redistribute()?;
+        let x: Dt<T, M, (Shard<0>, Partial<Sum>), 3> = body.embed_tokens.weight.embedding(ids)?;
+        let mut x: Hidden<T> = x.redistribute()?;
         if let Some(c) = cache.as_deref_mut() {
             if c.len != start {
                 return Err(Error::InvalidArgument {
@@ -235,19 +240,20 @@ impl Llama {
     /// parallel over tp; the sum's and the count's all-reduces are the two redistributes.
     pub fn loss(
         &self,
-        model: &LlamaForCausalLM,
+        model: &LlamaForCausalLM<T>,
         ids: &Ids,
         labels: &Ids,
-    ) -> Result<Dt<f32, M, (Replicate, Replicate), 0>> {
+    ) -> Result<Dt<T, M, (Replicate, Replicate), 0>> {
         let s = ids.shape()[1];
         let logits = self.logits(model, ids, 0, None)?.narrow(Dim::<1>, 0, s - 1)?;
         let targets = labels.narrow(Dim::<1>, 1, s - 1)?;
-        let total: Dt<f32, M, (Partial<Sum>, Partial<Sum>), 0> =
+        let total: Dt<T, M, (Partial<Sum>, Partial<Sum>), 0> =
             logits.cross_entropy_sum_loss_parallel(&targets, Some(-100))?;
+        // Counted exactly in f32 (a bf16 sum of ones stops being exact at 256).
         let count: Dt<f32, M, (Partial<Sum>, Replicate), 0> = targets.count_ne(-100)?;
-        let total: Dt<f32, M, (Replicate, Replicate), 0> = total.redistribute()?;
+        let total: Dt<T, M, (Replicate, Replicate), 0> = total.redistribute()?;
         let count: Dt<f32, M, (Replicate, Replicate), 0> = count.redistribute()?;
-        total.div(&count)
+        total.div(&count.cast::<T>()?)
     }
 
     /// Greedy decoding with a KV cache (transformers' `generate(do_sample=False)`): `new`
@@ -255,7 +261,7 @@ impl Llama {
     /// Returns the prompt and the new tokens, `[batch, s + new]`, on every rank.
     pub fn generate(
         &self,
-        model: &LlamaForCausalLM,
+        model: &LlamaForCausalLM<T>,
         prompt: &Ids,
         new: usize,
         eos: Option<i64>,
@@ -273,10 +279,10 @@ impl Llama {
             let start = cache.len;
             let logits = no_grad(|| self.logits(model, &ids, start, Some(&mut cache)))?;
             let n = logits.shape()[1];
-            let last: Dt<f32, M, (Shard<0>, Shard<2>), 3> = logits.narrow(Dim::<1>, n - 1, 1)?;
+            let last: Dt<T, M, (Shard<0>, Shard<2>), 3> = logits.narrow(Dim::<1>, n - 1, 1)?;
             // The argmax needs the whole vocabulary: gather it over tp (the one collective of
             // the step besides the layers' all-reduces).
-            let last: Dt<f32, M, (Shard<0>, Replicate), 3> = last.redistribute()?;
+            let last: Dt<T, M, (Shard<0>, Replicate), 3> = last.redistribute()?;
             let next: Dt<i64, M, (Shard<0>, Replicate), 3> = last.argmax(Dim::<2>)?;
             let next: Ids = next.squeeze(Dim::<2>)?;
             let mut tokens = next.full_tensor()?;

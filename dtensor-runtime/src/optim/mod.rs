@@ -303,18 +303,20 @@ fn adamw_update<W: Element>(
     m: &mut Storage<W>,
     v: &mut Storage<W>,
 ) -> Result<()> {
-    let (b1, b2) = (W::of_f64(hyper.betas.0), W::of_f64(hyper.betas.1));
-    // Bias corrections in `W`, as PyTorch computes them for the parameter's dtype.
-    let c1 = W::one() - b1.powi(t as i32);
-    let c2 = W::one() - b2.powi(t as i32);
+    // The betas and bias corrections in f64, as PyTorch (Python floats, the corrections from
+    // the step count in double): in a 16-bit type β₂ = 0.999 rounds to 1 and `1 − β₂ᵗ` to 0,
+    // which would make every update 0/0. The kernel rounds them once into its compute type.
+    let (b1, b2) = hyper.betas;
+    let c1 = 1.0 - b1.powi(t as i32);
+    let c2 = 1.0 - b2.powi(t as i32);
     let step = AdamWStep {
         lr: hyper.lr,
-        beta1: b1.as_f64(),
-        beta2: b2.as_f64(),
+        beta1: b1,
+        beta2: b2,
         eps: hyper.eps,
         weight_decay: hyper.weight_decay,
-        bias_correction1: c1.as_f64(),
-        bias_correction2: c2.as_f64(),
+        bias_correction1: c1,
+        bias_correction2: c2,
     };
     w.adamw_step(g, m, v, &step)
 }
