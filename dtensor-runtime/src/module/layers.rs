@@ -48,6 +48,17 @@ impl<T: Element> Linear<T> {
         let bias = if bias { Some(uniform(&[out_features], bound)?) } else { None };
         Ok(Linear { weight, bias, hooks: LayerHooks::new(LayerKind::Linear) })
     }
+
+    /// A layer of zeros to be loaded ([`HfCheckpoint::load_into`](crate::checkpoint::hf::HfCheckpoint::load_into)):
+    /// the weights are the allocator's zeroed pages, which take no memory until written, so
+    /// a model built this way and then loaded shard by shard grows each rank's resident
+    /// memory by its shards only (the path without a full-size model for dynamic modules).
+    pub fn zeros(in_features: usize, out_features: usize, bias: bool) -> Result<Self> {
+        check_positive("Linear::zeros", &[in_features, out_features])?;
+        let weight = zeros::<T>(&[out_features, in_features], &local_opts())?.requires_grad_(true);
+        let bias = if bias { Some(zeros::<T>(&[out_features], &local_opts())?.requires_grad_(true)) } else { None };
+        Ok(Linear { weight, bias, hooks: LayerHooks::new(LayerKind::Linear) })
+    }
 }
 
 impl<T: Element> Module<T> for Linear<T> {
@@ -98,6 +109,13 @@ impl<T: Element> Embedding<T> {
     pub fn new(num_embeddings: usize, dim: usize) -> Result<Self> {
         check_positive("Embedding::new", &[num_embeddings, dim])?;
         let weight = randn::<T>(&[num_embeddings, dim], &local_opts())?.requires_grad_(true);
+        Ok(Embedding { weight, hooks: LayerHooks::new(LayerKind::Embedding) })
+    }
+
+    /// A table of zeros to be loaded: see [`Linear::zeros`].
+    pub fn zeros(num_embeddings: usize, dim: usize) -> Result<Self> {
+        check_positive("Embedding::zeros", &[num_embeddings, dim])?;
+        let weight = zeros::<T>(&[num_embeddings, dim], &local_opts())?.requires_grad_(true);
         Ok(Embedding { weight, hooks: LayerHooks::new(LayerKind::Embedding) })
     }
 }
