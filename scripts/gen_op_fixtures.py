@@ -8,7 +8,8 @@ this project), in float64 with their gradients:
   reduction, label smoothing, 2-d and 3-d logits, every target ignored (NaN);
 * `linear`: `torch.nn.functional.linear` (weights `[out, in]`), with and without bias;
 * `rotary_half`: transformers' `LlamaRotaryEmbedding` + `apply_rotary_pos_emb` (the
-  rotate-half form), at positions from 0 and from an offset (a KV cache's new positions);
+  rotate-half form), at positions from 0 and from an offset (a KV cache's new positions),
+  plain and with Llama 3's and linear frequency scaling (`rope_parameters`);
 * `rotary_interleaved`: Meta's Llama reference (`precompute_freqs_cis` + `apply_rotary_emb`,
   a complex product), as published in github.com/meta-llama/llama `model.py`.
 
@@ -106,20 +107,36 @@ def linear_cases():
 
 def rotary_half_cases():
     cases = []
-    for heads, seq, head_dim, theta, start in ((2, 5, 8, 10000.0, 0), (4, 3, 6, 500000.0, 4)):
+    llama3 = {
+        "rope_type": "llama3",
+        "rope_theta": 500000.0,
+        "factor": 8.0,
+        "low_freq_factor": 1.0,
+        "high_freq_factor": 4.0,
+        # Small, so that the 8 frequencies of a 16-wide head fall in all three bands.
+        "original_max_position_embeddings": 64,
+    }
+    linear = {"rope_type": "linear", "rope_theta": 10000.0, "factor": 4.0}
+    for heads, seq, head_dim, rope_parameters, start in (
+        (2, 5, 8, {"rope_type": "default", "rope_theta": 10000.0}, 0),
+        (4, 3, 6, {"rope_type": "default", "rope_theta": 500000.0}, 4),
+        (2, 6, 16, llama3, 3),
+        (2, 4, 8, linear, 2),
+    ):
         config = LlamaConfig(
             hidden_size=heads * head_dim,
             num_attention_heads=heads,
             num_key_value_heads=heads,
-            rope_theta=theta,
-            max_position_embeddings=64,
+            rope_parameters=dict(rope_parameters),
+            max_position_embeddings=256,
         )
         rope = LlamaRotaryEmbedding(config)
         x = torch.randn([1, heads, seq, head_dim], requires_grad=True)
         positions = torch.arange(start, start + seq).unsqueeze(0)
         cos, sin = rope(x, positions)
         out, _ = apply_rotary_pos_emb(x, x, cos.double(), sin.double())
-        cases.append(case("rotary_half", {"x": x}, out, ["x"], {"theta": theta, "start": start}))
+        opts = {"rope_parameters": rope_parameters, "heads": heads, "head_dim": head_dim, "start": start}
+        cases.append(case("rotary_half", {"x": x}, out, ["x"], opts))
     return cases
 
 

@@ -55,6 +55,15 @@ fn reads_a_llama_config() {
     assert_ne!(v5, CONFIG);
     let cfg = LlamaConfig::from_json(v5.as_bytes(), Path::new("c.json")).unwrap();
     assert_eq!(cfg.rope_theta, 250000.0);
+    // A legacy linear scaling divides every frequency.
+    let linear = CONFIG.replace(
+        "\"rope_theta\": 500000.0",
+        "\"rope_theta\": 500000.0, \"rope_scaling\": {\"type\": \"linear\", \"factor\": 4.0}",
+    );
+    let scaled = LlamaConfig::from_json(linear.as_bytes(), Path::new("c.json")).unwrap().rope_frequencies();
+    let plain = LlamaConfig::from_json(CONFIG.as_bytes(), Path::new("c.json")).unwrap().rope_frequencies();
+    assert_eq!(scaled.len(), 2);
+    assert!(scaled.iter().zip(&plain).all(|(s, p)| (s * 4.0 - p).abs() < 1e-15 * p));
 }
 
 /// The plan on a 2-rank tp mesh: q/k/v sharded by whole heads, o and down by rows, the
@@ -143,14 +152,14 @@ fn bad_configs_are_refused() {
                 "\"rope_theta\": 500000.0",
                 "\"rope_parameters\": {\"rope_theta\": 5e5, \"rope_type\": \"llama3\", \"factor\": 8.0}",
             ),
-            "rotary scaling `llama3`",
+            "`rope_parameters.low_freq_factor` is missing",
         ),
         (
             edit(
                 "\"rope_theta\": 500000.0",
-                "\"rope_theta\": 5e5, \"rope_scaling\": {\"type\": \"linear\", \"factor\": 2.0}",
+                "\"rope_theta\": 5e5, \"rope_scaling\": {\"type\": \"yarn\", \"factor\": 2.0}",
             ),
-            "`rope_scaling` asks for rotary scaling `linear`",
+            "`rope_scaling` asks for rotary scaling `yarn`",
         ),
         (
             edit("\"rope_theta\": 500000.0", "\"rope_theta\": 5e5, \"rope_parameters\": {\"rope_theta\": 1e4}"),

@@ -2,10 +2,13 @@
 //! fixtures those computed (`tests/fixtures/torch_ops.json`, made by
 //! `scripts/gen_op_fixtures.py` with PyTorch 2.15 and transformers 5.25 in float64): PyTorch's
 //! `cross_entropy` (ignore_index, every reduction, label smoothing), `linear`, transformers'
-//! Llama rotary embedding (rotate-half) and Meta's Llama reference rotary (interleaved). Every
+//! Llama rotary embedding (rotate-half; plain, Llama 3 and linear frequency scaling, the
+//! frequencies read from the same `rope_parameters` by `LlamaConfig`) and Meta's Llama
+//! reference rotary (interleaved). Every
 //! case runs on one rank and on sharded layouts (batch, class, head, sequence, column- and
 //! row-parallel), forward and the float inputs' gradients.
 
+use dtensor_runtime::checkpoint::hf::LlamaConfig;
 use dtensor_runtime::ndarray::{ArrayD, IxDyn};
 use dtensor_runtime::{
     distribute_tensor, run, CrossEntropyOptions, DTensor, LossReduction, Placement, Replicate as R, Result,
@@ -88,9 +91,27 @@ fn apply(case: &Value, xs: &BTreeMap<String, DTensor<f64>>) -> Result<DTensor<f6
             xs["logits"].cross_entropy_with(&xs["target"], &o)
         }
         "linear" => xs["x"].linear(&xs["weight"], xs.get("bias")),
-        op => {
+        "rotary_half" => {
+            // transformers' tables from its config: the frequencies (plain or scaled) come
+            // from our reader of the same `rope_parameters`.
             let x = &xs["x"];
-            let style = if op == "rotary_half" { RotaryStyle::Half } else { RotaryStyle::Interleaved };
+            let (heads, hd) = (opts["heads"].as_u64().unwrap(), opts["head_dim"].as_u64().unwrap());
+            let config = serde_json::json!({
+                "vocab_size": 8, "hidden_size": heads * hd, "intermediate_size": 8, "num_hidden_layers": 1,
+                "num_attention_heads": heads, "head_dim": hd, "rope_parameters": opts["rope_parameters"],
+            });
+            let cfg = LlamaConfig::from_json(config.to_string().as_bytes(), std::path::Path::new("config.json"))?;
+            let (start, seq) = (opts["start"].as_u64().unwrap() as usize, x.shape()[2]);
+            let (cos, sin) = RotaryStyle::Half.tables_from_frequencies::<f64>(
+                start + seq,
+                &cfg.rope_frequencies(),
+                &TensorOptions::new().mesh(x.device_mesh()),
+            )?;
+            x.apply_rotary_with(&cos.narrow(0, start, seq)?, &sin.narrow(0, start, seq)?, RotaryStyle::Half)
+        }
+        _ => {
+            let x = &xs["x"];
+            let style = RotaryStyle::Interleaved;
             let (theta, start) = (opts["theta"].as_f64().unwrap(), opts["start"].as_u64().unwrap() as usize);
             let (seq, dim) = (x.shape()[2], x.shape()[3]);
             let (cos, sin) =

@@ -17,7 +17,7 @@ use dtensor::ops::rotary::RotaryStyle;
 use dtensor::prelude::*;
 use dtensor::typed::attention::scaled_dot_product_attention;
 use dtensor::typed::dims::{dp, tp};
-use dtensor::typed::rotary::{rotary_tables, RotaryTable};
+use dtensor::typed::rotary::{rotary_tables_from_frequencies, RotaryTable};
 use dtensor::typed::{Dim, Dims, Dt, Sum};
 use dtensor::Element;
 
@@ -133,7 +133,9 @@ impl<T: Element> Llama<T> {
     /// q/k/v by whole heads (transformers' plan decides it).
     pub fn new(cfg: LlamaConfig, max_positions: usize, mesh: &DeviceMesh) -> Result<Llama<T>> {
         cfg.tp_plan(mesh, "tp", dtensor::checkpoint::hf::KvHeads::Shard)?;
-        let (cos, sin) = rotary_tables::<T, M>(max_positions, cfg.head_dim(), cfg.rope_theta, RotaryStyle::Half, mesh)?;
+        // RoPE's frequencies as the config gives them (Llama 3's scaling included).
+        let (cos, sin) =
+            rotary_tables_from_frequencies::<T, M>(max_positions, &cfg.rope_frequencies(), RotaryStyle::Half, mesh)?;
         Ok(Llama { cfg, cos, sin })
     }
 

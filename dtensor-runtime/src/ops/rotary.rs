@@ -44,19 +44,43 @@ impl RotaryStyle {
                 reason: format!("base {base} must be finite and positive"),
             });
         }
-        let half = dim / 2;
+        self.tables_from_frequencies(seq_len, &default_frequencies(dim, base), opts)
+    }
+
+    /// Cosine and sine tables `[seq_len, 2·inv_freq.len()]` for positions `0..seq_len` with
+    /// the given inverse frequencies (one per rotated pair, e.g. a scaled RoPE's:
+    /// [`LlamaConfig::rope_frequencies`](crate::checkpoint::hf::LlamaConfig::rope_frequencies)),
+    /// laid out for this style, replicated on the mesh of `opts`.
+    pub fn tables_from_frequencies<T: Element>(
+        self,
+        seq_len: usize,
+        inv_freq: &[f64],
+        opts: &TensorOptions,
+    ) -> Result<(DTensor<T>, DTensor<T>)> {
+        if inv_freq.is_empty() || inv_freq.iter().any(|f| !f.is_finite()) {
+            return Err(Error::InvalidArgument {
+                context: "rotary_tables".into(),
+                reason: format!("{} inverse frequencies, which must be finite and at least one", inv_freq.len()),
+            });
+        }
+        let (half, dim) = (inv_freq.len(), 2 * inv_freq.len());
         let angle = move |i: usize| {
             let (pos, col) = (i / dim, i % dim);
             let j = match self {
                 RotaryStyle::Half => col % half,
                 RotaryStyle::Interleaved => col / 2,
             };
-            pos as f64 * base.powf(-2.0 * j as f64 / dim as f64)
+            pos as f64 * inv_freq[j]
         };
         let cos = from_fn("rotary_tables", &[seq_len, dim], opts, &|i| T::of_f64(angle(i).cos()))?;
         let sin = from_fn("rotary_tables", &[seq_len, dim], opts, &|i| T::of_f64(angle(i).sin()))?;
         Ok((cos, sin))
     }
+}
+
+/// RoPE's inverse frequencies `base^(-2j/dim)`, `j` in `0..dim/2`.
+pub fn default_frequencies(dim: usize, base: f64) -> Vec<f64> {
+    (0..dim / 2).map(|j| base.powf(-2.0 * j as f64 / dim as f64)).collect()
 }
 
 /// [`RotaryStyle::Half`] tables (GPT-NeoX / Llama): cosine and sine `[seq_len, dim]` with

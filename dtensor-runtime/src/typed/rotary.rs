@@ -107,6 +107,18 @@ pub fn rotary_tables<T: Element, M: MeshDims + Replicated>(
     Ok((Dt::from_dtensor(cos)?, Dt::from_dtensor(sin)?))
 }
 
+/// Typed [`RotaryStyle::tables_from_frequencies`]: tables of the given inverse frequencies
+/// (a scaled RoPE's, e.g. Llama 3's), replicated on `mesh`.
+pub fn rotary_tables_from_frequencies<T: Element, M: MeshDims + Replicated>(
+    seq_len: usize,
+    inv_freq: &[f64],
+    style: RotaryStyle,
+    mesh: &DeviceMesh,
+) -> Result<(RotaryTable<T, M>, RotaryTable<T, M>)> {
+    let (cos, sin) = style.tables_from_frequencies::<T>(seq_len, inv_freq, &TensorOptions::new().mesh(mesh))?;
+    Ok((Dt::from_dtensor(cos)?, Dt::from_dtensor(sin)?))
+}
+
 impl<T: Element, M: MeshDims + Replicated, L: TypedLayout<M>, const R: usize> Dt<T, M, L, R> {
     /// Rotary position embedding of this `[.., seq, dim]` tensor in `style` with tables of the
     /// same style (see the module for the layouts; [`rotary_tables`] makes the tables, and

@@ -54,6 +54,68 @@ pub struct LlamaConfig {
     /// `"llama"`, `"mistral"`, ... when given.
     #[serde(default)]
     pub model_type: Option<String>,
+    /// The rotary scaling `rope_parameters` / `rope_scaling` asks for (read by
+    /// [`from_json`](Self::from_json); not a JSON field of its own).
+    #[serde(skip)]
+    pub rope_scaling: RopeScaling,
+}
+
+/// A rotary-embedding scaling of the inverse frequencies, as transformers computes them
+/// (`modeling_rope_utils.py`); [`LlamaConfig::rope_frequencies`] applies it.
+#[derive(Debug, Clone, Copy, PartialEq, Default, Serialize, Deserialize)]
+pub enum RopeScaling {
+    /// Plain RoPE (`rope_type` `default`).
+    #[default]
+    None,
+    /// `linear`: every frequency divided by `factor`.
+    Linear {
+        /// The divisor.
+        factor: f64,
+    },
+    /// `llama3` (Llama 3.1 and later): low frequencies divided by `factor`, high ones kept,
+    /// the band between interpolated.
+    Llama3 {
+        /// Divisor of the low frequencies.
+        factor: f64,
+        /// `original_max_position_embeddings / low_freq_factor` is the low-frequency wavelength.
+        low_freq_factor: f64,
+        /// `original_max_position_embeddings / high_freq_factor` is the high-frequency wavelength.
+        high_freq_factor: f64,
+        /// The pretraining context length.
+        original_max_position_embeddings: f64,
+    },
+}
+
+impl RopeScaling {
+    /// `inv_freq` scaled.
+    pub fn apply(&self, inv_freq: &[f64]) -> Vec<f64> {
+        match *self {
+            RopeScaling::None => inv_freq.to_vec(),
+            RopeScaling::Linear { factor } => inv_freq.iter().map(|f| f / factor).collect(),
+            RopeScaling::Llama3 {
+                factor,
+                low_freq_factor,
+                high_freq_factor,
+                original_max_position_embeddings: old,
+            } => {
+                let (low_wavelen, high_wavelen) = (old / low_freq_factor, old / high_freq_factor);
+                inv_freq
+                    .iter()
+                    .map(|&f| {
+                        let wavelen = 2.0 * std::f64::consts::PI / f;
+                        if wavelen < high_wavelen {
+                            f
+                        } else if wavelen > low_wavelen {
+                            f / factor
+                        } else {
+                            let smooth = (old / wavelen - low_freq_factor) / (high_freq_factor - low_freq_factor);
+                            (1.0 - smooth) * f / factor + smooth * f
+                        }
+                    })
+                    .collect()
+            }
+        }
+    }
 }
 
 /// Where a `config.json` may say the rotary base and its scaling: `rope_theta` (transformers
@@ -73,17 +135,6 @@ impl RopeFields {
     /// The rotary base the config gives, if any; an error for a scaling or two bases that
     /// disagree.
     fn theta(&self) -> std::result::Result<Option<f64>, String> {
-        for (field, v) in [("rope_parameters", &self.rope_parameters), ("rope_scaling", &self.rope_scaling)] {
-            let Some(v) = v.as_ref().filter(|v| !v.is_null()) else { continue };
-            let Some(obj) = v.as_object() else { return Err(format!("`{field}` is not an object")) };
-            let kind = obj.get("rope_type").or_else(|| obj.get("type")).and_then(|t| t.as_str()).unwrap_or("default");
-            if kind != "default" {
-                return Err(format!(
-                    "`{field}` asks for rotary scaling `{kind}`, which this reader does not implement (its frequencies \
-                     differ from plain rotary tables)"
-                ));
-            }
-        }
         let nested = match self.rope_parameters.as_ref().and_then(|v| v.get("rope_theta")) {
             None => None,
             Some(t) => Some(t.as_f64().ok_or("`rope_parameters.rope_theta` is not a number")?),
@@ -94,6 +145,61 @@ impl RopeFields {
             }
             (a, b) => Ok(b.or(a)),
         }
+    }
+
+    /// The scaling asked for; an error naming the field for one this reader does not
+    /// implement, for a partial rotary factor, or for a missing or bad parameter.
+    fn scaling(&self) -> std::result::Result<RopeScaling, String> {
+        let mut found = RopeScaling::None;
+        for (field, v) in [("rope_parameters", &self.rope_parameters), ("rope_scaling", &self.rope_scaling)] {
+            let Some(v) = v.as_ref().filter(|v| !v.is_null()) else { continue };
+            let Some(obj) = v.as_object() else { return Err(format!("`{field}` is not an object")) };
+            let num = |key: &str| -> std::result::Result<f64, String> {
+                let x = obj
+                    .get(key)
+                    .and_then(|x| x.as_f64())
+                    .ok_or(format!("`{field}.{key}` is missing or not a number"))?;
+                if x.is_finite() && x > 0.0 {
+                    Ok(x)
+                } else {
+                    Err(format!("`{field}.{key}` {x} must be finite and > 0"))
+                }
+            };
+            if let Some(p) = obj.get("partial_rotary_factor").and_then(|p| p.as_f64()).filter(|&p| p != 1.0) {
+                return Err(format!(
+                    "`{field}.partial_rotary_factor` {p}: partial rotary embeddings are not implemented"
+                ));
+            }
+            let kind = obj.get("rope_type").or_else(|| obj.get("type")).and_then(|t| t.as_str()).unwrap_or("default");
+            let this = match kind {
+                "default" => RopeScaling::None,
+                "linear" => RopeScaling::Linear { factor: num("factor")? },
+                "llama3" => {
+                    let s = RopeScaling::Llama3 {
+                        factor: num("factor")?,
+                        low_freq_factor: num("low_freq_factor")?,
+                        high_freq_factor: num("high_freq_factor")?,
+                        original_max_position_embeddings: num("original_max_position_embeddings")?,
+                    };
+                    if let RopeScaling::Llama3 { low_freq_factor: lo, high_freq_factor: hi, .. } = s {
+                        if hi <= lo {
+                            return Err(format!("`{field}`: high_freq_factor {hi} must exceed low_freq_factor {lo}"));
+                        }
+                    }
+                    s
+                }
+                other => {
+                    return Err(format!(
+                        "`{field}` asks for rotary scaling `{other}`, which this reader does not implement (its \
+                         frequencies differ from the ones it would compute; implemented: default, linear, llama3)"
+                    ))
+                }
+            };
+            if this != RopeScaling::None {
+                found = this;
+            }
+        }
+        Ok(found)
     }
 }
 
@@ -129,6 +235,7 @@ impl LlamaConfig {
         let mut cfg: LlamaConfig = serde_json::from_slice(text).map_err(|e| bad(format!("not a Llama config: {e}")))?;
         let rope: RopeFields = serde_json::from_slice(text).map_err(|e| bad(format!("not a Llama config: {e}")))?;
         cfg.rope_theta = rope.theta().map_err(bad)?.unwrap_or(cfg.rope_theta);
+        cfg.rope_scaling = rope.scaling().map_err(bad)?;
         cfg.validate().map_err(bad)?;
         Ok(cfg)
     }
@@ -136,6 +243,13 @@ impl LlamaConfig {
     /// Key/value heads.
     pub fn kv_heads(&self) -> usize {
         self.num_key_value_heads.unwrap_or(self.num_attention_heads)
+    }
+
+    /// The rotary inverse frequencies of one head (`head_dim / 2` of them): `rope_theta`'s,
+    /// scaled as [`rope_scaling`](Self::rope_scaling) says. Build the tables with
+    /// [`RotaryStyle::tables_from_frequencies`](crate::ops::rotary::RotaryStyle::tables_from_frequencies).
+    pub fn rope_frequencies(&self) -> Vec<f64> {
+        self.rope_scaling.apply(&crate::ops::rotary::default_frequencies(self.head_dim(), self.rope_theta))
     }
 
     /// Width of one head.

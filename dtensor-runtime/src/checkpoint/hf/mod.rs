@@ -61,7 +61,7 @@ mod save;
 mod tensor_map;
 
 pub use index::{HfIndex, INDEX_FILE, SINGLE_FILE};
-pub use llama::{KvHeads, LlamaConfig, CONFIG_FILE};
+pub use llama::{KvHeads, LlamaConfig, RopeScaling, CONFIG_FILE};
 pub use plan::LoadPlan;
 pub use save::{export_train_state, save, save_sharded, shard_file_name};
 pub use tensor_map::{Split, TensorMap};
