@@ -33,6 +33,7 @@ cargo run --example transformer_tp -- --mesh 1x4 --layers 3 --optim sgd
 echo "== example: llama (HF Llama built by load_hf: transformers parity, training, KV-cache generation)"
 cargo run --example llama
 cargo run --example llama -- --dtype bf16
+cargo run --example llama -- --model examples/llama/fixture-tied
 
 echo "== example: hf_load (Llama-shaped HF checkpoint on 2x2 vs 1 rank)"
 cargo run --example hf_load

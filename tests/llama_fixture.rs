@@ -1,4 +1,5 @@
-//! The `examples/llama` model against transformers' fixture (`scripts/gen_llama_fixture.py`):
+//! The `examples/llama` model against transformers' fixtures (`scripts/gen_llama_fixture.py`:
+//! untied with plain RoPE, and tied with Llama 3's rotary scaling):
 //! built by `load_hf` from the committed `save_pretrained` directory on 1×1, 2×2 and 1×2, its
 //! logits and loss within 1e-4 relative of transformers' in f32 and its greedy generation
 //! with a KV cache identical. (The example also checks gradients and training.)
@@ -16,15 +17,23 @@ use fixture_util::{data, ids, json};
 use model::{Ids, Llama, LlamaForCausalLM};
 use std::path::Path;
 
-fn fixture() -> (std::path::PathBuf, serde_json::Value) {
-    let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("examples/llama/fixture");
+fn fixture(name: &str) -> (std::path::PathBuf, serde_json::Value) {
+    let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("examples/llama").join(name);
     let v = json(&dir, "expected.json");
     (dir, v)
 }
 
+/// The untied Llama (plain RoPE) and the Llama 3.2-style one (head tied to the token table,
+/// Llama 3's rotary scaling).
 #[test]
 fn llama_matches_transformers_on_every_mesh() {
-    let (dir, exp) = fixture();
+    for name in ["fixture", "fixture-tied"] {
+        check(name);
+    }
+}
+
+fn check(name: &str) {
+    let (dir, exp) = fixture(name);
     let cfg = LlamaConfig::read(&dir).unwrap();
     let (input, labels, generated) = (ids(&exp["input_ids"]), ids(&exp["labels"]), ids(&exp["generated"]));
     let want = data(&exp["logits"]);
@@ -49,9 +58,9 @@ fn llama_matches_transformers_on_every_mesh() {
         for (logits, loss, gen) in out {
             let want = ArrayD::from_shape_vec(IxDyn(logits.shape()), want.clone()).unwrap();
             let err = logits.iter().zip(&want).fold(0f32, |m, (a, b)| m.max((a - b).abs())) / scale;
-            assert!(err <= 1e-4, "{dp}x{tp}: logits relative error {err}");
-            assert!(((loss - want_loss) / want_loss).abs() <= 1e-4, "{dp}x{tp}: loss {loss} vs {want_loss}");
-            assert_eq!(gen, generated, "{dp}x{tp}: greedy generation");
+            assert!(err <= 1e-4, "{name} {dp}x{tp}: logits relative error {err}");
+            assert!(((loss - want_loss) / want_loss).abs() <= 1e-4, "{name} {dp}x{tp}: loss {loss} vs {want_loss}");
+            assert_eq!(gen, generated, "{name} {dp}x{tp}: greedy generation");
         }
     }
 }
