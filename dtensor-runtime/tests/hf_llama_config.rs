@@ -146,6 +146,8 @@ fn bad_configs_are_refused() {
         (edit("\"vocab_size\": 10", "\"vocab_size\": 18446744073709551615"), "too large to exist"),
         (edit("\"vocab_size\": 10,", ""), "missing field `vocab_size`"),
         ("[1, 2]".to_string(), "not a Llama config"),
+        (edit("\"hidden_act\": \"silu\"", "\"hidden_act\": \"gelu\""), "hidden_act `gelu` is not implemented"),
+        (edit("\"llama\"", "\"llama\", \"attention_bias\": true"), "`attention_bias` is true"),
         // Rotary scalings change the frequencies: refused, never read as plain tables.
         (
             edit(

@@ -130,9 +130,19 @@ fn positions<T: Element>(x: &RotaryTable<T, M>, start: usize, len: usize) -> Res
 impl<T: Element> Llama<T> {
     /// Rotary tables for `max_positions` positions (replicated), for `cfg`. Refused, naming
     /// the heads, when tp does not divide the query and key/value heads: the struct shards
-    /// q/k/v by whole heads (transformers' plan decides it).
+    /// q/k/v by whole heads (transformers' plan decides it); refused when a sliding window
+    /// shorter than `max_positions` would apply.
     pub fn new(cfg: LlamaConfig, max_positions: usize, mesh: &DeviceMesh) -> Result<Llama<T>> {
         cfg.tp_plan(mesh, "tp", dtensor::checkpoint::hf::KvHeads::Shard)?;
+        // Mistral's sliding window changes nothing while every position sees all the others.
+        if let Some(w) = cfg.sliding_window.filter(|&w| w < max_positions) {
+            return Err(Error::InvalidArgument {
+                context: "Llama::new".into(),
+                reason: format!(
+                    "sliding-window attention ({w} positions) over {max_positions} positions is not implemented"
+                ),
+            });
+        }
         // RoPE's frequencies as the config gives them (Llama 3's scaling included).
         let (cos, sin) =
             rotary_tables_from_frequencies::<T, M>(max_positions, &cfg.rope_frequencies(), RotaryStyle::Half, mesh)?;

@@ -54,6 +54,20 @@ pub struct LlamaConfig {
     /// `"llama"`, `"mistral"`, ... when given.
     #[serde(default)]
     pub model_type: Option<String>,
+    /// The MLP activation; absent or `"silu"` (SwiGLU) is the only one implemented.
+    #[serde(default)]
+    pub hidden_act: Option<String>,
+    /// Biases on q/k/v/o (`attention_bias`) or the MLP (`mlp_bias`): not part of the Llama
+    /// tensors this reader lists; refused when true.
+    #[serde(default)]
+    pub attention_bias: bool,
+    /// See [`attention_bias`](Self::attention_bias).
+    #[serde(default)]
+    pub mlp_bias: bool,
+    /// Mistral's sliding-window attention: each position attends to the last `sliding_window`
+    /// positions only. A forward over more positions than that must apply the window.
+    #[serde(default)]
+    pub sliding_window: Option<usize>,
     /// The rotary scaling `rope_parameters` / `rope_scaling` asks for (read by
     /// [`from_json`](Self::from_json); not a JSON field of its own).
     #[serde(skip)]
@@ -261,6 +275,14 @@ impl LlamaConfig {
         if let Some(t) = &self.model_type {
             if !["llama", "mistral"].contains(&t.as_str()) {
                 return Err(format!("model_type `{t}` is not of the Llama family (llama, mistral)"));
+            }
+        }
+        if let Some(act) = self.hidden_act.as_deref().filter(|a| *a != "silu") {
+            return Err(format!("hidden_act `{act}` is not implemented (the Llama family's MLP is SwiGLU: `silu`)"));
+        }
+        for (field, on) in [("attention_bias", self.attention_bias), ("mlp_bias", self.mlp_bias)] {
+            if on {
+                return Err(format!("`{field}` is true: biased Llama projections are not among this reader's tensors"));
             }
         }
         let sizes = [
