@@ -171,11 +171,15 @@ fn rel(a: &ArrayD<f32>, b: &ArrayD<f32>) -> f64 {
     a.iter().zip(b).fold(0f64, |m, (&x, &y)| m.max((x as f64 - y as f64).abs())) / scale
 }
 
-/// `eos_token_id` of `config.json` (a number or the first of a list), if any.
-fn eos(dir: &Path) -> Option<i64> {
-    let v: Value = serde_json::from_str(&std::fs::read_to_string(dir.join("config.json")).ok()?).ok()?;
-    let e = &v["eos_token_id"];
-    e.as_i64().or_else(|| e.as_array()?.first()?.as_i64())
+/// `eos_token_id` of `generation_config.json` (what `generate` reads), else of `config.json`:
+/// a number or a list (Llama 3 has several).
+fn eos(dir: &Path) -> Vec<i64> {
+    let read = |file: &str| -> Option<Vec<i64>> {
+        let v: Value = serde_json::from_str(&std::fs::read_to_string(dir.join(file)).ok()?).ok()?;
+        let e = &v["eos_token_id"];
+        e.as_i64().map(|x| vec![x]).or_else(|| e.as_array().map(|a| a.iter().filter_map(|x| x.as_i64()).collect()))
+    };
+    read("generation_config.json").or_else(|| read("config.json")).unwrap_or_default()
 }
 
 /// One mesh's results (rank 0's).
@@ -232,7 +236,7 @@ fn run_mesh<T: Element>(
         let prompt: Ids =
             Dt::distribute(&exp.ids.slice(ndarray::s![.., ..exp.prompt_len]).to_owned().into_dyn(), &mesh)?;
         let t1 = Instant::now();
-        let generated = llama.generate(&model, &prompt, a.new_tokens, eos, 0)?;
+        let generated = llama.generate(&model, &prompt, a.new_tokens, &eos, 0)?;
         let gen_tokens_per_s = (b * a.new_tokens) as f64 / t1.elapsed().as_secs_f64();
 
         // A few AdamW steps on the same batch (the gradients above are the first step's).

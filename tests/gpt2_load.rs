@@ -199,6 +199,14 @@ fn bad_tensor_maps_are_typed_errors() {
             TensorMap::new().split("h.*.attn.q.weight", "h.*.attn.c_attn.weight", 1, 3, 3),
             // No such tensor.
             TensorMap::new().rename("h.*.attn.q.weight", "h.*.attn.query.weight"),
+            // v read from k's third by mistake: the last third of `c_attn` would be dropped.
+            TensorMap::new()
+                .split("h.*.attn.q.weight", "h.*.attn.c_attn.weight", 1, 0, 3)
+                .split("h.*.attn.k.weight", "h.*.attn.c_attn.weight", 1, 1, 3)
+                .split("h.*.attn.v.weight", "h.*.attn.c_attn.weight", 1, 1, 3)
+                .split("h.*.attn.q.bias", "h.*.attn.c_attn.bias", 0, 0, 3)
+                .split("h.*.attn.k.bias", "h.*.attn.c_attn.bias", 0, 1, 3)
+                .split("h.*.attn.v.bias", "h.*.attn.c_attn.bias", 0, 2, 3),
         ] {
             let e = HfCheckpoint::open(&dir)?.load_module_mapped::<f32, Gpt2>("transformer.", &mesh, &map);
             out.push(e.map(drop).unwrap_err().to_string());
@@ -210,4 +218,9 @@ fn bad_tensor_maps_are_typed_errors() {
     assert!(errors[0].contains("c_attn.weight") && errors[0].contains("5 equal parts"), "{}", errors[0]);
     assert!(errors[1].contains("part 3 of 3 does not exist"), "{}", errors[1]);
     assert!(errors[2].contains("no tensor `transformer.h.0.attn.query.weight`"), "{}", errors[2]);
+    assert!(
+        errors[3].contains("parts [2] of the 3 parts of tensor `transformer.h.0.attn.c_attn.weight`"),
+        "{}",
+        errors[3]
+    );
 }

@@ -51,7 +51,7 @@ fn check(name: &str) {
             let loss = llama.loss(&model, &x, &y)?.full_tensor()?.sum();
             let prompt: Ids =
                 Dt::distribute(&input.slice(dtensor::ndarray::s![.., ..prompt_len]).to_owned().into_dyn(), &mesh)?;
-            let gen = llama.generate(&model, &prompt, new, None, 0)?;
+            let gen = llama.generate(&model, &prompt, new, &[], 0)?;
             Ok((logits, loss, gen))
         })
         .unwrap();

@@ -3,7 +3,7 @@
 //! follow the checkpoint's dotted names, and a checkpoint that does not fit is a typed error
 //! naming the parameter or tensor, with no module returned.
 
-use dtensor::checkpoint::hf::{self, HfCheckpoint};
+use dtensor::checkpoint::hf::{self, HfCheckpoint, TensorMap};
 use dtensor::ndarray::{ArrayD, IxDyn};
 use dtensor::prelude::*;
 use dtensor::{distribute, distribute_tensor, Replicate};
@@ -175,6 +175,15 @@ fn checkpoints_that_do_not_fit_are_typed_errors() {
     .remove(0);
     assert!(e.contains("mesh dims"), "{e}");
 
+    // A module that is a bare `Vec` of layers, at the layers' prefix.
+    let layers = dtensor::run(4, |ctx| {
+        let mesh = ctx.init_device_mesh(&[2, 2], &["dp", "tp"])?;
+        let v: Vec<Layer> = HfCheckpoint::open(dir.path())?.load_module("model.layers.", &mesh)?;
+        Ok(v.len())
+    })
+    .unwrap();
+    assert_eq!(layers, vec![2; 4]);
+
     // A tensor of another rank than the field's, and an extra tensor under the prefix.
     let mut bad = checkpoint_tensors();
     bad.iter_mut().find(|(n, _)| n == "model.norm.weight").unwrap().1 = tensor(&[2, 3], 1);
@@ -188,4 +197,14 @@ fn checkpoints_that_do_not_fit_are_typed_errors() {
     write(extra_dir.path(), &extra);
     let e = error_of(extra_dir.path(), |ck, mesh| Causal::load_hf(ck, "", mesh).map(drop));
     assert!(e.contains("model.layers.0.mlp.up_proj.weight") && e.contains("match no parameter"), "{e}");
+    // ... which a map may ignore (as transformers drops buffers it does not hold).
+    let ok = dtensor::run(4, |ctx| {
+        let mesh = ctx.init_device_mesh(&[2, 2], &["dp", "tp"])?;
+        let map = TensorMap::new().ignore("model.layers.*.mlp.up_proj.weight");
+        HfCheckpoint::open(extra_dir.path())?
+            .load_module_mapped::<f32, Causal>("", &mesh, &map)
+            .map(|m| m.model.layers.len())
+    })
+    .unwrap();
+    assert_eq!(ok, vec![2; 4]);
 }

@@ -148,6 +148,13 @@ fn bad_configs_are_refused() {
         ("[1, 2]".to_string(), "not a Llama config"),
         (edit("\"hidden_act\": \"silu\"", "\"hidden_act\": \"gelu\""), "hidden_act `gelu` is not implemented"),
         (edit("\"llama\"", "\"llama\", \"attention_bias\": true"), "`attention_bias` is true"),
+        (
+            edit(
+                "\"rope_theta\": 500000.0",
+                "\"rope_parameters\": {\"rope_theta\": 5e5, \"rope_type\": \"linear\", \"factor\": 2.0}, \"rope_scaling\": {\"type\": \"linear\", \"factor\": 4.0}",
+            ),
+            "ask for different scalings",
+        ),
         // Rotary scalings change the frequencies: refused, never read as plain tables.
         (
             edit(

@@ -133,3 +133,22 @@ fn sharded_attention_issues_no_collective() {
     .unwrap();
     assert!(out.iter().all(|&(n, same)| n == 0 && same), "{out:?}");
 }
+
+/// Tables that do not cover the tensor's positions (a KV-cache step given the whole table)
+/// are a shape error, not a broadcast to every position.
+#[test]
+fn rotary_tables_must_match_the_positions() {
+    let x = ops_util::values(&[1, 2, 1, 4], ops_util::Kind::Real, 5);
+    let e = run(1, |ctx| {
+        let mesh = ctx.init_device_mesh(&[1], &["tp"])?;
+        let (cos, sin) = rotary_tables::<f64>(8, 4, 10000.0, &TensorOptions::new().mesh(&mesh))?;
+        let x = distribute_tensor(&x, &mesh, &[R], None)?;
+        let whole = x.apply_rotary(&cos, &sin).unwrap_err().to_string();
+        let narrowed = x.apply_rotary(&cos.narrow(0, 5, 1)?, &sin.narrow(0, 5, 1)?)?;
+        Ok((whole, narrowed.shape().to_vec()))
+    })
+    .unwrap()
+    .remove(0);
+    assert!(e.0.contains("apply_rotary") && e.0.contains("positions"), "{}", e.0);
+    assert_eq!(e.1, [1, 2, 1, 4]);
+}

@@ -152,3 +152,39 @@ fn cross_entropy_option_errors() {
         assert!(e3.contains("-100"), "{e3}");
     }
 }
+
+/// A `-inf` logit at a class the target does not weigh (a masked or padded vocabulary entry)
+/// leaves the loss and its gradient finite, as PyTorch's gather does: the same as a very
+/// negative finite logit there, on one rank and loss-parallel.
+#[test]
+fn masked_classes_keep_the_loss_finite() {
+    use dtensor_runtime::{distribute_tensor, ndarray::ArrayD, run};
+    let logits = |masked: f64| {
+        ArrayD::from_shape_vec(
+            vec![3, 4],
+            vec![0.5, masked, 1.0, -0.5, 2.0, 0.1, masked, 0.3, masked, masked, 0.2, 0.9],
+        )
+        .unwrap()
+    };
+    let ids = ArrayD::from_shape_vec(vec![3], vec![0i64, 3, -100]).unwrap();
+    for mesh_shape in [[1usize, 1], [1, 2]] {
+        let out = run(mesh_shape[1], |ctx| {
+            let mesh = ctx.init_device_mesh(&mesh_shape, &["dp", "tp"])?;
+            let t = distribute_tensor(ids.clone(), &mesh, &[R, R], None)?;
+            let mut res = Vec::new();
+            for m in [f64::NEG_INFINITY, -1e300] {
+                let x = distribute_tensor(logits(m), &mesh, &[R, S(1)], None)?.requires_grad_(true);
+                let loss = x.cross_entropy_with(&t, &CrossEntropyOptions::new().ignore_index(-100))?;
+                loss.backward()?;
+                res.push((loss.full_tensor()?.sum(), x.grad().unwrap().full_tensor()?));
+            }
+            Ok(res)
+        })
+        .unwrap();
+        for res in out {
+            let ((inf_loss, inf_grad), (big_loss, big_grad)) = (&res[0], &res[1]);
+            assert!(inf_loss.is_finite() && (inf_loss - big_loss).abs() < 1e-12, "{inf_loss} vs {big_loss}");
+            assert!(inf_grad.iter().zip(big_grad.iter()).all(|(a, b)| a.is_finite() && (a - b).abs() < 1e-12));
+        }
+    }
+}

@@ -257,6 +257,12 @@ impl<T: Element> Llama<T> {
         labels: &Ids,
     ) -> Result<Dt<T, M, (Replicate, Replicate), 0>> {
         let s = ids.shape()[1];
+        if s < 2 {
+            return Err(Error::InvalidArgument {
+                context: "Llama::loss".into(),
+                reason: format!("a causal-LM loss needs at least 2 positions (one to predict from), got {s}"),
+            });
+        }
         let logits = self.logits(model, ids, 0, None)?.narrow(Dim::<1>, 0, s - 1)?;
         let targets = labels.narrow(Dim::<1>, 1, s - 1)?;
         let total: Dt<T, M, (Partial<Sum>, Partial<Sum>), 0> =
@@ -269,19 +275,26 @@ impl<T: Element> Llama<T> {
     }
 
     /// Greedy decoding with a KV cache (transformers' `generate(do_sample=False)`): `new`
-    /// tokens after `prompt` `[batch, s]`; a row that produced `eos` continues with `pad`.
+    /// tokens after `prompt` `[batch, s]`; a row that produced one of the `eos` ids continues
+    /// with `pad`, and decoding stops when every row has.
     /// Returns the prompt and the new tokens, `[batch, s + new]`, on every rank.
     pub fn generate(
         &self,
         model: &LlamaForCausalLM<T>,
         prompt: &Ids,
         new: usize,
-        eos: Option<i64>,
+        eos: &[i64],
         pad: i64,
     ) -> Result<ndarray::Array2<i64>> {
         let mesh = prompt.device_mesh().clone();
         let full = prompt.full_tensor()?;
         let (b, s) = (full.shape()[0], full.shape()[1]);
+        if s == 0 {
+            return Err(Error::InvalidArgument {
+                context: "Llama::generate".into(),
+                reason: "the prompt is empty".into(),
+            });
+        }
         let mut out = ndarray::Array2::<i64>::zeros((b, s + new));
         out.slice_mut(ndarray::s![.., ..s]).assign(&full.into_dimensionality::<ndarray::Ix2>().expect("2-d ids"));
         let mut cache = KvCache::default();
@@ -302,7 +315,7 @@ impl<T: Element> Llama<T> {
                 if done[r] {
                     *t = pad;
                 }
-                done[r] |= Some(*t) == eos;
+                done[r] |= eos.contains(t);
                 out[[r, s + step]] = *t;
             }
             if done.iter().all(|&d| d) {

@@ -41,7 +41,9 @@ pub struct CrossEntropyOptions {
 }
 
 impl CrossEntropyOptions {
-    /// PyTorch's defaults: no ignored index, the mean, no smoothing.
+    /// The mean, no smoothing, and no ignored id. (PyTorch ignores -100 by default; here an
+    /// id is ignored only when asked, so a stray -100 is an error naming `one_hot`, not a
+    /// target silently dropped.)
     pub fn new() -> Self {
         Self::default()
     }
@@ -97,13 +99,14 @@ impl<T: Element> DTensor<T> {
     /// ([`CrossEntropyOptions`]): `ignore_index`, `reduction`, `label_smoothing`.
     ///
     /// Layouts are those of [`cross_entropy`](Self::cross_entropy); `LossReduction::None`
-    /// gives `[..]` laid out like the logits without their class dim (Partial(sum) on a mesh
-    /// dim that shards the classes). The mean with an ignored index divides by the number of
+    /// gives `[..]`: sharded where the logits' or the targets' batch dims are, Partial(sum) on
+    /// a mesh dim that shards the classes. The mean with an ignored index divides by the number of
     /// targets that count over the whole batch: where the target is sharded that count is
     /// all-reduced (a collective of one scalar, refused inside a `#[distribute]` function,
     /// whose typed ops spell it out: `cross_entropy_sum` and `count_ne`). Every target ignored
-    /// gives NaN (0/0), as PyTorch. An ignored row contributes exactly 0 unless its logits hold
-    /// an infinity (0·∞ is NaN, where PyTorch skips the row).
+    /// gives NaN (0/0), as PyTorch. Only the classes the target distribution weighs are read,
+    /// so a `-inf` logit elsewhere (a masked class) leaves the loss finite, as PyTorch; with
+    /// label smoothing every class is weighed, so it makes the loss infinite, as PyTorch.
     ///
     /// ```
     /// use dtensor_runtime::{distribute_tensor, ndarray::{arr1, arr2}, ops::loss::CrossEntropyOptions, run, Shard};
@@ -166,7 +169,11 @@ impl<T: Element> DTensor<T> {
             .map(|(&x, &t)| if x == class_dim && t == Placement::Replicate { class_dim } else { t })
             .collect();
         let dist = if want.as_slice() == dist.placements() { dist } else { dist.redistribute(&want)? };
-        let scored = self.log_softmax(-1)?.mul(&dist)?;
+        // Only the classes the target weighs are read: a log-probability of -inf (a masked or
+        // padded class) where the weight is 0 would otherwise give 0·(-inf) = NaN, where
+        // PyTorch's gather reads the target's entry alone.
+        let unweighted = dist.eq_mask(&super::mask::scalar_like(&dist, T::zero())?)?;
+        let scored = self.log_softmax(-1)?.masked_fill(&unweighted, T::zero())?.mul(&dist)?;
         match (opts.reduction, keep) {
             (LossReduction::None, _) => scored.sum_dim(-1, false)?.neg(),
             (LossReduction::Sum, _) => scored.sum()?.neg(),

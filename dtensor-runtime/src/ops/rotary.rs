@@ -132,6 +132,20 @@ impl<T: Element> DTensor<T> {
                 reason: format!("the last dim ({dim}) must be even and positive (shape {:?})", self.shape),
             });
         }
+        // The tables must cover this tensor's positions: broadcasting `[max_positions, dim]`
+        // tables against one new position would silently give `max_positions` rows.
+        let seq = if self.ndim() >= 2 { self.shape[self.ndim() - 2] } else { 1 };
+        for (name, t) in [("cos", cos), ("sin", sin)] {
+            let n = t.ndim();
+            let fits = n >= 1 && t.shape[n - 1] == dim && (n < 2 || t.shape[n - 2] == seq || t.shape[n - 2] == 1);
+            if !fits || n > self.ndim() {
+                return Err(Error::ShapeMismatch {
+                    context: format!("apply_rotary: the {name} table must be [positions, dim] for this tensor's positions (narrow the tables to them)"),
+                    expected: vec![seq, dim],
+                    actual: t.shape.clone(),
+                });
+            }
+        }
         let half = dim / 2;
         let rotated = match style {
             RotaryStyle::Half => {

@@ -210,6 +210,11 @@ impl RopeFields {
                 }
             };
             if this != RopeScaling::None {
+                if found != RopeScaling::None && found != this {
+                    return Err(format!(
+                        "`rope_parameters` and `rope_scaling` ask for different scalings: {found:?}, {this:?}"
+                    ));
+                }
                 found = this;
             }
         }
@@ -241,9 +246,12 @@ impl LlamaConfig {
     }
 
     /// Parses and checks a `config.json`'s text (`path` names it in errors). The rotary base
-    /// is read from `rope_theta` or from transformers 5's `rope_parameters`; a rotary scaling
-    /// (`rope_type` other than `default`: `llama3`, `linear`, `yarn`, ...) is refused, naming
-    /// it, since plain tables would give other frequencies.
+    /// is read from `rope_theta` or from transformers 5's `rope_parameters`, and the scaling
+    /// from `rope_parameters` or the legacy `rope_scaling` into
+    /// [`rope_scaling`](Self::rope_scaling): `linear` and `llama3` are implemented, any other
+    /// (`yarn`, `dynamic`, `longrope`, a partial rotary factor) is refused, naming it, since
+    /// plain tables would give other frequencies. Read configs through this (or
+    /// [`read`](Self::read)): deserializing the struct directly leaves the scaling out.
     pub fn from_json(text: &[u8], path: &Path) -> Result<LlamaConfig> {
         let bad = |reason: String| Error::Checkpoint { path: path.display().to_string(), reason };
         let mut cfg: LlamaConfig = serde_json::from_slice(text).map_err(|e| bad(format!("not a Llama config: {e}")))?;
@@ -277,7 +285,8 @@ impl LlamaConfig {
                 return Err(format!("model_type `{t}` is not of the Llama family (llama, mistral)"));
             }
         }
-        if let Some(act) = self.hidden_act.as_deref().filter(|a| *a != "silu") {
+        // transformers' `swish` is the same function as `silu`.
+        if let Some(act) = self.hidden_act.as_deref().filter(|a| !["silu", "swish"].contains(a)) {
             return Err(format!("hidden_act `{act}` is not implemented (the Llama family's MLP is SwiGLU: `silu`)"));
         }
         for (field, on) in [("attention_bias", self.attention_bias), ("mlp_bias", self.mlp_bias)] {

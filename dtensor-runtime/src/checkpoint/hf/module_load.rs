@@ -11,8 +11,9 @@ use crate::layout::local_shape_and_offset;
 use crate::mesh::DeviceMesh;
 use crate::placement::{normalize_placements, Placement};
 use crate::storage::Storage;
+use crate::typed::params::join;
 use crate::typed::{Parameters, TensorSource};
-use std::collections::BTreeSet;
+use std::collections::{BTreeMap, BTreeSet};
 
 /// The checkpoint's tensors under `prefix`, each laid out on request on `mesh`; records
 /// which ones the module took.
@@ -22,6 +23,8 @@ struct Source<'a> {
     mesh: &'a DeviceMesh,
     map: &'a TensorMap,
     taken: BTreeSet<String>,
+    /// Per split tensor: its number of parts and the parts read.
+    parts: BTreeMap<String, (usize, BTreeSet<usize>)>,
 }
 
 impl<T: Element> TensorSource<T> for Source<'_> {
@@ -46,14 +49,18 @@ impl<T: Element> TensorSource<T> for Source<'_> {
         };
         let t = match split {
             None => self.checkpoint.load_tensor::<T>(&name, self.mesh, placements).map_err(named)?,
-            Some(split) => self.part::<T>(&name, path, placements, split).map_err(named)?,
+            Some(split) => {
+                let t = self.part::<T>(&name, path, placements, split).map_err(named)?;
+                self.parts.entry(name.clone()).or_insert((split.parts, BTreeSet::new())).1.insert(split.part);
+                t
+            }
         };
         self.taken.insert(name);
         Ok(t)
     }
 
     fn count(&self, path: &str) -> usize {
-        (0..).take_while(|i| self.holds(&format!("{path}.{i}"))).count()
+        (0..).take_while(|i| self.holds(&join(path, &i.to_string()))).count()
     }
 
     fn contains(&self, path: &str) -> bool {
@@ -100,7 +107,11 @@ impl Source<'_> {
     /// (`path.`...), or a rule of the map that sends a parameter at or below it to a tensor
     /// the checkpoint has.
     fn holds(&self, path: &str) -> bool {
-        let (name, below) = (format!("{}{path}", self.prefix), format!("{}{path}.", self.prefix));
+        // The module itself (a top-level `Option`): anything under the prefix.
+        let (name, below) = match path {
+            "" => (self.prefix.to_string(), self.prefix.to_string()),
+            _ => (format!("{}{path}", self.prefix), format!("{}{path}.", self.prefix)),
+        };
         let map = &self.checkpoint.weight_map;
         map.range(name.clone()..)
             .take_while(|(n, _)| n.starts_with(&name))
@@ -128,25 +139,39 @@ impl HfCheckpoint {
     /// [`load_module`](Self::load_module) with the parameters read where `map` says:
     /// renamed tensors, or parts of fused ones (GPT-2's `c_attn` split into q, k and v, each
     /// then sharded by its declared placements, so each rank keeps its own heads of all
-    /// three). A fused tensor counts as taken once any part of it is read.
+    /// three). Every part of a split tensor must go to some parameter; tensors the map
+    /// [`ignore`](TensorMap::ignore)s may stay unread.
     pub fn load_module_mapped<T: Element, M: Parameters<T>>(
         &mut self,
         prefix: &str,
         mesh: &DeviceMesh,
         map: &TensorMap,
     ) -> Result<M> {
-        let mut source = Source { checkpoint: self, prefix, mesh, map, taken: BTreeSet::new() };
+        let mut source = Source { checkpoint: self, prefix, mesh, map, taken: BTreeSet::new(), parts: BTreeMap::new() };
         let module = M::load_parameters(&mut source, "")?;
-        let taken = source.taken;
+        let (taken, parts) = (source.taken, source.parts);
         let listing = self.listing.display().to_string();
+        // A fused tensor is used whole: a map that forgets a part (v of q/k/v) drops data.
+        if let Some((name, (n, read))) = parts.iter().find(|(_, (n, read))| read.len() < *n) {
+            let missing: Vec<usize> = (0..*n).filter(|p| !read.contains(p)).collect();
+            return Err(Error::Checkpoint {
+                path: listing,
+                reason: format!(
+                    "parts {missing:?} of the {n} parts of tensor `{name}` go to no parameter of the module"
+                ),
+            });
+        }
         if taken.is_empty() {
             return Err(Error::Checkpoint {
                 path: listing,
                 reason: format!("no tensor under the prefix `{prefix}` belongs to the module (it loaded nothing)"),
             });
         }
-        let unused: Vec<&str> =
-            self.names().into_iter().filter(|n| n.starts_with(prefix) && !taken.contains(*n)).collect();
+        let unused: Vec<&str> = self
+            .names()
+            .into_iter()
+            .filter(|n| n.starts_with(prefix) && !taken.contains(*n) && !map.ignores(&n[prefix.len()..]))
+            .collect();
         if !unused.is_empty() {
             return Err(Error::Checkpoint {
                 path: listing,

@@ -50,6 +50,7 @@ struct Rule {
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct TensorMap {
     rules: Vec<Rule>,
+    ignored: Vec<String>,
 }
 
 impl TensorMap {
@@ -62,6 +63,20 @@ impl TensorMap {
     pub fn rename(mut self, param: &str, tensor: &str) -> Self {
         self.rules.push(Rule { param: param.into(), tensor: tensor.into(), split: None });
         self
+    }
+
+    /// Checkpoint tensors matching `tensor` (names under the prefix, `*` segments allowed)
+    /// may stay unread: buffers the module does not hold, such as old GPT-2 exports' causal
+    /// masks `h.*.attn.bias` or Llama's `layers.*.self_attn.rotary_emb.inv_freq`
+    /// (transformers drops them on load as well).
+    pub fn ignore(mut self, tensor: &str) -> Self {
+        self.ignored.push(tensor.into());
+        self
+    }
+
+    /// Whether the tensor `name` (under the prefix) may stay unread.
+    pub fn ignores(&self, name: &str) -> bool {
+        self.ignored.iter().any(|p| matches_pattern(p, name))
     }
 
     /// Parameters matching `param` are part `part` of `parts` equal parts of `tensor` along
