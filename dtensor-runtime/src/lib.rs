@@ -26,6 +26,8 @@ pub mod launch;
 pub mod layout;
 pub mod mesh;
 pub mod module;
+#[doc(hidden)]
+pub mod names;
 pub mod op;
 pub mod ops;
 pub mod optim;

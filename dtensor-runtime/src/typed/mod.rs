@@ -25,6 +25,7 @@ pub mod custom;
 pub mod dims;
 pub mod embedding;
 pub mod grad;
+mod hf_load;
 pub mod index;
 pub mod layout;
 mod lift;

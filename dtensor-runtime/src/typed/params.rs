@@ -20,6 +20,8 @@ use crate::dtensor::DTensor;
 use crate::element::Element;
 use crate::error::Result;
 use crate::mesh::DeviceMesh;
+#[doc(hidden)]
+pub use crate::names::{join, matches_pattern};
 use crate::placement::Placement;
 use ndarray::ArrayD;
 use std::marker::PhantomData;
@@ -69,16 +71,6 @@ pub fn into_buffers<T: Element, P: Parameters<T>>(mut p: P) -> P {
     p
 }
 
-/// `prefix.name`, or `name` at the top.
-#[doc(hidden)]
-pub fn join(prefix: &str, name: &str) -> String {
-    if prefix.is_empty() {
-        name.to_string()
-    } else {
-        format!("{prefix}.{name}")
-    }
-}
-
 /// `P::collect_patterns` for the type `P` of the struct field that `field` projects to, so
 /// that generated code need not repeat the field's type.
 #[doc(hidden)]
@@ -88,19 +80,6 @@ pub fn field_patterns<T: Element, S, P: Parameters<T>>(
     out: &mut Vec<(String, Vec<Placement>)>,
 ) {
     P::collect_patterns(prefix, out);
-}
-
-/// Does `name` match `pattern`, where a `*` segment matches any one segment?
-#[doc(hidden)]
-pub fn matches_pattern(pattern: &str, name: &str) -> bool {
-    let (mut p, mut n) = (pattern.split('.'), name.split('.'));
-    loop {
-        match (p.next(), n.next()) {
-            (None, None) => return true,
-            (Some(a), Some(b)) if a == "*" || a == b => {}
-            _ => return false,
-        }
-    }
 }
 
 /// Whether a parameter may be laid out `Self` on mesh dim `Name`: `Shard<D>` or `Replicate`,

@@ -55,7 +55,6 @@
 
 mod index;
 mod llama;
-mod module_load;
 mod plan;
 mod save;
 mod tensor_map;
@@ -156,6 +155,11 @@ impl HfCheckpoint {
         Ok(HfCheckpoint { dir, listing, weight_map, files })
     }
 
+    /// Tensor name → file, sorted (for the typed layer's module loader).
+    pub(crate) fn weight_map(&self) -> &BTreeMap<String, String> {
+        &self.weight_map
+    }
+
     /// Names of every tensor, sorted.
     pub fn names(&self) -> Vec<&str> {
         self.weight_map.keys().map(String::as_str).collect()
@@ -202,7 +206,7 @@ impl HfCheckpoint {
 
     /// Where and how tensor `name` is stored, after checking its dtype is loadable and its
     /// shape within [`checked_numel`]'s bound.
-    fn source(&mut self, name: &str) -> Result<(safetensors::Dtype, Vec<usize>, u64)> {
+    pub(crate) fn source(&mut self, name: &str) -> Result<(safetensors::Dtype, Vec<usize>, u64)> {
         let file = self.file_of(name)?;
         let (dtype, shape, at) = file.tensor(name)?;
         let path = file.path().display().to_string();
@@ -227,7 +231,7 @@ impl HfCheckpoint {
     }
 
     /// The block (`offset`, `shape`) of tensor `name` as `T`, reading only its byte ranges.
-    fn read_block<T: Scalar>(&mut self, name: &str, offset: &[usize], shape: &[usize]) -> Result<ArrayD<T>> {
+    pub(crate) fn read_block<T: Scalar>(&mut self, name: &str, offset: &[usize], shape: &[usize]) -> Result<ArrayD<T>> {
         let (dtype, full, data_at) = self.source(name)?;
         let numel = checked_numel("checkpoint block", shape)?;
         let mut data = crate::alloc::try_zeroed::<T>(&format!("checkpoint: loading `{name}`"), numel)?;
@@ -356,7 +360,7 @@ impl HfCheckpoint {
 /// A hint naming the prefix under which the checkpoint holds *every* parameter path, when
 /// `prefix` is not it (a wrong prefix otherwise only lists names): the candidates are the
 /// leading parts of the checkpoint names that end with the first path, at a dot.
-fn prefix_hint(checkpoint: &[&str], paths: &[&str], prefix: &str) -> String {
+pub(crate) fn prefix_hint(checkpoint: &[&str], paths: &[&str], prefix: &str) -> String {
     let Some(first) = paths.first() else { return String::new() };
     let have: HashSet<&str> = checkpoint.iter().copied().collect();
     let mut seen = HashSet::new();

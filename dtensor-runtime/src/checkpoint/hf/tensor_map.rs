@@ -2,7 +2,7 @@
 //! them differently from the module (GPT-2's fused `c_attn` holds q, k and v side by side).
 
 use crate::error::{Error, Result};
-use crate::typed::params::matches_pattern;
+use crate::names::matches_pattern;
 
 /// Part `part` of `parts` equal parts of a tensor along `dim`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

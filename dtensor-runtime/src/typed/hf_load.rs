@@ -2,8 +2,9 @@
 //! [`TensorSource`] that a `#[distribute]` struct's `load_hf` reads its parameters from, and
 //! [`HfCheckpoint::load_module_mapped`] for checkpoints that name or fuse tensors otherwise.
 
-use super::tensor_map::Split;
-use super::{prefix_hint, HfCheckpoint, TensorMap};
+use super::params::join;
+use super::{Parameters, TensorSource};
+use crate::checkpoint::hf::{prefix_hint, HfCheckpoint, Split, TensorMap};
 use crate::dtensor::DTensor;
 use crate::element::Element;
 use crate::error::{Error, Result};
@@ -11,8 +12,6 @@ use crate::layout::local_shape_and_offset;
 use crate::mesh::DeviceMesh;
 use crate::placement::{normalize_placements, Placement};
 use crate::storage::Storage;
-use crate::typed::params::join;
-use crate::typed::{Parameters, TensorSource};
 use std::collections::{BTreeMap, BTreeSet};
 
 /// The checkpoint's tensors under `prefix`, each laid out on request on `mesh`; records
@@ -31,9 +30,9 @@ impl<T: Element> TensorSource<T> for Source<'_> {
     fn tensor(&mut self, path: &str, placements: &[Placement]) -> Result<DTensor<T>> {
         let (mapped, split) = self.map.source(path)?;
         let name = format!("{}{mapped}", self.prefix);
-        if !self.checkpoint.weight_map.contains_key(&name) {
+        if !self.checkpoint.weight_map().contains_key(&name) {
             return Err(Error::Checkpoint {
-                path: self.checkpoint.listing.display().to_string(),
+                path: self.checkpoint.listing().display().to_string(),
                 reason: format!(
                     "no tensor `{name}` for the module's parameter `{path}` (prefix `{}`){}",
                     self.prefix,
@@ -81,7 +80,7 @@ impl Source<'_> {
         let (_, full, _) = self.checkpoint.source(name)?;
         if dim >= full.len() || !full[dim].is_multiple_of(parts) {
             return Err(Error::Checkpoint {
-                path: self.checkpoint.listing.display().to_string(),
+                path: self.checkpoint.listing().display().to_string(),
                 reason: format!(
                     "tensor `{name}` of shape {full:?} cannot give the parameter `{path}` part {part} of {parts} \
                      equal parts along dim {dim}"
@@ -112,7 +111,7 @@ impl Source<'_> {
             "" => (self.prefix.to_string(), self.prefix.to_string()),
             _ => (format!("{}{path}", self.prefix), format!("{}{path}.", self.prefix)),
         };
-        let map = &self.checkpoint.weight_map;
+        let map = self.checkpoint.weight_map();
         map.range(name.clone()..)
             .take_while(|(n, _)| n.starts_with(&name))
             .any(|(n, _)| *n == name || n.starts_with(&below))
@@ -150,7 +149,7 @@ impl HfCheckpoint {
         let mut source = Source { checkpoint: self, prefix, mesh, map, taken: BTreeSet::new(), parts: BTreeMap::new() };
         let module = M::load_parameters(&mut source, "")?;
         let (taken, parts) = (source.taken, source.parts);
-        let listing = self.listing.display().to_string();
+        let listing = self.listing().display().to_string();
         // A fused tensor is used whole: a map that forgets a part (v of q/k/v) drops data.
         if let Some((name, (n, read))) = parts.iter().find(|(_, (n, read))| read.len() < *n) {
             let missing: Vec<usize> = (0..*n).filter(|p| !read.contains(p)).collect();
