@@ -8,10 +8,8 @@ use crate::checkpoint::hf::{prefix_hint, HfCheckpoint, Split, TensorMap};
 use crate::dtensor::DTensor;
 use crate::element::Element;
 use crate::error::{Error, Result};
-use crate::layout::local_shape_and_offset;
 use crate::mesh::DeviceMesh;
-use crate::placement::{normalize_placements, Placement};
-use crate::storage::Storage;
+use crate::placement::Placement;
 use std::collections::{BTreeMap, BTreeSet};
 
 /// The checkpoint's tensors under `prefix`, each laid out on request on `mesh`; records
@@ -87,19 +85,11 @@ impl Source<'_> {
                 ),
             });
         }
-        let mut global = full.clone();
+        let mut global = full;
         global[dim] /= parts;
-        let placements = normalize_placements(placements, global.len(), self.mesh.ndim()).map_err(|e| {
-            Error::InvalidArgument { context: format!("loading `{name}` of shape {global:?}"), reason: e.to_string() }
-        })?;
-        if let Some(p) = placements.iter().find(|p| p.is_partial()) {
-            return Err(Error::PartialNotAllowed { placement: *p, context: format!("loading `{name}`") });
-        }
-        let (shape, mut offset) =
-            local_shape_and_offset(&global, self.mesh.shape(), self.mesh.coordinate(), &placements);
-        offset[dim] += part * global[dim];
-        let local = Storage::from_host(self.checkpoint.read_block::<T>(name, &offset, &shape)?, self.mesh.target())?;
-        Ok(DTensor::new_unchecked(local, self.mesh.clone(), placements, global, None))
+        let mut origin = vec![0; global.len()];
+        origin[dim] = part * global[dim];
+        self.checkpoint.load_region(name, global, &origin, self.mesh, placements)
     }
 
     /// Whether the module path `path` holds something: a checkpoint tensor at it or below it

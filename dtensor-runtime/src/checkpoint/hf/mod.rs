@@ -257,13 +257,32 @@ impl HfCheckpoint {
         placements: &[Placement],
     ) -> Result<DTensor<T>> {
         let (_, global, _) = self.source(name)?;
+        let origin = vec![0; global.len()];
+        self.load_region(name, global, &origin, mesh, placements)
+    }
+
+    /// The region of tensor `name` that starts at `origin` and has shape `global`, laid out on
+    /// `mesh` with `placements` (no `Partial`) as if it were a tensor of its own: this rank
+    /// reads only its shard of it. The whole tensor for [`load_tensor`](Self::load_tensor);
+    /// one part of a fused tensor for the typed module loader's splits.
+    pub(crate) fn load_region<T: Scalar>(
+        &mut self,
+        name: &str,
+        global: Vec<usize>,
+        origin: &[usize],
+        mesh: &DeviceMesh,
+        placements: &[Placement],
+    ) -> Result<DTensor<T>> {
         let placements = normalize_placements(placements, global.len(), mesh.ndim()).map_err(|e| {
             Error::InvalidArgument { context: format!("loading `{name}` of shape {global:?}"), reason: e.to_string() }
         })?;
         if let Some(p) = placements.iter().find(|p| p.is_partial()) {
             return Err(Error::PartialNotAllowed { placement: *p, context: format!("loading `{name}`") });
         }
-        let (shape, offset) = local_shape_and_offset(&global, mesh.shape(), mesh.coordinate(), &placements);
+        let (shape, mut offset) = local_shape_and_offset(&global, mesh.shape(), mesh.coordinate(), &placements);
+        for (o, base) in offset.iter_mut().zip(origin) {
+            *o += base;
+        }
         let local = Storage::from_host(self.read_block::<T>(name, &offset, &shape)?, mesh.target())?;
         Ok(DTensor::new_unchecked(local, mesh.clone(), placements, global, None))
     }
