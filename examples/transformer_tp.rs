@@ -8,6 +8,8 @@
 //! python3 scripts/check_hf_export.py /tmp/gpt2                 # transformers' logits against ours
 //! cargo run --example transformer_tp -- --steps 3 --save-state /tmp/ck       # train 3 steps on 2×2, save
 //! cargo run --example transformer_tp -- --steps 3 --resume /tmp/ck --mesh 1x4   # 3 more on 1×4: vs 6 on 1 rank
+//! cargo run --example transformer_tp -- --fsdp                 # FSDP over dp × TP over tp
+//! cargo run --example transformer_tp -- --fsdp --mesh 4x1      # FSDP only
 //! ```
 //!
 //! The model (`transformer_tp/model.rs`): vocab-parallel token embedding → blocks of
@@ -36,6 +38,7 @@ mod report;
 
 use clap::Parser;
 use dtensor::checkpoint::{self, Checkpointer, Restore, TrainState};
+use dtensor::fsdp::{fully_shard, FullyShard, FullyShardOptions};
 use dtensor::optim::{AdamW, OptimizerState, Sgd};
 use dtensor::prelude::*;
 use dtensor::typed::dims::{dp, tp};
@@ -105,6 +108,11 @@ struct Args {
     /// and train `--steps` more; the 1-rank reference trains all the steps from scratch.
     #[arg(long, value_name = "DIR")]
     resume: Option<std::path::PathBuf>,
+    /// Fully shard the model over dp (FSDP2, `dtensor::fsdp::fully_shard`): parameters,
+    /// gradients and optimizer states rest sharded over dp, are all-gathered for the forward
+    /// and reduce-scattered in the backward; tp stays tensor parallel.
+    #[arg(long)]
+    fsdp: bool,
 }
 
 /// Where a run's training state comes from and goes to.
@@ -164,10 +172,45 @@ impl Optimizer {
             Optimizer::Sgd(o) => o,
         }
     }
-    fn step(&mut self, model: &mut Gpt) -> Result<()> {
+    fn step(&mut self, model: &mut dyn Module<f64>) -> Result<()> {
         match self {
             Optimizer::AdamW(o) => o.step(model),
             Optimizer::Sgd(o) => o.step(model),
+        }
+    }
+}
+
+/// The model as trained: plain (every dp rank holds every parameter, gradients all-reduced
+/// over dp) or fully sharded over dp.
+enum Model {
+    Plain(Gpt),
+    Sharded(FullyShard<f64, Gpt>),
+}
+
+impl Model {
+    fn new(cfg: &GptConfig, mesh: &DeviceMesh, fsdp: bool) -> Result<Model> {
+        let gpt = Gpt::new(cfg, mesh)?;
+        Ok(if fsdp { Model::Sharded(fully_shard(gpt, mesh, &FullyShardOptions::on("dp"))?) } else { Model::Plain(gpt) })
+    }
+    /// Runs `f` on the model with its parameters in the layouts its type declares (under
+    /// FSDP: all-gathered over dp for the duration of `f`).
+    fn run<R>(&self, f: impl FnOnce(&Gpt) -> Result<R>) -> Result<R> {
+        match self {
+            Model::Plain(g) => f(g),
+            Model::Sharded(s) => s.call(f),
+        }
+    }
+    /// What optimizers, checkpoints and the comparison see: the parameters as they rest.
+    fn module(&self) -> &dyn Module<f64> {
+        match self {
+            Model::Plain(g) => g,
+            Model::Sharded(s) => s,
+        }
+    }
+    fn module_mut(&mut self) -> &mut dyn Module<f64> {
+        match self {
+            Model::Plain(g) => g,
+            Model::Sharded(s) => s,
         }
     }
 }
@@ -203,12 +246,20 @@ struct Outcome {
 /// Over dp: one all-reduce per parameter gradient (10 per block, 4 outside the blocks).
 ///
 /// A mesh dim of size 1 communicates nothing (its redistributions are local, as in PyTorch).
-fn expected_comm(layers: usize, (dp, tp): (usize, usize)) -> BTreeMap<(CollectiveKind, String), usize> {
+///
+/// Under `--fsdp` the dp all-reduces become, per parameter, one all-gather over dp in the
+/// forward and one reduce-scatter over dp in the backward (every parameter has a tensor dim
+/// tp does not shard, so every one is sharded over dp).
+fn expected_comm(layers: usize, (dp, tp): (usize, usize), fsdp: bool) -> BTreeMap<(CollectiveKind, String), usize> {
     let tp_forward = 1 + 2 * layers + 2;
     let tp_backward = (2 * layers + 1) + 1;
+    let params = 10 * layers + 4;
+    let dp_n = |on: bool| if dp > 1 && on { params } else { 0 };
     [
         ((CollectiveKind::AllReduce, "tp".to_string()), if tp > 1 { tp_forward + tp_backward } else { 0 }),
-        ((CollectiveKind::AllReduce, "dp".to_string()), if dp > 1 { 10 * layers + 4 } else { 0 }),
+        ((CollectiveKind::AllReduce, "dp".to_string()), dp_n(!fsdp)),
+        ((CollectiveKind::AllGather, "dp".to_string()), dp_n(fsdp)),
+        ((CollectiveKind::ReduceScatter, "dp".to_string()), dp_n(fsdp)),
     ]
     .into_iter()
     .filter(|&(_, n)| n > 0)
@@ -224,18 +275,19 @@ fn train(
     optim: OptimKind,
     steps: usize,
     (dpn, tpn): (usize, usize),
+    fsdp: bool,
     dirs: StateDirs<'_>,
 ) -> Result<Outcome> {
     let mesh = ctx.init_device_mesh(&[dpn, tpn], &["dp", "tp"])?;
     manual_seed(cfg.seed);
-    let mut model = Gpt::new(cfg, &mesh)?;
+    let mut model = Model::new(cfg, &mesh, fsdp)?;
     let mut opt = Optimizer::new(optim, cfg.lr);
     manual_seed(cfg.seed.wrapping_add(DATA_SEED));
     // Resuming restores the weights, AdamW's moments and step, and the generator (the data).
     let done = match dirs.resume {
         None => 0,
         Some(dir) => {
-            let r = Checkpointer::new(dir).load(Restore::new(&mut model).optimizer(opt.state_mut()))?;
+            let r = Checkpointer::new(dir).load(Restore::new(model.module_mut()).optimizer(opt.state_mut()))?;
             r.ok_or_else(|| Error::InvalidArgument {
                 context: "--resume".into(),
                 reason: format!("{} holds no committed training state", dir.display()),
@@ -250,10 +302,10 @@ fn train(
         let (ids, targets): (Tokens, Tokens) = (Dt::distribute(&ids, &mesh)?, Dt::distribute(&targets, &mesh)?);
         let comm = CommDebugMode::new();
         let loss = comm.scope(|| -> Result<_> {
-            model.zero_grad();
-            let loss = model::loss(&model, &ids, &targets, cfg.heads)?;
+            model.module().zero_grad();
+            let loss = model.run(|m| model::loss(m, &ids, &targets, cfg.heads))?;
             loss.backward()?;
-            opt.step(&mut model)?;
+            opt.step(model.module_mut())?;
             Ok(loss)
         })?;
         out.comm.push(
@@ -269,16 +321,22 @@ fn train(
         // Output: the loss, summed over the mesh for the printout.
         out.losses.push(loss.full_tensor()?.iter().next().copied().unwrap_or(f64::NAN));
     }
-    out.weights =
-        model.named_parameters().into_iter().map(|(name, p)| Ok((name, p.full_tensor()?))).collect::<Result<_>>()?;
+    out.weights = model
+        .module()
+        .named_parameters()
+        .into_iter()
+        .map(|(name, p)| Ok((name, p.full_tensor()?)))
+        .collect::<Result<_>>()?;
     if let Some(dir) = dirs.save {
-        Checkpointer::new(dir).save(TrainState::new(&model, done + steps as u64).optimizer(opt.state()))?;
+        Checkpointer::new(dir).save(TrainState::new(model.module(), done + steps as u64).optimizer(opt.state()))?;
     }
     if let Some(dir) = dirs.export_hf {
         let (ids, _) = model::batch_data(cfg)?;
         let ids_dt: Tokens = Dt::distribute(&ids, &mesh)?;
-        let logits = model::logits(&model, &ids_dt, cfg.heads)?.full_tensor()?;
-        export_hf::export(&model, cfg, &mesh, dir, &ids, &logits)?;
+        model.run(|m| {
+            let logits = model::logits(m, &ids_dt, cfg.heads)?.full_tensor()?;
+            export_hf::export(m, cfg, &mesh, dir, &ids, &logits)
+        })?;
     }
     Ok(out)
 }
@@ -345,7 +403,8 @@ fn real_main(args: &Args) -> Result<bool> {
         seed: args.seed,
     };
     let header = format!(
-        "transformer_tp: mesh dp={dpn} × tp={tpn} ({} backend), {} block(s), vocab {}, width {}, {} heads, seq {}, batch {}, {} steps, {} lr {}, seed {}",
+        "transformer_tp: mesh dp={dpn} × tp={tpn}{} ({} backend), {} block(s), vocab {}, width {}, {} heads, seq {}, batch {}, {} steps, {} lr {}, seed {}",
+        if args.fsdp { " with FSDP over dp" } else { "" },
         args.backend,
         args.layers,
         args.vocab,
@@ -380,11 +439,11 @@ fn real_main(args: &Args) -> Result<bool> {
         if ctx.rank() == 0 {
             println!("{header}");
         }
-        Ok((ctx.rank(), train(&ctx, &cfg, args.optim, args.steps, (dpn, tpn), dirs)?))
+        Ok((ctx.rank(), train(&ctx, &cfg, args.optim, args.steps, (dpn, tpn), args.fsdp, dirs)?))
     })?;
     let Some((_, run)) = outs.into_iter().find(|(rank, _)| *rank == 0) else { return Ok(true) };
     let steps = done as usize + args.steps;
-    let reference = dtensor::run(1, |ctx| train(&ctx, &cfg, args.optim, steps, (1, 1), StateDirs::default()))?;
+    let reference = dtensor::run(1, |ctx| train(&ctx, &cfg, args.optim, steps, (1, 1), false, StateDirs::default()))?;
     let Some(mut reference) = reference.into_iter().next() else { return Ok(false) };
     // A resumed run is compared with the reference's last steps.
     reference.losses.drain(..done as usize);
@@ -399,12 +458,16 @@ fn real_main(args: &Args) -> Result<bool> {
     // One step cannot show learning; from two on the loss must go down.
     let learned = run.losses.len() < 2 || last < first;
 
-    let expected = expected_comm(args.layers, args.mesh);
+    let expected = expected_comm(args.layers, args.mesh, args.fsdp);
     let show = |m: &BTreeMap<(CollectiveKind, String), usize>| {
         m.iter().map(|((k, d), n)| format!("{k}@{d} {n}×")).collect::<Vec<_>>().join(", ")
     };
     println!("collectives per step (rank 0, step 1): {}", run.comm_line);
-    println!("expected (Megatron, see expected_comm):  {}", show(&expected));
+    println!(
+        "expected ({}, see expected_comm):  {}",
+        if args.fsdp { "Megatron over tp, FSDP over dp" } else { "Megatron" },
+        show(&expected)
+    );
     let comm_ok = run.comm.iter().all(|c| *c == expected);
     if let Some((i, c)) = run.comm.iter().enumerate().find(|(_, c)| **c != expected) {
         println!("step {} differs: {}", i + 1, show(c));

@@ -29,6 +29,8 @@ cargo run --example mlp_tp -- --steps 5
 echo "== example: transformer_tp (GPT-style decoder with the DSL, 2x2 vs 1 rank, collective counts)"
 cargo run --example transformer_tp
 cargo run --example transformer_tp -- --mesh 1x4 --layers 3 --optim sgd
+cargo run --example transformer_tp -- --fsdp
+cargo run --example transformer_tp -- --fsdp --mesh 4x1 --optim sgd
 
 echo "== example: llama (HF Llama built by load_hf: transformers parity, training, KV-cache generation)"
 cargo run --example llama

@@ -43,6 +43,11 @@ pub struct CheckpointsDoctests;
 #[doc = include_str!("../docs/EXAMPLES.md")]
 pub struct ExamplesDoctests;
 
+/// The Rust snippets of docs/FSDP.md, compiled and run as doctests.
+#[cfg(doctest)]
+#[doc = include_str!("../docs/FSDP.md")]
+pub struct FsdpDoctests;
+
 /// The Rust snippets of docs/MIXED_PRECISION.md, compiled and run as doctests.
 #[cfg(doctest)]
 #[doc = include_str!("../docs/MIXED_PRECISION.md")]

@@ -415,6 +415,14 @@ pub enum Error {
     /// Module misuse (distribute_module called twice, unknown parameter path, ...).
     #[error("module: {0}")]
     Module(String),
+    /// `fully_shard` refused a module, or a fully sharded module was misused.
+    #[error("fully_shard `{module}`: {reason}")]
+    FullyShard {
+        /// The module's name (given in the options, or its type's).
+        module: String,
+        /// What is wrong, naming the parameter where there is one.
+        reason: String,
+    },
     /// Checkpoint I/O error naming the file.
     #[error("checkpoint file `{path}`: {reason}")]
     Checkpoint {

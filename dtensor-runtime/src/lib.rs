@@ -22,6 +22,7 @@ pub mod element;
 pub mod env;
 pub mod error;
 pub mod factory;
+pub mod fsdp;
 pub mod launch;
 pub mod layout;
 pub mod mesh;

@@ -61,3 +61,8 @@ pub fn peak_growth<R>(f: impl FnOnce() -> R) -> (R, isize) {
     let r = f();
     (r, PEAK.with(Cell::get) - base)
 }
+
+/// This thread's live heap bytes now.
+pub fn live() -> isize {
+    LIVE.with(Cell::get)
+}

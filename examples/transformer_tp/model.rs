@@ -45,6 +45,7 @@ pub struct GptConfig {
 
 /// One pre-norm transformer block (no biases in the linear layers).
 #[distribute(mesh = "dp,tp", placements = [Replicate, Replicate])]
+#[derive(Clone)]
 pub struct Block {
     /// `[width]`, replicated.
     pub ln1_w: DTensor<f64, 1>,
@@ -112,6 +113,7 @@ pub fn block_forward(x: &DTensor<f64, 3>, b: &Block, heads: usize) -> Result<DTe
 
 /// The decoder: token table, blocks, final norm, LM head.
 #[distribute(mesh = "dp,tp", placements = [Replicate, Replicate])]
+#[derive(Clone)]
 pub struct Gpt {
     /// `[vocab, width]` vocab-parallel: each tp rank looks up only its rows.
     #[placements = [Replicate, Shard(0)]]

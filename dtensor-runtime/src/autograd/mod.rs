@@ -265,6 +265,26 @@ impl<T: Element> DTensor<T> {
         }
     }
 
+    /// Replaces the gradient of a leaf (PyTorch's `p.grad = g`): `g` must have the leaf's
+    /// shape and layout (what the backward accumulates into it); its history is dropped.
+    /// An [`Error::Autograd`] for a tensor that is no leaf with `requires_grad`, or a `g` of
+    /// another shape or layout.
+    pub fn set_grad(&self, g: &DTensor<T>) -> Result<()> {
+        let Some(Node { kind: NodeKind::Leaf { grad, placements, shape }, .. }) = self.autograd.node.as_deref() else {
+            return Err(Error::Autograd("set_grad on a tensor that is not a leaf with requires_grad".into()));
+        };
+        if g.shape() != shape.as_slice() || g.placements() != placements.as_slice() || !g.mesh.same_as(&self.mesh) {
+            return Err(Error::Autograd(format!(
+                "set_grad: the gradient is {:?} laid out {} but the leaf is {shape:?} laid out {}",
+                g.shape(),
+                crate::placement::fmt_placements(g.placements()),
+                crate::placement::fmt_placements(placements)
+            )));
+        }
+        *grad.lock().unwrap_or_else(|e| e.into_inner()) = Some(g.detach());
+        Ok(())
+    }
+
     /// Clears the gradient of a leaf (PyTorch `zero_grad(set_to_none=True)`).
     pub fn zero_grad(&self) {
         if let Some(Node { kind: NodeKind::Leaf { grad, .. }, .. }) = self.autograd.node.as_deref() {

@@ -30,6 +30,7 @@ fn check_positive(context: &str, sizes: &[usize]) -> Result<()> {
 }
 
 /// `y = x Wᵀ + b` with `W: [out, in]` and `b: [out]` (PyTorch `nn.Linear`, same init).
+#[derive(Clone)]
 pub struct Linear<T: Element> {
     /// Weight `[out_features, in_features]`, uniform in ±1/sqrt(in_features) at init.
     pub weight: DTensor<T>,
@@ -97,6 +98,7 @@ impl<T: Element> Forward<T> for Linear<T> {
 /// ids for every table type; [`Forward::forward`] takes ids in the table's own type `T`
 /// (whole numbers), which holds every id only up to 256 in bf16, 2048 in f16 and 2^24 in
 /// f32, so a large vocabulary in a 16-bit type needs `forward_ids`.
+#[derive(Clone)]
 pub struct Embedding<T: Element> {
     /// Table `[num_embeddings, dim]`; row `i` is the vector for id `i`.
     pub weight: DTensor<T>,
@@ -150,6 +152,7 @@ impl<T: Element> Forward<T> for Embedding<T> {
 }
 
 /// Layer normalisation over the last dim with affine weight and bias (PyTorch `nn.LayerNorm`).
+#[derive(Clone)]
 pub struct LayerNorm<T: Element> {
     /// Per-feature scale `[normalized_dim]`, ones at init.
     pub weight: DTensor<T>,
@@ -196,6 +199,7 @@ impl<T: Element> Forward<T> for LayerNorm<T> {
 }
 
 /// Root-mean-square normalisation over the last dim with a weight (PyTorch `nn.RMSNorm`).
+#[derive(Clone)]
 pub struct RmsNorm<T: Element> {
     /// Per-feature scale `[normalized_dim]`, ones at init.
     pub weight: DTensor<T>,
@@ -240,6 +244,7 @@ impl<T: Element> Forward<T> for RmsNorm<T> {
 /// Dropout with probability `p` while training, the identity in eval mode (PyTorch
 /// `nn.Dropout`; starts in training mode). The mask comes from the placement-invariant
 /// generator, so every mesh and layout drops the same elements.
+#[derive(Clone)]
 pub struct Dropout {
     /// Probability in `[0, 1]` that an element is zeroed in training; survivors are scaled by `1/(1-p)`.
     pub p: f64,

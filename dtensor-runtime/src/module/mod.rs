@@ -45,10 +45,13 @@
 mod distribute;
 mod layers;
 mod parallel;
+mod sequential;
 
+pub(crate) use distribute::distribute_param;
 pub use distribute::{distribute_module, Distributed, InputFn, OutputFn, PartitionFn};
 pub use layers::{Dropout, Embedding, LayerNorm, Linear, RmsNorm};
 pub use parallel::{parallelize_module, ColwiseParallel, ParallelStyle, RowwiseParallel, SequenceParallel};
+pub use sequential::Sequential;
 
 use crate::dtensor::DTensor;
 use crate::element::{Element, Scalar};

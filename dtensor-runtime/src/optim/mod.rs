@@ -27,9 +27,11 @@
 //! ulp of the 16-bit weight are not lost. For f16, a [`GradScaler`] scales the loss against
 //! gradient underflow and skips the steps whose gradients overflowed.
 
+mod clip;
 mod grad_scaler;
 mod state;
 
+pub use clip::clip_grad_norm;
 pub use grad_scaler::{GradScaler, GradScalerState};
 pub use state::{OptimizerConfig, OptimizerState, OptimizerStateDict, ParamState, StateTensor};
 

@@ -1,0 +1,382 @@
+//! `fully_shard`: a module whose parameters rest sharded over one mesh dim, are all-gathered
+//! for its forward, and whose gradients are reduce-scattered back into the shards.
+
+use super::{memory_plan, resting_layout, FullyShardOptions, MemoryPlan, OptimizerMemory, ParamSpec};
+use crate::autograd::{record, redistribute_grad};
+use crate::dtensor::DTensor;
+use crate::element::{DType, Element};
+use crate::error::{Error, Result};
+use crate::mesh::{Along, DeviceMesh};
+use crate::module::{distribute_param, Forward, LayerHooks, Module};
+use crate::placement::{fmt_placements, Placement};
+use std::collections::hash_map::DefaultHasher;
+use std::hash::{Hash, Hasher};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex};
+
+/// Unreduced gradients kept while gradient synchronisation is off (one per parameter).
+type Stash<T> = Arc<Mutex<Option<DTensor<T>>>>;
+
+/// What `fully_shard` decided for one parameter.
+struct Param<T: Element> {
+    name: String,
+    /// The layout the forward uses: the stored one with `Replicate` on the FSDP dim.
+    in_use: Vec<Placement>,
+    /// The layout it rests in (`in_use` with `Shard(d)` on the FSDP dim, or `in_use` itself
+    /// when every tensor dim is already sharded by another mesh dim).
+    stored: Vec<Placement>,
+    stash: Stash<T>,
+}
+
+impl<T: Element> Param<T> {
+    fn sharded(&self) -> bool {
+        self.stored != self.in_use
+    }
+}
+
+/// A module under FSDP (PyTorch `fully_shard`, FSDP2), made by [`fully_shard`].
+///
+/// Its parameters ([`Module::named_parameters`]) are the shards: `Shard(d)` over the FSDP
+/// mesh dim, every other mesh dim as it was. An optimizer stepping them keeps its state
+/// sharded too, and checkpoints save the shards. Each forward ([`FullyShard::call`], or
+/// [`Forward::forward`]) all-gathers the parameters into their in-use layout (`Replicate` on
+/// the FSDP dim) and runs the module on them; the backward reduce-scatters each gradient
+/// into its shard (in [`FullyShardOptions::reduce_dtype`] when given). The gathered
+/// parameters are held only by the forward's autograd records, so they are freed as the
+/// backward passes them (PyTorch's `reshard_after_forward=False`), or at once in `no_grad`.
+pub struct FullyShard<T: Element, M> {
+    module: M,
+    mesh: DeviceMesh,
+    name: String,
+    mesh_dim: usize,
+    reduce_dtype: Option<DType>,
+    params: Vec<Param<T>>,
+    sync: Arc<AtomicBool>,
+    unsharded: Mutex<Option<Vec<DTensor<T>>>>,
+}
+
+/// Shards `module`'s parameters over `options.mesh_dim` of `mesh` (PyTorch
+/// `fully_shard(module, mesh=...)`).
+///
+/// Each parameter is sharded on its first tensor dim that no other mesh dim shards
+/// ([`resting_layout`]: dim 0 unless a tensor-parallel plan shards it), so the FSDP all-gather
+/// yields exactly the tensor-parallel layout and `full_tensor`, checkpoints and loaders see an
+/// ordinary layout; a parameter whose every dim is already sharded stays replicated on the
+/// FSDP dim ([`FullyShard::replicated_parameters`]). Local parameters (a module not yet on a mesh)
+/// are distributed from rank 0. Uneven sizes shard as `torch.chunk` (empty shards allowed).
+///
+/// Errors ([`Error::FullyShard`], naming the module and the parameter): the mesh dim does
+/// not exist; a parameter lives on another mesh, or is already sharded or partial on the
+/// FSDP dim (a module can be fully sharded once); the ranks disagree about the parameters
+/// (names, shapes, layouts) — checked by one all-gather of a fingerprint, so a mismatched
+/// wrapping fails here instead of in a later collective.
+///
+/// The module must be `Clone` (each forward runs a shallow copy holding the gathered
+/// parameters; a clone of a parameter shares its storage).
+///
+/// ```
+/// use dtensor_runtime::fsdp::{fully_shard, FullyShardOptions};
+/// use dtensor_runtime::module::{Forward, Linear, Module};
+/// use dtensor_runtime::{distribute_tensor, run, Replicate, Shard};
+/// use dtensor_runtime::ndarray::ArrayD;
+/// run(2, |ctx| {
+///     let mesh = ctx.init_device_mesh(&[2], &["dp"])?;
+///     dtensor_runtime::manual_seed(0);
+///     let lin = fully_shard(Linear::<f64>::new(4, 6, true)?, &mesh, &FullyShardOptions::on("dp"))?;
+///     // the weight [6, 4] rests as two [3, 4] shards
+///     assert_eq!(lin.named_parameters()[0].1.placements(), &[Shard(0)]);
+///     let x = ArrayD::from_shape_vec(vec![2, 4], (0..8).map(f64::from).collect()).unwrap();
+///     let x = distribute_tensor(&x, &mesh, &[Shard(0)], None)?;
+///     lin.forward(&x)?.sum()?.backward()?;
+///     let g = lin.named_parameters()[0].1.grad().unwrap();
+///     assert_eq!(g.placements(), &[Shard(0)]); // reduce-scattered into the shard
+///     Ok(())
+/// }).unwrap();
+/// ```
+pub fn fully_shard<T: Element, M: Module<T>>(
+    mut module: M,
+    mesh: &DeviceMesh,
+    options: &FullyShardOptions,
+) -> Result<FullyShard<T, M>> {
+    let name = options.name.clone().unwrap_or_else(|| short_type_name::<M>());
+    let refuse = |reason: String| Error::FullyShard { module: name.clone(), reason };
+    let mesh_dim = mesh.dim_index(&options.mesh_dim).map_err(|_| {
+        refuse(format!("the mesh {mesh} has no dim `{}` (its dims: {:?})", options.mesh_dim, mesh.dim_names()))
+    })?;
+    // Decide every layout first, agree on them, then move data: ranks that wrapped different
+    // modules fail in the agreement, before any collective could mismatch.
+    let mut params = Vec::new();
+    for (pname, p) in module.named_parameters() {
+        let in_use = if p.is_local_tensor() {
+            vec![Placement::Replicate; mesh.ndim()]
+        } else {
+            if !p.device_mesh().same_as(mesh) {
+                return Err(refuse(format!(
+                    "parameter `{pname}` lives on the mesh {}, not on the mesh {mesh} it is to be sharded over",
+                    p.device_mesh()
+                )));
+            }
+            let pl = p.placements().to_vec();
+            if pl[mesh_dim] != Placement::Replicate {
+                return Err(refuse(format!(
+                    "parameter `{pname}` is already {} on `{}` (layout {}); a module is fully sharded once, \
+                     over a dim its parameters are replicated on",
+                    pl[mesh_dim],
+                    options.mesh_dim,
+                    fmt_placements(&pl)
+                )));
+            }
+            pl
+        };
+        let stored = resting_layout(&in_use, p.ndim(), mesh_dim).unwrap_or_else(|| in_use.clone());
+        params.push(Param { name: pname, in_use, stored, stash: Arc::new(Mutex::new(None)) });
+    }
+    check_same_on_every_rank(mesh, &module, &params).map_err(|e| match e {
+        Error::FullyShard { reason, .. } => refuse(reason),
+        e => e,
+    })?;
+    for ((_, p), info) in module.named_parameters_mut().into_iter().zip(&params) {
+        let rg = p.requires_grad();
+        if p.is_local_tensor() {
+            distribute_param(p, mesh, &info.stored)?;
+        } else if info.sharded() {
+            // Replicate → Shard is a local slice: nothing is sent.
+            *p = p.redistribute_scoped(&info.stored, "fully_shard")?.requires_grad_(rg);
+        }
+    }
+    Ok(FullyShard {
+        module,
+        mesh: mesh.clone(),
+        name,
+        mesh_dim,
+        reduce_dtype: options.reduce_dtype,
+        params,
+        sync: Arc::new(AtomicBool::new(true)),
+        unsharded: Mutex::new(None),
+    })
+}
+
+/// One all-gather of a fingerprint of the parameters (names, shapes, layouts): ranks that
+/// wrapped different modules fail here, each with the same error.
+fn check_same_on_every_rank<T: Element, M: Module<T>>(
+    mesh: &DeviceMesh,
+    module: &M,
+    params: &[Param<T>],
+) -> Result<()> {
+    let mut h = DefaultHasher::new();
+    for ((name, p), info) in module.named_parameters().iter().zip(params) {
+        (name, p.shape(), fmt_placements(&info.stored)).hash(&mut h);
+    }
+    let mine = h.finish();
+    let all = mesh.all_gather_u64(Along::All, &[mine])?;
+    if let Some(r) = all.iter().position(|&f| f != all[0]) {
+        let ranks = mesh.ranks();
+        return Err(Error::FullyShard {
+            module: String::new(),
+            reason: format!(
+                "the ranks wrap different parameters: rank {} and rank {} disagree about the names, shapes \
+                 or layouts of the module's {} parameters",
+                ranks[0],
+                ranks[r],
+                params.len()
+            ),
+        });
+    }
+    Ok(())
+}
+
+fn short_type_name<M>() -> String {
+    let full = std::any::type_name::<M>();
+    let base = full.split('<').next().unwrap_or(full);
+    base.rsplit("::").next().unwrap_or(base).to_string()
+}
+
+impl<T: Element, M: Module<T>> FullyShard<T, M> {
+    /// The module's name (errors and collective records say it).
+    pub fn name(&self) -> &str {
+        &self.name
+    }
+
+    /// The mesh the parameters are sharded over.
+    pub fn mesh(&self) -> &DeviceMesh {
+        &self.mesh
+    }
+
+    /// The mesh dim the parameters are sharded over.
+    pub fn mesh_dim(&self) -> &str {
+        &self.mesh.dim_names()[self.mesh_dim]
+    }
+
+    /// The wrapped module; its parameters are the shards.
+    pub fn module(&self) -> &M {
+        &self.module
+    }
+
+    /// Unwraps the module (its parameters stay sharded).
+    pub fn into_inner(self) -> M {
+        self.module
+    }
+
+    /// Each parameter's layout at rest and in use, by name.
+    pub fn layouts(&self) -> Vec<(String, Vec<Placement>, Vec<Placement>)> {
+        self.params.iter().map(|p| (p.name.clone(), p.stored.clone(), p.in_use.clone())).collect()
+    }
+
+    /// Every parameter as [`memory_plan`] sees it (name, global shape, in-use layout).
+    pub fn param_specs(&self) -> Vec<ParamSpec> {
+        self.module
+            .named_parameters()
+            .iter()
+            .zip(&self.params)
+            .map(|((_, p), info)| ParamSpec::new(&info.name, p.shape(), &info.in_use))
+            .collect()
+    }
+
+    /// This rank's [`MemoryPlan`] for this module with an optimizer keeping `optimizer`
+    /// (the plan every rank could have made before launch: [`memory_plan`] of
+    /// [`FullyShard::param_specs`]).
+    pub fn memory_plan(&self, optimizer: OptimizerMemory) -> Result<MemoryPlan> {
+        let plans = memory_plan(&self.param_specs(), self.mesh.shape(), self.mesh_dim, T::DTYPE, optimizer)?;
+        let index = self.mesh.coordinate().iter().zip(self.mesh.shape()).fold(0, |i, (c, n)| i * n + c);
+        Ok(plans[index])
+    }
+
+    /// The parameters left replicated on the FSDP dim (every tensor dim is sharded by another
+    /// mesh dim already, or the parameter is a scalar).
+    pub fn replicated_parameters(&self) -> Vec<&str> {
+        self.params.iter().filter(|p| !p.sharded()).map(|p| p.name.as_str()).collect()
+    }
+
+    /// Turns gradient synchronisation off (`false`: each backward adds the unreduced,
+    /// unsharded gradients to a per-parameter buffer and reduce-scatters nothing) or back on
+    /// (the next backward reduce-scatters its gradients plus the buffered ones). PyTorch
+    /// `set_requires_gradient_sync`: gradient accumulation without a collective per
+    /// micro-batch.
+    pub fn set_requires_gradient_sync(&self, sync: bool) {
+        self.sync.store(sync, Ordering::SeqCst);
+    }
+
+    /// Is gradient synchronisation on?
+    pub fn requires_gradient_sync(&self) -> bool {
+        self.sync.load(Ordering::SeqCst)
+    }
+
+    /// All-gathers the parameters now and keeps them until [`FullyShard::reshard`]: forwards
+    /// until then use them without gathering again (PyTorch `FSDPModule.unshard`; e.g. for
+    /// several forwards in inference). Parameters changed by an optimizer step in between are
+    /// not seen until `reshard` and the next gather.
+    pub fn unshard(&self) -> Result<()> {
+        let full = self
+            .module
+            .named_parameters()
+            .iter()
+            .zip(&self.params)
+            .map(|((_, p), info)| self.gather_data(p, info))
+            .collect::<Result<Vec<_>>>()?;
+        *self.unsharded.lock().unwrap_or_else(|e| e.into_inner()) = Some(full);
+        Ok(())
+    }
+
+    /// Frees what [`FullyShard::unshard`] gathered (PyTorch `FSDPModule.reshard`).
+    pub fn reshard(&self) {
+        *self.unsharded.lock().unwrap_or_else(|e| e.into_inner()) = None;
+    }
+
+    /// Is the module holding gathered parameters ([`FullyShard::unshard`])?
+    pub fn is_unsharded(&self) -> bool {
+        self.unsharded.lock().unwrap_or_else(|e| e.into_inner()).is_some()
+    }
+
+    fn gather_data(&self, p: &DTensor<T>, info: &Param<T>) -> Result<DTensor<T>> {
+        if !info.sharded() {
+            return Ok(p.detach());
+        }
+        Ok(p.redistribute_scoped(&info.in_use, "fsdp_all_gather")?.detach())
+    }
+
+    /// Runs `f` on the module with its parameters gathered: the forward of any signature
+    /// (several inputs, integer ids, a mask). Gradients reach the shards.
+    pub fn call<R>(&self, f: impl FnOnce(&M) -> Result<R>) -> Result<R>
+    where
+        M: Clone,
+    {
+        let cached = self.unsharded.lock().unwrap_or_else(|e| e.into_inner()).clone();
+        let mut running = self.module.clone();
+        for (i, ((name, p), info)) in running.named_parameters_mut().into_iter().zip(&self.params).enumerate() {
+            if name != info.name {
+                return Err(Error::FullyShard {
+                    module: self.name.clone(),
+                    reason: format!(
+                        "the module's parameter {i} is now `{name}`, not `{}`: its parameters changed after fully_shard",
+                        info.name
+                    ),
+                });
+            }
+            if !info.sharded() {
+                continue; // the parameter itself, its gradient reduced as any other's
+            }
+            let data = match &cached {
+                Some(c) => c[i].clone(),
+                None => self.gather_data(p, info)?,
+            };
+            *p = self.on_tape(data, p, info);
+        }
+        let out = f(&running);
+        drop(running);
+        out
+    }
+
+    /// Records the gathered `data` as made from the shard `shard`: the backward
+    /// reduce-scatters the gradient into the shard, or buffers it while sync is off.
+    fn on_tape(&self, data: DTensor<T>, shard: &DTensor<T>, info: &Param<T>) -> DTensor<T> {
+        let (sync, stash, target, dtype) =
+            (Arc::clone(&self.sync), Arc::clone(&info.stash), info.stored.clone(), self.reduce_dtype);
+        record("fsdp_reduce_scatter", data, &[shard], move |g| {
+            let mut buffered = stash.lock().unwrap_or_else(|e| e.into_inner());
+            let g = match buffered.take() {
+                Some(b) => b.add(g)?,
+                None => g.detach(),
+            };
+            if !sync.load(Ordering::SeqCst) {
+                *buffered = Some(g);
+                return Ok(vec![None]);
+            }
+            Ok(vec![Some(redistribute_grad(&g, &target, dtype, "fsdp_reduce_scatter")?)])
+        })
+    }
+}
+
+impl<T: Element, M: Module<T>> Module<T> for FullyShard<T, M> {
+    fn named_parameters(&self) -> Vec<(String, &DTensor<T>)> {
+        self.module.named_parameters()
+    }
+    fn named_parameters_mut(&mut self) -> Vec<(String, &mut DTensor<T>)> {
+        self.module.named_parameters_mut()
+    }
+    fn named_buffers(&self) -> Vec<(String, &DTensor<T>)> {
+        self.module.named_buffers()
+    }
+    fn named_buffers_mut(&mut self) -> Vec<(String, &mut DTensor<T>)> {
+        self.module.named_buffers_mut()
+    }
+    fn layer_hooks_mut(&mut self, path: &str) -> Option<&mut LayerHooks> {
+        self.module.layer_hooks_mut(path)
+    }
+    /// The module's declared layouts at rest: a declared in-use layout is declared sharded.
+    fn declared_placements(&self) -> Vec<(String, Vec<Placement>)> {
+        self.module
+            .declared_placements()
+            .into_iter()
+            .map(|(n, decl)| match self.params.iter().find(|p| p.name == n && p.in_use == decl) {
+                Some(p) => (n, p.stored.clone()),
+                None => (n, decl),
+            })
+            .collect()
+    }
+}
+
+impl<T: Element, M: Module<T> + Forward<T> + Clone> Forward<T> for FullyShard<T, M> {
+    fn forward(&self, input: &DTensor<T>) -> Result<DTensor<T>> {
+        self.call(|m| m.forward(input))
+    }
+}

@@ -1,0 +1,194 @@
+//! Each rank's memory under FSDP, known before launch: from the parameters' shapes and in-use
+//! layouts, the mesh and the optimizer, the bytes of parameters, gradients and optimizer
+//! states every rank holds, and the window of gathered parameters on top of them.
+
+use super::resting_layout;
+use crate::element::DType;
+use crate::error::{Error, Result};
+use crate::layout::checked_local_shape_and_offset;
+use crate::placement::{fmt_placements, normalize_placements, Placement};
+use std::fmt;
+
+/// A parameter as the plan sees it: its name, global shape and the layout its module uses it
+/// in (`Replicate` on the FSDP mesh dim).
+#[derive(Debug, Clone, PartialEq)]
+pub struct ParamSpec {
+    /// Dotted name (errors say it).
+    pub name: String,
+    /// Global shape.
+    pub shape: Vec<usize>,
+    /// In-use placements, one per mesh dim.
+    pub in_use: Vec<Placement>,
+}
+
+impl ParamSpec {
+    /// A parameter `name` of `shape` used in the layout `in_use`.
+    pub fn new(name: &str, shape: &[usize], in_use: &[Placement]) -> Self {
+        ParamSpec { name: name.to_string(), shape: shape.to_vec(), in_use: in_use.to_vec() }
+    }
+}
+
+/// Bytes an optimizer keeps per element of a parameter shard.
+///
+/// ```
+/// use dtensor_runtime::fsdp::OptimizerMemory;
+/// use dtensor_runtime::DType;
+/// assert_eq!(OptimizerMemory::adamw(DType::F32).bytes_per_element, 8); // two f32 moments
+/// assert_eq!(OptimizerMemory::adamw_master_weights().bytes_per_element, 12); // f32 copy + moments
+/// ```
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct OptimizerMemory {
+    /// State bytes per parameter element.
+    pub bytes_per_element: usize,
+}
+
+impl OptimizerMemory {
+    /// No optimizer state (plain SGD, or no optimizer).
+    pub fn none() -> Self {
+        OptimizerMemory { bytes_per_element: 0 }
+    }
+    /// SGD with momentum: one buffer in the parameters' dtype.
+    pub fn sgd_momentum(dtype: DType) -> Self {
+        OptimizerMemory { bytes_per_element: dtype.size_of() }
+    }
+    /// AdamW: two moments in the parameters' dtype.
+    pub fn adamw(dtype: DType) -> Self {
+        OptimizerMemory { bytes_per_element: 2 * dtype.size_of() }
+    }
+    /// AdamW with master weights: an f32 copy and two f32 moments.
+    pub fn adamw_master_weights() -> Self {
+        OptimizerMemory { bytes_per_element: 3 * 4 }
+    }
+    /// SGD with master weights: an f32 copy, and an f32 momentum buffer when `momentum`.
+    pub fn sgd_master_weights(momentum: bool) -> Self {
+        OptimizerMemory { bytes_per_element: if momentum { 8 } else { 4 } }
+    }
+}
+
+/// One rank's bytes under FSDP (parameters in their dtype).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct MemoryPlan {
+    /// The rank (its index in the mesh, row-major).
+    pub rank: usize,
+    /// Parameter shards (and parameters left replicated on the FSDP dim).
+    pub parameters: usize,
+    /// Gradients, laid out as the parameters rest.
+    pub gradients: usize,
+    /// Optimizer state.
+    pub optimizer_states: usize,
+    /// The gathered parameters: all-gathered for the forward and held by its autograd records
+    /// until the backward has used them.
+    pub unsharded_window: usize,
+    /// The largest gradient in its in-use layout: the one unreduced gradient alive at a time,
+    /// before its reduce-scatter.
+    pub largest_unsharded_gradient: usize,
+}
+
+impl MemoryPlan {
+    /// What the rank holds between steps: parameters, gradients, optimizer states.
+    pub fn at_rest(&self) -> usize {
+        self.parameters + self.gradients + self.optimizer_states
+    }
+
+    /// The peak of a training step, activations aside, when the gradients are released
+    /// before the forward (`zero_grad`, which sets them to none as PyTorch's does): parameters
+    /// and optimizer states, the whole window (the end of the forward) and one unreduced
+    /// gradient (the start of the backward; as the backward goes on, each gathered parameter
+    /// it has used is freed while a smaller gradient shard takes its place).
+    pub fn peak(&self) -> usize {
+        self.parameters + self.optimizer_states + self.unsharded_window + self.largest_unsharded_gradient
+    }
+
+    /// The peak when gradients are kept across the forward (accumulation over micro-batches,
+    /// or no `zero_grad` before it): [`MemoryPlan::peak`] plus the gradients.
+    pub fn peak_keeping_gradients(&self) -> usize {
+        self.peak() + self.gradients
+    }
+}
+
+impl fmt::Display for MemoryPlan {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let mib = |b: usize| b as f64 / (1 << 20) as f64;
+        write!(
+            f,
+            "rank {}: parameters {:.2} MiB, gradients {:.2} MiB, optimizer {:.2} MiB, window {:.2} MiB, \
+             peak {:.2} MiB",
+            self.rank,
+            mib(self.parameters),
+            mib(self.gradients),
+            mib(self.optimizer_states),
+            mib(self.unsharded_window),
+            mib(self.peak())
+        )
+    }
+}
+
+/// Every rank's [`MemoryPlan`] (row-major rank order) for parameters `params` in `dtype`,
+/// fully sharded over mesh dim `fsdp_dim` of a mesh of shape `mesh_shape`, with an optimizer
+/// keeping `optimizer` per element: the answer before launch, from shapes and layouts alone.
+/// Each parameter rests as [`resting_layout`] says (as `fully_shard` lays it out), with
+/// `torch.chunk` sizes, so uneven shards count exactly.
+///
+/// ```
+/// use dtensor_runtime::fsdp::{memory_plan, OptimizerMemory, ParamSpec};
+/// use dtensor_runtime::{DType, Replicate};
+/// let params = [ParamSpec::new("w", &[1024, 1024], &[Replicate])];
+/// let one = memory_plan(&params, &[1], 0, DType::F32, OptimizerMemory::adamw(DType::F32))?;
+/// let four = memory_plan(&params, &[4], 0, DType::F32, OptimizerMemory::adamw(DType::F32))?;
+/// assert_eq!(four[0].at_rest() * 4, one[0].at_rest()); // parameters, gradients, moments: 1/dp
+/// assert_eq!(four[0].unsharded_window, 4 << 20); // plus the gathered weight
+/// # Ok::<(), dtensor_runtime::Error>(())
+/// ```
+pub fn memory_plan(
+    params: &[ParamSpec],
+    mesh_shape: &[usize],
+    fsdp_dim: usize,
+    dtype: DType,
+    optimizer: OptimizerMemory,
+) -> Result<Vec<MemoryPlan>> {
+    let refuse = |reason: String| Error::FullyShard { module: "memory_plan".into(), reason };
+    if fsdp_dim >= mesh_shape.len() {
+        return Err(refuse(format!("mesh dim {fsdp_dim} does not exist on a mesh of shape {mesh_shape:?}")));
+    }
+    let mut resting = Vec::with_capacity(params.len());
+    for p in params {
+        let in_use = normalize_placements(&p.in_use, p.shape.len(), mesh_shape.len())?;
+        if in_use[fsdp_dim] != Placement::Replicate {
+            return Err(refuse(format!(
+                "parameter `{}` is used as {}: FSDP gathers it to `Replicate` on mesh dim {fsdp_dim}",
+                p.name,
+                fmt_placements(&in_use)
+            )));
+        }
+        let stored = resting_layout(&in_use, p.shape.len(), fsdp_dim);
+        resting.push((in_use, stored));
+    }
+    let size = dtype.size_of();
+    let ranks: usize = mesh_shape.iter().product();
+    let mut plans = Vec::with_capacity(ranks);
+    for rank in 0..ranks {
+        let mut coord = vec![0; mesh_shape.len()];
+        let mut rest = rank;
+        for (c, &n) in coord.iter_mut().zip(mesh_shape).rev() {
+            *c = rest % n;
+            rest /= n;
+        }
+        let numel = |shape: &[usize], pl: &[Placement]| -> Result<usize> {
+            Ok(checked_local_shape_and_offset(shape, mesh_shape, &coord, pl)?.0.iter().product())
+        };
+        let mut plan = MemoryPlan { rank, ..MemoryPlan::default() };
+        for (p, (in_use, stored)) in params.iter().zip(&resting) {
+            let at_rest = numel(&p.shape, stored.as_deref().unwrap_or(in_use))? * size;
+            plan.parameters += at_rest;
+            plan.gradients += at_rest;
+            plan.optimizer_states += at_rest / size * optimizer.bytes_per_element;
+            if stored.is_some() {
+                let gathered = numel(&p.shape, in_use)? * size;
+                plan.unsharded_window += gathered;
+                plan.largest_unsharded_gradient = plan.largest_unsharded_gradient.max(gathered);
+            }
+        }
+        plans.push(plan);
+    }
+    Ok(plans)
+}

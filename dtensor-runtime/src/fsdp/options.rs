@@ -1,0 +1,45 @@
+//! What `fully_shard` is told: the mesh dim to shard over, the module's name, the reduce dtype.
+
+use crate::element::DType;
+
+/// Options of [`fully_shard`](super::fully_shard) (PyTorch's keyword arguments of
+/// `fully_shard`, where they fit).
+///
+/// ```
+/// use dtensor_runtime::fsdp::FullyShardOptions;
+/// use dtensor_runtime::DType;
+/// let o = FullyShardOptions::on("dp").named("blocks.0").reduce_dtype(DType::F32);
+/// assert_eq!(o.mesh_dim, "dp");
+/// ```
+#[derive(Debug, Clone, PartialEq)]
+pub struct FullyShardOptions {
+    /// The mesh dim the parameters are sharded over (PyTorch: the FSDP mesh, or the shard dim
+    /// of an HSDP mesh). Every other mesh dim keeps the placements the parameters already
+    /// have: a dim they are replicated on is data parallel without sharding (HSDP), a dim
+    /// they are sharded on by a tensor-parallel plan stays so (FSDP × TP).
+    pub mesh_dim: String,
+    /// The module's name in errors and in the collective records (default: its type's name).
+    pub name: Option<String>,
+    /// The dtype gradients are reduce-scattered in (PyTorch `MixedPrecisionPolicy.reduce_dtype`;
+    /// default: the parameters' own).
+    pub reduce_dtype: Option<DType>,
+}
+
+impl FullyShardOptions {
+    /// Shards over the mesh dim named `mesh_dim`.
+    pub fn on(mesh_dim: &str) -> Self {
+        FullyShardOptions { mesh_dim: mesh_dim.to_string(), name: None, reduce_dtype: None }
+    }
+
+    /// Names the module (errors and records say it).
+    pub fn named(mut self, name: &str) -> Self {
+        self.name = Some(name.to_string());
+        self
+    }
+
+    /// Reduce-scatters gradients in `dtype` (cast there and back).
+    pub fn reduce_dtype(mut self, dtype: DType) -> Self {
+        self.reduce_dtype = Some(dtype);
+        self
+    }
+}

@@ -1,0 +1,418 @@
+//! `fully_shard` (FSDP2): training on FSDP, HSDP and FSDP × TP meshes gives the single-rank
+//! losses and weights; the collectives are one all-gather per sharded parameter in the
+//! forward and one reduce-scatter in the backward; gradient accumulation without sync;
+//! explicit unshard; uneven and empty shards; typed errors, also for ranks that disagree.
+
+use dtensor_runtime::fsdp::{fully_shard, FullyShard, FullyShardOptions};
+use dtensor_runtime::module::{
+    parallelize_module, prefixed, prefixed_mut, ColwiseParallel, Forward, LayerNorm, Linear, Module, ParallelStyle,
+    RowwiseParallel, Sequential,
+};
+use dtensor_runtime::ndarray::ArrayD;
+use dtensor_runtime::optim::{clip_grad_norm, AdamW};
+use dtensor_runtime::{
+    distribute_tensor, manual_seed, run, CollectiveKind, CommDebugMode, DTensor, DType, DeviceMesh, Error, Placement,
+    Result, Shard,
+};
+
+/// norm → w1 → gelu → w2, a residual.
+#[derive(Clone)]
+struct Block {
+    norm: LayerNorm<f64>,
+    w1: Linear<f64>,
+    w2: Linear<f64>,
+}
+
+impl Block {
+    fn new(dim: usize, hidden: usize) -> Result<Self> {
+        Ok(Block {
+            norm: LayerNorm::new(dim)?,
+            w1: Linear::new(dim, hidden, true)?,
+            w2: Linear::new(hidden, dim, true)?,
+        })
+    }
+}
+
+impl Module<f64> for Block {
+    fn named_parameters(&self) -> Vec<(String, &DTensor<f64>)> {
+        let mut v = prefixed("norm", self.norm.named_parameters());
+        v.extend(prefixed("w1", self.w1.named_parameters()));
+        v.extend(prefixed("w2", self.w2.named_parameters()));
+        v
+    }
+    fn named_parameters_mut(&mut self) -> Vec<(String, &mut DTensor<f64>)> {
+        let mut v = prefixed_mut("norm", self.norm.named_parameters_mut());
+        v.extend(prefixed_mut("w1", self.w1.named_parameters_mut()));
+        v.extend(prefixed_mut("w2", self.w2.named_parameters_mut()));
+        v
+    }
+    fn layer_hooks_mut(&mut self, path: &str) -> Option<&mut dtensor_runtime::module::LayerHooks> {
+        match path {
+            "w1" => self.w1.layer_hooks_mut(""),
+            "w2" => self.w2.layer_hooks_mut(""),
+            _ => None,
+        }
+    }
+}
+
+impl Forward<f64> for Block {
+    fn forward(&self, x: &DTensor<f64>) -> Result<DTensor<f64>> {
+        let h = self.w2.forward(&self.w1.forward(&self.norm.forward(x)?)?.gelu()?)?;
+        x.add(&h)
+    }
+}
+
+#[derive(Clone, Copy, Debug, PartialEq)]
+enum Mode {
+    /// One rank, no FSDP: the reference.
+    Reference,
+    /// FSDP over `dp` (a 1-D mesh).
+    Fsdp,
+    /// HSDP on `rep × dp`: replicated over `rep`, sharded over `dp`.
+    Hsdp,
+    /// TP over `tp` (colwise w1, rowwise w2), FSDP over `dp`.
+    FsdpTp,
+}
+
+const DIM: usize = 6;
+const HIDDEN: usize = 10;
+const BATCH: usize = 8;
+
+fn batch(step: usize) -> ArrayD<f64> {
+    let v = (0..BATCH * DIM).map(|i| (((i * 7 + step * 13) % 17) as f64 - 8.0) / 9.0).collect();
+    ArrayD::from_shape_vec(vec![BATCH, DIM], v).unwrap()
+}
+
+/// Two blocks, each its own FSDP unit; one optimizer steps them all (by their `i.` names).
+fn blocks(mesh: &DeviceMesh, mode: Mode) -> Result<Sequential<FullyShard<f64, Block>>> {
+    manual_seed(7);
+    let blocks = (0..2)
+        .map(|i| {
+            let mut b = Block::new(DIM, HIDDEN)?;
+            let fsdp_dim = "dp";
+            if mode == Mode::FsdpTp {
+                let (col, row) = (ColwiseParallel::new(), RowwiseParallel::new());
+                let plan: Vec<(&str, &dyn ParallelStyle)> = vec![("w1", &col), ("w2", &row)];
+                b = parallelize_module(b, mesh, &plan)?;
+            }
+            let dim = if mode == Mode::Reference { mesh.dim_names()[0].clone() } else { fsdp_dim.to_string() };
+            fully_shard(b, mesh, &FullyShardOptions::on(&dim).named(&format!("blocks.{i}")))
+        })
+        .collect::<Result<_>>()?;
+    Ok(Sequential(blocks))
+}
+
+fn input_placements(mode: Mode) -> Vec<Placement> {
+    match mode {
+        Mode::Reference | Mode::Fsdp => vec![Shard(0)],
+        Mode::Hsdp => vec![Shard(0), Shard(0)],
+        Mode::FsdpTp => vec![Shard(0), Placement::Replicate],
+    }
+}
+
+struct Trained {
+    losses: Vec<f64>,
+    /// Each step's gradient norms (infinity, then 2 before clipping to 0.45).
+    norms: Vec<f64>,
+    weights: Vec<(String, Vec<f64>)>,
+}
+
+fn train(world: usize, shape: &[usize], names: &[&str], mode: Mode, steps: usize) -> Trained {
+    let shape = shape.to_vec();
+    let names: Vec<String> = names.iter().map(|s| s.to_string()).collect();
+    let mut out = run(world, move |ctx| {
+        let names: Vec<&str> = names.iter().map(String::as_str).collect();
+        let mesh = ctx.init_device_mesh(&shape, &names)?;
+        let mut model = blocks(&mesh, mode)?;
+        let mut opt = AdamW::new(1e-2).weight_decay(0.01);
+        let (mut losses, mut norms) = (vec![], vec![]);
+        for step in 0..steps {
+            let x = distribute_tensor(batch(step), &mesh, &input_placements(mode), None)?;
+            let h = model.forward(&x)?;
+            let loss = h.mul(&h)?.mean()?;
+            loss.backward()?;
+            losses.push(loss.full_tensor()?.iter().copied().next().unwrap());
+            norms.push(clip_grad_norm(&model, 1e9, f64::INFINITY)?);
+            norms.push(clip_grad_norm(&model, 0.45, 2.0)?);
+            opt.step(&mut model)?;
+            model.zero_grad();
+        }
+        let mut weights = vec![];
+        for (n, p) in model.named_parameters() {
+            weights.push((n, p.full_tensor()?.iter().copied().collect()));
+        }
+        Ok(Trained { losses, norms, weights })
+    })
+    .unwrap();
+    // every rank computes the same global norms
+    assert!(out.iter().all(|t| t.norms == out[0].norms), "the ranks disagree about the gradient norm");
+    out.remove(0)
+}
+
+fn assert_close(run: &Trained, reference: &Trained, what: &str) {
+    let rel = |a: f64, b: f64| (a - b).abs() / b.abs().max(1e-12);
+    for (a, b) in run.losses.iter().zip(&reference.losses) {
+        assert!(rel(*a, *b) < 1e-12, "{what}: loss {a} vs reference {b}");
+    }
+    // the global norms, on every mesh (the clip to 0.45 bites: the norms are larger)
+    assert!(reference.norms.iter().skip(1).step_by(2).all(|&n| n > 0.45), "{:?}", reference.norms);
+    for (a, b) in run.norms.iter().zip(&reference.norms) {
+        assert!(rel(*a, *b) < 1e-12, "{what}: gradient norm {a} vs reference {b}");
+    }
+    assert_eq!(run.weights.len(), reference.weights.len());
+    for ((n, a), (m, b)) in run.weights.iter().zip(&reference.weights) {
+        assert_eq!(n, m);
+        let worst = a.iter().zip(b).map(|(x, y)| (x - y).abs()).fold(0.0, f64::max);
+        assert!(worst < 1e-12, "{what}: {n} differs by {worst:e}");
+    }
+}
+
+#[test]
+fn fsdp_hsdp_and_fsdp_tp_train_as_one_rank() {
+    let reference = train(1, &[1], &["dp"], Mode::Reference, 3);
+    assert!(reference.losses[2] < reference.losses[0], "the reference does not learn: {:?}", reference.losses);
+    assert_close(&train(4, &[4], &["dp"], Mode::Fsdp, 3), &reference, "FSDP 4");
+    assert_close(&train(2, &[2], &["dp"], Mode::Fsdp, 3), &reference, "FSDP 2");
+    assert_close(&train(4, &[2, 2], &["rep", "dp"], Mode::Hsdp, 3), &reference, "HSDP 2x2");
+    assert_close(&train(4, &[2, 2], &["dp", "tp"], Mode::FsdpTp, 3), &reference, "FSDP x TP 2x2");
+}
+
+#[test]
+fn parameters_rest_sharded_and_tp_dims_are_kept() {
+    run(4, |ctx| {
+        let mesh = ctx.init_device_mesh(&[2, 2], &["dp", "tp"])?;
+        let model = blocks(&mesh, Mode::FsdpTp)?;
+        let layouts: Vec<(String, String)> = model.0[0]
+            .named_parameters()
+            .into_iter()
+            .map(|(n, p)| (n, dtensor_runtime::placement::fmt_placements(p.placements())))
+            .collect();
+        let want = [
+            ("norm.weight", "(S(0), R)"),
+            ("norm.bias", "(S(0), R)"),
+            // colwise: [out, in] sharded on out by tp, so FSDP shards `in`
+            ("w1.weight", "(S(1), S(0))"),
+            // its bias [out] is sharded by tp on its only dim: it stays replicated on dp
+            ("w1.bias", "(R, S(0))"),
+            // rowwise: [out, in] sharded on in by tp, so FSDP shards `out`
+            ("w2.weight", "(S(0), S(1))"),
+            ("w2.bias", "(S(0), R)"),
+        ];
+        for ((n, l), (wn, wl)) in layouts.iter().zip(want) {
+            assert_eq!((n.as_str(), l.as_str()), (wn, wl));
+        }
+        assert_eq!(model.0[0].replicated_parameters(), vec!["w1.bias"]);
+        Ok(())
+    })
+    .unwrap();
+}
+
+#[test]
+fn one_all_gather_and_one_reduce_scatter_per_sharded_parameter() {
+    run(4, |ctx| {
+        let mesh = ctx.init_device_mesh(&[4], &["dp"])?;
+        let model = blocks(&mesh, Mode::Fsdp)?;
+        let sharded: usize = model.0.iter().map(|b| b.named_parameters().len() - b.replicated_parameters().len()).sum();
+        assert_eq!(sharded, 12);
+        let x = distribute_tensor(batch(0), &mesh, &[Shard(0)], None)?;
+        let forward = CommDebugMode::new();
+        let loss = forward.scope(|| -> Result<DTensor<f64>> {
+            let h = model.forward(&x)?;
+            h.mul(&h)?.mean()
+        })?;
+        assert_eq!(forward.count_on(CollectiveKind::AllGather, "dp"), sharded);
+        assert_eq!(forward.count_for_op(CollectiveKind::AllGather, "fsdp_all_gather"), sharded);
+        let backward = CommDebugMode::new();
+        backward.scope(|| loss.backward())?;
+        assert_eq!(backward.count_on(CollectiveKind::ReduceScatter, "dp"), sharded);
+        assert_eq!(backward.count(CollectiveKind::AllReduce), 0, "{}", backward.summary());
+        for (n, p) in model.named_parameters() {
+            assert_eq!(p.grad().unwrap().placements(), p.placements(), "{n}");
+        }
+        Ok(())
+    })
+    .unwrap();
+}
+
+/// Two micro-batches without sync then one with: the gradients equal the sum over the three
+/// micro-batches, and only the last backward reduce-scatters.
+#[test]
+fn gradient_accumulation_without_sync() {
+    let grads = |world: usize, sync_each: bool| {
+        run(world, move |ctx| {
+            let mesh = ctx.init_device_mesh(&[world], &["dp"])?;
+            let model = blocks(&mesh, Mode::Fsdp)?;
+            let mut reduce_scatters = vec![];
+            for step in 0..3 {
+                let last = step == 2;
+                for b in &model.0 {
+                    b.set_requires_gradient_sync(sync_each || last);
+                }
+                let x = distribute_tensor(batch(step), &mesh, &[Shard(0)], None)?;
+                let comm = CommDebugMode::new();
+                comm.scope(|| -> Result<()> {
+                    let h = model.forward(&x)?;
+                    h.mul(&h)?.mean()?.backward()
+                })?;
+                reduce_scatters.push(comm.count(CollectiveKind::ReduceScatter));
+            }
+            let g: Vec<Vec<f64>> = model
+                .named_parameters()
+                .into_iter()
+                .map(|(_, p)| p.grad().unwrap().full_tensor())
+                .map(|a| a.map(|a| a.iter().copied().collect()))
+                .collect::<Result<_>>()?;
+            Ok((g, reduce_scatters))
+        })
+        .unwrap()
+        .remove(0)
+    };
+    let (every, _) = grads(1, true);
+    let (accumulated, counts) = grads(4, false);
+    assert_eq!(counts, vec![0, 0, 12]);
+    for (a, b) in accumulated.iter().zip(&every) {
+        for (x, y) in a.iter().zip(b) {
+            assert!((x - y).abs() < 1e-12, "{x} vs {y}");
+        }
+    }
+}
+
+#[test]
+fn explicit_unshard_gathers_once() {
+    run(2, |ctx| {
+        let mesh = ctx.init_device_mesh(&[2], &["dp"])?;
+        let model = blocks(&mesh, Mode::Fsdp)?;
+        let x = distribute_tensor(batch(0), &mesh, &[Shard(0)], None)?;
+        let plain = model.0[0].forward(&x)?.full_tensor()?;
+        model.0[0].unshard()?;
+        assert!(model.0[0].is_unsharded());
+        let comm = CommDebugMode::new();
+        let again = comm.scope(|| -> Result<Vec<ArrayD<f64>>> {
+            (0..2).map(|_| model.0[0].forward(&x)?.full_tensor()).collect()
+        })?;
+        assert_eq!(comm.count_on(CollectiveKind::AllGather, "dp"), 2, "only the outputs' full_tensor gathers");
+        assert_eq!(again[0], plain);
+        assert_eq!(again[1], plain);
+        // the gradient still reaches the shards
+        model.0[0].forward(&x)?.sum()?.backward()?;
+        assert!(model.0[0].named_parameters().iter().all(|(_, p)| p.grad().is_some()));
+        model.0[0].reshard();
+        assert!(!model.0[0].is_unsharded());
+        Ok(())
+    })
+    .unwrap();
+}
+
+/// A [3, 5] weight over 4 ranks: shards of 1, 1, 1 and 0 rows (torch.chunk).
+#[test]
+fn uneven_and_empty_shards() {
+    let reference = run(1, |ctx| {
+        let mesh = ctx.init_device_mesh(&[1], &["dp"])?;
+        manual_seed(3);
+        let lin = fully_shard(Linear::<f64>::new(5, 3, true)?, &mesh, &FullyShardOptions::on("dp"))?;
+        let x = ArrayD::from_shape_vec(vec![4, 5], (0..20).map(|i| i as f64 / 7.0).collect()).unwrap();
+        let x = distribute_tensor(&x, &mesh, &[Shard(0)], None)?;
+        lin.forward(&x)?.mul_scalar(2.0)?.sum()?.backward()?;
+        lin.named_parameters().iter().map(|(_, p)| p.grad().unwrap().full_tensor()).collect::<Result<Vec<_>>>()
+    })
+    .unwrap()
+    .remove(0);
+    let sharded = run(4, |ctx| {
+        let mesh = ctx.init_device_mesh(&[4], &["dp"])?;
+        manual_seed(3);
+        let lin = fully_shard(Linear::<f64>::new(5, 3, true)?, &mesh, &FullyShardOptions::on("dp"))?;
+        let rows = lin.named_parameters()[0].1.local().shape()[0];
+        assert_eq!(rows, if mesh.rank() == 3 { 0 } else { 1 });
+        let x = ArrayD::from_shape_vec(vec![4, 5], (0..20).map(|i| i as f64 / 7.0).collect()).unwrap();
+        let x = distribute_tensor(&x, &mesh, &[Shard(0)], None)?;
+        lin.forward(&x)?.mul_scalar(2.0)?.sum()?.backward()?;
+        lin.named_parameters().iter().map(|(_, p)| p.grad().unwrap().full_tensor()).collect::<Result<Vec<_>>>()
+    })
+    .unwrap();
+    for r in sharded {
+        for (a, b) in r.iter().zip(&reference) {
+            let worst = a.iter().zip(b.iter()).map(|(x, y)| (x - y).abs()).fold(0.0, f64::max);
+            assert!(worst < 1e-12, "{worst:e}");
+        }
+    }
+}
+
+#[test]
+fn reduce_dtype_reduces_in_f32() {
+    let grads = |dtype: Option<DType>| {
+        run(2, move |ctx| {
+            let mesh = ctx.init_device_mesh(&[2], &["dp"])?;
+            manual_seed(3);
+            let mut o = FullyShardOptions::on("dp");
+            o.reduce_dtype = dtype;
+            let lin = fully_shard(Linear::<f64>::new(5, 3, true)?, &mesh, &o)?;
+            let x = ArrayD::from_shape_vec(vec![4, 5], (0..20).map(|i| (i as f64 / 7.0).sin()).collect()).unwrap();
+            let x = distribute_tensor(&x, &mesh, &[Shard(0)], None)?;
+            lin.forward(&x)?.sum()?.backward()?;
+            let g = lin.named_parameters()[0].1.grad().unwrap().full_tensor()?;
+            Ok(g.iter().copied().collect::<Vec<f64>>())
+        })
+        .unwrap()
+        .remove(0)
+    };
+    let (exact, f32s) = (grads(None), grads(Some(DType::F32)));
+    let worst = exact.iter().zip(&f32s).map(|(a, b)| (a - b).abs()).fold(0.0, f64::max);
+    assert!(worst > 0.0 && worst < 1e-6, "a reduction in f32 rounds, slightly: {worst:e}");
+}
+
+fn fsdp_error(e: Error) -> (String, String) {
+    match e {
+        Error::FullyShard { module, reason } => (module, reason),
+        e => panic!("expected Error::FullyShard, got {e}"),
+    }
+}
+
+#[test]
+fn bad_input_is_a_typed_error_naming_the_module() {
+    run(2, |ctx| {
+        let mesh = ctx.init_device_mesh(&[2], &["dp"])?;
+        manual_seed(0);
+        // no such mesh dim
+        let e = fully_shard(Linear::<f64>::new(4, 4, true)?, &mesh, &FullyShardOptions::on("fsdp").named("head"));
+        let (module, reason) = fsdp_error(e.err().unwrap());
+        assert_eq!(module, "head");
+        assert!(reason.contains("no dim `fsdp`"), "{reason}");
+        // twice
+        let once = fully_shard(Linear::<f64>::new(4, 4, true)?, &mesh, &FullyShardOptions::on("dp"))?;
+        let (module, reason) = fsdp_error(fully_shard(once, &mesh, &FullyShardOptions::on("dp")).err().unwrap());
+        assert_eq!(module, "FullyShard");
+        assert!(reason.contains("`weight` is already S(0) on `dp`"), "{reason}");
+        // another mesh
+        let other = ctx.init_device_mesh(&[2], &["x"])?;
+        let lin = dtensor_runtime::distribute_module(Linear::<f64>::new(4, 4, true)?, &other, None, None, None)?;
+        let (module, reason) =
+            fsdp_error(fully_shard(lin.module, &mesh, &FullyShardOptions::on("dp").named("proj")).err().unwrap());
+        assert_eq!(module, "proj");
+        assert!(reason.contains("`weight` lives on the mesh") && reason.contains("not on the mesh"), "{reason}");
+        // a gradient of another layout cannot be put on a shard
+        let lin = fully_shard(Linear::<f64>::new(4, 4, false)?, &mesh, &FullyShardOptions::on("dp"))?;
+        let w = lin.named_parameters()[0].1;
+        let whole = dtensor_runtime::zeros::<f64>(&[4, 4], &dtensor_runtime::TensorOptions::new().mesh(&mesh))?;
+        match w.set_grad(&whole) {
+            Err(Error::Autograd(m)) => assert!(m.contains("laid out (R)") && m.contains("laid out (S(0))"), "{m}"),
+            other => panic!("expected Error::Autograd, got {other:?}"),
+        }
+        Ok(())
+    })
+    .unwrap();
+}
+
+#[test]
+fn ranks_that_wrap_different_modules_all_fail() {
+    let out = run(2, |ctx| {
+        let mesh = ctx.init_device_mesh(&[2], &["dp"])?;
+        let out = if mesh.rank() == 0 { 4 } else { 5 };
+        let r = fully_shard(Linear::<f64>::new(4, out, true)?, &mesh, &FullyShardOptions::on("dp").named("head"));
+        Ok(fsdp_error(r.err().expect("the ranks disagree")))
+    })
+    .unwrap();
+    for (module, reason) in out {
+        assert_eq!(module, "head");
+        assert!(reason.contains("the ranks wrap different parameters"), "{reason}");
+    }
+}

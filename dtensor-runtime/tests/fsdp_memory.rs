@@ -1,0 +1,96 @@
+//! FSDP memory before launch against the real peak: `memory_plan` (from shapes and layouts
+//! alone) against each rank's heap, measured by a counting allocator per thread (each
+//! in-process rank is a thread), on 1×1, 2×1, 4×1 (FSDP) and 2×2 (FSDP × TP) meshes.
+
+use dtensor_runtime::fsdp::{
+    fully_shard, memory_plan, FullyShard, FullyShardOptions, MemoryPlan, OptimizerMemory, ParamSpec,
+};
+use dtensor_runtime::module::{
+    parallelize_module, ColwiseParallel, Forward, Linear, Module, ParallelStyle, RowwiseParallel, Sequential,
+};
+use dtensor_runtime::ndarray::ArrayD;
+use dtensor_runtime::optim::AdamW;
+use dtensor_runtime::{distribute_tensor, manual_seed, run, DType, Replicate, Result, Shard};
+
+#[path = "../../examples/hf_load/heap.rs"]
+mod heap;
+
+#[global_allocator]
+static ALLOC: heap::Counting = heap::Counting;
+
+const WIDTH: usize = 512;
+const LAYERS: usize = 4;
+const BATCH: usize = 4;
+
+/// Layer `i`: column-parallel when even, row-parallel when odd (Megatron's pairs).
+fn layer(i: usize, mesh: &dtensor_runtime::DeviceMesh) -> Result<FullyShard<f64, Linear<f64>>> {
+    let lin = Linear::<f64>::new(WIDTH, WIDTH, false)?;
+    let (col, row) = (ColwiseParallel::new(), RowwiseParallel::new());
+    let style: &dyn ParallelStyle = if i.is_multiple_of(2) { &col } else { &row };
+    let lin = parallelize_module(lin, mesh, &[("", style)])?;
+    fully_shard(lin, mesh, &FullyShardOptions::on("dp").named(&format!("layers.{i}")))
+}
+
+/// The plan every rank can make before launch: the in-use layouts the tensor-parallel styles
+/// give (colwise: weight [out, in] sharded on out; rowwise: on in).
+fn planned(mesh_shape: [usize; 2]) -> Vec<MemoryPlan> {
+    let params: Vec<ParamSpec> = (0..LAYERS)
+        .map(|i| ParamSpec::new(&format!("layers.{i}.weight"), &[WIDTH, WIDTH], &[Replicate, Shard((i % 2) as isize)]))
+        .collect();
+    memory_plan(&params, &mesh_shape, 0, DType::F64, OptimizerMemory::adamw(DType::F64)).unwrap()
+}
+
+#[test]
+fn the_plan_is_within_ten_percent_of_the_measured_peak() {
+    println!("mesh   rank  planned peak  measured peak  measured/planned");
+    let mut at_rest = vec![];
+    for mesh_shape in [[1, 1], [2, 1], [4, 1], [2, 2]] {
+        let plan = planned(mesh_shape);
+        let got = run(mesh_shape[0] * mesh_shape[1], move |ctx| {
+            let mesh = ctx.init_device_mesh(&mesh_shape, &["dp", "tp"])?;
+            let train = || -> Result<usize> {
+                manual_seed(0);
+                let mut model = Sequential((0..LAYERS).map(|i| layer(i, &mesh)).collect::<Result<Vec<_>>>()?);
+                let own = model
+                    .0
+                    .iter()
+                    .map(|l| l.memory_plan(OptimizerMemory::adamw(DType::F64)))
+                    .collect::<Result<Vec<_>>>()?;
+                let mut opt = AdamW::new(1e-3);
+                for step in 0..3 {
+                    let x = ArrayD::from_shape_fn(vec![BATCH, WIDTH], |i| {
+                        ((i[0] * 31 + i[1] * 7 + step) % 13) as f64 / 13.0
+                    });
+                    let x = distribute_tensor(&x, &mesh, &[Shard(0), Replicate], None)?;
+                    model.zero_grad();
+                    let h = model.forward(&x)?;
+                    h.mul(&h)?.mean()?.backward()?;
+                    opt.step(&mut model)?;
+                }
+                Ok(own.iter().map(|p| p.at_rest()).sum())
+            };
+            // Kernel scratch (the matmul's per-thread packing buffers) is allocated by the
+            // first step and kept: a first run warms it, the second is measured.
+            train()?;
+            let (res, peak) = heap::peak_growth(train);
+            Ok((res?, peak))
+        })
+        .unwrap();
+        for (rank, (own_rest, peak)) in got.into_iter().enumerate() {
+            let planned = plan[rank].peak();
+            let ratio = peak as f64 / planned as f64;
+            println!("{mesh_shape:?} {rank:>4}  {planned:>12}  {peak:>13}  {ratio:.3}");
+            assert!((0.9..=1.1).contains(&ratio), "mesh {mesh_shape:?} rank {rank}: plan {planned} vs peak {peak}");
+            // the modules' own plans (made on the mesh) agree with the one made before launch
+            assert_eq!(own_rest, plan[rank].at_rest());
+            if rank == 0 {
+                at_rest.push((mesh_shape, own_rest));
+            }
+        }
+    }
+    // parameters, gradients and moments fall as 1/dp
+    let one = at_rest[0].1;
+    for (mesh_shape, b) in &at_rest {
+        assert_eq!(b * mesh_shape[0] * mesh_shape[1], one, "{mesh_shape:?}");
+    }
+}
