@@ -4,9 +4,10 @@
 #   mpi_collectives   every collective vs expected values (world, mesh-dim, lazily created groups)
 #   mpi_redistribute  distribute/redistribute (uneven, 1-d and 2x2 mesh) + deterministic property test
 #   mpi_failure       a failing / panicking / stuck rank ends the job (MPI_Abort), never a hang
+#                     (also one failing between an FSDP forward and its reduce-scatter)
 #   mlp_tp example    `--backend mpi` must print PASS (also with `--overlap-bucket`)
 #   transformer_tp    `--backend mpi` must print PASS; so must a run saving its training state
-#                     on 2x2 and one resuming it on 1x4
+#                     on 2x2 and one resuming it on 1x4, and FSDP runs (--fsdp on 2x2 and 4x1)
 # Needs: apt-get install -y libopenmpi-dev openmpi-bin libclang-dev
 # Env: NP, DTENSOR_MPI_PROPTEST_CASES (default 200), CARGO_FLAGS (extra cargo flags).
 set -euo pipefail
@@ -45,7 +46,7 @@ done
 
 # A failing rank must end the whole job quickly and say why.
 exe=$(test_exe mpi_failure)
-for mode in error panic hang hang-started; do
+for mode in error panic hang hang-started fsdp-error fsdp-hang; do
   log=$(mktemp)
   start=$(date +%s)
   set +e
@@ -54,9 +55,9 @@ for mode in error panic hang hang-started; do
   set -e
   secs=$(( $(date +%s) - start ))
   case $mode in
-    error) want="injected failure" ;;
+    error|fsdp-error) want="injected failure" ;;
     panic) want="injected panic" ;;
-    hang|hang-started) want="waited more than 2000 ms" ;;
+    hang|hang-started|fsdp-hang) want="waited more than 2000 ms" ;;
   esac
   if [ "$rc" -ne 0 ] && [ "$rc" -ne 124 ] && [ "$secs" -lt 60 ] && grep -q "$want" "$log" && grep -q "MPI_Abort\|aborting the MPI job" "$log"; then
     echo "test mpi_failure[$mode] ... ok (job aborted after ${secs} s, exit $rc)"
@@ -91,6 +92,9 @@ ck=$(mktemp -d)
 run_example transformer_tp --steps 3 --save-state "$ck"
 run_example transformer_tp --steps 3 --resume "$ck" --mesh 1x4
 rm -rf "$ck"
+# FSDP over dp x TP over tp, and FSDP alone, as processes.
+run_example transformer_tp --fsdp
+run_example transformer_tp --fsdp --mesh 4x1
 
 [ "$status" -eq 0 ] && echo "mpi-tests: all MPI suites passed" || echo "mpi-tests: FAILURES" >&2
 exit "$status"

@@ -416,3 +416,24 @@ fn ranks_that_wrap_different_modules_all_fail() {
         assert!(reason.contains("the ranks wrap different parameters"), "{reason}");
     }
 }
+
+/// A rank that fails between the forward and the backward ends its peers, which wait in the
+/// backward's reduce-scatter, with the failure instead of a hang.
+#[test]
+fn a_rank_failing_before_the_reduce_scatter_ends_every_peer() {
+    let start = std::time::Instant::now();
+    let r = run(4, |ctx| {
+        let mesh = ctx.init_device_mesh(&[4], &["dp"])?;
+        manual_seed(0);
+        let lin = fully_shard(Linear::<f64>::new(8, 8, false)?, &mesh, &FullyShardOptions::on("dp"))?;
+        let x = distribute_tensor(ArrayD::from_elem(vec![4, 8], 1.0), &mesh, &[Shard(0)], None)?;
+        let y = lin.forward(&x)?.sum()?;
+        if mesh.rank() == 1 {
+            return Err(Error::InvalidArgument { context: "test".into(), reason: "injected failure".into() });
+        }
+        y.backward()
+    });
+    let e = r.err().expect("the step cannot succeed");
+    assert!(e.to_string().contains("injected failure"), "{e}");
+    assert!(start.elapsed() < std::time::Duration::from_secs(30), "took {:?}", start.elapsed());
+}

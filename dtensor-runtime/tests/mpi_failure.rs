@@ -9,17 +9,21 @@
 //! * `hang`: rank 1 stays alive but never enters the barrier → the watchdog aborts the job
 //!   after `DTENSOR_TIMEOUT_MS`;
 //! * `hang-started`: the same, while ranks 0, 2, 3 wait for an all-reduce started in the
-//!   background (`MPI_Iallreduce`, completed by `MPI_Wait` under the watchdog).
+//!   background (`MPI_Iallreduce`, completed by `MPI_Wait` under the watchdog);
+//! * `fsdp-error` / `fsdp-hang`: a fully sharded module; rank 1 fails (or stalls) after the
+//!   forward while ranks 0, 2, 3 reduce-scatter their gradients in the backward.
 //!
 //! Without the variable (plain `cargo test --features mpi`) it only explains itself.
 
-use dtensor_runtime::{launch, Along, Error, Launch, ReduceOp};
+use dtensor_runtime::fsdp::{fully_shard, FullyShardOptions};
+use dtensor_runtime::module::{Forward, Linear};
+use dtensor_runtime::{distribute_tensor, launch, Along, DeviceMesh, Error, Launch, ReduceOp, Shard};
 use std::time::Duration;
 
 fn main() {
     let Ok(mode) = std::env::var("DTENSOR_MPI_FAILURE_MODE") else {
         println!(
-            "mpi_failure: set DTENSOR_MPI_FAILURE_MODE=error|panic|hang|hang-started and run under mpirun (scripts/mpi-tests.sh)"
+            "mpi_failure: set DTENSOR_MPI_FAILURE_MODE=error|panic|hang|hang-started|fsdp-error|fsdp-hang and run under mpirun (scripts/mpi-tests.sh)"
         );
         return;
     };
@@ -27,6 +31,9 @@ fn main() {
         let world: Vec<usize> = (0..ctx.world_size()).collect();
         let mesh = ctx.init_device_mesh(&[ctx.world_size()], &["dp"])?;
         ctx.comm().barrier(&world)?;
+        if let Some(how) = mode.strip_prefix("fsdp-") {
+            return fsdp_step_failing_on_rank_1(&mesh, ctx.rank(), how);
+        }
         if mode == "hang-started" && ctx.rank() != 1 {
             mesh.all_reduce_start(Along::Dim(0), vec![1.0f32; 1000], ReduceOp::Sum)?.wait()?;
         }
@@ -48,4 +55,20 @@ fn main() {
     // Only reachable with one rank (errors are returned) or when nothing failed.
     println!("mpi_failure: launch returned {r:?}");
     std::process::exit(if r.is_ok() { 0 } else { 2 });
+}
+
+/// A fully sharded linear layer's step; rank 1 fails (`error`) or stalls (`hang`) between the
+/// forward and the backward, whose reduce-scatter the other ranks then wait in.
+fn fsdp_step_failing_on_rank_1(mesh: &DeviceMesh, rank: usize, how: &str) -> dtensor_runtime::Result<()> {
+    dtensor_runtime::manual_seed(0);
+    let lin = fully_shard(Linear::<f32>::new(16, 16, false)?, mesh, &FullyShardOptions::on("dp").named("proj"))?;
+    let x = ndarray::ArrayD::from_elem(vec![mesh.size(0), 16], 1.0f32);
+    let y = lin.forward(&distribute_tensor(x, mesh, &[Shard(0)], None)?)?.sum()?;
+    if rank == 1 {
+        if how == "error" {
+            return Err(Error::InvalidArgument { context: "mpi_failure".into(), reason: "injected failure".into() });
+        }
+        std::thread::sleep(Duration::from_secs(60));
+    }
+    y.backward()
 }
