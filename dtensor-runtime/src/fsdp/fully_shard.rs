@@ -291,6 +291,13 @@ impl<T: Element, M: Module<T>> FullyShard<T, M> {
         if !info.sharded() {
             return Ok(p.detach());
         }
+        if self.mesh.size(self.mesh_dim) == 1 {
+            // A shard over one rank is the whole tensor: the same storage, relabelled, instead
+            // of a copy the size of the parameter.
+            let mut whole = p.detach();
+            whole.placements = info.in_use.clone();
+            return Ok(whole);
+        }
         Ok(p.redistribute_scoped(&info.in_use, "fsdp_all_gather")?.detach())
     }
 

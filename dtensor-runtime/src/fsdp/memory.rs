@@ -77,11 +77,14 @@ pub struct MemoryPlan {
     /// Optimizer state.
     pub optimizer_states: usize,
     /// The gathered parameters: all-gathered for the forward and held by its autograd records
-    /// until the backward has used them.
+    /// until the backward has used them (none when the FSDP dim has one rank: the shard is
+    /// the whole parameter and is used as it is).
     pub unsharded_window: usize,
     /// The largest gradient in its in-use layout: the one unreduced gradient alive at a time,
     /// before its reduce-scatter.
     pub largest_unsharded_gradient: usize,
+    /// The largest parameter shard: the optimizer's scratch while it updates one parameter.
+    pub largest_shard: usize,
 }
 
 impl MemoryPlan {
@@ -91,12 +94,15 @@ impl MemoryPlan {
     }
 
     /// The peak of a training step, activations aside, when the gradients are released
-    /// before the forward (`zero_grad`, which sets them to none as PyTorch's does): parameters
-    /// and optimizer states, the whole window (the end of the forward) and one unreduced
-    /// gradient (the start of the backward; as the backward goes on, each gathered parameter
-    /// it has used is freed while a smaller gradient shard takes its place).
+    /// before the forward (`zero_grad`, which sets them to none as PyTorch's does): the larger
+    /// of the backward's start (parameters, optimizer states, the whole window and one
+    /// unreduced gradient; as the backward goes on, each gathered parameter it has used is
+    /// freed while a smaller gradient shard takes its place) and the optimizer step
+    /// (everything at rest and one parameter's scratch).
     pub fn peak(&self) -> usize {
-        self.parameters + self.optimizer_states + self.unsharded_window + self.largest_unsharded_gradient
+        let backward =
+            self.parameters + self.optimizer_states + self.unsharded_window + self.largest_unsharded_gradient;
+        backward.max(self.at_rest() + self.largest_shard)
     }
 
     /// The peak when gradients are kept across the forward (accumulation over micro-batches,
@@ -182,7 +188,9 @@ pub fn memory_plan(
             plan.parameters += at_rest;
             plan.gradients += at_rest;
             plan.optimizer_states += at_rest / size * optimizer.bytes_per_element;
-            if stored.is_some() {
+            plan.largest_shard = plan.largest_shard.max(at_rest);
+            // over one rank the gathered parameter is the shard itself (no copy)
+            if stored.is_some() && mesh_shape[fsdp_dim] > 1 {
                 let gathered = numel(&p.shape, in_use)? * size;
                 plan.unsharded_window += gathered;
                 plan.largest_unsharded_gradient = plan.largest_unsharded_gradient.max(gathered);
