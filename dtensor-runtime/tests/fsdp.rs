@@ -433,7 +433,7 @@ fn a_rank_failing_before_the_reduce_scatter_ends_every_peer() {
         }
         y.backward()
     });
-    let e = r.err().expect("the step cannot succeed");
+    let e = r.expect_err("the step cannot succeed");
     assert!(e.to_string().contains("injected failure"), "{e}");
     assert!(start.elapsed() < std::time::Duration::from_secs(30), "took {:?}", start.elapsed());
 }
