@@ -5,8 +5,8 @@
 
 use dtensor_runtime::fsdp::{fully_shard, FullyShard, FullyShardOptions};
 use dtensor_runtime::module::{
-    parallelize_module, prefixed, prefixed_mut, ColwiseParallel, Forward, LayerNorm, Linear, Module, ParallelStyle,
-    RowwiseParallel, Sequential,
+    parallelize_module, prefixed, prefixed_mut, ColwiseParallel, Dropout, Forward, LayerNorm, Linear, Module,
+    ParallelStyle, RowwiseParallel, Sequential,
 };
 use dtensor_runtime::ndarray::ArrayD;
 use dtensor_runtime::optim::{clip_grad_norm, AdamW};
@@ -15,11 +15,13 @@ use dtensor_runtime::{
     Result, Shard,
 };
 
-/// norm → w1 → gelu → w2, a residual.
+/// norm → w1 → gelu → dropout → w2, a residual. (The dropout draws from the generator, so
+/// a forward recomputed by resharding must draw the same numbers.)
 #[derive(Clone)]
 struct Block {
     norm: LayerNorm<f64>,
     w1: Linear<f64>,
+    drop: Dropout,
     w2: Linear<f64>,
 }
 
@@ -28,6 +30,7 @@ impl Block {
         Ok(Block {
             norm: LayerNorm::new(dim)?,
             w1: Linear::new(dim, hidden, true)?,
+            drop: Dropout::new(0.25)?,
             w2: Linear::new(hidden, dim, true)?,
         })
     }
@@ -57,7 +60,8 @@ impl Module<f64> for Block {
 
 impl Forward<f64> for Block {
     fn forward(&self, x: &DTensor<f64>) -> Result<DTensor<f64>> {
-        let h = self.w2.forward(&self.w1.forward(&self.norm.forward(x)?)?.gelu()?)?;
+        let h = self.w1.forward(&self.norm.forward(x)?)?.gelu()?;
+        let h = self.w2.forward(&self.drop.forward(&h)?)?;
         x.add(&h)
     }
 }
@@ -72,6 +76,19 @@ enum Mode {
     Hsdp,
     /// TP over `tp` (colwise w1, rowwise w2), FSDP over `dp`.
     FsdpTp,
+    /// FSDP over `dp`, resharding after the forward (the backward gathers and recomputes).
+    FsdpReshard,
+    /// FSDP × TP, resharding after the forward.
+    FsdpTpReshard,
+}
+
+impl Mode {
+    fn tp(self) -> bool {
+        matches!(self, Mode::FsdpTp | Mode::FsdpTpReshard)
+    }
+    fn reshard(self) -> bool {
+        matches!(self, Mode::FsdpReshard | Mode::FsdpTpReshard)
+    }
 }
 
 const DIM: usize = 6;
@@ -90,13 +107,14 @@ fn blocks(mesh: &DeviceMesh, mode: Mode) -> Result<Sequential<FullyShard<f64, Bl
         .map(|i| {
             let mut b = Block::new(DIM, HIDDEN)?;
             let fsdp_dim = "dp";
-            if mode == Mode::FsdpTp {
+            if mode.tp() {
                 let (col, row) = (ColwiseParallel::new(), RowwiseParallel::new());
                 let plan: Vec<(&str, &dyn ParallelStyle)> = vec![("w1", &col), ("w2", &row)];
                 b = parallelize_module(b, mesh, &plan)?;
             }
             let dim = if mode == Mode::Reference { mesh.dim_names()[0].clone() } else { fsdp_dim.to_string() };
-            fully_shard(b, mesh, &FullyShardOptions::on(&dim).named(&format!("blocks.{i}")))
+            let opts = FullyShardOptions::on(&dim).named(&format!("blocks.{i}")).reshard_after_forward(mode.reshard());
+            fully_shard(b, mesh, &opts)
         })
         .collect::<Result<_>>()?;
     Ok(Sequential(blocks))
@@ -104,9 +122,9 @@ fn blocks(mesh: &DeviceMesh, mode: Mode) -> Result<Sequential<FullyShard<f64, Bl
 
 fn input_placements(mode: Mode) -> Vec<Placement> {
     match mode {
-        Mode::Reference | Mode::Fsdp => vec![Shard(0)],
+        Mode::Reference | Mode::Fsdp | Mode::FsdpReshard => vec![Shard(0)],
         Mode::Hsdp => vec![Shard(0), Shard(0)],
-        Mode::FsdpTp => vec![Shard(0), Placement::Replicate],
+        Mode::FsdpTp | Mode::FsdpTpReshard => vec![Shard(0), Placement::Replicate],
     }
 }
 
@@ -175,6 +193,8 @@ fn fsdp_hsdp_and_fsdp_tp_train_as_one_rank() {
     assert_close(&train(2, &[2], &["dp"], Mode::Fsdp, 3), &reference, "FSDP 2");
     assert_close(&train(4, &[2, 2], &["rep", "dp"], Mode::Hsdp, 3), &reference, "HSDP 2x2");
     assert_close(&train(4, &[2, 2], &["dp", "tp"], Mode::FsdpTp, 3), &reference, "FSDP x TP 2x2");
+    assert_close(&train(4, &[4], &["dp"], Mode::FsdpReshard, 3), &reference, "FSDP 4, resharding");
+    assert_close(&train(4, &[2, 2], &["dp", "tp"], Mode::FsdpTpReshard, 3), &reference, "FSDP x TP 2x2, resharding");
 }
 
 #[test]
@@ -283,12 +303,19 @@ fn explicit_unshard_gathers_once() {
         let mesh = ctx.init_device_mesh(&[2], &["dp"])?;
         let model = blocks(&mesh, Mode::Fsdp)?;
         let x = distribute_tensor(batch(0), &mesh, &[Shard(0)], None)?;
+        // each forward draws the same dropout numbers
+        let rng = dtensor_runtime::rng::rng_state();
         let plain = model.0[0].forward(&x)?.full_tensor()?;
         model.0[0].unshard()?;
         assert!(model.0[0].is_unsharded());
         let comm = CommDebugMode::new();
         let again = comm.scope(|| -> Result<Vec<ArrayD<f64>>> {
-            (0..2).map(|_| model.0[0].forward(&x)?.full_tensor()).collect()
+            (0..2)
+                .map(|_| {
+                    dtensor_runtime::rng::set_rng_state(rng);
+                    model.0[0].forward(&x)?.full_tensor()
+                })
+                .collect()
         })?;
         assert_eq!(comm.count_on(CollectiveKind::AllGather, "dp"), 2, "only the outputs' full_tensor gathers");
         assert_eq!(again[0], plain);
@@ -436,4 +463,42 @@ fn a_rank_failing_before_the_reduce_scatter_ends_every_peer() {
     let e = r.expect_err("the step cannot succeed");
     assert!(e.to_string().contains("injected failure"), "{e}");
     assert!(start.elapsed() < std::time::Duration::from_secs(30), "took {:?}", start.elapsed());
+}
+
+/// Resharding after the forward: the backward gathers every sharded parameter again (one
+/// all-gather more each), recomputes, and reduce-scatters as before; the gradients are those
+/// of the plain run, bit for bit.
+#[test]
+fn resharding_gathers_again_in_the_backward() {
+    let step = |mode: Mode| {
+        run(4, move |ctx| {
+            let mesh = ctx.init_device_mesh(&[4], &["dp"])?;
+            let model = blocks(&mesh, mode)?;
+            let x = distribute_tensor(batch(0), &mesh, &[Shard(0)], None)?;
+            let (forward, backward) = (CommDebugMode::new(), CommDebugMode::new());
+            let loss = forward.scope(|| -> Result<DTensor<f64>> {
+                let h = model.forward(&x)?;
+                h.mul(&h)?.mean()
+            })?;
+            backward.scope(|| loss.backward())?;
+            let counts = [
+                forward.count_on(CollectiveKind::AllGather, "dp"),
+                backward.count_on(CollectiveKind::AllGather, "dp"),
+                backward.count_on(CollectiveKind::ReduceScatter, "dp"),
+            ];
+            let grads: Vec<Vec<f64>> = model
+                .named_parameters()
+                .into_iter()
+                .map(|(_, p)| Ok(p.grad().unwrap().full_tensor()?.iter().copied().collect()))
+                .collect::<Result<_>>()?;
+            Ok((counts, grads))
+        })
+        .unwrap()
+        .remove(0)
+    };
+    let (plain_counts, plain) = step(Mode::Fsdp);
+    let (counts, resharded) = step(Mode::FsdpReshard);
+    assert_eq!(plain_counts, [12, 0, 12]);
+    assert_eq!(counts, [12, 12, 12]);
+    assert_eq!(plain, resharded);
 }

@@ -69,6 +69,13 @@ pub fn no_grad_guard() -> NoGradGuard {
     NoGradGuard { prev }
 }
 
+/// Turns gradient recording on until the guard drops (a backward that records the
+/// recomputation of a forward: FSDP's resharding).
+pub(crate) fn enable_grad_guard() -> NoGradGuard {
+    let prev = GRAD_ENABLED.with(|g| g.replace(true));
+    NoGradGuard { prev }
+}
+
 /// Runs `f` without recording gradients (PyTorch `with torch.no_grad()`).
 ///
 /// ```

@@ -1,10 +1,12 @@
 //! `fully_shard`: a module whose parameters rest sharded over one mesh dim, are all-gathered
 //! for its forward, and whose gradients are reduce-scattered back into the shards.
 
+use super::reshard::forward_recomputed;
+use super::unit::{Param, Unit};
 use super::{memory_plan, resting_layout, FullyShardOptions, MemoryPlan, OptimizerMemory, ParamSpec};
-use crate::autograd::{record, redistribute_grad};
+use crate::autograd::is_grad_enabled;
 use crate::dtensor::DTensor;
-use crate::element::{DType, Element};
+use crate::element::Element;
 use crate::error::{Error, Result};
 use crate::mesh::{Along, DeviceMesh};
 use crate::module::{distribute_param, Forward, LayerHooks, Module};
@@ -13,26 +15,6 @@ use std::collections::hash_map::DefaultHasher;
 use std::hash::{Hash, Hasher};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
-
-/// Unreduced gradients kept while gradient synchronisation is off (one per parameter).
-type Stash<T> = Arc<Mutex<Option<DTensor<T>>>>;
-
-/// What `fully_shard` decided for one parameter.
-struct Param<T: Element> {
-    name: String,
-    /// The layout the forward uses: the stored one with `Replicate` on the FSDP dim.
-    in_use: Vec<Placement>,
-    /// The layout it rests in (`in_use` with `Shard(d)` on the FSDP dim, or `in_use` itself
-    /// when every tensor dim is already sharded by another mesh dim).
-    stored: Vec<Placement>,
-    stash: Stash<T>,
-}
-
-impl<T: Element> Param<T> {
-    fn sharded(&self) -> bool {
-        self.stored != self.in_use
-    }
-}
 
 /// A module under FSDP (PyTorch `fully_shard`, FSDP2), made by [`fully_shard`].
 ///
@@ -46,12 +28,8 @@ impl<T: Element> Param<T> {
 /// backward passes them (PyTorch's `reshard_after_forward=False`), or at once in `no_grad`.
 pub struct FullyShard<T: Element, M> {
     module: M,
-    mesh: DeviceMesh,
-    name: String,
-    mesh_dim: usize,
-    reduce_dtype: Option<DType>,
-    params: Vec<Param<T>>,
-    sync: Arc<AtomicBool>,
+    unit: Unit<T>,
+    reshard_after_forward: bool,
     unsharded: Mutex<Option<Vec<DTensor<T>>>>,
 }
 
@@ -129,7 +107,7 @@ pub fn fully_shard<T: Element, M: Module<T>>(
             pl
         };
         let stored = resting_layout(&in_use, p.ndim(), mesh_dim).unwrap_or_else(|| in_use.clone());
-        params.push(Param { name: pname, in_use, stored, stash: Arc::new(Mutex::new(None)) });
+        params.push(Param::new(pname, in_use, stored));
     }
     check_same_on_every_rank(mesh, &module, &params).map_err(|e| match e {
         Error::FullyShard { reason, .. } => refuse(reason),
@@ -146,12 +124,15 @@ pub fn fully_shard<T: Element, M: Module<T>>(
     }
     Ok(FullyShard {
         module,
-        mesh: mesh.clone(),
-        name,
-        mesh_dim,
-        reduce_dtype: options.reduce_dtype,
-        params,
-        sync: Arc::new(AtomicBool::new(true)),
+        unit: Unit {
+            name,
+            mesh: mesh.clone(),
+            mesh_dim,
+            reduce_dtype: options.reduce_dtype,
+            params: Arc::new(params),
+            sync: Arc::new(AtomicBool::new(true)),
+        },
+        reshard_after_forward: options.reshard_after_forward,
         unsharded: Mutex::new(None),
     })
 }
@@ -194,32 +175,27 @@ fn short_type_name<M>() -> String {
 impl<T: Element, M: Module<T>> FullyShard<T, M> {
     /// The module's name (errors and collective records say it).
     pub fn name(&self) -> &str {
-        &self.name
+        &self.unit.name
     }
 
     /// The mesh the parameters are sharded over.
     pub fn mesh(&self) -> &DeviceMesh {
-        &self.mesh
+        &self.unit.mesh
     }
 
     /// The mesh dim the parameters are sharded over.
     pub fn mesh_dim(&self) -> &str {
-        &self.mesh.dim_names()[self.mesh_dim]
+        &self.unit.mesh.dim_names()[self.unit.mesh_dim]
     }
 
-    /// The wrapped module; its parameters are the shards.
-    pub fn module(&self) -> &M {
-        &self.module
-    }
-
-    /// Unwraps the module (its parameters stay sharded).
-    pub fn into_inner(self) -> M {
-        self.module
+    /// Does the backward gather the parameters again ([`FullyShardOptions::reshard_after_forward`])?
+    pub fn reshards_after_forward(&self) -> bool {
+        self.reshard_after_forward
     }
 
     /// Each parameter's layout at rest and in use, by name.
     pub fn layouts(&self) -> Vec<(String, Vec<Placement>, Vec<Placement>)> {
-        self.params.iter().map(|p| (p.name.clone(), p.stored.clone(), p.in_use.clone())).collect()
+        self.unit.params.iter().map(|p| (p.name.clone(), p.stored.clone(), p.in_use.clone())).collect()
     }
 
     /// Every parameter as [`memory_plan`] sees it (name, global shape, in-use layout).
@@ -227,8 +203,10 @@ impl<T: Element, M: Module<T>> FullyShard<T, M> {
         self.module
             .named_parameters()
             .iter()
-            .zip(&self.params)
-            .map(|((_, p), info)| ParamSpec::new(&info.name, p.shape(), &info.in_use))
+            .zip(self.unit.params.iter())
+            .map(|((_, p), info)| {
+                ParamSpec::new(&info.name, p.shape(), &info.in_use).in_unit(&self.unit.name, self.reshard_after_forward)
+            })
             .collect()
     }
 
@@ -236,15 +214,16 @@ impl<T: Element, M: Module<T>> FullyShard<T, M> {
     /// (the plan every rank could have made before launch: [`memory_plan`] of
     /// [`FullyShard::param_specs`]).
     pub fn memory_plan(&self, optimizer: OptimizerMemory) -> Result<MemoryPlan> {
-        let plans = memory_plan(&self.param_specs(), self.mesh.shape(), self.mesh_dim, T::DTYPE, optimizer)?;
-        let index = self.mesh.coordinate().iter().zip(self.mesh.shape()).fold(0, |i, (c, n)| i * n + c);
+        let mesh = &self.unit.mesh;
+        let plans = memory_plan(&self.param_specs(), mesh.shape(), self.unit.mesh_dim, T::DTYPE, optimizer)?;
+        let index = mesh.coordinate().iter().zip(mesh.shape()).fold(0, |i, (c, n)| i * n + c);
         Ok(plans[index])
     }
 
     /// The parameters left replicated on the FSDP dim (every tensor dim is sharded by another
     /// mesh dim already, or the parameter is a scalar).
     pub fn replicated_parameters(&self) -> Vec<&str> {
-        self.params.iter().filter(|p| !p.sharded()).map(|p| p.name.as_str()).collect()
+        self.unit.params.iter().filter(|p| !p.sharded()).map(|p| p.name.as_str()).collect()
     }
 
     /// Turns gradient synchronisation off (`false`: each backward adds the unreduced,
@@ -253,12 +232,12 @@ impl<T: Element, M: Module<T>> FullyShard<T, M> {
     /// `set_requires_gradient_sync`: gradient accumulation without a collective per
     /// micro-batch.
     pub fn set_requires_gradient_sync(&self, sync: bool) {
-        self.sync.store(sync, Ordering::SeqCst);
+        self.unit.sync.store(sync, Ordering::SeqCst);
     }
 
     /// Is gradient synchronisation on?
     pub fn requires_gradient_sync(&self) -> bool {
-        self.sync.load(Ordering::SeqCst)
+        self.unit.sync.load(Ordering::SeqCst)
     }
 
     /// All-gathers the parameters now and keeps them until [`FullyShard::reshard`]: forwards
@@ -270,8 +249,8 @@ impl<T: Element, M: Module<T>> FullyShard<T, M> {
             .module
             .named_parameters()
             .iter()
-            .zip(&self.params)
-            .map(|((_, p), info)| self.gather_data(p, info))
+            .zip(self.unit.params.iter())
+            .map(|((_, p), info)| self.unit.gather_data(p, info))
             .collect::<Result<Vec<_>>>()?;
         *self.unsharded.lock().unwrap_or_else(|e| e.into_inner()) = Some(full);
         Ok(())
@@ -287,69 +266,18 @@ impl<T: Element, M: Module<T>> FullyShard<T, M> {
         self.unsharded.lock().unwrap_or_else(|e| e.into_inner()).is_some()
     }
 
-    fn gather_data(&self, p: &DTensor<T>, info: &Param<T>) -> Result<DTensor<T>> {
-        if !info.sharded() {
-            return Ok(p.detach());
-        }
-        if self.mesh.size(self.mesh_dim) == 1 {
-            // A shard over one rank is the whole tensor: the same storage, relabelled, instead
-            // of a copy the size of the parameter.
-            let mut whole = p.detach();
-            whole.placements = info.in_use.clone();
-            return Ok(whole);
-        }
-        Ok(p.redistribute_scoped(&info.in_use, "fsdp_all_gather")?.detach())
-    }
-
     /// Runs `f` on the module with its parameters gathered: the forward of any signature
-    /// (several inputs, integer ids, a mask). Gradients reach the shards.
+    /// (several inputs, integer ids, a mask). Gradients reach the shards. The gathered
+    /// parameters live until the backward has used them, whatever
+    /// [`FullyShardOptions::reshard_after_forward`] says (only [`Forward::forward`] can be
+    /// recomputed).
     pub fn call<R>(&self, f: impl FnOnce(&M) -> Result<R>) -> Result<R>
     where
         M: Clone,
     {
         let cached = self.unsharded.lock().unwrap_or_else(|e| e.into_inner()).clone();
-        let mut running = self.module.clone();
-        for (i, ((name, p), info)) in running.named_parameters_mut().into_iter().zip(&self.params).enumerate() {
-            if name != info.name {
-                return Err(Error::FullyShard {
-                    module: self.name.clone(),
-                    reason: format!(
-                        "the module's parameter {i} is now `{name}`, not `{}`: its parameters changed after fully_shard",
-                        info.name
-                    ),
-                });
-            }
-            if !info.sharded() {
-                continue; // the parameter itself, its gradient reduced as any other's
-            }
-            let data = match &cached {
-                Some(c) => c[i].clone(),
-                None => self.gather_data(p, info)?,
-            };
-            *p = self.on_tape(data, p, info);
-        }
-        let out = f(&running);
-        drop(running);
-        out
-    }
-
-    /// Records the gathered `data` as made from the shard `shard`: the backward
-    /// reduce-scatters the gradient into the shard, or buffers it while sync is off.
-    fn on_tape(&self, data: DTensor<T>, shard: &DTensor<T>, info: &Param<T>) -> DTensor<T> {
-        let (sync, stash, target, dtype) =
-            (Arc::clone(&self.sync), Arc::clone(&info.stash), info.stored.clone(), self.reduce_dtype);
-        record("fsdp_reduce_scatter", data, &[shard], move |g| {
-            let mut buffered = stash.lock().unwrap_or_else(|e| e.into_inner());
-            let g = match buffered.take() {
-                Some(b) => b.add(g)?,
-                None => g.detach(),
-            };
-            if !sync.load(Ordering::SeqCst) {
-                *buffered = Some(g);
-                return Ok(vec![None]);
-            }
-            Ok(vec![Some(redistribute_grad(&g, &target, dtype, "fsdp_reduce_scatter")?)])
-        })
+        let base: Vec<DTensor<T>> = self.module.named_parameters().into_iter().map(|(_, p)| p.clone()).collect();
+        self.unit.run_on(&self.module, &base, cached.as_deref(), f)
     }
 }
 
@@ -374,7 +302,7 @@ impl<T: Element, M: Module<T>> Module<T> for FullyShard<T, M> {
         self.module
             .declared_placements()
             .into_iter()
-            .map(|(n, decl)| match self.params.iter().find(|p| p.name == n && p.in_use == decl) {
+            .map(|(n, decl)| match self.unit.params.iter().find(|p| p.name == n && p.in_use == decl) {
                 Some(p) => (n, p.stored.clone()),
                 None => (n, decl),
             })
@@ -382,8 +310,15 @@ impl<T: Element, M: Module<T>> Module<T> for FullyShard<T, M> {
     }
 }
 
-impl<T: Element, M: Module<T> + Forward<T> + Clone> Forward<T> for FullyShard<T, M> {
+impl<T: Element, M: Module<T> + Forward<T> + Clone + Send + Sync + 'static> Forward<T> for FullyShard<T, M> {
+    /// `call(|m| m.forward(input))`; with [`FullyShardOptions::reshard_after_forward`] (and
+    /// gradients recorded, without [`FullyShard::unshard`]ed parameters) the forward keeps
+    /// nothing but its input, and the backward gathers and recomputes it.
     fn forward(&self, input: &DTensor<T>) -> Result<DTensor<T>> {
-        self.call(|m| m.forward(input))
+        if self.reshard_after_forward && is_grad_enabled() && !self.is_unsharded() {
+            forward_recomputed(&self.unit, &self.module, input)
+        } else {
+            self.call(|m| m.forward(input))
+        }
     }
 }

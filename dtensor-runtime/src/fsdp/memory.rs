@@ -9,8 +9,9 @@ use crate::layout::checked_local_shape_and_offset;
 use crate::placement::{fmt_placements, normalize_placements, Placement};
 use std::fmt;
 
-/// A parameter as the plan sees it: its name, global shape and the layout its module uses it
-/// in (`Replicate` on the FSDP mesh dim).
+/// A parameter as the plan sees it: its name, global shape, the layout its module uses it in
+/// (`Replicate` on the FSDP mesh dim), and its FSDP unit (the `fully_shard`ed module it
+/// belongs to, gathered together).
 #[derive(Debug, Clone, PartialEq)]
 pub struct ParamSpec {
     /// Dotted name (errors say it).
@@ -19,12 +20,30 @@ pub struct ParamSpec {
     pub shape: Vec<usize>,
     /// In-use placements, one per mesh dim.
     pub in_use: Vec<Placement>,
+    /// The unit's name (`FullyShardOptions::named`; default: one unit, `""`).
+    pub unit: String,
+    /// Does its unit reshard after the forward (`FullyShardOptions::reshard_after_forward`)?
+    pub reshard_after_forward: bool,
 }
 
 impl ParamSpec {
-    /// A parameter `name` of `shape` used in the layout `in_use`.
+    /// A parameter `name` of `shape` used in the layout `in_use`, in the unit `""`, which
+    /// keeps its gathered parameters until the backward.
     pub fn new(name: &str, shape: &[usize], in_use: &[Placement]) -> Self {
-        ParamSpec { name: name.to_string(), shape: shape.to_vec(), in_use: in_use.to_vec() }
+        ParamSpec {
+            name: name.to_string(),
+            shape: shape.to_vec(),
+            in_use: in_use.to_vec(),
+            unit: String::new(),
+            reshard_after_forward: false,
+        }
+    }
+
+    /// Puts the parameter in the unit `unit`, resharding after the forward or not.
+    pub fn in_unit(mut self, unit: &str, reshard_after_forward: bool) -> Self {
+        self.unit = unit.to_string();
+        self.reshard_after_forward = reshard_after_forward;
+        self
     }
 }
 
@@ -76,10 +95,13 @@ pub struct MemoryPlan {
     pub gradients: usize,
     /// Optimizer state.
     pub optimizer_states: usize,
-    /// The gathered parameters: all-gathered for the forward and held by its autograd records
-    /// until the backward has used them (none when the FSDP dim has one rank: the shard is
-    /// the whole parameter and is used as it is).
+    /// The gathered parameters of every unit that keeps them from the forward until the
+    /// backward has used them. None when the FSDP dim has one rank: the shard is the whole
+    /// parameter, used as it is.
     pub unsharded_window: usize,
+    /// The largest unit's gathered parameters among the units that reshard after the forward
+    /// (gathered again, one unit at a time, for its recomputation and backward).
+    pub resharded_window: usize,
     /// The largest gradient in its in-use layout: the one unreduced gradient alive at a time,
     /// before its reduce-scatter.
     pub largest_unsharded_gradient: usize,
@@ -95,13 +117,21 @@ impl MemoryPlan {
 
     /// The peak of a training step, activations aside, when the gradients are released
     /// before the forward (`zero_grad`, which sets them to none as PyTorch's does): the larger
-    /// of the backward's start (parameters, optimizer states, the whole window and one
-    /// unreduced gradient; as the backward goes on, each gathered parameter it has used is
-    /// freed while a smaller gradient shard takes its place) and the optimizer step
-    /// (everything at rest and one parameter's scratch).
+    /// of the backward's and the optimizer step's (everything at rest and one parameter's
+    /// scratch). The backward holds parameters, optimizer states and one unreduced gradient,
+    /// and the kept window at its start (as it goes on, each gathered parameter it has used is
+    /// freed while a smaller gradient shard takes its place); a unit that reshards is gathered
+    /// again late, with its gradient and the reduce-scatter's send buffer, when the gradient
+    /// shards of the units after it exist already.
     pub fn peak(&self) -> usize {
-        let backward =
+        let mut backward =
             self.parameters + self.optimizer_states + self.unsharded_window + self.largest_unsharded_gradient;
+        if self.resharded_window > 0 {
+            // A resharding unit's backward holds its gathered parameters again, the unreduced
+            // gradient and the reduce-scatter's send buffer at once, while the gradient shards
+            // of the units after it exist already.
+            backward += self.gradients + self.resharded_window + self.largest_unsharded_gradient;
+        }
         backward.max(self.at_rest() + self.largest_shard)
     }
 
@@ -123,7 +153,7 @@ impl fmt::Display for MemoryPlan {
             mib(self.parameters),
             mib(self.gradients),
             mib(self.optimizer_states),
-            mib(self.unsharded_window),
+            mib(self.unsharded_window.max(self.resharded_window)),
             mib(self.peak())
         )
     }
@@ -183,6 +213,7 @@ pub fn memory_plan(
             Ok(checked_local_shape_and_offset(shape, mesh_shape, &coord, pl)?.0.iter().product())
         };
         let mut plan = MemoryPlan { rank, ..MemoryPlan::default() };
+        let mut resharding_units: Vec<(&str, usize)> = Vec::new();
         for (p, (in_use, stored)) in params.iter().zip(&resting) {
             let at_rest = numel(&p.shape, stored.as_deref().unwrap_or(in_use))? * size;
             plan.parameters += at_rest;
@@ -192,10 +223,18 @@ pub fn memory_plan(
             // over one rank the gathered parameter is the shard itself (no copy)
             if stored.is_some() && mesh_shape[fsdp_dim] > 1 {
                 let gathered = numel(&p.shape, in_use)? * size;
-                plan.unsharded_window += gathered;
+                if p.reshard_after_forward {
+                    match resharding_units.iter_mut().find(|(u, _)| *u == p.unit) {
+                        Some((_, b)) => *b += gathered,
+                        None => resharding_units.push((&p.unit, gathered)),
+                    }
+                } else {
+                    plan.unsharded_window += gathered;
+                }
                 plan.largest_unsharded_gradient = plan.largest_unsharded_gradient.max(gathered);
             }
         }
+        plan.resharded_window = resharding_units.iter().map(|(_, b)| *b).max().unwrap_or(0);
         plans.push(plan);
     }
     Ok(plans)

@@ -42,6 +42,8 @@ mod fully_shard;
 mod layout;
 mod memory;
 mod options;
+mod reshard;
+mod unit;
 
 pub use fully_shard::{fully_shard, FullyShard};
 pub use layout::resting_layout;

@@ -23,17 +23,36 @@ pub struct FullyShardOptions {
     /// The dtype gradients are reduce-scattered in (PyTorch `MixedPrecisionPolicy.reduce_dtype`;
     /// default: the parameters' own).
     pub reduce_dtype: Option<DType>,
+    /// Free the gathered parameters when the forward returns and gather them again for the
+    /// backward (PyTorch's default, `reshard_after_forward=True`); default `false`: they stay
+    /// until the backward has used them. Here the backward also recomputes the module's
+    /// forward from its input (the forward keeps no activations either): a window of one
+    /// unit's parameters and activations for one more forward per step. Applies to
+    /// [`Forward::forward`](crate::module::Forward::forward) of the wrapped module.
+    pub reshard_after_forward: bool,
 }
 
 impl FullyShardOptions {
     /// Shards over the mesh dim named `mesh_dim`.
     pub fn on(mesh_dim: &str) -> Self {
-        FullyShardOptions { mesh_dim: mesh_dim.to_string(), name: None, reduce_dtype: None }
+        FullyShardOptions {
+            mesh_dim: mesh_dim.to_string(),
+            name: None,
+            reduce_dtype: None,
+            reshard_after_forward: false,
+        }
     }
 
     /// Names the module (errors and records say it).
     pub fn named(mut self, name: &str) -> Self {
         self.name = Some(name.to_string());
+        self
+    }
+
+    /// Frees the gathered parameters after the forward (see
+    /// [`FullyShardOptions::reshard_after_forward`]).
+    pub fn reshard_after_forward(mut self, on: bool) -> Self {
+        self.reshard_after_forward = on;
         self
     }
 

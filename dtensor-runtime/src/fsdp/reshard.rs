@@ -1,0 +1,63 @@
+//! Resharding after the forward: the forward runs without a tape, so its gathered parameters
+//! (and its activations) are freed as soon as it returns, and records one node whose backward
+//! gathers the parameters again, recomputes the forward from the saved input and runs its
+//! backward. PyTorch frees the gathered parameters' storage in place and keeps the
+//! activations; a `DTensor`'s storage is shared and immutable, so here the forward is
+//! recomputed instead (activation checkpointing of the unit): one more forward per step, for
+//! a window of one unit's parameters and activations.
+
+use super::unit::Unit;
+use crate::autograd::{enable_grad_guard, no_grad, record, recording};
+use crate::dtensor::DTensor;
+use crate::element::Element;
+use crate::error::Result;
+use crate::module::{Forward, Module};
+use crate::rng::{rng_state, set_rng_state};
+use std::sync::{Arc, Mutex};
+
+/// `module.forward(x)` with the unit's parameters gathered, recorded to be recomputed by the
+/// backward (module: the unit's, its parameters at rest).
+pub(super) fn forward_recomputed<T, M>(unit: &Unit<T>, module: &M, x: &DTensor<T>) -> Result<DTensor<T>>
+where
+    T: Element,
+    M: Module<T> + Forward<T> + Clone + Send + Sync + 'static,
+{
+    let base: Vec<DTensor<T>> = module.named_parameters().into_iter().map(|(_, p)| p.clone()).collect();
+    // The generator as the forward finds it: the recomputation draws the same numbers (dropout).
+    let rng = rng_state();
+    let y = no_grad(|| unit.run_on(module, &base, None, |m| m.forward(x)))?;
+    let inputs: Vec<&DTensor<T>> = std::iter::once(x).chain(&base).collect();
+    if !recording(&inputs) {
+        return Ok(y);
+    }
+    let needs: Vec<bool> = inputs.iter().map(|t| t.requires_grad()).collect();
+    // What the backward needs: the input and the shards (storage shared, no history), a
+    // shallow copy of the module, the unit.
+    let saved: Vec<DTensor<T>> = inputs.iter().map(|t| t.detach()).collect();
+    let (unit, module) = (unit.clone(), module.clone());
+    Ok(record("fsdp_recompute_backward", y, &inputs, move |g| {
+        let _recording = enable_grad_guard();
+        // The input's gradient as it arrives, unreduced (a leaf would reduce its Partials).
+        let x_grad = Arc::new(Mutex::new(None));
+        let x_in = if needs[0] {
+            let sink = Arc::clone(&x_grad);
+            let leaf = saved[0].detach().requires_grad_(true);
+            record("fsdp_input", leaf.detach(), &[&leaf], move |g| {
+                *sink.lock().unwrap_or_else(|e| e.into_inner()) = Some(g.detach());
+                Ok(vec![None])
+            })
+        } else {
+            saved[0].clone()
+        };
+        let leaves: Vec<DTensor<T>> =
+            saved[1..].iter().zip(&needs[1..]).map(|(s, &n)| s.detach().requires_grad_(n)).collect();
+        let after = rng_state();
+        set_rng_state(rng);
+        let y = unit.run_on(&module, &leaves, None, |m| m.forward(&x_in));
+        set_rng_state(after);
+        y?.backward_with(g)?;
+        let mut grads = vec![x_grad.lock().unwrap_or_else(|e| e.into_inner()).take()];
+        grads.extend(leaves.iter().map(|l| l.grad()));
+        Ok(grads)
+    }))
+}

@@ -1,0 +1,126 @@
+//! One FSDP unit's gathering: what `fully_shard` decided for each parameter, the all-gather
+//! into the in-use layout, and the tape record whose backward reduce-scatters the gradient.
+//! Shared by the forward and by its recomputation in the backward (`reshard.rs`), so it is
+//! cheap to clone: layouts and `Arc`s.
+
+use crate::autograd::{record, redistribute_grad};
+use crate::dtensor::DTensor;
+use crate::element::{DType, Element};
+use crate::error::{Error, Result};
+use crate::mesh::DeviceMesh;
+use crate::module::Module;
+use crate::placement::Placement;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex};
+
+/// Unreduced gradients kept while gradient synchronisation is off (one per parameter).
+type Stash<T> = Arc<Mutex<Option<DTensor<T>>>>;
+
+/// What `fully_shard` decided for one parameter.
+#[derive(Clone)]
+pub(super) struct Param<T: Element> {
+    pub(super) name: String,
+    /// The layout the forward uses: the stored one with `Replicate` on the FSDP dim.
+    pub(super) in_use: Vec<Placement>,
+    /// The layout it rests in (`in_use` with `Shard(d)` on the FSDP dim, or `in_use` itself
+    /// when every tensor dim is already sharded by another mesh dim).
+    pub(super) stored: Vec<Placement>,
+    stash: Stash<T>,
+}
+
+impl<T: Element> Param<T> {
+    pub(super) fn new(name: String, in_use: Vec<Placement>, stored: Vec<Placement>) -> Self {
+        Param { name, in_use, stored, stash: Arc::new(Mutex::new(None)) }
+    }
+
+    pub(super) fn sharded(&self) -> bool {
+        self.stored != self.in_use
+    }
+}
+
+/// How a unit gathers its parameters and where their gradients go.
+#[derive(Clone)]
+pub(super) struct Unit<T: Element> {
+    /// The module's name (errors say it).
+    pub(super) name: String,
+    pub(super) mesh: DeviceMesh,
+    pub(super) mesh_dim: usize,
+    pub(super) reduce_dtype: Option<DType>,
+    pub(super) params: Arc<Vec<Param<T>>>,
+    pub(super) sync: Arc<AtomicBool>,
+}
+
+impl<T: Element> Unit<T> {
+    /// `p` (at rest) in its in-use layout, without history.
+    pub(super) fn gather_data(&self, p: &DTensor<T>, info: &Param<T>) -> Result<DTensor<T>> {
+        if !info.sharded() {
+            return Ok(p.detach());
+        }
+        if self.mesh.size(self.mesh_dim) == 1 {
+            // A shard over one rank is the whole tensor: the same storage, relabelled, instead
+            // of a copy the size of the parameter.
+            let mut whole = p.detach();
+            whole.placements = info.in_use.clone();
+            return Ok(whole);
+        }
+        Ok(p.redistribute_scoped(&info.in_use, "fsdp_all_gather")?.detach())
+    }
+
+    /// Runs `f` on a shallow copy of `module` whose parameters are made from `base` (one per
+    /// parameter, at rest: the shards, or leaves standing for them): each sharded one gathered
+    /// (or taken from `cached`) and recorded as made from its base.
+    pub(super) fn run_on<M: Module<T> + Clone, R>(
+        &self,
+        module: &M,
+        base: &[DTensor<T>],
+        cached: Option<&[DTensor<T>]>,
+        f: impl FnOnce(&M) -> Result<R>,
+    ) -> Result<R> {
+        let mut running = module.clone();
+        let slots = running.named_parameters_mut();
+        if slots.len() != self.params.len() {
+            return Err(self.changed(format!("has {} parameters, not {}", slots.len(), self.params.len())));
+        }
+        for (i, ((name, p), info)) in slots.into_iter().zip(self.params.iter()).enumerate() {
+            if name != info.name {
+                return Err(self.changed(format!("parameter {i} is now `{name}`, not `{}`", info.name)));
+            }
+            *p = if !info.sharded() {
+                base[i].clone() // the parameter itself, its gradient reduced as any other's
+            } else {
+                let data = match cached {
+                    Some(c) => c[i].clone(),
+                    None => self.gather_data(&base[i], info)?,
+                };
+                self.on_tape(data, &base[i], info)
+            };
+        }
+        f(&running)
+    }
+
+    fn changed(&self, what: String) -> Error {
+        Error::FullyShard {
+            module: self.name.clone(),
+            reason: format!("the module {what}: its parameters changed after fully_shard"),
+        }
+    }
+
+    /// Records the gathered `data` as made from `shard`: the backward reduce-scatters the
+    /// gradient into the shard's layout, or buffers it while sync is off.
+    fn on_tape(&self, data: DTensor<T>, shard: &DTensor<T>, info: &Param<T>) -> DTensor<T> {
+        let (sync, stash, target, dtype) =
+            (Arc::clone(&self.sync), Arc::clone(&info.stash), info.stored.clone(), self.reduce_dtype);
+        record("fsdp_reduce_scatter", data, &[shard], move |g| {
+            let mut buffered = stash.lock().unwrap_or_else(|e| e.into_inner());
+            let g = match buffered.take() {
+                Some(b) => b.add(g)?,
+                None => g.detach(),
+            };
+            if !sync.load(Ordering::SeqCst) {
+                *buffered = Some(g);
+                return Ok(vec![None]);
+            }
+            Ok(vec![Some(redistribute_grad(&g, &target, dtype, "fsdp_reduce_scatter")?)])
+        })
+    }
+}
