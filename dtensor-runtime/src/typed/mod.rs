@@ -24,6 +24,7 @@ pub mod cat;
 pub mod custom;
 pub mod dims;
 pub mod embedding;
+mod fsdp;
 pub mod grad;
 mod hf_load;
 pub mod index;
@@ -55,6 +56,7 @@ pub mod view;
 
 pub use custom::{TypedOp1, TypedOp2, TypedOp3};
 pub use dims::{MeshDim, MeshDims};
+pub use fsdp::Fsdp;
 pub use grad::{FromLocalGradLayout, LeafGradLayout, LocalGradLayout};
 pub use layout::TypedLayout;
 pub use markers::{Avg, Max, Min, Partial, PlacementMarker, Product, ReduceMarker, Replicate, Shard, Sum};
