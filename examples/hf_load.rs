@@ -7,15 +7,27 @@
 //! lm_head Colwise; o, down Rowwise; embedding Rowwise); runs a Llama forward (rotary
 //! embeddings, causal attention, SwiGLU) on both and prints PASS when the logits match. Prints, per rank, the bytes read and the peak heap growth while loading.
 //!
-//! `--fsdp` shards the 2-D weights over `dp` as well (each rank then reads about a quarter).
+//! Then trains `--steps` AdamW steps (next-token cross-entropy, the batch sharded over dp) on
+//! both and prints PASS when losses and weights match too.
+//!
+//! `--fsdp` shards the 2-D weights over `dp` as well (each rank then reads about a quarter) and
+//! trains fully sharded (`fsdp::fully_shard`, adopting the weights as they were loaded):
+//! parameters, gradients and AdamW moments stay sharded over dp, all-gathered for the forward
+//! and reduce-scattered in the backward.
 use clap::Parser;
 use dtensor::checkpoint::hf::{self, HfCheckpoint, LoadPlan};
-use dtensor::module::{ColwiseParallel, LayerKind, RowwiseParallel};
+use dtensor::fsdp::{fully_shard, FullyShardOptions};
+use dtensor::module::{ColwiseParallel, LayerKind, Module, RowwiseParallel};
+use dtensor::optim::AdamW;
 use dtensor::prelude::*;
+use dtensor::{CollectiveKind, CommDebugMode};
 use std::collections::HashMap;
 
 #[path = "hf_load/heap.rs"]
 mod heap;
+#[path = "common/maybe_sharded.rs"]
+mod maybe_sharded;
+use maybe_sharded::MaybeSharded;
 
 #[global_allocator]
 static ALLOC: heap::Counting = heap::Counting;
@@ -39,9 +51,32 @@ struct Args {
     /// Largest checkpoint file, in bytes of tensor data (default: about a third of the model).
     #[arg(long)]
     max_file_bytes: Option<u64>,
-    /// Shard the 2-D weights over `dp` too.
+    /// Shard the 2-D weights over `dp` too, and train fully sharded.
     #[arg(long)]
     fsdp: bool,
+    /// Training steps after the logits check.
+    #[arg(long, default_value_t = 3)]
+    steps: usize,
+}
+
+/// The loaded weights as a module (by checkpoint name), so that optimizers and `fully_shard`
+/// can take them.
+#[derive(Clone)]
+struct Weights(Vec<(String, DTensor<f32>)>);
+
+impl Module<f32> for Weights {
+    fn named_parameters(&self) -> Vec<(String, &DTensor<f32>)> {
+        self.0.iter().map(|(n, t)| (n.clone(), t)).collect()
+    }
+    fn named_parameters_mut(&mut self) -> Vec<(String, &mut DTensor<f32>)> {
+        self.0.iter_mut().map(|(n, t)| (n.clone(), t)).collect()
+    }
+}
+
+impl Weights {
+    fn map(&self) -> HashMap<String, DTensor<f32>> {
+        self.0.iter().cloned().collect()
+    }
 }
 
 /// The checkpoint's tensors: HF Llama names and shapes.
@@ -122,12 +157,22 @@ fn linear(x: &DTensor<f32>, w: &DTensor<f32>) -> Result<DTensor<f32>> {
     x.linear(w, None)
 }
 
+/// Token `i` of sequence `b` of the data (the targets are the next tokens).
+fn token(a: &Args, b: usize, i: usize) -> i64 {
+    ((b * 31 + i * 7 + (i * i) % 5) % a.vocab) as i64
+}
+
+/// The ids `[batch, seq]`, the batch sharded over dp.
+fn ids(a: &Args, mesh: &DeviceMesh, shift: usize) -> Result<DTensor<i64>> {
+    let ids = ndarray::ArrayD::from_shape_fn(vec![a.batch, a.seq], |ix| token(a, ix[0], ix[1] + shift));
+    distribute_tensor(&ids, mesh, &[Shard(0), Replicate], None)
+}
+
 /// Llama forward on the loaded weights; returns the logits.
 fn forward(a: &Args, w: &HashMap<String, DTensor<f32>>, mesh: &DeviceMesh) -> Result<DTensor<f32>> {
     let (b, s, h, nh) = (a.batch, a.seq, a.hidden, a.heads);
     let hd = h / nh;
-    let ids = ndarray::ArrayD::from_shape_fn(vec![b, s], |ix| ((ix[0] * 31 + ix[1] * 7) % a.vocab) as i64);
-    let ids = distribute_tensor(&ids, mesh, &vec![Replicate; mesh.ndim()], None)?;
+    let ids = ids(a, mesh, 0)?;
     let mask = ndarray::ArrayD::from_shape_fn(vec![s, s], |ix| if ix[1] > ix[0] { -1e9f32 } else { 0.0 });
     let mask = distribute_tensor(&mask, mesh, &vec![Replicate; mesh.ndim()], None)?;
     let heads = |t: DTensor<f32>| t.reshape(&[b as isize, s as isize, nh as isize, hd as isize])?.transpose(1, 2);
@@ -149,12 +194,16 @@ fn forward(a: &Args, w: &HashMap<String, DTensor<f32>>, mesh: &DeviceMesh) -> Re
     linear(&rms_norm(&x, &w["model.norm.weight"])?, &w["lm_head.weight"])
 }
 
-/// What one rank saw: logits, payload and header bytes read, peak heap growth during the load.
+/// What one rank saw: logits, payload and header bytes read, peak heap growth during the load,
+/// then the training: each step's loss, the final weights, the first step's collectives.
 struct RankLoad {
     logits: ndarray::ArrayD<f32>,
     payload: u64,
     headers: u64,
     peak: isize,
+    losses: Vec<f32>,
+    weights: Vec<(String, ndarray::ArrayD<f32>)>,
+    comm: String,
 }
 
 fn load_and_run(a: &Args, dir: &std::path::Path, mesh_shape: &[usize]) -> Result<Vec<RankLoad>> {
@@ -168,7 +217,56 @@ fn load_and_run(a: &Args, dir: &std::path::Path, mesh_shape: &[usize]) -> Result
         });
         let (ck, weights) = loaded?;
         let logits = forward(a, &weights, &mesh)?.full_tensor()?;
-        Ok(RankLoad { logits, payload: ck.payload_bytes_read(), headers: ck.header_bytes_read(), peak })
+        let mut names: Vec<String> = weights.keys().cloned().collect();
+        names.sort();
+        let module =
+            Weights(names.into_iter().map(|n| (n.clone(), weights[&n].clone().requires_grad_(true))).collect());
+        drop(weights);
+        let mut model = if a.fsdp {
+            let opts = FullyShardOptions::on("dp").accept_resting(true);
+            MaybeSharded::Sharded(fully_shard(module, &mesh, &opts)?)
+        } else {
+            MaybeSharded::Plain(module)
+        };
+        let (mut losses, mut comm) = (vec![], String::new());
+        let mut opt = AdamW::new(1e-2);
+        let targets = ids(a, &mesh, 1)?.reshape(&[(a.batch * a.seq) as isize])?;
+        for step in 0..a.steps {
+            let record = CommDebugMode::new();
+            let loss = record.scope(|| -> Result<DTensor<f32>> {
+                model.module().zero_grad();
+                let logits = model.run(|m| forward(a, &m.map(), &mesh))?;
+                let loss = logits.reshape(&[(a.batch * a.seq) as isize, a.vocab as isize])?.cross_entropy(&targets)?;
+                loss.backward()?;
+                Ok(loss)
+            })?;
+            opt.step(model.module_mut())?;
+            losses.push(loss.full_tensor()?.iter().copied().next().unwrap_or(f32::NAN));
+            if step == 0 {
+                comm = record
+                    .by_kind()
+                    .into_iter()
+                    .filter(|((k, _), _)| *k != CollectiveKind::Barrier)
+                    .map(|((k, d), (n, _))| format!("{k}@{d} {n}×"))
+                    .collect::<Vec<_>>()
+                    .join(", ");
+            }
+        }
+        let weights = model
+            .module()
+            .named_parameters()
+            .into_iter()
+            .map(|(n, p)| Ok((n, p.full_tensor()?)))
+            .collect::<Result<_>>()?;
+        Ok(RankLoad {
+            logits,
+            payload: ck.payload_bytes_read(),
+            headers: ck.header_bytes_read(),
+            peak,
+            losses,
+            weights,
+            comm,
+        })
     })
 }
 
@@ -213,7 +311,26 @@ fn main() -> Result<()> {
     let scale = reference.iter().fold(1f32, |m, v| m.max(v.abs()));
     let err = four.iter().flat_map(|l| l.logits.iter().zip(reference).map(|(x, y)| (x - y).abs())).fold(0f32, f32::max);
     println!("logits {:?}: max |2x2 - 1 rank| = {err:.3e} (scale {scale:.3})", reference.shape());
-    if err <= 1e-4 * scale {
+    // Training: losses and final weights against the 1-rank run (f32: relative 1e-4).
+    let rel = |x: f32, y: f32, s: f32| (x - y).abs() / s.max(f32::MIN_POSITIVE);
+    let mut train_err = 0f32;
+    println!("step  loss (2x2{})  loss (1 rank)", if a.fsdp { ", fsdp" } else { "" });
+    for (i, (x, y)) in four[0].losses.iter().zip(&one[0].losses).enumerate() {
+        println!("{:>4}  {x:<16.7} {y:<16.7}", i + 1);
+        train_err = train_err.max(rel(*x, *y, y.abs()));
+    }
+    for ((n, x), (m, y)) in four[0].weights.iter().zip(&one[0].weights) {
+        assert_eq!(n, m, "the same parameters in the same order");
+        let s = y.iter().fold(0f32, |m, v| m.max(v.abs()));
+        train_err = train_err.max(x.iter().zip(y).map(|(p, q)| rel(*p, *q, s)).fold(0f32, f32::max));
+    }
+    let learned = one[0].losses.len() < 2 || one[0].losses.last() < one[0].losses.first();
+    println!("collectives of a training step on 2x2 (rank 0): {}", four[0].comm);
+    println!(
+        "training: max relative difference to the 1-rank run (losses and weights) {train_err:.3e} (tolerance 1e-4){}",
+        if learned { "" } else { "; the loss did not go down" }
+    );
+    if err <= 1e-4 * scale && train_err <= 1e-4 && learned {
         println!("PASS");
         Ok(())
     } else {

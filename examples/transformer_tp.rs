@@ -31,6 +31,8 @@
 
 #[path = "transformer_tp/export_hf.rs"]
 mod export_hf;
+#[path = "common/maybe_sharded.rs"]
+mod maybe_sharded;
 #[path = "transformer_tp/model.rs"]
 mod model;
 #[path = "common/report.rs"]
@@ -38,12 +40,13 @@ mod report;
 
 use clap::Parser;
 use dtensor::checkpoint::{self, Checkpointer, Restore, TrainState};
-use dtensor::fsdp::{fully_shard, FullyShard, FullyShardOptions};
+use dtensor::fsdp::{fully_shard, FullyShardOptions};
 use dtensor::optim::{AdamW, OptimizerState, Sgd};
 use dtensor::prelude::*;
 use dtensor::typed::dims::{dp, tp};
 use dtensor::typed::Dt;
 use dtensor::{manual_seed, CollectiveKind, CommDebugMode, Launch, RankCtx};
+use maybe_sharded::MaybeSharded;
 use model::{Gpt, GptConfig};
 use ndarray::ArrayD;
 use report::{check_lr, comm_line, exit_code, parse_backend, parse_mesh};
@@ -180,39 +183,11 @@ impl Optimizer {
     }
 }
 
-/// The model as trained: plain (every dp rank holds every parameter, gradients all-reduced
-/// over dp) or fully sharded over dp.
-enum Model {
-    Plain(Gpt),
-    Sharded(FullyShard<f64, Gpt>),
-}
+type Model = MaybeSharded<f64, Gpt>;
 
-impl Model {
-    fn new(cfg: &GptConfig, mesh: &DeviceMesh, fsdp: bool) -> Result<Model> {
-        let gpt = Gpt::new(cfg, mesh)?;
-        Ok(if fsdp { Model::Sharded(fully_shard(gpt, mesh, &FullyShardOptions::on("dp"))?) } else { Model::Plain(gpt) })
-    }
-    /// Runs `f` on the model with its parameters in the layouts its type declares (under
-    /// FSDP: all-gathered over dp for the duration of `f`).
-    fn run<R>(&self, f: impl FnOnce(&Gpt) -> Result<R>) -> Result<R> {
-        match self {
-            Model::Plain(g) => f(g),
-            Model::Sharded(s) => s.call(f),
-        }
-    }
-    /// What optimizers, checkpoints and the comparison see: the parameters as they rest.
-    fn module(&self) -> &dyn Module<f64> {
-        match self {
-            Model::Plain(g) => g,
-            Model::Sharded(s) => s,
-        }
-    }
-    fn module_mut(&mut self) -> &mut dyn Module<f64> {
-        match self {
-            Model::Plain(g) => g,
-            Model::Sharded(s) => s,
-        }
-    }
+fn new_model(cfg: &GptConfig, mesh: &DeviceMesh, fsdp: bool) -> Result<Model> {
+    let gpt = Gpt::new(cfg, mesh)?;
+    Ok(if fsdp { Model::Sharded(fully_shard(gpt, mesh, &FullyShardOptions::on("dp"))?) } else { Model::Plain(gpt) })
 }
 
 /// Seed offset of the data, so that data and weights differ.
@@ -280,7 +255,7 @@ fn train(
 ) -> Result<Outcome> {
     let mesh = ctx.init_device_mesh(&[dpn, tpn], &["dp", "tp"])?;
     manual_seed(cfg.seed);
-    let mut model = Model::new(cfg, &mesh, fsdp)?;
+    let mut model = new_model(cfg, &mesh, fsdp)?;
     let mut opt = Optimizer::new(optim, cfg.lr);
     manual_seed(cfg.seed.wrapping_add(DATA_SEED));
     // Resuming restores the weights, AdamW's moments and step, and the generator (the data).

@@ -502,3 +502,31 @@ fn resharding_gathers_again_in_the_backward() {
     assert_eq!(counts, [12, 12, 12]);
     assert_eq!(plain, resharded);
 }
+
+/// Parameters loaded straight into the layout fully_shard gives them (each rank reading its
+/// part) are adopted with `accept_resting`; another sharding over the dim is refused.
+#[test]
+fn parameters_already_resting_sharded_are_adopted_on_request() {
+    run(2, |ctx| {
+        let mesh = ctx.init_device_mesh(&[2], &["dp"])?;
+        manual_seed(1);
+        let lin = Linear::<f64>::new(4, 6, false)?;
+        let w = lin.weight.local().to_host()?;
+        let resting = dtensor_runtime::distribute_tensor(&w, &mesh, &[Shard(0)], None)?.requires_grad_(true);
+        let adopted = Linear { weight: resting.clone(), ..lin.clone() };
+        let refused = fully_shard(adopted.clone(), &mesh, &FullyShardOptions::on("dp"));
+        assert!(matches!(refused, Err(Error::FullyShard { .. })));
+        let f = fully_shard(adopted, &mesh, &FullyShardOptions::on("dp").accept_resting(true))?;
+        assert_eq!(f.layouts()[0].2, vec![Placement::Replicate]);
+        let x = distribute_tensor(ArrayD::from_elem(vec![2, 4], 1.0), &mesh, &[Shard(0)], None)?;
+        f.forward(&x)?.sum()?.backward()?;
+        assert_eq!(f.named_parameters()[0].1.grad().unwrap().placements(), &[Shard(0)]);
+        // sharded on another dim than fully_shard would: refused, naming both layouts
+        let other = dtensor_runtime::distribute_tensor(&w, &mesh, &[Shard(1)], None)?.requires_grad_(true);
+        let e = fully_shard(Linear { weight: other, ..lin }, &mesh, &FullyShardOptions::on("dp").accept_resting(true));
+        let (_, reason) = fsdp_error(e.err().unwrap());
+        assert!(reason.contains("rests as (S(1))") && reason.contains("as (S(0))"), "{reason}");
+        Ok(())
+    })
+    .unwrap();
+}

@@ -95,6 +95,23 @@ pub fn fully_shard<T: Element, M: Module<T>>(
                 )));
             }
             let pl = p.placements().to_vec();
+            if options.accept_resting && matches!(pl[mesh_dim], Placement::Shard(_)) {
+                // Adopted as it rests, if that is where fully_shard would have put it.
+                let mut in_use = pl.clone();
+                in_use[mesh_dim] = Placement::Replicate;
+                let want = resting_layout(&in_use, p.ndim(), mesh_dim);
+                if want.as_ref() != Some(&pl) {
+                    return Err(refuse(format!(
+                        "parameter `{pname}` rests as {}, but fully_shard lays {} out as {} over `{}`",
+                        fmt_placements(&pl),
+                        fmt_placements(&in_use),
+                        want.map_or("itself (every dim is sharded already)".to_string(), |r| fmt_placements(&r)),
+                        options.mesh_dim,
+                    )));
+                }
+                params.push(Param::new(pname, in_use, pl));
+                continue;
+            }
             if pl[mesh_dim] != Placement::Replicate {
                 return Err(refuse(format!(
                     "parameter `{pname}` is already {} on `{}` (layout {}); a module is fully sharded once, \
@@ -117,7 +134,7 @@ pub fn fully_shard<T: Element, M: Module<T>>(
         let rg = p.requires_grad();
         if p.is_local_tensor() {
             distribute_param(p, mesh, &info.stored)?;
-        } else if info.sharded() {
+        } else if p.placements() != info.stored.as_slice() {
             // Replicate → Shard is a local slice: nothing is sent.
             *p = p.redistribute_scoped(&info.stored, "fully_shard")?.requires_grad_(rg);
         }

@@ -30,6 +30,12 @@ pub struct FullyShardOptions {
     /// unit's parameters and activations for one more forward per step. Applies to
     /// [`Forward::forward`](crate::module::Forward::forward) of the wrapped module.
     pub reshard_after_forward: bool,
+    /// Accept parameters that already rest sharded over the mesh dim exactly as `fully_shard`
+    /// would lay them out ([`resting_layout`](super::resting_layout)), e.g. loaded that way from
+    /// a checkpoint so that each rank read only its part; they are adopted as they are.
+    /// Default `false`: a parameter sharded over the mesh dim is refused (a module is fully
+    /// sharded once).
+    pub accept_resting: bool,
 }
 
 impl FullyShardOptions {
@@ -40,6 +46,7 @@ impl FullyShardOptions {
             name: None,
             reduce_dtype: None,
             reshard_after_forward: false,
+            accept_resting: false,
         }
     }
 
@@ -53,6 +60,13 @@ impl FullyShardOptions {
     /// [`FullyShardOptions::reshard_after_forward`]).
     pub fn reshard_after_forward(mut self, on: bool) -> Self {
         self.reshard_after_forward = on;
+        self
+    }
+
+    /// Adopts parameters that already rest as `fully_shard` would lay them out (see
+    /// [`FullyShardOptions::accept_resting`]).
+    pub fn accept_resting(mut self, on: bool) -> Self {
+        self.accept_resting = on;
         self
     }
 
