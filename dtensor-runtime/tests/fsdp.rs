@@ -530,3 +530,51 @@ fn parameters_already_resting_sharded_are_adopted_on_request() {
     })
     .unwrap();
 }
+
+/// Mixed precision under FSDP (PyTorch's `MixedPrecisionPolicy(param_dtype=bf16,
+/// reduce_dtype=f32)`): a bf16 module all-gathers bf16 shards (half the bytes), reduce-scatters
+/// its gradients in f32, and AdamW keeps f32 master weights and moments, sharded like the
+/// parameters. It follows the f32 run on one rank to bf16's precision.
+#[test]
+fn bf16_parameters_f32_reduction_and_sharded_master_weights() {
+    fn losses<T: dtensor_runtime::Element>(world: usize) -> Vec<f64> {
+        run(world, move |ctx| {
+            let mesh = ctx.init_device_mesh(&[world], &["dp"])?;
+            manual_seed(5);
+            let layers = (0..2)
+                .map(|i| {
+                    let opts = FullyShardOptions::on("dp").named(&format!("{i}")).reduce_dtype(DType::F32);
+                    fully_shard(Linear::<T>::new(16, 16, true)?, &mesh, &opts)
+                })
+                .collect::<Result<Vec<_>>>()?;
+            let mut model = Sequential(layers);
+            let mut opt = AdamW::<T>::new(1e-2).master_weights(T::DTYPE != DType::F32);
+            let mut out = vec![];
+            for step in 0..5 {
+                let x = ArrayD::from_shape_fn(vec![8, 16], |i| T::of_f64(((i[0] * 3 + i[1] + step) % 9) as f64 / 9.0));
+                let x = distribute_tensor(x, &mesh, &[Shard(0)], None)?;
+                model.zero_grad();
+                let h = model.forward(&x)?;
+                let loss = h.mul(&h)?.mean()?;
+                loss.backward()?;
+                out.push(loss.full_tensor()?.iter().next().map_or(f64::NAN, |v| v.as_f64()));
+                opt.step(&mut model)?;
+            }
+            if world > 1 {
+                // the f32 master copies rest sharded like the bf16 parameters
+                for (name, p) in model.named_parameters() {
+                    assert!(matches!(p.placements()[0], Placement::Shard(_)), "{name}");
+                }
+            }
+            Ok(out)
+        })
+        .unwrap()
+        .remove(0)
+    }
+    let reference = losses::<f32>(1);
+    let mixed = losses::<dtensor_runtime::bf16>(2);
+    assert!(reference[4] < reference[0], "{reference:?}");
+    for (a, b) in mixed.iter().zip(&reference) {
+        assert!((a - b).abs() <= 3e-2 * b.abs(), "bf16 FSDP {a} vs f32 {b}: {mixed:?} vs {reference:?}");
+    }
+}
