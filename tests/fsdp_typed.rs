@@ -1,5 +1,5 @@
 //! FSDP inside the DSL: a `#[distribute]` model whose blocks are `Fsdp<_, Block, dp>` fields
-//! (each block its own FSDP unit, resharding after the forward or not) trains as the same
+//! (each block its own FSDP unit) trains as the same
 //! model with plain blocks on one rank; the blocks are reachable only gathered (`call`), with
 //! the layouts their types declare; optimizers and checkpoints see the shards.
 
@@ -93,20 +93,14 @@ fn train_plain() -> Run {
 fn train_sharded(shape: [usize; 2], reshard: bool) -> Run {
     dtensor::run(shape[0] * shape[1], move |ctx| {
         let mesh = ctx.init_device_mesh(&shape, &["dp", "tp"])?;
-        let mut model = if reshard {
-            // each block built as `Block` declares, then its own unit, resharding after its forward
-            let blocks = globals()
-                .into_iter()
-                .enumerate()
-                .map(|(i, g)| {
-                    let opts = FullyShardOptions::on("dp").named(&format!("blocks.{i}")).reshard_after_forward(true);
-                    Fsdp::with_options(Block::distribute(g, &mesh)?, &mesh, opts)
-                })
-                .collect::<Result<_>>()?;
-            Sharded { blocks }
-        } else {
-            Sharded::distribute(ShardedGlobal { blocks: globals() }, &mesh)?
-        };
+        let mut model = Sharded::distribute(ShardedGlobal { blocks: globals() }, &mesh)?;
+        if reshard {
+            // a typed unit runs closures, which cannot be recomputed: resharding is refused
+            let opts = FullyShardOptions::on("dp").reshard_after_forward(true);
+            let block = Block::distribute(globals().remove(0), &mesh)?;
+            let e = Fsdp::<f64, Block, dp>::with_options(block, &mesh, opts).err().expect("refused");
+            assert!(e.to_string().contains("cannot reshard after the forward"), "{e}");
+        }
         let mut opt = AdamW::new(1e-2);
         let mut losses = vec![];
         for step in 0..3 {
@@ -145,7 +139,7 @@ fn train_sharded(shape: [usize; 2], reshard: bool) -> Run {
 #[test]
 fn fsdp_fields_train_as_plain_blocks_on_one_rank() {
     let reference = train_plain();
-    for (shape, reshard) in [([2, 1], false), ([2, 2], false), ([4, 1], false), ([2, 2], true)] {
+    for (shape, reshard) in [([2, 1], false), ([2, 2], false), ([4, 1], true)] {
         let (losses, weights) = train_sharded(shape, reshard);
         for (a, b) in losses.iter().zip(&reference.0) {
             assert!((a - b).abs() <= 1e-12 * b.abs(), "{shape:?} reshard {reshard}: loss {a} vs {b}");

@@ -578,3 +578,80 @@ fn bf16_parameters_f32_reduction_and_sharded_master_weights() {
         assert!((a - b).abs() <= 3e-2 * b.abs(), "bf16 FSDP {a} vs f32 {b}: {mixed:?} vs {reference:?}");
     }
 }
+
+/// One rank refusing its module (here: a parameter already sharded over dp on rank 1 only)
+/// ends every rank with an error naming the module, instead of leaving the others waiting.
+#[test]
+fn one_rank_refusing_ends_every_rank() {
+    let out = run(2, |ctx| {
+        let mesh = ctx.init_device_mesh(&[2], &["dp"])?;
+        manual_seed(0);
+        let mut lin = Linear::<f64>::new(4, 4, false)?;
+        let w = lin.weight.local().to_host()?;
+        let pl = if mesh.rank() == 1 { Shard(0) } else { Placement::Replicate };
+        lin.weight = distribute_tensor(&w, &mesh, &[pl], None)?.requires_grad_(true);
+        Ok(fsdp_error(fully_shard(lin, &mesh, &FullyShardOptions::on("dp").named("head")).err().expect("refused")))
+    })
+    .unwrap();
+    assert!(out[1].1.contains("already S(0)"), "{}", out[1].1);
+    assert_eq!(out[0].0, "head");
+    assert!(out[0].1.contains("rank 1 refused the module"), "{}", out[0].1);
+}
+
+/// A resharding module refuses `call` while gradients are recorded (it could not free its
+/// parameters); `clear_buffered_gradients` drops what sync-off backwards buffered.
+#[test]
+fn resharding_refuses_call_and_buffers_can_be_cleared() {
+    run(2, |ctx| {
+        let mesh = ctx.init_device_mesh(&[2], &["dp"])?;
+        manual_seed(0);
+        let opts = FullyShardOptions::on("dp").reshard_after_forward(true);
+        let lin = fully_shard(Linear::<f64>::new(4, 4, false)?, &mesh, &opts)?;
+        let x = distribute_tensor(ArrayD::from_elem(vec![2, 4], 1.0), &mesh, &[Shard(0)], None)?;
+        let (_, reason) = fsdp_error(lin.call(|m| m.forward(&x)).expect_err("refused"));
+        assert!(reason.contains("reshard_after_forward"), "{reason}");
+        assert!(dtensor_runtime::no_grad(|| lin.call(|m| m.forward(&x))).is_ok());
+        // sync off: buffered, nothing reduced; cleared: the next synced step starts afresh
+        lin.set_requires_gradient_sync(false);
+        lin.forward(&x)?.sum()?.backward()?;
+        assert!(lin.named_parameters()[0].1.grad().is_none());
+        lin.clear_buffered_gradients();
+        lin.set_requires_gradient_sync(true);
+        lin.forward(&x)?.sum()?.backward()?;
+        let once = lin.named_parameters()[0].1.grad().unwrap().full_tensor()?;
+        // d(sum(x W^T))/dW = column sums of x: 2 rows of ones → every entry 2
+        assert!(once.iter().all(|&v| (v - 2.0).abs() < 1e-12), "{once:?}");
+        Ok(())
+    })
+    .unwrap();
+}
+
+/// The global norm propagates a NaN gradient, as PyTorch does, and skips empty gradients.
+#[test]
+fn clip_grad_norm_propagates_nan_and_skips_empty_gradients() {
+    run(1, |ctx| {
+        ctx.init_device_mesh(&[1], &["dp"])?;
+        manual_seed(0);
+        // modules on one rank, as built (local tensors)
+        let lin = Linear::<f64>::new(2, 2, false)?;
+        let x = DTensor::local_tensor(ArrayD::from_elem(vec![1, 2], f64::NAN));
+        lin.forward(&x)?.sum()?.backward()?;
+        assert!(clip_grad_norm(&lin, 1.0, f64::INFINITY)?.is_nan());
+        assert!(clip_grad_norm(&lin, 1.0, 2.0)?.is_nan());
+        struct One(DTensor<f64>);
+        impl Module<f64> for One {
+            fn named_parameters(&self) -> Vec<(String, &DTensor<f64>)> {
+                vec![("p".into(), &self.0)]
+            }
+            fn named_parameters_mut(&mut self) -> Vec<(String, &mut DTensor<f64>)> {
+                vec![("p".into(), &mut self.0)]
+            }
+        }
+        let empty = One(DTensor::local_tensor(ArrayD::<f64>::zeros(vec![0, 3])).requires_grad_(true));
+        empty.0.set_grad(&DTensor::local_tensor(ArrayD::<f64>::zeros(vec![0, 3])))?;
+        assert_eq!(clip_grad_norm(&empty, 1.0, f64::INFINITY)?, 0.0);
+        assert_eq!(clip_grad_norm(&empty, 1.0, 2.0)?, 0.0);
+        Ok(())
+    })
+    .unwrap();
+}

@@ -13,7 +13,7 @@ use crate::module::{distribute_param, Forward, LayerHooks, Module};
 use crate::placement::{fmt_placements, Placement};
 use std::collections::hash_map::DefaultHasher;
 use std::hash::{Hash, Hasher};
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 
 /// A module under FSDP (PyTorch `fully_shard`, FSDP2), made by [`fully_shard`].
@@ -82,55 +82,18 @@ pub fn fully_shard<T: Element, M: Module<T>>(
         refuse(format!("the mesh {mesh} has no dim `{}` (its dims: {:?})", options.mesh_dim, mesh.dim_names()))
     })?;
     // Decide every layout first, agree on them, then move data: ranks that wrapped different
-    // modules fail in the agreement, before any collective could mismatch.
-    let mut params = Vec::new();
-    for (pname, p) in module.named_parameters() {
-        let in_use = if p.is_local_tensor() {
-            vec![Placement::Replicate; mesh.ndim()]
-        } else {
-            if !p.device_mesh().same_as(mesh) {
-                return Err(refuse(format!(
-                    "parameter `{pname}` lives on the mesh {}, not on the mesh {mesh} it is to be sharded over",
-                    p.device_mesh()
-                )));
-            }
-            let pl = p.placements().to_vec();
-            if options.accept_resting && matches!(pl[mesh_dim], Placement::Shard(_)) {
-                // Adopted as it rests, if that is where fully_shard would have put it.
-                let mut in_use = pl.clone();
-                in_use[mesh_dim] = Placement::Replicate;
-                let want = resting_layout(&in_use, p.ndim(), mesh_dim);
-                if want.as_ref() != Some(&pl) {
-                    return Err(refuse(format!(
-                        "parameter `{pname}` rests as {}, but fully_shard lays {} out as {} over `{}`",
-                        fmt_placements(&pl),
-                        fmt_placements(&in_use),
-                        want.map_or("itself (every dim is sharded already)".to_string(), |r| fmt_placements(&r)),
-                        options.mesh_dim,
-                    )));
-                }
-                params.push(Param::new(pname, in_use, pl));
-                continue;
-            }
-            if pl[mesh_dim] != Placement::Replicate {
-                return Err(refuse(format!(
-                    "parameter `{pname}` is already {} on `{}` (layout {}); a module is fully sharded once, \
-                     over a dim its parameters are replicated on",
-                    pl[mesh_dim],
-                    options.mesh_dim,
-                    fmt_placements(&pl)
-                )));
-            }
-            pl
-        };
-        let stored = resting_layout(&in_use, p.ndim(), mesh_dim).unwrap_or_else(|| in_use.clone());
-        params.push(Param::new(pname, in_use, stored));
-    }
-    check_same_on_every_rank(mesh, &module, &params).map_err(|e| match e {
-        Error::FullyShard { reason, .. } => refuse(reason),
-        e => e,
-    })?;
-    for ((_, p), info) in module.named_parameters_mut().into_iter().zip(&params) {
+    // modules, or of which one refused its module, fail in the agreement, before any
+    // collective could mismatch.
+    let decided = decide(&module, mesh, mesh_dim, options).map_err(refuse);
+    agree(mesh, &module, decided.as_ref().ok(), options)?;
+    let params = decided?;
+    for ((pname, p), info) in module.named_parameters_mut().into_iter().zip(&params) {
+        if pname != info.name {
+            return Err(refuse(format!(
+                "named_parameters and named_parameters_mut disagree: `{}` against `{pname}`",
+                info.name
+            )));
+        }
         let rg = p.requires_grad();
         if p.is_local_tensor() {
             distribute_param(p, mesh, &info.stored)?;
@@ -139,10 +102,12 @@ pub fn fully_shard<T: Element, M: Module<T>>(
             *p = p.redistribute_scoped(&info.stored, "fully_shard")?.requires_grad_(rg);
         }
     }
+    static UNITS: AtomicU64 = AtomicU64::new(0);
     Ok(FullyShard {
         module,
         unit: Unit {
             name,
+            id: UNITS.fetch_add(1, Ordering::Relaxed),
             mesh: mesh.clone(),
             mesh_dim,
             reduce_dtype: options.reduce_dtype,
@@ -154,29 +119,100 @@ pub fn fully_shard<T: Element, M: Module<T>>(
     })
 }
 
-/// One all-gather of a fingerprint of the parameters (names, shapes, layouts): ranks that
-/// wrapped different modules fail here, each with the same error.
-fn check_same_on_every_rank<T: Element, M: Module<T>>(
+/// Each parameter's in-use and resting layouts, or why the module is refused.
+fn decide<T: Element, M: Module<T>>(
+    module: &M,
+    mesh: &DeviceMesh,
+    mesh_dim: usize,
+    options: &FullyShardOptions,
+) -> std::result::Result<Vec<Param<T>>, String> {
+    let mut params = Vec::new();
+    for (pname, p) in module.named_parameters() {
+        let in_use = if p.is_local_tensor() {
+            vec![Placement::Replicate; mesh.ndim()]
+        } else {
+            if !p.device_mesh().same_as(mesh) {
+                return Err(format!(
+                    "parameter `{pname}` lives on the mesh {}, not on the mesh {mesh} it is to be sharded over",
+                    p.device_mesh()
+                ));
+            }
+            let pl = p.placements().to_vec();
+            if options.accept_resting && matches!(pl[mesh_dim], Placement::Shard(_)) {
+                // Adopted as it rests, if that is where fully_shard would have put it.
+                let mut in_use = pl.clone();
+                in_use[mesh_dim] = Placement::Replicate;
+                let want = resting_layout(&in_use, p.ndim(), mesh_dim);
+                if want.as_ref() != Some(&pl) {
+                    return Err(format!(
+                        "parameter `{pname}` rests as {}, but fully_shard lays {} out as {} over `{}`",
+                        fmt_placements(&pl),
+                        fmt_placements(&in_use),
+                        want.map_or("itself (every dim is sharded already)".to_string(), |r| fmt_placements(&r)),
+                        options.mesh_dim,
+                    ));
+                }
+                params.push(Param::new(pname, in_use, pl));
+                continue;
+            }
+            if pl[mesh_dim] != Placement::Replicate {
+                return Err(format!(
+                    "parameter `{pname}` is already {} on `{}` (layout {}); a module is fully sharded once, \
+                     over a dim its parameters are replicated on",
+                    pl[mesh_dim],
+                    options.mesh_dim,
+                    fmt_placements(&pl)
+                ));
+            }
+            pl
+        };
+        let stored = resting_layout(&in_use, p.ndim(), mesh_dim).unwrap_or_else(|| in_use.clone());
+        params.push(Param::new(pname, in_use, stored));
+    }
+    Ok(params)
+}
+
+/// One all-gather of a fingerprint of what this rank decided (names, shapes, layouts,
+/// `requires_grad`, the options that shape later collectives), or of its refusal: every rank
+/// then fails alike when the ranks disagree or one refused, instead of waiting in a later
+/// collective for a peer that left.
+fn agree<T: Element, M: Module<T>>(
     mesh: &DeviceMesh,
     module: &M,
-    params: &[Param<T>],
+    decided: Option<&Vec<Param<T>>>,
+    options: &FullyShardOptions,
 ) -> Result<()> {
-    let mut h = DefaultHasher::new();
-    for ((name, p), info) in module.named_parameters().iter().zip(params) {
-        (name, p.shape(), fmt_placements(&info.stored)).hash(&mut h);
-    }
-    let mine = h.finish();
+    const REFUSED: u64 = 0;
+    let mine = match decided {
+        None => REFUSED,
+        Some(params) => {
+            let mut h = DefaultHasher::new();
+            (options.reduce_dtype.map(|d| d.to_string()), options.reshard_after_forward).hash(&mut h);
+            for ((name, p), info) in module.named_parameters().iter().zip(params) {
+                (name, p.shape(), fmt_placements(&info.stored), p.requires_grad()).hash(&mut h);
+            }
+            h.finish().max(1)
+        }
+    };
     let all = mesh.all_gather_u64(Along::All, &[mine])?;
+    let ranks = mesh.ranks();
+    let module_name = options.name.clone().unwrap_or_else(|| short_type_name::<M>());
+    if let Some(r) = all.iter().position(|&f| f == REFUSED) {
+        if decided.is_some() {
+            return Err(Error::FullyShard {
+                module: module_name,
+                reason: format!("rank {} refused the module (its error says why)", ranks[r]),
+            });
+        }
+        return Ok(()); // this rank's own refusal is returned by the caller
+    }
     if let Some(r) = all.iter().position(|&f| f != all[0]) {
-        let ranks = mesh.ranks();
         return Err(Error::FullyShard {
-            module: String::new(),
+            module: module_name,
             reason: format!(
-                "the ranks wrap different parameters: rank {} and rank {} disagree about the names, shapes \
-                 or layouts of the module's {} parameters",
-                ranks[0],
-                ranks[r],
-                params.len()
+                "the ranks wrap different parameters: rank {} and rank {} disagree about the names, shapes, \
+                 layouts or requires_grad of the module's parameters, or about the options",
+                ranks[0], ranks[r],
             ),
         });
     }
@@ -222,7 +258,8 @@ impl<T: Element, M: Module<T>> FullyShard<T, M> {
             .iter()
             .zip(self.unit.params.iter())
             .map(|((_, p), info)| {
-                ParamSpec::new(&info.name, p.shape(), &info.in_use).in_unit(&self.unit.name, self.reshard_after_forward)
+                let unit = format!("{}#{}", self.unit.name, self.unit.id);
+                ParamSpec::new(&info.name, p.shape(), &info.in_use).in_unit(&unit, self.reshard_after_forward)
             })
             .collect()
     }
@@ -244,12 +281,23 @@ impl<T: Element, M: Module<T>> FullyShard<T, M> {
     }
 
     /// Turns gradient synchronisation off (`false`: each backward adds the unreduced,
-    /// unsharded gradients to a per-parameter buffer and reduce-scatters nothing) or back on
-    /// (the next backward reduce-scatters its gradients plus the buffered ones). PyTorch
-    /// `set_requires_gradient_sync`: gradient accumulation without a collective per
-    /// micro-batch.
+    /// unsharded gradients of the sharded parameters to a per-parameter buffer and
+    /// reduce-scatters nothing) or back on (the next backward reduce-scatters its gradients
+    /// plus the buffered ones). PyTorch `set_requires_gradient_sync`: gradient accumulation
+    /// without a reduce-scatter per micro-batch. Parameters left replicated on the FSDP dim
+    /// ([`FullyShard::replicated_parameters`]) are reduced at every backward as any other
+    /// parameter. A buffered gradient waits for a backward with sync on that reaches its
+    /// parameter: turn sync on for the last micro-batch, or drop the buffers with
+    /// [`FullyShard::clear_buffered_gradients`].
     pub fn set_requires_gradient_sync(&self, sync: bool) {
         self.unit.sync.store(sync, Ordering::SeqCst);
+    }
+
+    /// Drops the gradients buffered while synchronisation was off.
+    pub fn clear_buffered_gradients(&self) {
+        for p in self.unit.params.iter() {
+            *p.stash.lock().unwrap_or_else(|e| e.into_inner()) = None;
+        }
     }
 
     /// Is gradient synchronisation on?
@@ -259,8 +307,9 @@ impl<T: Element, M: Module<T>> FullyShard<T, M> {
 
     /// All-gathers the parameters now and keeps them until [`FullyShard::reshard`]: forwards
     /// until then use them without gathering again (PyTorch `FSDPModule.unshard`; e.g. for
-    /// several forwards in inference). Parameters changed by an optimizer step in between are
-    /// not seen until `reshard` and the next gather.
+    /// several forwards in inference). A sharded parameter changed by an optimizer step in
+    /// between is not seen until `reshard` and the next gather (the parameters left replicated
+    /// on the FSDP dim are always used as they are): reshard before stepping.
     pub fn unshard(&self) -> Result<()> {
         let full = self
             .module
@@ -284,11 +333,27 @@ impl<T: Element, M: Module<T>> FullyShard<T, M> {
     }
 
     /// Runs `f` on the module with its parameters gathered: the forward of any signature
-    /// (several inputs, integer ids, a mask). Gradients reach the shards. The gathered
-    /// parameters live until the backward has used them, whatever
-    /// [`FullyShardOptions::reshard_after_forward`] says (only [`Forward::forward`] can be
-    /// recomputed).
+    /// (several inputs, integer ids, a mask). Gradients reach the shards; the gathered
+    /// parameters live until the backward has used them. A module made with
+    /// [`FullyShardOptions::reshard_after_forward`] refuses `call` while gradients are
+    /// recorded ([`Error::FullyShard`]): only [`Forward::forward`] can free them and recompute.
     pub fn call<R>(&self, f: impl FnOnce(&M) -> Result<R>) -> Result<R>
+    where
+        M: Clone,
+    {
+        if self.reshard_after_forward && is_grad_enabled() {
+            return Err(Error::FullyShard {
+                module: self.unit.name.clone(),
+                reason: "made with reshard_after_forward: its gathered parameters are freed by recomputing \
+                         Forward::forward, which `call` (any closure) cannot do; use forward, or call under no_grad"
+                    .into(),
+            });
+        }
+        self.run(f)
+    }
+
+    /// [`FullyShard::call`] without the resharding check.
+    fn run<R>(&self, f: impl FnOnce(&M) -> Result<R>) -> Result<R>
     where
         M: Clone,
     {
@@ -335,7 +400,7 @@ impl<T: Element, M: Module<T> + Forward<T> + Clone + Send + Sync + 'static> Forw
         if self.reshard_after_forward && is_grad_enabled() && !self.is_unsharded() {
             forward_recomputed(&self.unit, &self.module, input)
         } else {
-            self.call(|m| m.forward(input))
+            self.run(|m| m.forward(input))
         }
     }
 }

@@ -9,7 +9,8 @@ use crate::placement::Placement;
 /// tensor-parallel plan shards it. So the FSDP all-gather alone turns the resting layout back
 /// into the in-use one, and every layout stays an ordinary one (`full_tensor`, checkpoints and
 /// loaders need no strided shard). A parameter whose every dim is sharded already (or a
-/// scalar) rests as it is used: `None`.
+/// scalar) rests as it is used: `None`; so does a `mesh_dim` that `in_use` has no entry for.
+/// A negative `Shard(d)` counts from the last tensor dim.
 ///
 /// ```
 /// use dtensor_runtime::fsdp::resting_layout;
@@ -20,10 +21,13 @@ use crate::placement::Placement;
 /// assert_eq!(resting_layout(&[Replicate, Shard(0)], 1, 0), None);
 /// ```
 pub fn resting_layout(in_use: &[Placement], ndim: usize, mesh_dim: usize) -> Option<Vec<Placement>> {
+    if mesh_dim >= in_use.len() {
+        return None;
+    }
     let taken: Vec<usize> = in_use
         .iter()
         .filter_map(|q| match q {
-            // placements are normalized here: dims are non-negative
+            Placement::Shard(d) if *d < 0 => usize::try_from(ndim as isize + d).ok(),
             Placement::Shard(d) => usize::try_from(*d).ok(),
             _ => None,
         })

@@ -20,7 +20,8 @@ pub struct ParamSpec {
     pub shape: Vec<usize>,
     /// In-use placements, one per mesh dim.
     pub in_use: Vec<Placement>,
-    /// The unit's name (`FullyShardOptions::named`; default: one unit, `""`).
+    /// The unit it belongs to (any name; parameters with the same name form one unit;
+    /// [`ParamSpec::new`] puts every parameter in the unit `""`).
     pub unit: String,
     /// Does its unit reshard after the forward (`FullyShardOptions::reshard_after_forward`)?
     pub reshard_after_forward: bool,

@@ -37,27 +37,36 @@ where
     let (unit, module) = (unit.clone(), module.clone());
     Ok(record("fsdp_recompute_backward", y, &inputs, move |g| {
         let _recording = enable_grad_guard();
-        // The input's gradient as it arrives, unreduced (a leaf would reduce its Partials).
-        let x_grad = Arc::new(Mutex::new(None));
-        let x_in = if needs[0] {
-            let sink = Arc::clone(&x_grad);
-            let leaf = saved[0].detach().requires_grad_(true);
-            record("fsdp_input", leaf.detach(), &[&leaf], move |g| {
-                *sink.lock().unwrap_or_else(|e| e.into_inner()) = Some(g.detach());
-                Ok(vec![None])
-            })
-        } else {
-            saved[0].clone()
-        };
-        let leaves: Vec<DTensor<T>> =
-            saved[1..].iter().zip(&needs[1..]).map(|(s, &n)| s.detach().requires_grad_(n)).collect();
+        // The input and every parameter enter the recomputation through a sink that keeps the
+        // gradient as it arrives and passes nothing on: the outer backward then reduces each
+        // at its own leaf, with its options (reduce dtype, overlap), as the plain path does.
+        let (sunk, sinks): (Vec<DTensor<T>>, Vec<Sink<T>>) =
+            saved.iter().zip(&needs).map(|(t, &n)| if n { sink(t) } else { (t.clone(), None) }).unzip();
         let after = rng_state();
         set_rng_state(rng);
-        let y = unit.run_on(&module, &leaves, None, |m| m.forward(&x_in));
+        let y = unit.run_on(&module, &sunk[1..], None, |m| m.forward(&sunk[0]));
         set_rng_state(after);
         y?.backward_with(g)?;
-        let mut grads = vec![x_grad.lock().unwrap_or_else(|e| e.into_inner()).take()];
-        grads.extend(leaves.iter().map(|l| l.grad()));
-        Ok(grads)
+        Ok(sinks.iter().map(|s| s.as_ref().and_then(|c| c.lock().unwrap_or_else(|e| e.into_inner()).take())).collect())
     }))
+}
+
+/// Where a sink leaves its gradient.
+type Sink<T> = Option<Arc<Mutex<Option<DTensor<T>>>>>;
+
+/// `t` (no history) as an op output whose backward keeps the gradient it receives and passes
+/// nothing on.
+fn sink<T: Element>(t: &DTensor<T>) -> (DTensor<T>, Sink<T>) {
+    let cell: Arc<Mutex<Option<DTensor<T>>>> = Arc::new(Mutex::new(None));
+    let keep = Arc::clone(&cell);
+    let leaf = t.detach().requires_grad_(true);
+    let out = record("fsdp_recompute_input", leaf.detach(), &[&leaf], move |g| {
+        let mut c = keep.lock().unwrap_or_else(|e| e.into_inner());
+        *c = Some(match c.take() {
+            Some(prev) => prev.add(g)?,
+            None => g.detach(),
+        });
+        Ok(vec![None])
+    });
+    (out, Some(cell))
 }

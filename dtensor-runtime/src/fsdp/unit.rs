@@ -25,7 +25,7 @@ pub(super) struct Param<T: Element> {
     /// The layout it rests in (`in_use` with `Shard(d)` on the FSDP dim, or `in_use` itself
     /// when every tensor dim is already sharded by another mesh dim).
     pub(super) stored: Vec<Placement>,
-    stash: Stash<T>,
+    pub(super) stash: Stash<T>,
 }
 
 impl<T: Element> Param<T> {
@@ -43,6 +43,8 @@ impl<T: Element> Param<T> {
 pub(super) struct Unit<T: Element> {
     /// The module's name (errors say it).
     pub(super) name: String,
+    /// Tells units of the same name apart (the memory plan's units).
+    pub(super) id: u64,
     pub(super) mesh: DeviceMesh,
     pub(super) mesh_dim: usize,
     pub(super) reduce_dtype: Option<DType>,
@@ -78,12 +80,22 @@ impl<T: Element> Unit<T> {
     ) -> Result<R> {
         let mut running = module.clone();
         let slots = running.named_parameters_mut();
-        if slots.len() != self.params.len() {
+        if slots.len() != self.params.len() || base.len() != self.params.len() {
             return Err(self.changed(format!("has {} parameters, not {}", slots.len(), self.params.len())));
         }
         for (i, ((name, p), info)) in slots.into_iter().zip(self.params.iter()).enumerate() {
             if name != info.name {
                 return Err(self.changed(format!("parameter {i} is now `{name}`, not `{}`", info.name)));
+            }
+            if base[i].placements() != info.stored.as_slice() {
+                return Err(Error::FullyShard {
+                    module: self.name.clone(),
+                    reason: format!(
+                        "parameter `{name}` is laid out {}, not {} as fully_shard left it: it was replaced",
+                        crate::placement::fmt_placements(base[i].placements()),
+                        crate::placement::fmt_placements(&info.stored)
+                    ),
+                });
             }
             *p = if !info.sharded() {
                 base[i].clone() // the parameter itself, its gradient reduced as any other's
@@ -106,7 +118,8 @@ impl<T: Element> Unit<T> {
     }
 
     /// Records the gathered `data` as made from `shard`: the backward reduce-scatters the
-    /// gradient into the shard's layout, or buffers it while sync is off.
+    /// gradient into the shard's layout, or buffers it while sync is off (in the parameters'
+    /// dtype, unreduced and unsharded).
     fn on_tape(&self, data: DTensor<T>, shard: &DTensor<T>, info: &Param<T>) -> DTensor<T> {
         let (sync, stash, target, dtype) =
             (Arc::clone(&self.sync), Arc::clone(&info.stash), info.stored.clone(), self.reduce_dtype);

@@ -18,7 +18,8 @@ use crate::placement::Placement;
 /// shard; sums of squares of the same layout are added locally, so each layout costs one
 /// reduction (the infinity norm: one per gradient).
 ///
-/// Gradients are scaled by `max_norm / (norm + 1e-6)` when that is below 1, as PyTorch does.
+/// Gradients are scaled by `max_norm / (norm + 1e-6)` when that is below 1, as PyTorch does
+/// (a NaN norm, from a NaN or infinite gradient, makes every gradient NaN, as there).
 /// An [`Error::InvalidArgument`] for a `max_norm` that is negative or not finite, or another
 /// `norm_type`.
 ///
@@ -54,6 +55,9 @@ pub fn clip_grad_norm<T: Element, M: Module<T> + ?Sized>(module: &M, max_norm: f
     // One term per layout: terms on the same mesh with the same placements add locally.
     let mut terms: Vec<(DTensor<f64>, Vec<Placement>)> = Vec::new();
     for (_, g) in &grads {
+        if g.numel() == 0 {
+            continue; // nothing to add, and no maximum to take
+        }
         let g = g.cast::<f64>()?;
         let t = if infinity { g.abs()?.max()? } else { g.mul(&g)?.sum()? };
         // (maxima are reduced one by one: there is no element-wise maximum to add them with)
@@ -71,11 +75,19 @@ pub fn clip_grad_norm<T: Element, M: Module<T> + ?Sized>(module: &M, max_norm: f
     let mut total = 0.0f64;
     for (t, _) in &terms {
         let v = t.full_tensor()?.iter().copied().next().unwrap_or(0.0);
-        total = if infinity { total.max(v) } else { total + v };
+        // a NaN stays NaN (f64::max would drop it), as in PyTorch
+        total = if !infinity {
+            total + v
+        } else if v.is_nan() || v > total {
+            v
+        } else {
+            total
+        };
     }
     let norm = if infinity { total } else { total.sqrt() };
     let coef = max_norm / (norm + 1e-6);
-    if coef < 1.0 {
+    // PyTorch clamps the coefficient to 1 and multiplies: a NaN norm makes every gradient NaN.
+    if coef.is_nan() || coef < 1.0 {
         for (p, g) in &grads {
             p.set_grad(&g.mul_scalar(T::of_f64(coef))?)?;
         }

@@ -51,9 +51,18 @@ impl<T: Element, P: Module<T> + Clone, D: MeshDim> Fsdp<T, P, D> {
         Self::with_options(module, mesh, FullyShardOptions::on(D::NAME))
     }
 
-    /// [`Fsdp::new`] with options (a name, resharding after the forward, the reduce dtype);
-    /// their mesh dim must be `D`'s.
+    /// [`Fsdp::new`] with options (a name, the reduce dtype, adopting resting parameters);
+    /// their mesh dim must be `D`'s. Resharding after the forward is refused: it recomputes a
+    /// `Forward::forward`, and a typed unit runs closures ([`Fsdp::call`]).
     pub fn with_options(module: P, mesh: &DeviceMesh, options: FullyShardOptions) -> Result<Self> {
+        if options.reshard_after_forward {
+            return Err(Error::FullyShard {
+                module: options.name.clone().unwrap_or_default(),
+                reason: "a typed `Fsdp` unit cannot reshard after the forward (its forward is a closure, \
+                         which cannot be recomputed); use FullyShard with Forward::forward"
+                    .into(),
+            });
+        }
         if options.mesh_dim != D::NAME {
             return Err(Error::FullyShard {
                 module: options.name.clone().unwrap_or_default(),
