@@ -26,11 +26,12 @@ use crate::placement::Placement;
 /// ```
 /// use dtensor_runtime::optim::clip_grad_norm;
 /// use dtensor_runtime::module::{Forward, Linear, Module};
-/// use dtensor_runtime::{run, ones, TensorOptions};
+/// use dtensor_runtime::{ndarray::ArrayD, run, DTensor};
 /// run(1, |ctx| {
 ///     ctx.init_device_mesh(&[1], &["x"])?;
+///     // a module as built (local tensors) and a local input
 ///     let lin = Linear::<f64>::new(2, 2, false)?;
-///     let x = ones::<f64>(&[1, 2], &TensorOptions::new())?;
+///     let x = DTensor::local_tensor(ArrayD::<f64>::ones(vec![1, 2]));
 ///     lin.forward(&x)?.sum()?.mul_scalar(100.0)?.backward()?;
 ///     let before = clip_grad_norm(&lin, 1.0, 2.0)?;
 ///     assert!((before - 200.0).abs() < 1e-9); // four entries of 100
