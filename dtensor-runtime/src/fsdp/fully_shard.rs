@@ -2,7 +2,7 @@
 //! for its forward, and whose gradients are reduce-scattered back into the shards.
 
 use super::reshard::forward_recomputed;
-use super::unit::{Param, Unit};
+use super::unit::{at_rest, Param, Unit};
 use super::{memory_plan, resting_layout, FullyShardOptions, MemoryPlan, OptimizerMemory, ParamSpec};
 use crate::autograd::is_grad_enabled;
 use crate::dtensor::DTensor;
@@ -85,7 +85,7 @@ pub fn fully_shard<T: Element, M: Module<T>>(
     // modules, or of which one refused its module, fail in the agreement, before any
     // collective could mismatch.
     let decided = decide(&module, mesh, mesh_dim, options).map_err(refuse);
-    agree(mesh, &module, decided.as_ref().ok(), options)?;
+    agree(mesh, &module, &name, decided.as_ref().ok(), options)?;
     let params = decided?;
     for ((pname, p), info) in module.named_parameters_mut().into_iter().zip(&params) {
         if pname != info.name {
@@ -179,6 +179,7 @@ fn decide<T: Element, M: Module<T>>(
 fn agree<T: Element, M: Module<T>>(
     mesh: &DeviceMesh,
     module: &M,
+    module_name: &str,
     decided: Option<&Vec<Param<T>>>,
     options: &FullyShardOptions,
 ) -> Result<()> {
@@ -196,11 +197,10 @@ fn agree<T: Element, M: Module<T>>(
     };
     let all = mesh.all_gather_u64(Along::All, &[mine])?;
     let ranks = mesh.ranks();
-    let module_name = options.name.clone().unwrap_or_else(|| short_type_name::<M>());
     if let Some(r) = all.iter().position(|&f| f == REFUSED) {
         if decided.is_some() {
             return Err(Error::FullyShard {
-                module: module_name,
+                module: module_name.to_string(),
                 reason: format!("rank {} refused the module (its error says why)", ranks[r]),
             });
         }
@@ -208,7 +208,7 @@ fn agree<T: Element, M: Module<T>>(
     }
     if let Some(r) = all.iter().position(|&f| f != all[0]) {
         return Err(Error::FullyShard {
-            module: module_name,
+            module: module_name.to_string(),
             reason: format!(
                 "the ranks wrap different parameters: rank {} and rank {} disagree about the names, shapes, \
                  layouts or requires_grad of the module's parameters, or about the options",
@@ -358,8 +358,7 @@ impl<T: Element, M: Module<T>> FullyShard<T, M> {
         M: Clone,
     {
         let cached = self.unsharded.lock().unwrap_or_else(|e| e.into_inner()).clone();
-        let base: Vec<DTensor<T>> = self.module.named_parameters().into_iter().map(|(_, p)| p.clone()).collect();
-        self.unit.run_on(&self.module, &base, cached.as_deref(), f)
+        self.unit.run_on(&self.module, &at_rest(&self.module), cached.as_deref(), f)
     }
 }
 

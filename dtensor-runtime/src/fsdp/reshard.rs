@@ -6,7 +6,7 @@
 //! recomputed instead (activation checkpointing of the unit): one more forward per step, for
 //! a window of one unit's parameters and activations.
 
-use super::unit::Unit;
+use super::unit::{at_rest, Unit};
 use crate::autograd::{enable_grad_guard, no_grad, record, recording};
 use crate::dtensor::DTensor;
 use crate::element::Element;
@@ -22,7 +22,7 @@ where
     T: Element,
     M: Module<T> + Forward<T> + Clone + Send + Sync + 'static,
 {
-    let base: Vec<DTensor<T>> = module.named_parameters().into_iter().map(|(_, p)| p.clone()).collect();
+    let base = at_rest(module);
     // The generator as the forward finds it: the recomputation draws the same numbers (dropout).
     let rng = rng_state();
     let y = no_grad(|| unit.run_on(module, &base, None, |m| m.forward(x)))?;

@@ -38,6 +38,12 @@ impl<T: Element> Param<T> {
     }
 }
 
+/// The module's parameters as they rest (the shards; clones share storage), in the order
+/// `Unit::run_on` takes its `base`.
+pub(super) fn at_rest<T: Element, M: Module<T>>(module: &M) -> Vec<DTensor<T>> {
+    module.named_parameters().into_iter().map(|(_, p)| p.clone()).collect()
+}
+
 /// How a unit gathers its parameters and where their gradients go.
 #[derive(Clone)]
 pub(super) struct Unit<T: Element> {
