@@ -5,8 +5,7 @@
 
 use dtensor_runtime::fsdp::{fully_shard, FullyShard, FullyShardOptions};
 use dtensor_runtime::module::{
-    parallelize_module, prefixed, prefixed_mut, ColwiseParallel, Dropout, Forward, LayerNorm, Linear, Module,
-    ParallelStyle, RowwiseParallel, Sequential,
+    parallelize_module, ColwiseParallel, Forward, Linear, Module, ParallelStyle, RowwiseParallel, Sequential,
 };
 use dtensor_runtime::ndarray::ArrayD;
 use dtensor_runtime::optim::{clip_grad_norm, AdamW};
@@ -15,56 +14,9 @@ use dtensor_runtime::{
     Result, Shard,
 };
 
-/// norm → w1 → gelu → dropout → w2, a residual. (The dropout draws from the generator, so
-/// a forward recomputed by resharding must draw the same numbers.)
-#[derive(Clone)]
-struct Block {
-    norm: LayerNorm<f64>,
-    w1: Linear<f64>,
-    drop: Dropout,
-    w2: Linear<f64>,
-}
+mod fsdp_util;
 
-impl Block {
-    fn new(dim: usize, hidden: usize) -> Result<Self> {
-        Ok(Block {
-            norm: LayerNorm::new(dim)?,
-            w1: Linear::new(dim, hidden, true)?,
-            drop: Dropout::new(0.25)?,
-            w2: Linear::new(hidden, dim, true)?,
-        })
-    }
-}
-
-impl Module<f64> for Block {
-    fn named_parameters(&self) -> Vec<(String, &DTensor<f64>)> {
-        let mut v = prefixed("norm", self.norm.named_parameters());
-        v.extend(prefixed("w1", self.w1.named_parameters()));
-        v.extend(prefixed("w2", self.w2.named_parameters()));
-        v
-    }
-    fn named_parameters_mut(&mut self) -> Vec<(String, &mut DTensor<f64>)> {
-        let mut v = prefixed_mut("norm", self.norm.named_parameters_mut());
-        v.extend(prefixed_mut("w1", self.w1.named_parameters_mut()));
-        v.extend(prefixed_mut("w2", self.w2.named_parameters_mut()));
-        v
-    }
-    fn layer_hooks_mut(&mut self, path: &str) -> Option<&mut dtensor_runtime::module::LayerHooks> {
-        match path {
-            "w1" => self.w1.layer_hooks_mut(""),
-            "w2" => self.w2.layer_hooks_mut(""),
-            _ => None,
-        }
-    }
-}
-
-impl Forward<f64> for Block {
-    fn forward(&self, x: &DTensor<f64>) -> Result<DTensor<f64>> {
-        let h = self.w1.forward(&self.norm.forward(x)?)?.gelu()?;
-        let h = self.w2.forward(&self.drop.forward(&h)?)?;
-        x.add(&h)
-    }
-}
+type Block = fsdp_util::Block<f64>;
 
 #[derive(Clone, Copy, Debug, PartialEq)]
 enum Mode {

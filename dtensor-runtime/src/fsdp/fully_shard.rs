@@ -2,11 +2,11 @@
 //! for its forward, and whose gradients are reduce-scattered back into the shards.
 
 use super::reshard::forward_recomputed;
-use super::unit::{at_rest, Param, Unit};
+use super::unit::{at_rest, at_rest_declared, Param, Unit};
 use super::{memory_plan, resting_layout, FullyShardOptions, MemoryPlan, OptimizerMemory, ParamSpec};
 use crate::autograd::is_grad_enabled;
 use crate::dtensor::DTensor;
-use crate::element::Element;
+use crate::element::{DType, Element};
 use crate::error::{Error, Result};
 use crate::mesh::{Along, DeviceMesh};
 use crate::module::{distribute_param, Forward, LayerHooks, Module};
@@ -72,9 +72,20 @@ pub struct FullyShard<T: Element, M> {
 /// }).unwrap();
 /// ```
 pub fn fully_shard<T: Element, M: Module<T>>(
+    module: M,
+    mesh: &DeviceMesh,
+    options: &FullyShardOptions,
+) -> Result<FullyShard<T, M>> {
+    shard(module, mesh, options, None)
+}
+
+/// [`fully_shard`]; `masters`: the dtype a mixed-precision unit keeps its masters in (the
+/// ranks agree on it too).
+pub(super) fn shard<T: Element, M: Module<T>>(
     mut module: M,
     mesh: &DeviceMesh,
     options: &FullyShardOptions,
+    masters: Option<DType>,
 ) -> Result<FullyShard<T, M>> {
     let name = options.name.clone().unwrap_or_else(|| short_type_name::<M>());
     let refuse = |reason: String| Error::FullyShard { module: name.clone(), reason };
@@ -85,7 +96,7 @@ pub fn fully_shard<T: Element, M: Module<T>>(
     // modules, or of which one refused its module, fail in the agreement, before any
     // collective could mismatch.
     let decided = decide(&module, mesh, mesh_dim, options).map_err(refuse);
-    agree(mesh, &module, &name, decided.as_ref().ok(), options)?;
+    agree(mesh, &module, &name, decided.as_ref().ok(), options, masters)?;
     let params = decided?;
     for ((pname, p), info) in module.named_parameters_mut().into_iter().zip(&params) {
         if pname != info.name {
@@ -182,13 +193,16 @@ fn agree<T: Element, M: Module<T>>(
     module_name: &str,
     decided: Option<&Vec<Param<T>>>,
     options: &FullyShardOptions,
+    masters: Option<DType>,
 ) -> Result<()> {
     const REFUSED: u64 = 0;
     let mine = match decided {
         None => REFUSED,
         Some(params) => {
             let mut h = DefaultHasher::new();
-            (options.reduce_dtype.map(|d| d.to_string()), options.reshard_after_forward).hash(&mut h);
+            let dtype = |d: Option<DType>| d.map(|d| d.to_string());
+            (dtype(options.reduce_dtype), options.reshard_after_forward, dtype(masters), T::DTYPE.to_string())
+                .hash(&mut h);
             for ((name, p), info) in module.named_parameters().iter().zip(params) {
                 (name, p.shape(), fmt_placements(&info.stored), p.requires_grad()).hash(&mut h);
             }
@@ -211,7 +225,7 @@ fn agree<T: Element, M: Module<T>>(
             module: module_name.to_string(),
             reason: format!(
                 "the ranks wrap different parameters: rank {} and rank {} disagree about the names, shapes, \
-                 layouts or requires_grad of the module's parameters, or about the options",
+                 layouts, dtypes or requires_grad of the module's parameters, or about the options",
                 ranks[0], ranks[r],
             ),
         });
@@ -219,13 +233,18 @@ fn agree<T: Element, M: Module<T>>(
     Ok(())
 }
 
-fn short_type_name<M>() -> String {
+pub(super) fn short_type_name<M>() -> String {
     let full = std::any::type_name::<M>();
     let base = full.split('<').next().unwrap_or(full);
     base.rsplit("::").next().unwrap_or(base).to_string()
 }
 
 impl<T: Element, M: Module<T>> FullyShard<T, M> {
+    /// The module (its parameters at rest), how the unit gathers, and whether it reshards.
+    pub(super) fn into_parts(self) -> (M, Unit<T>, bool) {
+        (self.module, self.unit, self.reshard_after_forward)
+    }
+
     /// The module's name (errors and collective records say it).
     pub fn name(&self) -> &str {
         &self.unit.name
@@ -380,14 +399,7 @@ impl<T: Element, M: Module<T>> Module<T> for FullyShard<T, M> {
     }
     /// The module's declared layouts at rest: a declared in-use layout is declared sharded.
     fn declared_placements(&self) -> Vec<(String, Vec<Placement>)> {
-        self.module
-            .declared_placements()
-            .into_iter()
-            .map(|(n, decl)| match self.unit.params.iter().find(|p| p.name == n && p.in_use == decl) {
-                Some(p) => (n, p.stored.clone()),
-                None => (n, decl),
-            })
-            .collect()
+        at_rest_declared(self.module.declared_placements(), &self.unit.params)
     }
 }
 

@@ -25,6 +25,9 @@ pub struct ParamSpec {
     pub unit: String,
     /// Does its unit reshard after the forward (`FullyShardOptions::reshard_after_forward`)?
     pub reshard_after_forward: bool,
+    /// The dtype it is gathered and computed in when not the plan's (a
+    /// [`FullyShardMixed`](super::FullyShardMixed) unit's module dtype; `None`: the plan's).
+    pub gathered_dtype: Option<DType>,
 }
 
 impl ParamSpec {
@@ -37,6 +40,7 @@ impl ParamSpec {
             in_use: in_use.to_vec(),
             unit: String::new(),
             reshard_after_forward: false,
+            gathered_dtype: None,
         }
     }
 
@@ -44,6 +48,14 @@ impl ParamSpec {
     pub fn in_unit(mut self, unit: &str, reshard_after_forward: bool) -> Self {
         self.unit = unit.to_string();
         self.reshard_after_forward = reshard_after_forward;
+        self
+    }
+
+    /// The parameter is gathered and used in `dtype` (mixed precision: it rests in the plan's
+    /// dtype, its window and unreduced gradient are in `dtype`, and the gradient is cast back
+    /// to the plan's dtype before its reduction).
+    pub fn gathered_in(mut self, dtype: DType) -> Self {
+        self.gathered_dtype = Some(dtype);
         self
     }
 }
@@ -104,7 +116,9 @@ pub struct MemoryPlan {
     /// (gathered again, one unit at a time, for its recomputation and backward).
     pub resharded_window: usize,
     /// The largest gradient in its in-use layout: the one unreduced gradient alive at a time,
-    /// before its reduce-scatter.
+    /// before its reduce-scatter (a mixed-precision unit: all its gradients in the module's
+    /// dtype, which its nested backward makes before reducing any, and one copy in the plan's
+    /// dtype).
     pub largest_unsharded_gradient: usize,
     /// The largest parameter shard: the optimizer's scratch while it updates one parameter.
     pub largest_shard: usize,
@@ -215,25 +229,44 @@ pub fn memory_plan(
         };
         let mut plan = MemoryPlan { rank, ..MemoryPlan::default() };
         let mut resharding_units: Vec<(&str, usize)> = Vec::new();
+        // mixed-precision units: (unit, their gradients in the module's dtype, largest
+        // parameter's elements)
+        let mut mixed_units: Vec<(&str, usize, usize)> = Vec::new();
         for (p, (in_use, stored)) in params.iter().zip(&resting) {
             let at_rest = numel(&p.shape, stored.as_deref().unwrap_or(in_use))? * size;
             plan.parameters += at_rest;
             plan.gradients += at_rest;
             plan.optimizer_states += at_rest / size * optimizer.bytes_per_element;
             plan.largest_shard = plan.largest_shard.max(at_rest);
-            // over one rank the gathered parameter is the shard itself (no copy)
-            if stored.is_some() && mesh_shape[fsdp_dim] > 1 {
-                let gathered = numel(&p.shape, in_use)? * size;
-                if p.reshard_after_forward {
-                    match resharding_units.iter_mut().find(|(u, _)| *u == p.unit) {
-                        Some((_, b)) => *b += gathered,
-                        None => resharding_units.push((&p.unit, gathered)),
-                    }
-                } else {
-                    plan.unsharded_window += gathered;
+            // Over one rank the gathered parameter is the shard itself, and a parameter left
+            // replicated is used as it is (no copy) — unless it is cast to a compute dtype.
+            if p.gathered_dtype.is_none() && !(stored.is_some() && mesh_shape[fsdp_dim] > 1) {
+                continue;
+            }
+            let elements = numel(&p.shape, in_use)?;
+            let gathered = elements * p.gathered_dtype.map_or(size, |d| d.size_of());
+            if p.reshard_after_forward {
+                match resharding_units.iter_mut().find(|(u, _)| *u == p.unit) {
+                    Some((_, b)) => *b += gathered,
+                    None => resharding_units.push((&p.unit, gathered)),
                 }
+            } else {
+                plan.unsharded_window += gathered;
+            }
+            if p.gathered_dtype.is_some() {
+                match mixed_units.iter_mut().find(|(u, _, _)| *u == p.unit) {
+                    Some((_, b, m)) => (*b, *m) = (*b + gathered, (*m).max(elements)),
+                    None => mixed_units.push((&p.unit, gathered, elements)),
+                }
+            } else {
                 plan.largest_unsharded_gradient = plan.largest_unsharded_gradient.max(gathered);
             }
+        }
+        // A mixed-precision unit's nested backward holds all its gradients in the module's
+        // dtype before reducing the first; each is cast to the plan's dtype, its
+        // module-dtype copy freed, and cast again for a reduction in the module's dtype.
+        for (_, grads, largest) in mixed_units {
+            plan.largest_unsharded_gradient = plan.largest_unsharded_gradient.max(grads + largest * size);
         }
         plan.resharded_window = resharding_units.iter().map(|(_, b)| *b).max().unwrap_or(0);
         plans.push(plan);

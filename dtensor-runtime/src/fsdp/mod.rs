@@ -41,11 +41,14 @@
 mod fully_shard;
 mod layout;
 mod memory;
+mod mixed;
 mod options;
 mod reshard;
+mod sink;
 mod unit;
 
 pub use fully_shard::{fully_shard, FullyShard};
 pub use layout::resting_layout;
 pub use memory::{memory_plan, MemoryPlan, OptimizerMemory, ParamSpec};
+pub use mixed::{fully_shard_mixed, FullyShardMixed};
 pub use options::FullyShardOptions;

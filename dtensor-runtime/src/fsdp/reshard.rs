@@ -6,6 +6,7 @@
 //! recomputed instead (activation checkpointing of the unit): one more forward per step, for
 //! a window of one unit's parameters and activations.
 
+use super::sink::{sink, take, Sink};
 use super::unit::{at_rest, Unit};
 use crate::autograd::{enable_grad_guard, no_grad, record, recording};
 use crate::dtensor::DTensor;
@@ -13,7 +14,6 @@ use crate::element::Element;
 use crate::error::Result;
 use crate::module::{Forward, Module};
 use crate::rng::{rng_state, set_rng_state};
-use std::sync::{Arc, Mutex};
 
 /// `module.forward(x)` with the unit's parameters gathered, recorded to be recomputed by the
 /// backward (module: the unit's, its parameters at rest).
@@ -47,26 +47,6 @@ where
         let y = unit.run_on(&module, &sunk[1..], None, |m| m.forward(&sunk[0]));
         set_rng_state(after);
         y?.backward_with(g)?;
-        Ok(sinks.iter().map(|s| s.as_ref().and_then(|c| c.lock().unwrap_or_else(|e| e.into_inner()).take())).collect())
+        Ok(sinks.iter().map(take).collect())
     }))
-}
-
-/// Where a sink leaves its gradient.
-type Sink<T> = Option<Arc<Mutex<Option<DTensor<T>>>>>;
-
-/// `t` (no history) as an op output whose backward keeps the gradient it receives and passes
-/// nothing on.
-fn sink<T: Element>(t: &DTensor<T>) -> (DTensor<T>, Sink<T>) {
-    let cell: Arc<Mutex<Option<DTensor<T>>>> = Arc::new(Mutex::new(None));
-    let keep = Arc::clone(&cell);
-    let leaf = t.detach().requires_grad_(true);
-    let out = record("fsdp_recompute_input", leaf.detach(), &[&leaf], move |g| {
-        let mut c = keep.lock().unwrap_or_else(|e| e.into_inner());
-        *c = Some(match c.take() {
-            Some(prev) => prev.add(g)?,
-            None => g.detach(),
-        });
-        Ok(vec![None])
-    });
-    (out, Some(cell))
 }

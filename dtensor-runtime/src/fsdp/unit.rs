@@ -13,6 +13,27 @@ use crate::placement::Placement;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 
+/// A parameter's unreduced gradient `g` (in its in-use layout), plus what was buffered: while
+/// sync is off, buffered (`None` goes on); with sync on, reduce-scattered into the resting layout
+/// (through `dtype` when given).
+pub(super) fn settle_gradient<T: Element>(
+    sync: &AtomicBool,
+    info: &Param<T>,
+    g: DTensor<T>,
+    dtype: Option<DType>,
+) -> Result<Option<DTensor<T>>> {
+    let mut buffered = info.stash.lock().unwrap_or_else(|e| e.into_inner());
+    let g = match buffered.take() {
+        Some(b) => b.add(&g)?,
+        None => g,
+    };
+    if !sync.load(Ordering::SeqCst) {
+        *buffered = Some(g);
+        return Ok(None);
+    }
+    Ok(Some(redistribute_grad(&g, &info.stored, dtype, "fsdp_reduce_scatter")?))
+}
+
 /// Unreduced gradients kept while gradient synchronisation is off (one per parameter).
 type Stash<T> = Arc<Mutex<Option<DTensor<T>>>>;
 
@@ -59,8 +80,9 @@ pub(super) struct Unit<T: Element> {
 }
 
 impl<T: Element> Unit<T> {
-    /// `p` (at rest) in its in-use layout, without history.
-    pub(super) fn gather_data(&self, p: &DTensor<T>, info: &Param<T>) -> Result<DTensor<T>> {
+    /// `p` (at rest) in its in-use layout, without history. `p` may be of another element
+    /// type than the unit's (a mixed-precision unit gathers its masters cast to the module's).
+    pub(super) fn gather_data<E: Element>(&self, p: &DTensor<E>, info: &Param<T>) -> Result<DTensor<E>> {
         if !info.sharded() {
             return Ok(p.detach());
         }
@@ -116,7 +138,23 @@ impl<T: Element> Unit<T> {
         f(&running)
     }
 
-    fn changed(&self, what: String) -> Error {
+    /// The same unit for parameters of element type `S` (fresh gradient buffers; the
+    /// synchronisation flag is shared).
+    pub(super) fn retyped<S: Element>(&self) -> Unit<S> {
+        Unit {
+            name: self.name.clone(),
+            id: self.id,
+            mesh: self.mesh.clone(),
+            mesh_dim: self.mesh_dim,
+            reduce_dtype: self.reduce_dtype,
+            params: Arc::new(
+                self.params.iter().map(|p| Param::new(p.name.clone(), p.in_use.clone(), p.stored.clone())).collect(),
+            ),
+            sync: Arc::clone(&self.sync),
+        }
+    }
+
+    pub(super) fn changed(&self, what: String) -> Error {
         Error::FullyShard {
             module: self.name.clone(),
             reason: format!("the module {what}: its parameters changed after fully_shard"),
@@ -127,19 +165,23 @@ impl<T: Element> Unit<T> {
     /// gradient into the shard's layout, or buffers it while sync is off (in the parameters'
     /// dtype, unreduced and unsharded).
     fn on_tape(&self, data: DTensor<T>, shard: &DTensor<T>, info: &Param<T>) -> DTensor<T> {
-        let (sync, stash, target, dtype) =
-            (Arc::clone(&self.sync), Arc::clone(&info.stash), info.stored.clone(), self.reduce_dtype);
+        let (sync, info, dtype) = (Arc::clone(&self.sync), info.clone(), self.reduce_dtype);
         record("fsdp_reduce_scatter", data, &[shard], move |g| {
-            let mut buffered = stash.lock().unwrap_or_else(|e| e.into_inner());
-            let g = match buffered.take() {
-                Some(b) => b.add(g)?,
-                None => g.detach(),
-            };
-            if !sync.load(Ordering::SeqCst) {
-                *buffered = Some(g);
-                return Ok(vec![None]);
-            }
-            Ok(vec![Some(redistribute_grad(&g, &target, dtype, "fsdp_reduce_scatter")?)])
+            Ok(vec![settle_gradient(&sync, &info, g.detach(), dtype)?])
         })
     }
+}
+
+/// Declared in-use layouts mapped to the layouts the parameters rest in.
+pub(super) fn at_rest_declared<T: Element>(
+    declared: Vec<(String, Vec<Placement>)>,
+    params: &[Param<T>],
+) -> Vec<(String, Vec<Placement>)> {
+    declared
+        .into_iter()
+        .map(|(n, decl)| match params.iter().find(|p| p.name == n && p.in_use == decl) {
+            Some(p) => (n, p.stored.clone()),
+            None => (n, decl),
+        })
+        .collect()
 }
