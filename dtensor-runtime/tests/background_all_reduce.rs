@@ -204,3 +204,51 @@ fn started_all_reduce_of_host_and_non_host_bytes_matches_the_blocking_one() {
         }
     });
 }
+
+/// `DeviceMesh::all_gather_v_start` (FSDP's prefetch): every member's elements in group order,
+/// equal to the blocking `all_gather_v`, with uneven and empty blocks, on both dims of a mesh
+/// and the whole world; queued behind a started all-reduce of the same group, alongside a
+/// blocking collective of the other.
+#[test]
+fn a_started_all_gather_equals_the_blocking_one() {
+    let out = run(4, |ctx| {
+        let mesh = ctx.init_device_mesh(&[2, 2], &["dp", "tp"])?;
+        let me = ctx.rank();
+        for along in [Along::Dim(0), Along::Dim(1), Along::All] {
+            let n = match along {
+                Along::Dim(d) => mesh.size(d),
+                _ => 4,
+            };
+            for base in [0usize, 1, 3, 10_000] {
+                // member k sends base + k elements (member 0 of a 1-element base: one, of 0: none)
+                let counts: Vec<usize> = (0..n).map(|k| base * k / 2 + k % 2).collect();
+                let k = match along {
+                    Along::Dim(d) => mesh.coordinate()[d],
+                    _ => me,
+                };
+                let mine: Vec<f64> = input(me, counts[k]);
+                let want = mesh.all_gather_v(along, &mine, &counts)?;
+                let got = mesh.all_gather_v_start(along, mine, &counts)?.wait()?;
+                assert_eq!(got, want, "{along:?} counts {counts:?}");
+            }
+        }
+        // ordering: a started all-reduce and a started all-gather on dp, a blocking tp
+        // collective alongside, waited for in reverse
+        let reduce = mesh.all_reduce_start(Along::Dim(0), vec![me as f64; 3], ReduceOp::Sum)?;
+        let gather = mesh.all_gather_v_start(Along::Dim(0), vec![me as f64; 2], &[2, 2])?;
+        let mut t = vec![1.0f64];
+        mesh.all_reduce(Along::Dim(1), &mut t, ReduceOp::Sum)?;
+        let g = gather.wait()?;
+        let r = reduce.wait()?;
+        Ok((g, r, t))
+    })
+    .unwrap();
+    for (rank, (g, r, t)) in out.into_iter().enumerate() {
+        // the dp group of rank (dp, tp) = 2·dp + tp: the ranks of its tp coordinate
+        let dp = [rank % 2, rank % 2 + 2];
+        let want_g: Vec<f64> = dp.iter().flat_map(|&r| [r as f64; 2]).collect();
+        assert_eq!(g, want_g, "rank {rank}");
+        assert_eq!(r, vec![dp.iter().sum::<usize>() as f64; 3]);
+        assert_eq!(t, vec![2.0]);
+    }
+}

@@ -52,8 +52,13 @@ fn batch(step: usize) -> ArrayD<f64> {
     ArrayD::from_shape_vec(vec![BATCH, DIM], v).unwrap()
 }
 
-/// Two blocks, each its own FSDP unit; one optimizer steps them all (by their `i.` names).
+/// Two blocks, each its own FSDP unit with forward prefetch; one optimizer steps them all (by
+/// their `i.` names).
 fn blocks(mesh: &DeviceMesh, mode: Mode) -> Result<Sequential<FullyShard<f64, Block>>> {
+    blocks_prefetching(mesh, mode, true)
+}
+
+fn blocks_prefetching(mesh: &DeviceMesh, mode: Mode, prefetch: bool) -> Result<Sequential<FullyShard<f64, Block>>> {
     manual_seed(7);
     let blocks = (0..2)
         .map(|i| {
@@ -65,7 +70,10 @@ fn blocks(mesh: &DeviceMesh, mode: Mode) -> Result<Sequential<FullyShard<f64, Bl
                 b = parallelize_module(b, mesh, &plan)?;
             }
             let dim = if mode == Mode::Reference { mesh.dim_names()[0].clone() } else { fsdp_dim.to_string() };
-            let opts = FullyShardOptions::on(&dim).named(&format!("blocks.{i}")).reshard_after_forward(mode.reshard());
+            let opts = FullyShardOptions::on(&dim)
+                .named(&format!("blocks.{i}"))
+                .reshard_after_forward(mode.reshard())
+                .forward_prefetch(prefetch);
             fully_shard(b, mesh, &opts)
         })
         .collect::<Result<_>>()?;
@@ -606,4 +614,123 @@ fn clip_grad_norm_propagates_nan_and_skips_empty_gradients() {
         Ok(())
     })
     .unwrap();
+}
+
+/// `Sequential` prefetches units made with `forward_prefetch`: unit 1's all-gathers are
+/// issued before unit 0 computes (its row-parallel w2 all-reduces over tp), and the result is
+/// the one without prefetch.
+#[test]
+fn sequential_prefetches_the_next_unit() {
+    run(4, |ctx| {
+        let mesh = ctx.init_device_mesh(&[2, 2], &["dp", "tp"])?;
+        let model = blocks(&mesh, Mode::FsdpTp)?;
+        let x = distribute_tensor(batch(0), &mesh, &input_placements(Mode::FsdpTp), None)?;
+        let rng = dtensor_runtime::rng::rng_state();
+        let comm = CommDebugMode::new();
+        let y = comm.scope(|| model.forward(&x))?;
+        let kinds: Vec<(CollectiveKind, String)> =
+            comm.records().iter().map(|r| (r.kind, r.mesh_dim_label().to_string())).collect();
+        let first_tp = kinds.iter().position(|k| k.1 == "tp").expect("w2 all-reduces over tp");
+        let gathers_before = kinds[..first_tp].iter().filter(|k| k.0 == CollectiveKind::AllGather).count();
+        // 5 sharded parameters per block (w1.bias stays replicated on dp): both blocks'
+        assert_eq!(gathers_before, 10, "{kinds:?}");
+        assert_eq!(comm.count_for_op(CollectiveKind::AllGather, "fsdp_all_gather"), 10);
+        // without forward_prefetch, only the first block's before it computes
+        let plain = blocks_prefetching(&mesh, Mode::FsdpTp, false)?;
+        let comm = CommDebugMode::new();
+        comm.scope(|| plain.forward(&x))?;
+        let records = comm.records();
+        let first_tp = records.iter().position(|r| r.mesh_dim_label() == "tp").expect("w2 all-reduces over tp");
+        assert_eq!(records[..first_tp].iter().filter(|r| r.kind == CollectiveKind::AllGather).count(), 5);
+        // unit by unit, without prefetch: the same numbers
+        dtensor_runtime::rng::set_rng_state(rng);
+        let mut h = x.clone();
+        for b in &model.0 {
+            h = b.call(|m| m.forward(&h))?;
+        }
+        assert_eq!(y.full_tensor()?, h.full_tensor()?);
+        Ok(())
+    })
+    .unwrap();
+}
+
+/// A prefetch from shards an optimizer step has since replaced is not used: the forward
+/// gathers the new ones (and equals a forward without prefetch); an explicit prefetch is
+/// consumed by one forward only.
+#[test]
+fn a_stale_prefetch_is_gathered_again() {
+    run(2, |ctx| {
+        let mesh = ctx.init_device_mesh(&[2], &["dp"])?;
+        let mut model = blocks(&mesh, Mode::Fsdp)?;
+        let x = distribute_tensor(batch(0), &mesh, &[Shard(0)], None)?;
+        let h = model.forward(&x)?;
+        h.mul(&h)?.mean()?.backward()?;
+        model.0[0].unshard_async()?;
+        AdamW::new(1e-1).step(&mut model)?; // replaces every shard
+        let rng = dtensor_runtime::rng::rng_state();
+        let comm = CommDebugMode::new();
+        let fresh = comm.scope(|| model.0[0].forward(&x))?;
+        assert_eq!(comm.count(CollectiveKind::AllGather), 6, "gathered again from the stepped shards");
+        dtensor_runtime::rng::set_rng_state(rng);
+        let again = model.0[0].forward(&x)?;
+        assert_eq!(fresh.full_tensor()?, again.full_tensor()?);
+        // a fresh prefetch is used once: the forward after it gathers nothing, the next does
+        model.0[0].unshard_async()?;
+        let comm = CommDebugMode::new();
+        comm.scope(|| model.0[0].forward(&x))?;
+        assert_eq!(comm.count(CollectiveKind::AllGather), 0);
+        comm.scope(|| model.0[0].forward(&x))?;
+        assert_eq!(comm.count(CollectiveKind::AllGather), 6);
+        Ok(())
+    })
+    .unwrap();
+}
+
+/// A rank that fails while its peers prefetch ends every peer with its error, no hang.
+#[test]
+fn a_rank_failing_during_a_prefetch_ends_every_peer() {
+    let start = std::time::Instant::now();
+    let r = run(4, |ctx| {
+        let mesh = ctx.init_device_mesh(&[4], &["dp"])?;
+        let model = blocks(&mesh, Mode::Fsdp)?;
+        let x = distribute_tensor(batch(0), &mesh, &[Shard(0)], None)?;
+        if mesh.rank() == 2 {
+            return Err(Error::InvalidArgument { context: "test".into(), reason: "injected failure".into() });
+        }
+        model.forward(&x).map(|_| ())
+    });
+    let e = r.expect_err("the step cannot succeed");
+    assert!(e.to_string().contains("injected failure"), "{e}");
+    assert!(start.elapsed() < std::time::Duration::from_secs(30), "took {:?}", start.elapsed());
+}
+
+/// Prefetched gathers of uneven and empty shards, on dim 0 (4 ranks over 3 rows) and on dim 1
+/// under tensor parallelism (5 columns over 2 ranks, the rows split by tp), give the forward
+/// of a plain gather bit for bit.
+#[test]
+fn prefetch_of_uneven_shards_on_any_dim() {
+    for (shape, names, colwise) in [(vec![4], vec!["dp"], false), (vec![2, 2], vec!["dp", "tp"], true)] {
+        run(4, move |ctx| {
+            let mesh = ctx.init_device_mesh(&shape, &names)?;
+            manual_seed(3);
+            let mut lin = Linear::<f64>::new(5, 3 + usize::from(colwise), true)?;
+            if colwise {
+                let col = ColwiseParallel::new();
+                lin = parallelize_module(lin, &mesh, &[("", &col as &dyn ParallelStyle)])?;
+            }
+            let lin = fully_shard(lin, &mesh, &FullyShardOptions::on("dp"))?;
+            let x = ArrayD::from_shape_vec(vec![4, 5], (0..20).map(|i| (i as f64 / 7.0).sin()).collect()).unwrap();
+            let mut pl = vec![Shard(0)];
+            pl.resize(shape.len(), Placement::Replicate);
+            let x = distribute_tensor(&x, &mesh, &pl, None)?;
+            let plain = lin.forward(&x)?.full_tensor()?;
+            lin.unshard_async()?;
+            let comm = CommDebugMode::new();
+            let prefetched = comm.scope(|| lin.forward(&x))?;
+            assert_eq!(comm.count(CollectiveKind::AllGather), 0, "the forward used the prefetch");
+            assert_eq!(prefetched.full_tensor()?, plain);
+            Ok(())
+        })
+        .unwrap();
+    }
 }

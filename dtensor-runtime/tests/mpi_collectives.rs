@@ -373,6 +373,25 @@ fn started_all_reduce_matches_blocking(ctx: &RankCtx) -> Result<Outcome, String>
     close(&b, &sum(0, 1), "second started")?;
     close(&c, &sum(0, 2), "blocking dp after two started")?;
     close(&d, &sum(1, 3), "blocking tp alongside")?;
+    // A started all-gather (FSDP's prefetch; run at once on MPI) equals the blocking one,
+    // uneven and empty blocks included, behind a started all-reduce of the same group.
+    for along in [Along::Dim(0), Along::Dim(1), Along::All] {
+        let (k, n) = match along {
+            Along::Dim(d) => (mesh.coordinate()[d], mesh.size(d)),
+            _ => (me, mesh.ranks().len()),
+        };
+        for base in [0usize, 1, 3, 10_000] {
+            let counts: Vec<usize> = (0..n).map(|j| base * j / 2 + j % 2).collect();
+            let mine: Vec<f64> = (0..counts[k]).map(|i| val(DType::F64, me, i)).collect();
+            let want = mesh.all_gather_v(along, &mine, &counts).map_err(fail)?;
+            let before = mesh.all_reduce_start(along, v(4), ReduceOp::Sum).map_err(fail)?;
+            let got = mesh.all_gather_v_start(along, mine, &counts).map_err(fail)?.wait().map_err(fail)?;
+            before.wait().map_err(fail)?;
+            if got != want {
+                return Err(format!("all_gather_v_start {along:?} counts {counts:?}: started ≠ blocking"));
+            }
+        }
+    }
     Ok(Outcome::Pass)
 }
 

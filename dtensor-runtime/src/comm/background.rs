@@ -1,4 +1,5 @@
-//! A per-rank worker thread that runs started collectives in the order they were started,
+//! A per-rank worker thread that runs started collectives (all-reduces, the all-gathers of
+//! FSDP's prefetch) in the order they were started,
 //! for backends whose blocking collectives may run on a second thread of the same rank while
 //! the first runs collectives on other groups (the thread backend: one rendezvous per group).
 //!
@@ -16,15 +17,16 @@ use std::sync::mpsc;
 
 type Reply = mpsc::Sender<Result<Box<dyn OwnedBytes>>>;
 
+/// A started collective: run on the worker's communicator, it returns the owned buffer its
+/// result is in.
+pub(crate) type Work = Box<dyn FnOnce(&dyn Communicator) -> Result<Box<dyn OwnedBytes>> + Send>;
+
 struct Job {
-    group: Vec<usize>,
-    buf: Box<dyn OwnedBytes>,
-    dtype: DType,
-    op: ReduceOp,
+    work: Work,
     reply: Reply,
 }
 
-/// The worker of one rank: a queue of all-reduces and the thread that runs them.
+/// The worker of one rank: a queue of started collectives and the thread that runs them.
 pub(crate) struct Background {
     backend: &'static str,
     queue: mpsc::Sender<Job>,
@@ -45,10 +47,10 @@ impl Background {
         std::thread::Builder::new()
             .name(format!("dtensor-comm-{}", comm.rank()))
             .spawn(move || {
-                for mut job in rx {
-                    let r = pending::reduce_now(comm.as_ref(), &job.group, job.buf.as_mut(), job.dtype, job.op);
+                for job in rx {
+                    let r = (job.work)(comm.as_ref());
                     // The caller may have dropped its handle: then nobody wants the result.
-                    let _ = job.reply.send(r.map(|()| job.buf));
+                    let _ = job.reply.send(r);
                 }
             })
             .map_err(|e| Error::Backend {
@@ -62,14 +64,19 @@ impl Background {
     pub(crate) fn all_reduce(
         &self,
         group: &[usize],
-        buf: Box<dyn OwnedBytes>,
+        mut buf: Box<dyn OwnedBytes>,
         dtype: DType,
         op: ReduceOp,
     ) -> PendingAllReduce {
+        let group = group.to_vec();
+        self.start(Box::new(move |c| pending::reduce_now(c, &group, buf.as_mut(), dtype, op).map(|()| buf)))
+    }
+
+    /// Queues `work`.
+    pub(crate) fn start(&self, work: Work) -> PendingAllReduce {
         let (reply, rx) = mpsc::channel();
-        let job = Job { group: group.to_vec(), buf, dtype, op, reply };
-        if let Err(mpsc::SendError(job)) = self.queue.send(job) {
-            // The worker is gone (it panicked): say so, and hand nothing back half-reduced.
+        if let Err(mpsc::SendError(job)) = self.queue.send(Job { work, reply }) {
+            // The worker is gone (it panicked): say so, and hand nothing back half-done.
             drop(job);
             return PendingAllReduce::done(Err(Error::Backend {
                 backend: self.backend.into(),

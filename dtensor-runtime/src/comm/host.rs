@@ -142,6 +142,17 @@ pub unsafe trait HostCollectives: Send + Sync + fmt::Debug {
     ) -> Result<PendingAllReduce> {
         pending::run_now(self, group, buf, dtype, op)
     }
+    /// [`Communicator::all_gather_v_start`]. The default ([`pending::gather_now`]) runs the
+    /// blocking all-gather at once.
+    fn all_gather_v_start(
+        &self,
+        group: &[usize],
+        send: Box<dyn OwnedBytes>,
+        counts: &[usize],
+        recv: Box<dyn OwnedBytes>,
+    ) -> Result<PendingAllReduce> {
+        pending::gather_now(self, group, send, counts, recv)
+    }
 }
 
 // SAFETY: host receive buffers go to the kernels as they are (each upholds the contract);
@@ -249,5 +260,14 @@ unsafe impl<H: HostCollectives + ?Sized> Communicator for H {
         op: ReduceOp,
     ) -> Result<PendingAllReduce> {
         HostCollectives::all_reduce_start(self, group, buf, dtype, op)
+    }
+    fn all_gather_v_start(
+        &self,
+        group: &[usize],
+        send: Box<dyn OwnedBytes>,
+        counts: &[usize],
+        recv: Box<dyn OwnedBytes>,
+    ) -> Result<PendingAllReduce> {
+        HostCollectives::all_gather_v_start(self, group, send, counts, recv)
     }
 }

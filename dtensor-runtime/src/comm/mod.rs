@@ -241,4 +241,20 @@ pub unsafe trait Communicator: Send + Sync + fmt::Debug {
     ) -> Result<PendingAllReduce> {
         pending::run_now(self, group, buf, dtype, op)
     }
+    /// Starts an [`all_gather_v`](Self::all_gather_v) (`counts` bytes per member) of the owned
+    /// host buffer `send` into the owned host buffer `recv` (`Σ counts` bytes) that may
+    /// complete in the background; [`PendingAllReduce::wait`] returns `recv`, filled. The
+    /// ordering contract of [`all_reduce_start`](Self::all_reduce_start) applies.
+    ///
+    /// The default ([`pending::gather_now`]) runs the blocking `all_gather_v` at once; the
+    /// thread backend queues it to the rank's worker thread.
+    fn all_gather_v_start(
+        &self,
+        group: &[usize],
+        send: Box<dyn OwnedBytes>,
+        counts: &[usize],
+        recv: Box<dyn OwnedBytes>,
+    ) -> Result<PendingAllReduce> {
+        pending::gather_now(self, group, send, counts, recv)
+    }
 }

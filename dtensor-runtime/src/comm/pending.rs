@@ -79,6 +79,36 @@ pub fn run_now<C: Communicator + ?Sized>(
     Ok(PendingAllReduce::done(Ok(buf)))
 }
 
+/// The default [`Communicator::all_gather_v_start`]: the blocking
+/// [`all_gather_v`](Communicator::all_gather_v) of the host buffers `send` into `recv`, at once.
+pub fn gather_now<C: Communicator + ?Sized>(
+    c: &C,
+    group: &[usize],
+    mut send: Box<dyn OwnedBytes>,
+    counts: &[usize],
+    mut recv: Box<dyn OwnedBytes>,
+) -> Result<PendingAllReduce> {
+    gather_into(c, group, send.as_mut(), counts, recv.as_mut())?;
+    Ok(PendingAllReduce::done(Ok(recv)))
+}
+
+/// [`Communicator::all_gather_v`] of two owned host buffers.
+pub(crate) fn gather_into<C: Communicator + ?Sized>(
+    c: &C,
+    group: &[usize],
+    send: &mut dyn OwnedBytes,
+    counts: &[usize],
+    recv: &mut dyn OwnedBytes,
+) -> Result<()> {
+    let (Some(send), Some(recv)) = (send.host_mut(), recv.host_mut()) else {
+        return Err(Error::Backend {
+            backend: c.backend().into(),
+            message: "a started all-gather takes host buffers only".into(),
+        });
+    };
+    c.all_gather_v(group, Buf::Host(send), counts, recv.into())
+}
+
 /// How a backend completes a started collective.
 pub trait Completion: Send {
     /// Blocks until the collective completed on this rank; the reduced buffer, or why it failed.

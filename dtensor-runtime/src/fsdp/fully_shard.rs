@@ -1,6 +1,7 @@
 //! `fully_shard`: a module whose parameters rest sharded over one mesh dim, are all-gathered
 //! for its forward, and whose gradients are reduce-scattered back into the shards.
 
+use super::prefetch;
 use super::reshard::forward_recomputed;
 use super::unit::{at_rest, at_rest_declared, Param, Unit};
 use super::{memory_plan, resting_layout, FullyShardOptions, MemoryPlan, OptimizerMemory, ParamSpec};
@@ -30,6 +31,7 @@ pub struct FullyShard<T: Element, M> {
     module: M,
     unit: Unit<T>,
     reshard_after_forward: bool,
+    forward_prefetch: bool,
     unsharded: Mutex<Option<Vec<DTensor<T>>>>,
 }
 
@@ -76,17 +78,25 @@ pub fn fully_shard<T: Element, M: Module<T>>(
     mesh: &DeviceMesh,
     options: &FullyShardOptions,
 ) -> Result<FullyShard<T, M>> {
-    shard(module, mesh, options, None)
+    let (module, unit) = shard(module, mesh, options, None)?;
+    Ok(FullyShard {
+        module,
+        unit,
+        reshard_after_forward: options.reshard_after_forward,
+        forward_prefetch: options.forward_prefetch,
+        unsharded: Mutex::new(None),
+    })
 }
 
-/// [`fully_shard`]; `masters`: the dtype a mixed-precision unit keeps its masters in (the
-/// ranks agree on it too).
+/// [`fully_shard`]'s work: the module with its parameters at rest, and how its unit gathers;
+/// `masters`: the dtype a mixed-precision unit keeps its masters in (the ranks agree on it
+/// too).
 pub(super) fn shard<T: Element, M: Module<T>>(
     mut module: M,
     mesh: &DeviceMesh,
     options: &FullyShardOptions,
     masters: Option<DType>,
-) -> Result<FullyShard<T, M>> {
+) -> Result<(M, Unit<T>)> {
     let name = options.name.clone().unwrap_or_else(|| short_type_name::<M>());
     let refuse = |reason: String| Error::FullyShard { module: name.clone(), reason };
     let mesh_dim = mesh.dim_index(&options.mesh_dim).map_err(|_| {
@@ -114,20 +124,16 @@ pub(super) fn shard<T: Element, M: Module<T>>(
         }
     }
     static UNITS: AtomicU64 = AtomicU64::new(0);
-    Ok(FullyShard {
-        module,
-        unit: Unit {
-            name,
-            id: UNITS.fetch_add(1, Ordering::Relaxed),
-            mesh: mesh.clone(),
-            mesh_dim,
-            reduce_dtype: options.reduce_dtype,
-            params: Arc::new(params),
-            sync: Arc::new(AtomicBool::new(true)),
-        },
-        reshard_after_forward: options.reshard_after_forward,
-        unsharded: Mutex::new(None),
-    })
+    let unit = Unit {
+        name,
+        id: UNITS.fetch_add(1, Ordering::Relaxed),
+        mesh: mesh.clone(),
+        mesh_dim,
+        reduce_dtype: options.reduce_dtype,
+        params: Arc::new(params),
+        sync: Arc::new(AtomicBool::new(true)),
+    };
+    Ok((module, unit))
 }
 
 /// Each parameter's in-use and resting layouts, or why the module is refused.
@@ -201,8 +207,8 @@ fn agree<T: Element, M: Module<T>>(
         Some(params) => {
             let mut h = DefaultHasher::new();
             let dtype = |d: Option<DType>| d.map(|d| d.to_string());
-            (dtype(options.reduce_dtype), options.reshard_after_forward, dtype(masters), T::DTYPE.to_string())
-                .hash(&mut h);
+            let when = (options.reshard_after_forward, options.forward_prefetch);
+            (dtype(options.reduce_dtype), when, dtype(masters), T::DTYPE.to_string()).hash(&mut h);
             for ((name, p), info) in module.named_parameters().iter().zip(params) {
                 (name, p.shape(), fmt_placements(&info.stored), p.requires_grad()).hash(&mut h);
             }
@@ -240,11 +246,6 @@ pub(super) fn short_type_name<M>() -> String {
 }
 
 impl<T: Element, M: Module<T>> FullyShard<T, M> {
-    /// The module (its parameters at rest), how the unit gathers, and whether it reshards.
-    pub(super) fn into_parts(self) -> (M, Unit<T>, bool) {
-        (self.module, self.unit, self.reshard_after_forward)
-    }
-
     /// The module's name (errors and collective records say it).
     pub fn name(&self) -> &str {
         &self.unit.name
@@ -376,8 +377,40 @@ impl<T: Element, M: Module<T>> FullyShard<T, M> {
     where
         M: Clone,
     {
-        let cached = self.unsharded.lock().unwrap_or_else(|e| e.into_inner()).clone();
-        self.unit.run_on(&self.module, &at_rest(&self.module), cached.as_deref(), f)
+        let base = at_rest(&self.module);
+        let cached = match self.unsharded.lock().unwrap_or_else(|e| e.into_inner()).clone() {
+            Some(c) => Some(c),
+            None => prefetch::prefetched(self.unit.id, &self.unit, &base)?,
+        };
+        self.unit.run_on(&self.module, &base, cached.as_deref(), f)
+    }
+
+    /// Starts all-gathering the parameters now, on the rank's background collective path
+    /// where the backend has one (the thread backend; elsewhere it runs at once), for the
+    /// next forward ([`FullyShard::call`] or [`Forward::forward`]) to use: PyTorch
+    /// `FSDPModule.unshard(async_op=True)`, and what forward prefetch
+    /// ([`FullyShardOptions::forward_prefetch`]) calls. The forward waits for them; it uses
+    /// them only if the parameters are still those they were gathered from (a step or a
+    /// replacement in between means a fresh gather). A no-op while [`FullyShard::unshard`]ed
+    /// or already started.
+    ///
+    /// Every rank must start it at the same point of its program (a collective), and the
+    /// unit's gathered parameters then live from here to its forward: one more unit's window
+    /// while the unit before computes.
+    pub fn unshard_async(&self) -> Result<()> {
+        if self.is_unsharded() || prefetch::is_started(self.unit.id) {
+            return Ok(());
+        }
+        let started = self.unit.start_gather(&at_rest(&self.module), |p| Ok(p.clone()))?;
+        prefetch::keep(self.unit.id, started);
+        Ok(())
+    }
+}
+
+impl<T: Element, M> Drop for FullyShard<T, M> {
+    /// Waits for (and drops) a prefetch nobody used, on this rank.
+    fn drop(&mut self) {
+        drop(prefetch::take::<T>(self.unit.id));
     }
 }
 
@@ -409,9 +442,19 @@ impl<T: Element, M: Module<T> + Forward<T> + Clone + Send + Sync + 'static> Forw
     /// nothing but its input, and the backward gathers and recomputes it.
     fn forward(&self, input: &DTensor<T>) -> Result<DTensor<T>> {
         if self.reshard_after_forward && is_grad_enabled() && !self.is_unsharded() {
-            forward_recomputed(&self.unit, &self.module, input)
+            let base = at_rest(&self.module);
+            let gathered = prefetch::prefetched(self.unit.id, &self.unit, &base)?;
+            forward_recomputed(&self.unit, &self.module, input, base, gathered)
         } else {
             self.run(|m| m.forward(input))
         }
+    }
+
+    /// [`FullyShard::unshard_async`] when made with [`FullyShardOptions::forward_prefetch`].
+    fn prefetch(&self) -> Result<()> {
+        if self.forward_prefetch {
+            self.unshard_async()?;
+        }
+        Ok(())
     }
 }

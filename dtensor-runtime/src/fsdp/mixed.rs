@@ -10,6 +10,7 @@
 //! resharding recomputation does.
 
 use super::fully_shard::{shard, short_type_name};
+use super::prefetch;
 use super::sink::{sink, take, Sink};
 use super::unit::{at_rest_declared, settle_gradient, Unit};
 use super::{memory_plan, FullyShardOptions, MemoryPlan, OptimizerMemory, ParamSpec};
@@ -46,6 +47,7 @@ pub struct FullyShardMixed<S: Element, C: Element, M> {
     masters: Vec<DTensor<S>>,
     unit: Unit<S>,
     reshard_after_forward: bool,
+    forward_prefetch: bool,
     unsharded: Mutex<Option<Vec<DTensor<C>>>>,
     _compute: PhantomData<fn() -> C>,
 }
@@ -99,7 +101,7 @@ pub fn fully_shard_mixed<S: Element, C: Element, M: Module<C>>(
             ),
         });
     }
-    let (mut module, unit, reshard_after_forward) = shard(module, mesh, options, Some(S::DTYPE))?.into_parts();
+    let (mut module, unit) = shard(module, mesh, options, Some(S::DTYPE))?;
     let placeholder = TensorOptions::new().mesh(mesh).placements(&vec![Placement::Replicate; mesh.ndim()]);
     let mut masters = Vec::new();
     for (_, p) in module.named_parameters_mut() {
@@ -110,7 +112,8 @@ pub fn fully_shard_mixed<S: Element, C: Element, M: Module<C>>(
         module,
         masters,
         unit: unit.retyped::<S>(),
-        reshard_after_forward,
+        reshard_after_forward: options.reshard_after_forward,
+        forward_prefetch: options.forward_prefetch,
         unsharded: Mutex::new(None),
         _compute: PhantomData,
     })
@@ -180,6 +183,18 @@ impl<S: Element, C: Element, M: Module<C>> FullyShardMixed<S, C, M> {
     /// Frees what [`FullyShardMixed::unshard`] gathered.
     pub fn reshard(&self) {
         *self.unsharded.lock().unwrap_or_else(|e| e.into_inner()) = None;
+    }
+
+    /// Starts gathering the masters (cast to `C`) for the next forward, in the background
+    /// where the backend can ([`FullyShard::unshard_async`](super::FullyShard::unshard_async)).
+    pub fn unshard_async(&self) -> Result<()> {
+        let unsharded = self.unsharded.lock().unwrap_or_else(|e| e.into_inner()).is_some();
+        if unsharded || prefetch::is_started(self.unit.id) {
+            return Ok(());
+        }
+        let started = self.unit.start_gather(&self.masters, |m| m.detach().cast::<C>())?;
+        prefetch::keep(self.unit.id, started);
+        Ok(())
     }
 
     /// Checks that the masters still rest as `fully_shard_mixed` left them.
@@ -275,21 +290,24 @@ where
     fn forward(&self, x: &DTensor<S>) -> Result<DTensor<S>> {
         self.check_masters()?;
         let cached = self.unsharded.lock().unwrap_or_else(|e| e.into_inner()).clone();
+        // gathered ahead by `prefetch` (for this forward only)
+        let ahead = match cached {
+            Some(_) => None,
+            None => prefetch::prefetched::<S, C>(self.unit.id, &self.unit, &self.masters)?,
+        };
+        let gathered = |ahead: Option<Vec<DTensor<C>>>| ahead.map_or_else(|| gather(&self.unit, &self.masters), Ok);
         let x_c = x.detach().cast::<C>()?;
         let inputs: Vec<&DTensor<S>> = std::iter::once(x).chain(&self.masters).collect();
         let needs: Vec<bool> = inputs.iter().map(|t| t.requires_grad()).collect();
         if !recording(&inputs) {
-            let params = match cached {
-                Some(c) => c,
-                None => gather(&self.unit, &self.masters)?,
-            };
+            let params = gathered(cached.or(ahead))?;
             return no_grad(|| run_with(&self.unit, &self.module, &params, &x_c))?.cast::<S>();
         }
         let (unit, module) = (self.unit.clone(), self.module.clone());
         match cached {
             None if self.reshard_after_forward => {
                 let rng = rng_state();
-                let y = no_grad(|| run_with(&unit, &module, &gather(&unit, &self.masters)?, &x_c))?;
+                let y = no_grad(|| run_with(&unit, &module, &gathered(ahead)?, &x_c))?;
                 let masters: Vec<DTensor<S>> = self.masters.iter().map(|m| m.detach()).collect();
                 Ok(record("fsdp_mixed_recompute_backward", y.cast::<S>()?, &inputs, move |g| {
                     let _recording = enable_grad_guard();
@@ -306,10 +324,7 @@ where
                 }))
             }
             cached => {
-                let params = match cached {
-                    Some(c) => c,
-                    None => gather(&unit, &self.masters)?,
-                };
+                let params = gathered(cached.or(ahead))?;
                 let (xs, x_sink) = sunk(&x_c, needs[0]);
                 let (ps, p_sinks): (Vec<_>, Vec<_>) = params.iter().zip(&needs[1..]).map(|(p, &n)| sunk(p, n)).unzip();
                 let y = run_with(&unit, &module, &ps, &xs)?;
@@ -320,6 +335,22 @@ where
                 }))
             }
         }
+    }
+
+    /// [`FullyShardMixed::unshard_async`] when made with
+    /// [`FullyShardOptions::forward_prefetch`].
+    fn prefetch(&self) -> Result<()> {
+        if self.forward_prefetch {
+            self.unshard_async()?;
+        }
+        Ok(())
+    }
+}
+
+impl<S: Element, C: Element, M> Drop for FullyShardMixed<S, C, M> {
+    /// Waits for (and drops) a prefetch nobody used, on this rank.
+    fn drop(&mut self) {
+        drop(prefetch::take::<C>(self.unit.id));
     }
 }
 

@@ -43,6 +43,7 @@ mod layout;
 mod memory;
 mod mixed;
 mod options;
+mod prefetch;
 mod reshard;
 mod sink;
 mod unit;

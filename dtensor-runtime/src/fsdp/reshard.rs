@@ -7,7 +7,7 @@
 //! a window of one unit's parameters and activations.
 
 use super::sink::{sink, take, Sink};
-use super::unit::{at_rest, Unit};
+use super::unit::Unit;
 use crate::autograd::{enable_grad_guard, no_grad, record, recording};
 use crate::dtensor::DTensor;
 use crate::element::Element;
@@ -15,17 +15,23 @@ use crate::error::Result;
 use crate::module::{Forward, Module};
 use crate::rng::{rng_state, set_rng_state};
 
-/// `module.forward(x)` with the unit's parameters gathered, recorded to be recomputed by the
-/// backward (module: the unit's, its parameters at rest).
-pub(super) fn forward_recomputed<T, M>(unit: &Unit<T>, module: &M, x: &DTensor<T>) -> Result<DTensor<T>>
+/// `module.forward(x)` with the unit's parameters gathered (from `base`, the module's
+/// parameters at rest, or prefetched: `gathered`), recorded to be recomputed by the backward.
+pub(super) fn forward_recomputed<T, M>(
+    unit: &Unit<T>,
+    module: &M,
+    x: &DTensor<T>,
+    base: Vec<DTensor<T>>,
+    gathered: Option<Vec<DTensor<T>>>,
+) -> Result<DTensor<T>>
 where
     T: Element,
     M: Module<T> + Forward<T> + Clone + Send + Sync + 'static,
 {
-    let base = at_rest(module);
     // The generator as the forward finds it: the recomputation draws the same numbers (dropout).
     let rng = rng_state();
-    let y = no_grad(|| unit.run_on(module, &base, None, |m| m.forward(x)))?;
+    let y = no_grad(|| unit.run_on(module, &base, gathered.as_deref(), |m| m.forward(x)))?;
+    drop(gathered); // the window closes with the forward
     let inputs: Vec<&DTensor<T>> = std::iter::once(x).chain(&base).collect();
     if !recording(&inputs) {
         return Ok(y);

@@ -480,6 +480,52 @@ impl DeviceMesh {
         self.all_reduce_start_of::<T, Vec<T>>(along, Box::new(buf), count, bytes, op, 0)
     }
 
+    /// Starts an [`all_gather_v`](Self::all_gather_v) of `send` (this member's
+    /// `counts[me]` elements) that completes in the background where the backend can (the
+    /// thread backend on the rank's worker thread; other backends run it at once);
+    /// [`PendingReduce::wait`] returns every member's elements, back to back in group order.
+    /// Recorded as an all-gather now; the ordering rules of
+    /// [`all_reduce_start`](Self::all_reduce_start) apply. FSDP prefetches with it.
+    ///
+    /// ```
+    /// use dtensor_runtime::Along;
+    /// let all = dtensor_runtime::run(2, |ctx| {
+    ///     let mesh = ctx.init_device_mesh(&[2], &["dp"])?;
+    ///     let mine = vec![ctx.rank() as f32; ctx.rank() + 1]; // 1 and 2 elements
+    ///     let pending = mesh.all_gather_v_start(Along::Dim(0), mine, &[1, 2])?;
+    ///     pending.wait()
+    /// }).unwrap();
+    /// assert_eq!(all[0], vec![0.0, 1.0, 1.0]);
+    /// ```
+    pub fn all_gather_v_start<T: Scalar>(
+        &self,
+        along: Along,
+        send: Vec<T>,
+        counts: &[usize],
+    ) -> Result<PendingReduce<T, Vec<T>>> {
+        let bytes = std::mem::size_of_val(send.as_slice());
+        self.all_gather_v_start_of::<T>(along, Box::new(send), bytes, counts)
+    }
+
+    /// [`all_gather_v_start`](Self::all_gather_v_start) of an owned host buffer of `bytes`
+    /// bytes (`mesh/storage.rs` starts shards).
+    pub(crate) fn all_gather_v_start_of<T: Scalar>(
+        &self,
+        along: Along,
+        send: Box<dyn OwnedBytes>,
+        bytes: usize,
+        counts: &[usize],
+    ) -> Result<PendingReduce<T, Vec<T>>> {
+        let (g, _) = self.group_of(along)?;
+        let total = variable::total("all_gather_v", counts)?;
+        let byte_counts = byte_counts::<T>("all_gather_v", counts)?;
+        self.note(CollectiveKind::AllGather, along, bytes);
+        self.agree(g, CollectiveKind::AllGather, Some(T::DTYPE), total, None, None, counts_hash(counts))?;
+        let recv = vec![<T as bytemuck::Zeroable>::zeroed(); total];
+        let pending = self.comm().all_gather_v_start(g, send, &byte_counts, Box::new(recv))?;
+        Ok(PendingReduce::register(g, pending))
+    }
+
     /// [`all_reduce_start`](Self::all_reduce_start) of an owned buffer `B` of `count` elements
     /// `T` (`bytes` bytes; host or device memory: `mesh/storage.rs` starts `Storage`s) whose
     /// fingerprint also carries `detail` ([`Fingerprint::detail`]: what a gradient bucket

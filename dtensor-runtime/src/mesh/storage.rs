@@ -17,6 +17,7 @@ use crate::mesh::DeviceMesh;
 use crate::placement::ReduceOp;
 use crate::storage::Storage;
 use std::any::Any;
+use std::sync::Arc;
 
 /// `send`'s elements as a collective's input: host bytes (borrowed when row-major) or the
 /// device bytes of a device shard.
@@ -238,4 +239,45 @@ pub(crate) fn all_to_all_v<T: Scalar>(
 ) -> Result<Storage<T>> {
     let out = mesh.all_to_all_v(along, &send.host_data()?, rows, runs, recv_counts)?;
     send.with_host_data(&[out.len()], out)
+}
+
+/// A shard as the send buffer of a started collective: shared, not copied on the caller's
+/// thread; the row-major copy the communicator reads is made when it first asks, on the
+/// thread that runs the collective (the rank's worker on the thread backend), which also
+/// frees it.
+struct SharedSend<T: Scalar> {
+    shard: Arc<Storage<T>>,
+    copy: Option<Vec<T>>,
+}
+
+impl<T: Scalar> OwnedBytes for SharedSend<T> {
+    fn host_mut(&mut self) -> Option<&mut [u8]> {
+        if self.copy.is_none() {
+            self.copy = Some(self.shard.host_data().ok()?.into_owned());
+        }
+        self.copy.as_mut().map(|v| bytemuck::cast_slice_mut(v.as_mut_slice()))
+    }
+    fn replace_by(&mut self, _run: &mut dyn FnMut(Buf<'_>, BufMut<'_>) -> Result<()>) -> Result<()> {
+        Err(crate::error::Error::Backend {
+            backend: "storage".into(),
+            message: "a shared send buffer is read, never replaced".into(),
+        })
+    }
+    fn into_any(self: Box<Self>) -> Box<dyn Any> {
+        self
+    }
+}
+
+/// [`all_gather_v_start`](DeviceMesh::all_gather_v_start) of a shard (host or device: its
+/// elements are read as host bytes): member `i`'s `counts[i]` elements, back to back in group
+/// order, when the returned handle is waited for.
+pub(crate) fn all_gather_v_start<T: Scalar>(
+    mesh: &DeviceMesh,
+    along: Along,
+    shard: &Arc<Storage<T>>,
+    counts: &[usize],
+) -> Result<PendingReduce<T, Vec<T>>> {
+    let bytes = shard.len() * std::mem::size_of::<T>();
+    let send = SharedSend { shard: Arc::clone(shard), copy: None };
+    mesh.all_gather_v_start_of::<T>(along, Box::new(send), bytes, counts)
 }

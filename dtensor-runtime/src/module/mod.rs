@@ -136,6 +136,12 @@ impl DeclaredLayouts {
 pub trait Forward<T: Element> {
     /// Runs the module on `input`.
     fn forward(&self, input: &DTensor<T>) -> Result<DTensor<T>>;
+    /// Starts, ahead of the next [`forward`](Forward::forward), the communication it will
+    /// need (an FSDP unit: the all-gathers of its parameters, in the background where the
+    /// backend can). Default: nothing. Every rank calls it at the same point of its program.
+    fn prefetch(&self) -> Result<()> {
+        Ok(())
+    }
 }
 
 /// What kind of layer a [`LayerHooks`] belongs to (styles shard weights by it).

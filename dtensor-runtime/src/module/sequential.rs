@@ -51,11 +51,26 @@ impl<T: Element, M: Module<T>> Module<T> for Sequential<M> {
 }
 
 impl<T: Element, M: Forward<T>> Forward<T> for Sequential<M> {
+    /// Runs the modules in order, each prefetching the next ([`Forward::prefetch`]): before
+    /// module `i` runs, module `i + 1`'s communication is started (FSDP units made with
+    /// `forward_prefetch`: their all-gathers run on the background path while module `i`
+    /// computes; other modules: nothing).
     fn forward(&self, input: &DTensor<T>) -> Result<DTensor<T>> {
         let mut x = input.clone();
-        for m in &self.0 {
+        for (i, m) in self.0.iter().enumerate() {
+            if let Some(next) = self.0.get(i + 1) {
+                // Module i's own gathers first (started by the step before, or now), so that
+                // they are ahead of the next module's in the background queue.
+                m.prefetch()?;
+                next.prefetch()?;
+            }
             x = m.forward(&x)?;
         }
         Ok(x)
+    }
+
+    /// The first module's [`Forward::prefetch`].
+    fn prefetch(&self) -> Result<()> {
+        self.0.first().map_or(Ok(()), |m| m.prefetch())
     }
 }

@@ -219,6 +219,19 @@ impl Drop for Departure<'_> {
 }
 
 impl ThreadComm {
+    /// This rank's background worker, started on first use.
+    fn worker(&self) -> Result<&Background> {
+        if let Some(b) = self.background.get() {
+            return Ok(b);
+        }
+        // The worker's handle shares the world, rank and sequence numbers, not the worker (so
+        // that dropping this rank's handles ends it). A lost race drops a spare worker, which
+        // then exits.
+        let own = ThreadComm { background: Arc::default(), ..self.clone() };
+        let spare = Background::spawn(Box::new(own))?;
+        Ok(self.background.get_or_init(|| spare))
+    }
+
     fn timeout_error(&self, op: &str, group: &[usize]) -> Error {
         Error::CollectiveTimeout {
             op: op.into(),
@@ -540,18 +553,37 @@ unsafe impl HostCollectives for ThreadComm {
         check::whole("all_reduce", bytes.len(), dtype)?;
         reduce::check_op(dtype, op)?;
         group::index_of("all_reduce", self.rank, group)?;
-        let worker = match self.background.get() {
-            Some(b) => b,
-            None => {
-                // The worker's handle shares the world, rank and sequence numbers, not the
-                // worker (so that dropping this rank's handles ends it). A lost race drops a
-                // spare worker, which then exits.
-                let own = ThreadComm { background: Arc::default(), ..self.clone() };
-                let spare = Background::spawn(Box::new(own))?;
-                self.background.get_or_init(|| spare)
-            }
+        Ok(self.worker()?.all_reduce(group, buf, dtype, op))
+    }
+
+    fn all_gather_v_start(
+        &self,
+        group: &[usize],
+        mut send: Box<dyn OwnedBytes>,
+        counts: &[usize],
+        mut recv: Box<dyn OwnedBytes>,
+    ) -> Result<PendingAllReduce> {
+        // Checked here so that a bad call fails on the caller's thread, as a blocking one would.
+        // (The send buffer may make its bytes only when asked: the worker asks.)
+        group::index_of("all_gather_v", self.rank, group)?;
+        let Some(r) = recv.host_mut() else {
+            return super::pending::gather_now(self, group, send, counts, recv);
         };
-        Ok(worker.all_reduce(group, buf, dtype, op))
+        if counts.len() != group.len() || counts.iter().sum::<usize>() != r.len() {
+            return Err(crate::error::Error::Backend {
+                backend: "threads".into(),
+                message: format!(
+                    "all_gather_v: counts {counts:?} for a group of {} do not fill {} bytes received",
+                    group.len(),
+                    r.len()
+                ),
+            });
+        }
+        let (group, counts) = (group.to_vec(), counts.to_vec());
+        Ok(self.worker()?.start(Box::new(move |c| {
+            super::pending::gather_into(c, &group, send.as_mut(), &counts, recv.as_mut())?;
+            Ok(recv)
+        })))
     }
 
     fn all_gather(&self, group: &[usize], send: &[u8], mut recv: RecvBuf<'_>) -> Result<()> {
