@@ -1,5 +1,5 @@
 //! FSDP forward prefetch on the thread backend: a step of a sequence of fully sharded layers
-//! made with `forward_prefetch` (`Sequential`: unit `i + 1`'s all-gathers start on the rank's
+//! made with `prefetch` (`Sequential`: unit `i + 1`'s all-gathers start on the rank's
 //! background worker before unit `i` computes) against the same layers without it, in one
 //! run: the median step time of the slowest rank, and the ratio.
 //!
@@ -47,7 +47,7 @@ fn measure(dpn: usize, width: usize, layers: usize, batch: usize, steps: usize, 
         manual_seed(0);
         let units = (0..layers)
             .map(|i| {
-                let opts = FullyShardOptions::on("dp").named(&format!("{i}")).forward_prefetch(prefetch);
+                let opts = FullyShardOptions::on("dp").named(&format!("{i}")).prefetch(prefetch);
                 fully_shard(Layer(Linear::new(width, width, true)?), &mesh, &opts)
             })
             .collect::<Result<Vec<FullyShard<f32, Layer>>>>()?;

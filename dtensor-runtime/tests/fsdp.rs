@@ -73,7 +73,7 @@ fn blocks_prefetching(mesh: &DeviceMesh, mode: Mode, prefetch: bool) -> Result<S
             let opts = FullyShardOptions::on(&dim)
                 .named(&format!("blocks.{i}"))
                 .reshard_after_forward(mode.reshard())
-                .forward_prefetch(prefetch);
+                .prefetch(prefetch);
             fully_shard(b, mesh, &opts)
         })
         .collect::<Result<_>>()?;
@@ -616,7 +616,7 @@ fn clip_grad_norm_propagates_nan_and_skips_empty_gradients() {
     .unwrap();
 }
 
-/// `Sequential` prefetches units made with `forward_prefetch`: unit 1's all-gathers are
+/// `Sequential` prefetches units made with `prefetch`: unit 1's all-gathers are
 /// issued before unit 0 computes (its row-parallel w2 all-reduces over tp), and the result is
 /// the one without prefetch.
 #[test]
@@ -635,7 +635,7 @@ fn sequential_prefetches_the_next_unit() {
         // 5 sharded parameters per block (w1.bias stays replicated on dp): both blocks'
         assert_eq!(gathers_before, 10, "{kinds:?}");
         assert_eq!(comm.count_for_op(CollectiveKind::AllGather, "fsdp_all_gather"), 10);
-        // without forward_prefetch, only the first block's before it computes
+        // without prefetch, only the first block's before it computes
         let plain = blocks_prefetching(&mesh, Mode::FsdpTp, false)?;
         let comm = CommDebugMode::new();
         comm.scope(|| plain.forward(&x))?;
@@ -733,4 +733,39 @@ fn prefetch_of_uneven_shards_on_any_dim() {
         })
         .unwrap();
     }
+}
+
+/// Backward prefetch of resharding units: unit 1's backward starts unit 0's gathers before its
+/// own gradients are reduce-scattered, unit 0's backward then gathers nothing itself; the
+/// gradients are those without prefetch, bit for bit.
+#[test]
+fn resharding_backward_prefetches_the_unit_before() {
+    let grads = |prefetch: bool| {
+        run(4, move |ctx| {
+            let mesh = ctx.init_device_mesh(&[4], &["dp"])?;
+            let model = blocks_prefetching(&mesh, Mode::FsdpReshard, prefetch)?;
+            let x = distribute_tensor(batch(0), &mesh, &[Shard(0)], None)?;
+            let h = model.forward(&x)?;
+            let loss = h.mul(&h)?.mean()?;
+            let comm = CommDebugMode::new();
+            comm.scope(|| loss.backward())?;
+            let records = comm.records();
+            let first_rs =
+                records.iter().position(|r| r.kind == CollectiveKind::ReduceScatter).expect("reduce-scatters");
+            let gathers_before = records[..first_rs].iter().filter(|r| r.kind == CollectiveKind::AllGather).count();
+            let g: Vec<Vec<f64>> = model
+                .named_parameters()
+                .into_iter()
+                .map(|(_, p)| p.grad().unwrap().full_tensor().map(|a| a.iter().copied().collect()))
+                .collect::<Result<_>>()?;
+            Ok((g, gathers_before, comm.count(CollectiveKind::AllGather)))
+        })
+        .unwrap()
+        .remove(0)
+    };
+    let (plain, before_plain, total_plain) = grads(false);
+    let (ahead, before_ahead, total_ahead) = grads(true);
+    assert_eq!((before_plain, total_plain), (6, 12), "without prefetch: unit 1's own gathers first");
+    assert_eq!((before_ahead, total_ahead), (12, 12), "with prefetch: unit 0's too");
+    assert_eq!(ahead, plain);
 }

@@ -1,8 +1,8 @@
 //! FSDP memory before launch against the real peak: `memory_plan` (from shapes and layouts
 //! alone) against each rank's heap, measured by a counting allocator per thread (each
-//! in-process rank is a thread), on 1×1, 2×1, 4×1 (FSDP) and 2×2 (FSDP × TP) meshes, with forward
-//! prefetch (one more unit's window while the unit before computes), in f64
-//! and mixed precision (f32 masters, bf16 compute).
+//! in-process rank is a thread), on 1×1, 2×1, 4×1 (FSDP) and 2×2 (FSDP × TP) meshes, with
+//! prefetch (one more unit's window while the unit before computes, forward and, resharding,
+//! backward), in f64 and mixed precision (f32 masters, bf16 compute).
 
 use dtensor_runtime::fsdp::{
     fully_shard, fully_shard_mixed, memory_plan, FullyShard, FullyShardMixed, FullyShardOptions, MemoryPlan,
@@ -37,7 +37,7 @@ fn parallel<T: Element>(i: usize, mesh: &DeviceMesh) -> Result<Linear<T>> {
 }
 
 fn options(i: usize, reshard: bool) -> FullyShardOptions {
-    FullyShardOptions::on("dp").named(&format!("layers.{i}")).reshard_after_forward(reshard).forward_prefetch(true)
+    FullyShardOptions::on("dp").named(&format!("layers.{i}")).reshard_after_forward(reshard).prefetch(true)
 }
 
 /// The plan every rank can make before launch: the in-use layouts the tensor-parallel styles

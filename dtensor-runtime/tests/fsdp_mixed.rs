@@ -81,7 +81,7 @@ fn mixed_blocks<S: Element, C: Element>(
                 let plan: Vec<(&str, &dyn ParallelStyle)> = vec![("w1", &col), ("w2", &row)];
                 b = parallelize_module(b, mesh, &plan)?;
             }
-            fully_shard_mixed::<S, C, _>(b, mesh, &opts.clone().named(&format!("blocks.{i}")).forward_prefetch(true))
+            fully_shard_mixed::<S, C, _>(b, mesh, &opts.clone().named(&format!("blocks.{i}")).prefetch(true))
         })
         .collect::<Result<_>>()?;
     Ok(Sequential(units))

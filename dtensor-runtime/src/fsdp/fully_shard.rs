@@ -31,7 +31,7 @@ pub struct FullyShard<T: Element, M> {
     module: M,
     unit: Unit<T>,
     reshard_after_forward: bool,
-    forward_prefetch: bool,
+    prefetch: bool,
     unsharded: Mutex<Option<Vec<DTensor<T>>>>,
 }
 
@@ -83,7 +83,7 @@ pub fn fully_shard<T: Element, M: Module<T>>(
         module,
         unit,
         reshard_after_forward: options.reshard_after_forward,
-        forward_prefetch: options.forward_prefetch,
+        prefetch: options.prefetch,
         unsharded: Mutex::new(None),
     })
 }
@@ -207,7 +207,7 @@ fn agree<T: Element, M: Module<T>>(
         Some(params) => {
             let mut h = DefaultHasher::new();
             let dtype = |d: Option<DType>| d.map(|d| d.to_string());
-            let when = (options.reshard_after_forward, options.forward_prefetch);
+            let when = (options.reshard_after_forward, options.prefetch);
             (dtype(options.reduce_dtype), when, dtype(masters), T::DTYPE.to_string()).hash(&mut h);
             for ((name, p), info) in module.named_parameters().iter().zip(params) {
                 (name, p.shape(), fmt_placements(&info.stored), p.requires_grad()).hash(&mut h);
@@ -389,7 +389,7 @@ impl<T: Element, M: Module<T>> FullyShard<T, M> {
     /// where the backend has one (the thread backend; elsewhere it runs at once), for the
     /// next forward ([`FullyShard::call`] or [`Forward::forward`]) to use: PyTorch
     /// `FSDPModule.unshard(async_op=True)`, and what forward prefetch
-    /// ([`FullyShardOptions::forward_prefetch`]) calls. The forward waits for them; it uses
+    /// ([`FullyShardOptions::prefetch`]) calls. The forward waits for them; it uses
     /// them only if the parameters are still those they were gathered from (a step or a
     /// replacement in between means a fresh gather). A no-op while [`FullyShard::unshard`]ed
     /// or already started.
@@ -444,15 +444,15 @@ impl<T: Element, M: Module<T> + Forward<T> + Clone + Send + Sync + 'static> Forw
         if self.reshard_after_forward && is_grad_enabled() && !self.is_unsharded() {
             let base = at_rest(&self.module);
             let gathered = prefetch::prefetched(self.unit.id, &self.unit, &base)?;
-            forward_recomputed(&self.unit, &self.module, input, base, gathered)
+            forward_recomputed(&self.unit, &self.module, input, base, gathered, self.prefetch)
         } else {
             self.run(|m| m.forward(input))
         }
     }
 
-    /// [`FullyShard::unshard_async`] when made with [`FullyShardOptions::forward_prefetch`].
+    /// [`FullyShard::unshard_async`] when made with [`FullyShardOptions::prefetch`].
     fn prefetch(&self) -> Result<()> {
-        if self.forward_prefetch {
+        if self.prefetch {
             self.unshard_async()?;
         }
         Ok(())

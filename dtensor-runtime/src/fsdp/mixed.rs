@@ -47,7 +47,7 @@ pub struct FullyShardMixed<S: Element, C: Element, M> {
     masters: Vec<DTensor<S>>,
     unit: Unit<S>,
     reshard_after_forward: bool,
-    forward_prefetch: bool,
+    prefetch: bool,
     unsharded: Mutex<Option<Vec<DTensor<C>>>>,
     _compute: PhantomData<fn() -> C>,
 }
@@ -113,7 +113,7 @@ pub fn fully_shard_mixed<S: Element, C: Element, M: Module<C>>(
         masters,
         unit: unit.retyped::<S>(),
         reshard_after_forward: options.reshard_after_forward,
-        forward_prefetch: options.forward_prefetch,
+        prefetch: options.prefetch,
         unsharded: Mutex::new(None),
         _compute: PhantomData,
     })
@@ -192,7 +192,7 @@ impl<S: Element, C: Element, M: Module<C>> FullyShardMixed<S, C, M> {
         if unsharded || prefetch::is_started(self.unit.id) {
             return Ok(());
         }
-        let started = self.unit.start_gather(&self.masters, |m| m.detach().cast::<C>())?;
+        let started = self.unit.start_gather(&self.masters, to_compute::<S, C>)?;
         prefetch::keep(self.unit.id, started);
         Ok(())
     }
@@ -223,9 +223,14 @@ impl<S: Element, C: Element, M: Module<C>> FullyShardMixed<S, C, M> {
     }
 }
 
+/// A master in the compute dtype (no history).
+fn to_compute<S: Element, C: Element>(m: &DTensor<S>) -> Result<DTensor<C>> {
+    m.detach().cast::<C>()
+}
+
 /// Every master cast to `C` and gathered into its in-use layout (no history).
 fn gather<S: Element, C: Element>(unit: &Unit<S>, masters: &[DTensor<S>]) -> Result<Vec<DTensor<C>>> {
-    masters.iter().zip(unit.params.iter()).map(|(m, info)| unit.gather_data(&m.detach().cast::<C>()?, info)).collect()
+    masters.iter().zip(unit.params.iter()).map(|(m, info)| unit.gather_data(&to_compute::<S, C>(m)?, info)).collect()
 }
 
 /// `module.forward(x)` on a shallow copy of `module` holding `params` (in the unit's order).
@@ -309,11 +314,27 @@ where
                 let rng = rng_state();
                 let y = no_grad(|| run_with(&unit, &module, &gathered(ahead)?, &x_c))?;
                 let masters: Vec<DTensor<S>> = self.masters.iter().map(|m| m.detach()).collect();
-                Ok(record("fsdp_mixed_recompute_backward", y.cast::<S>()?, &inputs, move |g| {
+                // backward prefetch, as `fully_shard`'s resharding units do (reshard.rs)
+                let (previous, start_me) = match self.prefetch {
+                    true => {
+                        (prefetch::previous(x), Some(prefetch::starter(&unit, masters.clone(), to_compute::<S, C>)))
+                    }
+                    false => (None, None),
+                };
+                let out = record("fsdp_mixed_recompute_backward", y.cast::<S>()?, &inputs, move |g| {
                     let _recording = enable_grad_guard();
+                    prefetch::unchain();
+                    let params = match prefetch::prefetched::<S, C>(unit.id, &unit, &masters)? {
+                        Some(p) => p,
+                        None => gather::<S, C>(&unit, &masters)?,
+                    };
+                    if let Some(start) = &previous {
+                        start()?;
+                    }
                     let (xs, x_sink) = sunk(&x_c, needs[0]);
                     let (ps, p_sinks): (Vec<_>, Vec<_>) =
-                        gather::<S, C>(&unit, &masters)?.iter().zip(&needs[1..]).map(|(p, &n)| sunk(p, n)).unzip();
+                        params.iter().zip(&needs[1..]).map(|(p, &n)| sunk(p, n)).unzip();
+                    drop(params);
                     // the recomputation draws the forward's random numbers (dropout)
                     let after = rng_state();
                     set_rng_state(rng);
@@ -321,7 +342,11 @@ where
                     set_rng_state(after);
                     y?.backward_with(&g.cast::<C>()?)?;
                     hand_on(&unit, &x_sink, &p_sinks)
-                }))
+                });
+                if let Some(start) = start_me {
+                    prefetch::chain(&out, start);
+                }
+                Ok(out)
             }
             cached => {
                 let params = gathered(cached.or(ahead))?;
@@ -338,9 +363,9 @@ where
     }
 
     /// [`FullyShardMixed::unshard_async`] when made with
-    /// [`FullyShardOptions::forward_prefetch`].
+    /// [`FullyShardOptions::prefetch`].
     fn prefetch(&self) -> Result<()> {
-        if self.forward_prefetch {
+        if self.prefetch {
             self.unshard_async()?;
         }
         Ok(())

@@ -36,13 +36,16 @@ pub struct FullyShardOptions {
     /// Default `false`: a parameter sharded over the mesh dim is refused (a module is fully
     /// sharded once).
     pub accept_resting: bool,
-    /// Let a container start this unit's all-gathers while the unit before it computes
-    /// ([`Forward::prefetch`](crate::module::Forward::prefetch), which
-    /// [`Sequential`](crate::module::Sequential) calls for the next module): PyTorch's
-    /// `set_modules_to_forward_prefetch`. Default `false`: on the thread backend of a 2-core
-    /// machine the background gathers compete with the compute (`benches/fsdp_prefetch.rs`:
-    /// 0.90–0.97× the speed); MPI and the device backends run the started gather at once.
-    pub forward_prefetch: bool,
+    /// Prefetch this unit's all-gathers: a container starts them while the unit before it
+    /// computes ([`Forward::prefetch`](crate::module::Forward::prefetch), which
+    /// [`Sequential`](crate::module::Sequential) calls for the next module; PyTorch's
+    /// `set_modules_to_forward_prefetch`), and with `reshard_after_forward` its backward is
+    /// gathered while the unit after it recomputes (the unit whose input is this unit's output
+    /// starts it; PyTorch's backward prefetch). Default `false`: on the thread backend of a
+    /// 2-core machine the background gathers compete with the compute
+    /// (`benches/fsdp_prefetch.rs`: 0.88–1.02× the speed); MPI and the device backends run a
+    /// started gather at once.
+    pub prefetch: bool,
 }
 
 impl FullyShardOptions {
@@ -54,7 +57,7 @@ impl FullyShardOptions {
             reduce_dtype: None,
             reshard_after_forward: false,
             accept_resting: false,
-            forward_prefetch: false,
+            prefetch: false,
         }
     }
 
@@ -78,9 +81,9 @@ impl FullyShardOptions {
         self
     }
 
-    /// Lets a container prefetch this unit (see [`FullyShardOptions::forward_prefetch`]).
-    pub fn forward_prefetch(mut self, on: bool) -> Self {
-        self.forward_prefetch = on;
+    /// Prefetches this unit's all-gathers (see [`FullyShardOptions::prefetch`]).
+    pub fn prefetch(mut self, on: bool) -> Self {
+        self.prefetch = on;
         self
     }
 

@@ -7,6 +7,7 @@
 //! never read stale.
 
 use super::unit::Unit;
+use crate::autograd::Node;
 use crate::comm::debug::op_scope;
 use crate::comm::PendingReduce;
 use crate::dtensor::DTensor;
@@ -21,7 +22,7 @@ use ndarray::{ArrayD, IxDyn};
 use std::any::Any;
 use std::cell::RefCell;
 use std::collections::HashMap;
-use std::sync::Arc;
+use std::sync::{Arc, Weak};
 
 /// One parameter's prefetch.
 enum Part<T: Element> {
@@ -180,4 +181,57 @@ pub(super) fn prefetched<S: Element, E: Element>(
         Some(p) if p.matches(shards) => Ok(Some(p.finish(unit, shards)?)),
         _ => Ok(None),
     }
+}
+
+/// Starts a unit's gathers (from the shards its forward saw) unless started already.
+pub(super) type Starter = Arc<dyn Fn() -> Result<()> + Send + Sync>;
+
+/// How to start gathering unit `unit` from `shards` (converted by `to`) ahead of its backward.
+pub(super) fn starter<S: Element, E: Element>(
+    unit: &Unit<S>,
+    shards: Vec<DTensor<S>>,
+    to: fn(&DTensor<S>) -> Result<DTensor<E>>,
+) -> Starter {
+    let unit = unit.clone();
+    Arc::new(move || {
+        if !is_started(unit.id) {
+            keep(unit.id, unit.start_gather(&shards, to)?);
+        }
+        Ok(())
+    })
+}
+
+thread_local! {
+    /// The last prefetching, resharding unit's forward on this thread: its output's node and
+    /// how to start its gathers (for the backward prefetch of the unit whose input that output
+    /// is).
+    static LAST: RefCell<Option<(Box<dyn Any>, Starter)>> = const { RefCell::new(None) };
+}
+
+/// Records `out` (a resharding unit's output, recorded on the tape) as the last such output,
+/// with how to start its unit's gathers.
+pub(super) fn chain<S: Element>(out: &DTensor<S>, start: Starter) {
+    if let Some(node) = &out.autograd.node {
+        let weak: Weak<Node<S>> = Arc::downgrade(node);
+        LAST.with(|l| *l.borrow_mut() = Some((Box::new(weak), start)));
+    }
+}
+
+/// The starter of the unit whose output `x` is, if `x` is the last recorded resharding output:
+/// the backward reaching this unit then prefetches that one (the units run back to back, so
+/// its backward comes next). Decided by the program alone (the same on every rank): the node
+/// is compared while its allocation is held (a `Weak`), so an address is never reused.
+pub(super) fn previous<S: Element>(x: &DTensor<S>) -> Option<Starter> {
+    let node = x.autograd.node.as_ref()?;
+    LAST.with(|l| {
+        let last = l.borrow();
+        let (weak, start) = last.as_ref()?;
+        let weak = weak.downcast_ref::<Weak<Node<S>>>()?;
+        (Weak::as_ptr(weak) == Arc::as_ptr(node)).then(|| Arc::clone(start))
+    })
+}
+
+/// Forgets the last resharding output (a backward has begun).
+pub(super) fn unchain() {
+    let _ = LAST.try_with(|l| l.borrow_mut().take());
 }

@@ -6,6 +6,7 @@
 //! recomputed instead (activation checkpointing of the unit): one more forward per step, for
 //! a window of one unit's parameters and activations.
 
+use super::prefetch;
 use super::sink::{sink, take, Sink};
 use super::unit::Unit;
 use crate::autograd::{enable_grad_guard, no_grad, record, recording};
@@ -16,13 +17,15 @@ use crate::module::{Forward, Module};
 use crate::rng::{rng_state, set_rng_state};
 
 /// `module.forward(x)` with the unit's parameters gathered (from `base`, the module's
-/// parameters at rest, or prefetched: `gathered`), recorded to be recomputed by the backward.
+/// parameters at rest, or prefetched: `gathered`), recorded to be recomputed by the backward;
+/// `prefetch`: its backward prefetches the unit before it ([`prefetch::previous`]).
 pub(super) fn forward_recomputed<T, M>(
     unit: &Unit<T>,
     module: &M,
     x: &DTensor<T>,
     base: Vec<DTensor<T>>,
     gathered: Option<Vec<DTensor<T>>>,
+    prefetch: bool,
 ) -> Result<DTensor<T>>
 where
     T: Element,
@@ -41,8 +44,20 @@ where
     // shallow copy of the module, the unit.
     let saved: Vec<DTensor<T>> = inputs.iter().map(|t| t.detach()).collect();
     let (unit, module) = (unit.clone(), module.clone());
-    Ok(record("fsdp_recompute_backward", y, &inputs, move |g| {
+    // Backward prefetch: this unit's backward starts the gathers of the unit whose output is
+    // its input (its backward comes next), and chains itself for the unit after it.
+    let (previous, start_me) = match prefetch {
+        true => (prefetch::previous(x), Some(prefetch::starter(&unit, saved[1..].to_vec(), |p| Ok(p.clone())))),
+        false => (None, None),
+    };
+    let out = record("fsdp_recompute_backward", y, &inputs, move |g| {
         let _recording = enable_grad_guard();
+        prefetch::unchain(); // the forward pass is over: nothing links to what ran before it
+                             // this unit's gathers, if the unit after it started them; then the unit before's
+        let cached = prefetch::prefetched::<T, T>(unit.id, &unit, &saved[1..])?;
+        if let Some(start) = &previous {
+            start()?;
+        }
         // The input and every parameter enter the recomputation through a sink that keeps the
         // gradient as it arrives and passes nothing on: the outer backward then reduces each
         // at its own leaf, with its options (reduce dtype, overlap), as the plain path does.
@@ -50,9 +65,14 @@ where
             saved.iter().zip(&needs).map(|(t, &n)| if n { sink(t) } else { (t.clone(), None) }).unzip();
         let after = rng_state();
         set_rng_state(rng);
-        let y = unit.run_on(&module, &sunk[1..], None, |m| m.forward(&sunk[0]));
+        let y = unit.run_on(&module, &sunk[1..], cached.as_deref(), |m| m.forward(&sunk[0]));
+        drop(cached);
         set_rng_state(after);
         y?.backward_with(g)?;
         Ok(sinks.iter().map(take).collect())
-    }))
+    });
+    if let Some(start) = start_me {
+        prefetch::chain(&out, start);
+    }
+    Ok(out)
 }

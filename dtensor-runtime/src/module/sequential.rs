@@ -53,7 +53,7 @@ impl<T: Element, M: Module<T>> Module<T> for Sequential<M> {
 impl<T: Element, M: Forward<T>> Forward<T> for Sequential<M> {
     /// Runs the modules in order, each prefetching the next ([`Forward::prefetch`]): before
     /// module `i` runs, module `i + 1`'s communication is started (FSDP units made with
-    /// `forward_prefetch`: their all-gathers run on the background path while module `i`
+    /// `prefetch`: their all-gathers run on the background path while module `i`
     /// computes; other modules: nothing).
     fn forward(&self, input: &DTensor<T>) -> Result<DTensor<T>> {
         let mut x = input.clone();
