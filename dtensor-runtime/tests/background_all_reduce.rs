@@ -252,3 +252,18 @@ fn a_started_all_gather_equals_the_blocking_one() {
         assert_eq!(t, vec![2.0]);
     }
 }
+
+/// A send that disagrees with its own count is refused on the caller's thread, before any
+/// agreement, as a typed error.
+#[test]
+fn a_started_all_gather_refuses_a_send_that_is_not_its_count() {
+    let out = run(2, |ctx| {
+        let mesh = ctx.init_device_mesh(&[2], &["dp"])?;
+        Ok(mesh.all_gather_v_start(Along::Dim(0), vec![1.0f64; 3], &[1, 1]).err().map(|e| e.to_string()))
+    })
+    .unwrap();
+    for e in out {
+        let e = e.expect("refused");
+        assert!(e.contains("sends 24 bytes") && e.contains("8"), "{e}");
+    }
+}

@@ -47,7 +47,8 @@ fn planned(mesh_shape: [usize; 2], reshard: bool, dtype: DType, gathered: DType)
     let params: Vec<ParamSpec> = (0..LAYERS)
         .map(|i| {
             let p = ParamSpec::new("weight", &[WIDTH, WIDTH], &[Replicate, Shard((i % 2) as isize)])
-                .in_unit(&format!("layers.{i}"), reshard);
+                .in_unit(&format!("layers.{i}"), reshard)
+                .prefetched(true);
             if gathered == dtype {
                 p
             } else {

@@ -353,3 +353,33 @@ fn mixed_bad_input_is_a_typed_error() {
     })
     .unwrap();
 }
+
+/// A mixed unit keeps its nested graph for a retained outer pass (the second backward adds
+/// the same gradients again), and `unshard` completes a prefetch instead of gathering twice.
+#[test]
+fn mixed_retain_graph_and_unshard_after_prefetch() {
+    run(2, |ctx| {
+        let mesh = ctx.init_device_mesh(&[2], &["dp"])?;
+        manual_seed(1);
+        let lin = fully_shard_mixed::<f64, f64, _>(Linear::new(4, 4, true)?, &mesh, &FullyShardOptions::on("dp"))?;
+        let x = distribute_tensor(
+            ArrayD::from_shape_fn(vec![4, 4], |i| (i[0] * 4 + i[1]) as f64 / 9.0),
+            &mesh,
+            &[Shard(0)],
+            None,
+        )?;
+        let loss = lin.forward(&x)?.sum()?;
+        loss.backward_retaining_graph()?;
+        let once = lin.named_parameters()[0].1.grad().unwrap().full_tensor()?;
+        loss.backward()?;
+        let twice = lin.named_parameters()[0].1.grad().unwrap().full_tensor()?;
+        assert_eq!(twice, once.mapv(|v| 2.0 * v));
+        lin.unshard_async()?;
+        let comm = CommDebugMode::new();
+        comm.scope(|| lin.unshard())?;
+        assert_eq!(comm.count(CollectiveKind::AllGather), 0, "unshard completes the prefetch");
+        lin.reshard();
+        Ok(())
+    })
+    .unwrap();
+}

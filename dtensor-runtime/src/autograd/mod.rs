@@ -380,6 +380,13 @@ impl<T: Element> DTensor<T> {
         engine::run_backward(self, grad.detach(), &BackwardOptions::new())
     }
 
+    /// [`backward_with`](Self::backward_with) with options (a nested backward that keeps its
+    /// graph for the outer pass's `retain_graph`).
+    pub(crate) fn backward_with_opts(&self, grad: &DTensor<T>, opts: &BackwardOptions) -> Result<()> {
+        self.mesh.check_compatible(&grad.mesh, "backward_with")?;
+        engine::run_backward(self, grad.detach(), opts)
+    }
+
     /// `redistribute` whose backward runs the gradient's collectives in `backward_dtype`
     /// (e.g. `DType::F64` for an f32 model: gradients are reduced in double precision, or
     /// `DType::F32` for a bf16/f16 model: gradients are reduced in f32 and rounded once).

@@ -18,7 +18,7 @@
 //! through the trait (`HostCollectives::all_gather(self, …)`).
 
 use super::buf::{staged, Buf, BufInOut, BufMut};
-use super::{fingerprint, pending, variable, Communicator, OwnedBytes, PendingAllReduce, RecvBuf};
+use super::{fingerprint, pending, variable, Communicator, Gather, OwnedBytes, PendingAllReduce, RecvBuf};
 use crate::cuda::CudaDevice;
 use crate::device::Device;
 use crate::element::DType;
@@ -143,15 +143,9 @@ pub unsafe trait HostCollectives: Send + Sync + fmt::Debug {
         pending::run_now(self, group, buf, dtype, op)
     }
     /// [`Communicator::all_gather_v_start`]. The default ([`pending::gather_now`]) runs the
-    /// blocking all-gather at once.
-    fn all_gather_v_start(
-        &self,
-        group: &[usize],
-        send: Box<dyn OwnedBytes>,
-        counts: &[usize],
-        recv: Box<dyn OwnedBytes>,
-    ) -> Result<PendingAllReduce> {
-        pending::gather_now(self, group, send, counts, recv)
+    /// batch at once.
+    fn all_gather_v_start(&self, group: &[usize], gathers: Vec<Gather>) -> Result<PendingAllReduce> {
+        pending::gather_now(self, group, gathers)
     }
 }
 
@@ -261,13 +255,7 @@ unsafe impl<H: HostCollectives + ?Sized> Communicator for H {
     ) -> Result<PendingAllReduce> {
         HostCollectives::all_reduce_start(self, group, buf, dtype, op)
     }
-    fn all_gather_v_start(
-        &self,
-        group: &[usize],
-        send: Box<dyn OwnedBytes>,
-        counts: &[usize],
-        recv: Box<dyn OwnedBytes>,
-    ) -> Result<PendingAllReduce> {
-        HostCollectives::all_gather_v_start(self, group, send, counts, recv)
+    fn all_gather_v_start(&self, group: &[usize], gathers: Vec<Gather>) -> Result<PendingAllReduce> {
+        HostCollectives::all_gather_v_start(self, group, gathers)
     }
 }

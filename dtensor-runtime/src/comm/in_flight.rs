@@ -7,7 +7,7 @@
 //! completes what it started on that group, in start order; the results wait here for their
 //! handles. Collectives on other groups run alongside.
 
-use super::pending::{OwnedBytes, PendingAllReduce};
+use super::pending::{GatherBatch, OwnedBytes, PendingAllReduce};
 use crate::element::Scalar;
 use crate::error::{Error, Result};
 use std::cell::RefCell;
@@ -92,5 +92,49 @@ impl<T, B> Drop for PendingReduce<T, B> {
 impl<T, B> std::fmt::Debug for PendingReduce<T, B> {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         write!(f, "PendingReduce(group {:?})", self.entry.group)
+    }
+}
+
+/// A started batch of all-gathers of elements `T` over one group (from
+/// [`DeviceMesh::all_gather_v_start`](crate::DeviceMesh::all_gather_v_start); FSDP starts a
+/// unit's parameters as one batch). Ordered like [`PendingReduce`]; dropping it waits.
+pub struct PendingGather<T> {
+    inner: PendingReduce<T, GatherBatch>,
+    len: usize,
+}
+
+impl<T: Scalar> PendingGather<T> {
+    /// Registers `pending`, a batch of `len` all-gathers over `group` this thread just started.
+    pub(crate) fn register(group: &[usize], pending: PendingAllReduce, len: usize) -> Self {
+        PendingGather { inner: PendingReduce::register(group, pending), len }
+    }
+
+    /// Blocks until the batch completed; every gather's elements (every member's, back to back
+    /// in group order), in the order they were started.
+    pub fn wait_all(self) -> Result<Vec<Vec<T>>> {
+        let wrong = || Error::Backend {
+            backend: "in_flight".into(),
+            message: "a background all-gather returned buffers of another type or number".into(),
+        };
+        let len = self.len;
+        let batch = self.inner.wait()?;
+        if batch.0.len() != len {
+            return Err(wrong());
+        }
+        batch.0.into_iter().map(|b| b.into_any().downcast::<Vec<T>>().map(|v| *v).map_err(|_| wrong())).collect()
+    }
+
+    /// [`PendingGather::wait_all`] of a batch of one: its elements.
+    pub fn wait(self) -> Result<Vec<T>> {
+        self.wait_all()?.pop().ok_or_else(|| Error::Backend {
+            backend: "in_flight".into(),
+            message: "an empty batch of all-gathers has no result".into(),
+        })
+    }
+}
+
+impl<T> std::fmt::Debug for PendingGather<T> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "PendingGather({} on group {:?})", self.len, self.inner.entry.group)
     }
 }

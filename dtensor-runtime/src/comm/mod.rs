@@ -57,8 +57,8 @@ use buf::staged;
 pub use buf::{Buf, BufInOut, BufMut};
 pub(crate) use group::index_of as group_index;
 pub use host::HostCollectives;
-pub use in_flight::PendingReduce;
-pub use pending::{OwnedBytes, PendingAllReduce};
+pub use in_flight::{PendingGather, PendingReduce};
+pub use pending::{Gather, GatherBatch, OwnedBytes, PendingAllReduce};
 pub(crate) use recv::filled;
 pub use recv::RecvBuf;
 
@@ -241,20 +241,14 @@ pub unsafe trait Communicator: Send + Sync + fmt::Debug {
     ) -> Result<PendingAllReduce> {
         pending::run_now(self, group, buf, dtype, op)
     }
-    /// Starts an [`all_gather_v`](Self::all_gather_v) (`counts` bytes per member) of the owned
-    /// host buffer `send` into the owned host buffer `recv` (`Σ counts` bytes) that may
-    /// complete in the background; [`PendingAllReduce::wait`] returns `recv`, filled. The
-    /// ordering contract of [`all_reduce_start`](Self::all_reduce_start) applies.
+    /// Starts a batch of [`all_gather_v`](Self::all_gather_v)s over `group` (each of owned host
+    /// buffers: [`Gather`]) that may complete in the background, one after the other;
+    /// [`PendingAllReduce::wait`] returns a [`GatherBatch`] of the filled receive buffers. The
+    /// ordering contract of [`all_reduce_start`](Self::all_reduce_start) applies to the batch.
     ///
-    /// The default ([`pending::gather_now`]) runs the blocking `all_gather_v` at once; the
-    /// thread backend queues it to the rank's worker thread.
-    fn all_gather_v_start(
-        &self,
-        group: &[usize],
-        send: Box<dyn OwnedBytes>,
-        counts: &[usize],
-        recv: Box<dyn OwnedBytes>,
-    ) -> Result<PendingAllReduce> {
-        pending::gather_now(self, group, send, counts, recv)
+    /// The default ([`pending::gather_now`]) runs them at once; the thread backend queues the
+    /// batch to the rank's worker thread as one job.
+    fn all_gather_v_start(&self, group: &[usize], gathers: Vec<Gather>) -> Result<PendingAllReduce> {
+        pending::gather_now(self, group, gathers)
     }
 }

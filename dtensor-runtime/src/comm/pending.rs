@@ -79,34 +79,58 @@ pub fn run_now<C: Communicator + ?Sized>(
     Ok(PendingAllReduce::done(Ok(buf)))
 }
 
-/// The default [`Communicator::all_gather_v_start`]: the blocking
-/// [`all_gather_v`](Communicator::all_gather_v) of the host buffers `send` into `recv`, at once.
-pub fn gather_now<C: Communicator + ?Sized>(
-    c: &C,
-    group: &[usize],
-    mut send: Box<dyn OwnedBytes>,
-    counts: &[usize],
-    mut recv: Box<dyn OwnedBytes>,
-) -> Result<PendingAllReduce> {
-    gather_into(c, group, send.as_mut(), counts, recv.as_mut())?;
-    Ok(PendingAllReduce::done(Ok(recv)))
+/// One all-gather of a batch started by [`Communicator::all_gather_v_start`]: this member's
+/// `send` bytes (`counts[me]` of them), every member's `counts`, and `recv` (`Σ counts`
+/// bytes) to receive them, back to back in group order. Host buffers.
+pub struct Gather {
+    /// This member's bytes.
+    pub send: Box<dyn OwnedBytes>,
+    /// Bytes per member.
+    pub counts: Vec<usize>,
+    /// Every member's bytes, filled when the batch completes.
+    pub recv: Box<dyn OwnedBytes>,
 }
 
-/// [`Communicator::all_gather_v`] of two owned host buffers.
-pub(crate) fn gather_into<C: Communicator + ?Sized>(
+/// What a started batch of all-gathers hands back: each [`Gather::recv`], filled, in order.
+pub struct GatherBatch(pub Vec<Box<dyn OwnedBytes>>);
+
+impl OwnedBytes for GatherBatch {
+    fn host_mut(&mut self) -> Option<&mut [u8]> {
+        None
+    }
+    fn replace_by(&mut self, _run: &mut dyn FnMut(Buf<'_>, BufMut<'_>) -> Result<()>) -> Result<()> {
+        Err(Error::Backend { backend: "pending".into(), message: "a batch of all-gathers is not one buffer".into() })
+    }
+    fn into_any(self: Box<Self>) -> Box<dyn Any> {
+        self
+    }
+}
+
+/// The default [`Communicator::all_gather_v_start`]: each blocking
+/// [`all_gather_v`](Communicator::all_gather_v) of the batch, at once.
+pub fn gather_now<C: Communicator + ?Sized>(c: &C, group: &[usize], gathers: Vec<Gather>) -> Result<PendingAllReduce> {
+    Ok(PendingAllReduce::done(run_gathers(c, group, gathers)))
+}
+
+/// Runs a batch of all-gathers in order; the filled receive buffers.
+pub(crate) fn run_gathers<C: Communicator + ?Sized>(
     c: &C,
     group: &[usize],
-    send: &mut dyn OwnedBytes,
-    counts: &[usize],
-    recv: &mut dyn OwnedBytes,
-) -> Result<()> {
-    let (Some(send), Some(recv)) = (send.host_mut(), recv.host_mut()) else {
-        return Err(Error::Backend {
-            backend: c.backend().into(),
-            message: "a started all-gather takes host buffers only".into(),
-        });
-    };
-    c.all_gather_v(group, Buf::Host(send), counts, recv.into())
+    gathers: Vec<Gather>,
+) -> Result<Box<dyn OwnedBytes>> {
+    let mut out = Vec::with_capacity(gathers.len());
+    for Gather { mut send, counts, mut recv } in gathers {
+        let (Some(s), Some(r)) = (send.host_mut(), recv.host_mut()) else {
+            return Err(Error::Backend {
+                backend: c.backend().into(),
+                message: "a started all-gather takes host buffers only".into(),
+            });
+        };
+        c.all_gather_v(group, Buf::Host(s), &counts, r.into())?;
+        drop(send); // on the thread that ran it (a lazily made copy is freed where it was made)
+        out.push(recv);
+    }
+    Ok(Box::new(GatherBatch(out)))
 }
 
 /// How a backend completes a started collective.

@@ -279,7 +279,9 @@ impl<T: Element, M: Module<T>> FullyShard<T, M> {
             .zip(self.unit.params.iter())
             .map(|((_, p), info)| {
                 let unit = format!("{}#{}", self.unit.name, self.unit.id);
-                ParamSpec::new(&info.name, p.shape(), &info.in_use).in_unit(&unit, self.reshard_after_forward)
+                ParamSpec::new(&info.name, p.shape(), &info.in_use)
+                    .in_unit(&unit, self.reshard_after_forward)
+                    .prefetched(self.prefetch)
             })
             .collect()
     }
@@ -331,20 +333,25 @@ impl<T: Element, M: Module<T>> FullyShard<T, M> {
     /// between is not seen until `reshard` and the next gather (the parameters left replicated
     /// on the FSDP dim are always used as they are): reshard before stepping.
     pub fn unshard(&self) -> Result<()> {
-        let full = self
-            .module
-            .named_parameters()
-            .iter()
-            .zip(self.unit.params.iter())
-            .map(|((_, p), info)| self.unit.gather_data(p, info))
-            .collect::<Result<Vec<_>>>()?;
+        let base = at_rest(&self.module);
+        // a prefetch in flight ([`FullyShard::unshard_async`]) is completed and kept
+        let full = match prefetch::prefetched(self.unit.id, &self.unit, &base)? {
+            Some(full) => full,
+            None => base
+                .iter()
+                .zip(self.unit.params.iter())
+                .map(|(p, info)| self.unit.gather_data(p, info))
+                .collect::<Result<Vec<_>>>()?,
+        };
         *self.unsharded.lock().unwrap_or_else(|e| e.into_inner()) = Some(full);
         Ok(())
     }
 
-    /// Frees what [`FullyShard::unshard`] gathered (PyTorch `FSDPModule.reshard`).
+    /// Frees what [`FullyShard::unshard`] gathered, and a prefetch not used yet (PyTorch
+    /// `FSDPModule.reshard`).
     pub fn reshard(&self) {
         *self.unsharded.lock().unwrap_or_else(|e| e.into_inner()) = None;
+        drop(prefetch::take::<T>(self.unit.id));
     }
 
     /// Is the module holding gathered parameters ([`FullyShard::unshard`])?
@@ -396,7 +403,9 @@ impl<T: Element, M: Module<T>> FullyShard<T, M> {
     ///
     /// Every rank must start it at the same point of its program (a collective), and the
     /// unit's gathered parameters then live from here to its forward: one more unit's window
-    /// while the unit before computes.
+    /// while the unit before computes. The prefetch belongs to the calling thread (the rank):
+    /// the forward that uses it runs there; [`FullyShard::unshard`] completes and keeps it,
+    /// [`FullyShard::reshard`] drops it.
     pub fn unshard_async(&self) -> Result<()> {
         if self.is_unsharded() || prefetch::is_started(self.unit.id) {
             return Ok(());

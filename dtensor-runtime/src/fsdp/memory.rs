@@ -13,6 +13,7 @@ use std::fmt;
 /// (`Replicate` on the FSDP mesh dim), and its FSDP unit (the `fully_shard`ed module it
 /// belongs to, gathered together).
 #[derive(Debug, Clone, PartialEq)]
+#[non_exhaustive]
 pub struct ParamSpec {
     /// Dotted name (errors say it).
     pub name: String,
@@ -25,6 +26,10 @@ pub struct ParamSpec {
     pub unit: String,
     /// Does its unit reshard after the forward (`FullyShardOptions::reshard_after_forward`)?
     pub reshard_after_forward: bool,
+    /// Does its unit prefetch (`FullyShardOptions::prefetch`)? Two consecutive resharding units
+    /// are then gathered at once (the next one while this one computes, and the one before
+    /// while this one's backward recomputes).
+    pub prefetch: bool,
     /// The dtype it is gathered and computed in when not the plan's (a
     /// [`FullyShardMixed`](super::FullyShardMixed) unit's module dtype; `None`: the plan's).
     pub gathered_dtype: Option<DType>,
@@ -40,6 +45,7 @@ impl ParamSpec {
             in_use: in_use.to_vec(),
             unit: String::new(),
             reshard_after_forward: false,
+            prefetch: false,
             gathered_dtype: None,
         }
     }
@@ -48,6 +54,12 @@ impl ParamSpec {
     pub fn in_unit(mut self, unit: &str, reshard_after_forward: bool) -> Self {
         self.unit = unit.to_string();
         self.reshard_after_forward = reshard_after_forward;
+        self
+    }
+
+    /// Its unit prefetches (see [`ParamSpec::prefetch`]).
+    pub fn prefetched(mut self, on: bool) -> Self {
+        self.prefetch = on;
         self
     }
 
@@ -113,8 +125,13 @@ pub struct MemoryPlan {
     /// parameter, used as it is.
     pub unsharded_window: usize,
     /// The largest unit's gathered parameters among the units that reshard after the forward
-    /// (gathered again, one unit at a time, for its recomputation and backward).
+    /// (gathered again, one unit at a time, for its recomputation and backward); with prefetch,
+    /// a unit's with the unit before it's (gathered while this one recomputes).
     pub resharded_window: usize,
+    /// The largest of a resharding unit's backward: the gradient shards of the units after it
+    /// (their backward has run), its gathered parameters and, with prefetch, the unit before
+    /// it's.
+    pub resharded_backward: usize,
     /// The largest gradient in its in-use layout: the one unreduced gradient alive at a time,
     /// before its reduce-scatter (a mixed-precision unit: all its gradients in the module's
     /// dtype, which its nested backward makes before reducing any, and one copy in the plan's
@@ -142,10 +159,11 @@ impl MemoryPlan {
         let mut backward =
             self.parameters + self.optimizer_states + self.unsharded_window + self.largest_unsharded_gradient;
         if self.resharded_window > 0 {
-            // A resharding unit's backward holds its gathered parameters again, the unreduced
-            // gradient and the reduce-scatter's send buffer at once, while the gradient shards
-            // of the units after it exist already.
-            backward += self.gradients + self.resharded_window + self.largest_unsharded_gradient;
+            // A resharding unit's backward holds its gathered parameters again (and the
+            // prefetched ones of the unit before it), the unreduced gradient and the
+            // reduce-scatter's send buffer at once, while the gradient shards of the units
+            // after it exist already.
+            backward += self.resharded_backward + self.largest_unsharded_gradient;
         }
         backward.max(self.at_rest() + self.largest_shard)
     }
@@ -228,7 +246,9 @@ pub fn memory_plan(
             Ok(checked_local_shape_and_offset(shape, mesh_shape, &coord, pl)?.0.iter().product())
         };
         let mut plan = MemoryPlan { rank, ..MemoryPlan::default() };
-        let mut resharding_units: Vec<(&str, usize)> = Vec::new();
+        // every unit in the order it first appears: (name, gradient shard bytes, gathered bytes
+        // if it reshards, reshards, prefetches)
+        let mut units: Vec<(&str, usize, usize, bool, bool)> = Vec::new();
         // mixed-precision units: (unit, their gradients in the module's dtype, largest
         // parameter's elements)
         let mut mixed_units: Vec<(&str, usize, usize)> = Vec::new();
@@ -238,6 +258,14 @@ pub fn memory_plan(
             plan.gradients += at_rest;
             plan.optimizer_states += at_rest / size * optimizer.bytes_per_element;
             plan.largest_shard = plan.largest_shard.max(at_rest);
+            let unit = match units.iter().position(|u| u.0 == p.unit) {
+                Some(i) => i,
+                None => {
+                    units.push((&p.unit, 0, 0, p.reshard_after_forward, p.prefetch));
+                    units.len() - 1
+                }
+            };
+            units[unit].1 += at_rest;
             // Over one rank the gathered parameter is the shard itself, and a parameter left
             // replicated is used as it is (no copy) — unless it is cast to a compute dtype.
             if p.gathered_dtype.is_none() && !(stored.is_some() && mesh_shape[fsdp_dim] > 1) {
@@ -246,10 +274,7 @@ pub fn memory_plan(
             let elements = numel(&p.shape, in_use)?;
             let gathered = elements * p.gathered_dtype.map_or(size, |d| d.size_of());
             if p.reshard_after_forward {
-                match resharding_units.iter_mut().find(|(u, _)| *u == p.unit) {
-                    Some((_, b)) => *b += gathered,
-                    None => resharding_units.push((&p.unit, gathered)),
-                }
+                units[unit].2 += gathered;
             } else {
                 plan.unsharded_window += gathered;
             }
@@ -268,7 +293,21 @@ pub fn memory_plan(
         for (_, grads, largest) in mixed_units {
             plan.largest_unsharded_gradient = plan.largest_unsharded_gradient.max(grads + largest * size);
         }
-        plan.resharded_window = resharding_units.iter().map(|(_, b)| *b).max().unwrap_or(0);
+        // A resharding unit's backward: its window, the one before it prefetched (both
+        // prefetching and resharding: the unit links to the one whose output it takes), and
+        // the gradient shards of the units after it.
+        for (k, &(_, _, window, reshard, prefetch)) in units.iter().enumerate() {
+            if !reshard {
+                continue;
+            }
+            let before = match k.checked_sub(1).map(|j| units[j]) {
+                Some((_, _, w, true, true)) if prefetch => w,
+                _ => 0,
+            };
+            let after: usize = units[k + 1..].iter().map(|u| u.1).sum();
+            plan.resharded_window = plan.resharded_window.max(window + before);
+            plan.resharded_backward = plan.resharded_backward.max(after + window + before);
+        }
         plans.push(plan);
     }
     Ok(plans)

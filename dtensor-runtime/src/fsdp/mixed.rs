@@ -14,7 +14,7 @@ use super::prefetch;
 use super::sink::{sink, take, Sink};
 use super::unit::{at_rest_declared, settle_gradient, Unit};
 use super::{memory_plan, FullyShardOptions, MemoryPlan, OptimizerMemory, ParamSpec};
-use crate::autograd::{enable_grad_guard, no_grad, record, recording};
+use crate::autograd::{enable_grad_guard, no_grad, record, recording, redistribute_grad, BackwardOptions};
 use crate::dtensor::DTensor;
 use crate::element::Element;
 use crate::error::{Error, Result};
@@ -145,6 +145,7 @@ impl<S: Element, C: Element, M: Module<C>> FullyShardMixed<S, C, M> {
             .map(|(p, info)| {
                 ParamSpec::new(&info.name, p.shape(), &info.in_use)
                     .in_unit(&unit, self.reshard_after_forward)
+                    .prefetched(self.prefetch)
                     .gathered_in(C::DTYPE)
             })
             .collect()
@@ -175,14 +176,18 @@ impl<S: Element, C: Element, M: Module<C>> FullyShardMixed<S, C, M> {
     /// Gathers the masters (cast to `C`) now and keeps them until [`FullyShardMixed::reshard`]
     /// (PyTorch `FSDPModule.unshard`); a master stepped in between is seen after `reshard`.
     pub fn unshard(&self) -> Result<()> {
-        let gathered = gather(&self.unit, &self.masters)?;
+        let gathered = match prefetch::prefetched::<S, C>(self.unit.id, &self.unit, &self.masters)? {
+            Some(g) => g,
+            None => gather(&self.unit, &self.masters)?,
+        };
         *self.unsharded.lock().unwrap_or_else(|e| e.into_inner()) = Some(gathered);
         Ok(())
     }
 
-    /// Frees what [`FullyShardMixed::unshard`] gathered.
+    /// Frees what [`FullyShardMixed::unshard`] gathered, and a prefetch not used yet.
     pub fn reshard(&self) {
         *self.unsharded.lock().unwrap_or_else(|e| e.into_inner()) = None;
+        drop(prefetch::take::<C>(self.unit.id));
     }
 
     /// Starts gathering the masters (cast to `C`) for the next forward, in the background
@@ -275,7 +280,13 @@ fn hand_on<S: Element, C: Element>(
             Some(g) => {
                 let g_s = g.cast::<S>()?;
                 drop(g); // the module-dtype copy goes before the reduction makes another
-                settle_gradient(&unit.sync, info, g_s, dtype)?
+                if info.sharded() {
+                    settle_gradient(&unit.sync, info, g_s, dtype)?
+                } else {
+                    // left replicated on the FSDP dim: reduced at every backward, as
+                    // `fully_shard` does (its leaf reduces it), sync on or off
+                    Some(redistribute_grad(&g_s, &info.stored, dtype, "fsdp_all_reduce")?)
+                }
             }
         });
     }
@@ -340,7 +351,11 @@ where
                     set_rng_state(rng);
                     let y = run_with(&unit, &module, &ps, &xs);
                     set_rng_state(after);
-                    y?.backward_with(&g.cast::<C>()?)?;
+                    let y = y?;
+                    if !y.requires_grad() {
+                        return Ok(vec![None; 1 + p_sinks.len()]);
+                    }
+                    y.backward_with(&g.cast::<C>()?)?;
                     hand_on(&unit, &x_sink, &p_sinks)
                 });
                 if let Some(start) = start_me {
@@ -355,7 +370,12 @@ where
                 let y = run_with(&unit, &module, &ps, &xs)?;
                 let out = y.detach().cast::<S>()?;
                 Ok(record("fsdp_mixed_backward", out, &inputs, move |g| {
-                    y.backward_with(&g.cast::<C>()?)?;
+                    if !y.requires_grad() {
+                        return Ok(vec![None; 1 + p_sinks.len()]); // nothing recorded reaches a sink
+                    }
+                    // The nested graph is kept for a later pass (the outer `retain_graph`); it is
+                    // freed with this closure, when the outer pass drops it.
+                    y.backward_with_opts(&g.cast::<C>()?, &BackwardOptions::new().retain_graph(true))?;
                     hand_on(&unit, &x_sink, &p_sinks)
                 }))
             }

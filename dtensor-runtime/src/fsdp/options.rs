@@ -12,6 +12,7 @@ use crate::element::DType;
 /// assert_eq!(o.mesh_dim, "dp");
 /// ```
 #[derive(Debug, Clone, PartialEq)]
+#[non_exhaustive]
 pub struct FullyShardOptions {
     /// The mesh dim the parameters are sharded over (PyTorch: the FSDP mesh, or the shard dim
     /// of an HSDP mesh). Every other mesh dim keeps the placements the parameters already
@@ -21,7 +22,9 @@ pub struct FullyShardOptions {
     /// The module's name in errors and in the collective records (default: its type's name).
     pub name: Option<String>,
     /// The dtype gradients are reduce-scattered in (PyTorch `MixedPrecisionPolicy.reduce_dtype`;
-    /// default: the parameters' own).
+    /// default: the dtype the module computes in — the parameters' own, or a
+    /// [`fully_shard_mixed`](super::fully_shard_mixed) unit's compute dtype, as PyTorch's
+    /// default is `param_dtype`).
     pub reduce_dtype: Option<DType>,
     /// Free the gathered parameters when the forward returns and gather them again for the
     /// backward (PyTorch's default, `reshard_after_forward=True`); default `false`: they stay
@@ -43,7 +46,7 @@ pub struct FullyShardOptions {
     /// gathered while the unit after it recomputes (the unit whose input is this unit's output
     /// starts it; PyTorch's backward prefetch). Default `false`: on the thread backend of a
     /// 2-core machine the background gathers compete with the compute
-    /// (`benches/fsdp_prefetch.rs`: 0.88–1.02× the speed); MPI and the device backends run a
+    /// (`benches/fsdp_prefetch.rs`: 0.94–1.04× the speed); MPI and the device backends run a
     /// started gather at once.
     pub prefetch: bool,
 }

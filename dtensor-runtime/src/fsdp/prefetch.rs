@@ -9,7 +9,7 @@
 use super::unit::Unit;
 use crate::autograd::Node;
 use crate::comm::debug::op_scope;
-use crate::comm::PendingReduce;
+use crate::comm::PendingGather;
 use crate::dtensor::DTensor;
 use crate::element::Element;
 use crate::error::Result;
@@ -29,15 +29,18 @@ enum Part<T: Element> {
     /// In its in-use layout already (left replicated on the FSDP dim, one rank, or device
     /// memory, which is gathered at once).
     Ready(DTensor<T>),
-    /// Its all-gather in flight: every member's shard of `shape`, `d` the sharded dim; `send`
-    /// the shard it reads (kept here, so that a converted copy is freed by this thread).
-    Gathering { pending: PendingReduce<T, Vec<T>>, d: usize, mine: Vec<usize>, _send: DTensor<T> },
+    /// Its all-gather in the unit's batch: every member's shard of `shape`, `d` the sharded
+    /// dim; `send` the shard it reads (kept here, so that a converted copy is freed by this
+    /// thread).
+    Gathering { d: usize, mine: Vec<usize>, _send: DTensor<T> },
 }
 
-/// A unit's started gathers (in the module's element type `E`), with the shards they were
-/// started from (kept, so that their storage is not reused while the prefetch lives).
+/// A unit's started gathers (in the module's element type `E`; one batch, one background job),
+/// with the shards they were started from (kept, so that their storage is not reused while
+/// the prefetch lives).
 pub(super) struct Prefetch<E: Element> {
     parts: Vec<Part<E>>,
+    pending: Option<PendingGather<E>>,
     sources: Vec<usize>,
     _keep: Vec<Box<dyn Any>>,
 }
@@ -56,6 +59,7 @@ impl<S: Element> Unit<S> {
         to: impl Fn(&DTensor<S>) -> Result<DTensor<E>>,
     ) -> Result<Prefetch<E>> {
         let n = self.mesh.size(self.mesh_dim);
+        let mut batch = Vec::new();
         let parts = shards
             .iter()
             .zip(self.params.iter())
@@ -72,14 +76,20 @@ impl<S: Element> Unit<S> {
                 let mine = p.local.shape().to_vec();
                 let rest: usize = mine.iter().enumerate().filter(|&(i, _)| i != d).map(|(_, &s)| s).product();
                 let counts: Vec<usize> = (0..n).map(|j| rest * chunk_size_and_offset(p.shape()[d], n, j).0).collect();
-                let pending = op_scope("fsdp_all_gather", || {
-                    mesh_storage::all_gather_v_start(&self.mesh, Along::Dim(self.mesh_dim), &p.local, &counts)
-                })?;
-                Ok(Part::Gathering { pending, d, mine, _send: p })
+                batch.push((Arc::clone(&p.local), counts));
+                Ok(Part::Gathering { d, mine, _send: p })
             })
             .collect::<Result<Vec<_>>>()?;
+        // One job for the unit: separate starts on one group would each wait for the one before.
+        let pending = match batch.is_empty() {
+            true => None,
+            false => Some(op_scope("fsdp_all_gather", || {
+                mesh_storage::all_gather_v_start(&self.mesh, Along::Dim(self.mesh_dim), batch)
+            })?),
+        };
         Ok(Prefetch {
             parts,
+            pending,
             sources: shards.iter().map(source).collect(),
             _keep: shards.iter().map(|s| Box::new(s.detach()) as Box<dyn Any>).collect(),
         })
@@ -96,13 +106,21 @@ impl<E: Element> Prefetch<E> {
     /// (`shards`: those it was started from, [`Prefetch::matches`]).
     pub(super) fn finish<S: Element>(self, unit: &Unit<S>, shards: &[DTensor<S>]) -> Result<Vec<DTensor<E>>> {
         let n = unit.mesh.size(unit.mesh_dim);
+        let mut gathered = match self.pending {
+            Some(p) => p.wait_all()?.into_iter(),
+            None => Vec::new().into_iter(),
+        };
         self.parts
             .into_iter()
             .zip(shards.iter().zip(unit.params.iter()))
             .map(|(part, (shard, info))| match part {
                 Part::Ready(t) => Ok(t),
-                Part::Gathering { pending, d, mine, .. } => {
-                    let full = join(pending.wait()?, &mine, d, shard.shape()[d], n)?;
+                Part::Gathering { d, mine, .. } => {
+                    let data = gathered.next().ok_or_else(|| crate::error::Error::Backend {
+                        backend: "fsdp".into(),
+                        message: "a prefetch returned fewer gathers than it started".into(),
+                    })?;
+                    let full = join(data, &mine, d, shard.shape()[d], n)?;
                     Ok(DTensor::new_unchecked(
                         Storage::from(full),
                         shard.mesh.clone(),

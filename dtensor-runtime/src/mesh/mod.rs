@@ -5,8 +5,8 @@ pub(crate) mod storage;
 
 use crate::comm::debug::{record, CollectiveKind};
 use crate::comm::fingerprint::{self, Fingerprint};
-use crate::comm::in_flight::{self, PendingReduce};
-use crate::comm::{filled, variable, Buf, BufInOut, Communicator, OwnedBytes};
+use crate::comm::in_flight::{self, PendingGather, PendingReduce};
+use crate::comm::{filled, variable, Buf, BufInOut, Communicator, Gather, OwnedBytes};
 use crate::device::{Device, Target};
 use crate::element::{DType, Scalar};
 use crate::error::{Error, Result};
@@ -483,7 +483,7 @@ impl DeviceMesh {
     /// Starts an [`all_gather_v`](Self::all_gather_v) of `send` (this member's
     /// `counts[me]` elements) that completes in the background where the backend can (the
     /// thread backend on the rank's worker thread; other backends run it at once);
-    /// [`PendingReduce::wait`] returns every member's elements, back to back in group order.
+    /// [`PendingGather::wait`] returns every member's elements, back to back in group order.
     /// Recorded as an all-gather now; the ordering rules of
     /// [`all_reduce_start`](Self::all_reduce_start) apply. FSDP prefetches with it.
     ///
@@ -502,28 +502,41 @@ impl DeviceMesh {
         along: Along,
         send: Vec<T>,
         counts: &[usize],
-    ) -> Result<PendingReduce<T, Vec<T>>> {
+    ) -> Result<PendingGather<T>> {
         let bytes = std::mem::size_of_val(send.as_slice());
-        self.all_gather_v_start_of::<T>(along, Box::new(send), bytes, counts)
+        self.all_gather_v_start_batch::<T>(along, vec![(Box::new(send), bytes, counts.to_vec())])
     }
 
-    /// [`all_gather_v_start`](Self::all_gather_v_start) of an owned host buffer of `bytes`
-    /// bytes (`mesh/storage.rs` starts shards).
-    pub(crate) fn all_gather_v_start_of<T: Scalar>(
+    /// Starts a batch of [`all_gather_v`](Self::all_gather_v)s over one group, each of an owned
+    /// host buffer of `bytes` bytes with its `counts` (elements per member), as one background
+    /// job (so that none waits for the one before it, as separate starts on a group would);
+    /// each is recorded and agreed now, in order (`mesh/storage.rs` starts shards).
+    pub(crate) fn all_gather_v_start_batch<T: Scalar>(
         &self,
         along: Along,
-        send: Box<dyn OwnedBytes>,
-        bytes: usize,
-        counts: &[usize],
-    ) -> Result<PendingReduce<T, Vec<T>>> {
+        items: Vec<(Box<dyn OwnedBytes>, usize, Vec<usize>)>,
+    ) -> Result<PendingGather<T>> {
         let (g, _) = self.group_of(along)?;
-        let total = variable::total("all_gather_v", counts)?;
-        let byte_counts = byte_counts::<T>("all_gather_v", counts)?;
-        self.note(CollectiveKind::AllGather, along, bytes);
-        self.agree(g, CollectiveKind::AllGather, Some(T::DTYPE), total, None, None, counts_hash(counts))?;
-        let recv = vec![<T as bytemuck::Zeroable>::zeroed(); total];
-        let pending = self.comm().all_gather_v_start(g, send, &byte_counts, Box::new(recv))?;
-        Ok(PendingReduce::register(g, pending))
+        let me = crate::comm::group_index("all_gather_v", self.rank(), g)?;
+        let mut gathers = Vec::with_capacity(items.len());
+        for (send, bytes, counts) in items {
+            let total = variable::total("all_gather_v", &counts)?;
+            let byte_counts = byte_counts::<T>("all_gather_v", &counts)?;
+            variable::one_per_member("all_gather_v", "counts", &counts, g.len())?;
+            if byte_counts[me] != bytes {
+                return Err(Error::InvalidArgument {
+                    context: "all_gather_v_start".into(),
+                    reason: format!("this member sends {bytes} bytes, its count says {}", byte_counts[me]),
+                });
+            }
+            self.note(CollectiveKind::AllGather, along, bytes);
+            self.agree(g, CollectiveKind::AllGather, Some(T::DTYPE), total, None, None, counts_hash(&counts))?;
+            let recv = vec![<T as bytemuck::Zeroable>::zeroed(); total];
+            gathers.push(Gather { send, counts: byte_counts, recv: Box::new(recv) });
+        }
+        let len = gathers.len();
+        let pending = self.comm().all_gather_v_start(g, gathers)?;
+        Ok(PendingGather::register(g, pending, len))
     }
 
     /// [`all_reduce_start`](Self::all_reduce_start) of an owned buffer `B` of `count` elements

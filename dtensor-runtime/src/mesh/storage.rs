@@ -9,7 +9,7 @@
 //! device; callers reshape or unpack them with a pack plan.
 
 use crate::comm::debug::CollectiveKind;
-use crate::comm::{filled, Buf, BufInOut, BufMut, OwnedBytes, PendingReduce};
+use crate::comm::{filled, Buf, BufInOut, BufMut, OwnedBytes, PendingGather, PendingReduce};
 use crate::element::Scalar;
 use crate::error::Result;
 use crate::mesh::Along;
@@ -268,16 +268,21 @@ impl<T: Scalar> OwnedBytes for SharedSend<T> {
     }
 }
 
-/// [`all_gather_v_start`](DeviceMesh::all_gather_v_start) of a shard (host or device: its
-/// elements are read as host bytes): member `i`'s `counts[i]` elements, back to back in group
-/// order, when the returned handle is waited for.
+/// A batch of started all-gathers of shards ([`DeviceMesh::all_gather_v_start`], one job): for
+/// each `(shard, counts)` (host or device: its elements are read as host bytes), member `i`'s
+/// `counts[i]` elements, back to back in group order, when the returned handle is waited for.
 pub(crate) fn all_gather_v_start<T: Scalar>(
     mesh: &DeviceMesh,
     along: Along,
-    shard: &Arc<Storage<T>>,
-    counts: &[usize],
-) -> Result<PendingReduce<T, Vec<T>>> {
-    let bytes = shard.len() * std::mem::size_of::<T>();
-    let send = SharedSend { shard: Arc::clone(shard), copy: None };
-    mesh.all_gather_v_start_of::<T>(along, Box::new(send), bytes, counts)
+    shards: Vec<(Arc<Storage<T>>, Vec<usize>)>,
+) -> Result<PendingGather<T>> {
+    let items = shards
+        .into_iter()
+        .map(|(shard, counts)| {
+            let bytes = shard.len() * std::mem::size_of::<T>();
+            let send: Box<dyn OwnedBytes> = Box::new(SharedSend { shard, copy: None });
+            (send, bytes, counts)
+        })
+        .collect();
+    mesh.all_gather_v_start_batch::<T>(along, items)
 }

@@ -33,7 +33,7 @@ use super::check::Args;
 use super::reduce;
 use super::variable::{self, offsets};
 use super::{check, group, timeout};
-use super::{HostCollectives, OwnedBytes, PendingAllReduce, RecvBuf};
+use super::{Gather, HostCollectives, OwnedBytes, PendingAllReduce, RecvBuf};
 use crate::element::DType;
 use crate::error::{Error, Result};
 use crate::placement::ReduceOp;
@@ -556,34 +556,29 @@ unsafe impl HostCollectives for ThreadComm {
         Ok(self.worker()?.all_reduce(group, buf, dtype, op))
     }
 
-    fn all_gather_v_start(
-        &self,
-        group: &[usize],
-        mut send: Box<dyn OwnedBytes>,
-        counts: &[usize],
-        mut recv: Box<dyn OwnedBytes>,
-    ) -> Result<PendingAllReduce> {
-        // Checked here so that a bad call fails on the caller's thread, as a blocking one would.
-        // (The send buffer may make its bytes only when asked: the worker asks.)
+    fn all_gather_v_start(&self, group: &[usize], mut gathers: Vec<Gather>) -> Result<PendingAllReduce> {
+        // Checked here so that a bad call fails on the caller's thread, as a blocking one
+        // would (a send buffer may make its bytes only when the worker asks: the mesh checked
+        // its length).
         group::index_of("all_gather_v", self.rank, group)?;
-        let Some(r) = recv.host_mut() else {
-            return super::pending::gather_now(self, group, send, counts, recv);
-        };
-        if counts.len() != group.len() || counts.iter().sum::<usize>() != r.len() {
-            return Err(crate::error::Error::Backend {
-                backend: "threads".into(),
-                message: format!(
-                    "all_gather_v: counts {counts:?} for a group of {} do not fill {} bytes received",
-                    group.len(),
-                    r.len()
-                ),
-            });
+        for g in &mut gathers {
+            let Some(r) = g.recv.host_mut() else {
+                return super::pending::gather_now(self, group, gathers);
+            };
+            if g.counts.len() != group.len() || g.counts.iter().sum::<usize>() != r.len() {
+                return Err(crate::error::Error::Backend {
+                    backend: "threads".into(),
+                    message: format!(
+                        "all_gather_v: counts {:?} for a group of {} do not fill {} bytes received",
+                        g.counts,
+                        group.len(),
+                        r.len()
+                    ),
+                });
+            }
         }
-        let (group, counts) = (group.to_vec(), counts.to_vec());
-        Ok(self.worker()?.start(Box::new(move |c| {
-            super::pending::gather_into(c, &group, send.as_mut(), &counts, recv.as_mut())?;
-            Ok(recv)
-        })))
+        let group = group.to_vec();
+        Ok(self.worker()?.start(Box::new(move |c| super::pending::run_gathers(c, &group, gathers))))
     }
 
     fn all_gather(&self, group: &[usize], send: &[u8], mut recv: RecvBuf<'_>) -> Result<()> {
