@@ -164,6 +164,12 @@ run_example() {
 run_example mlp_tp_cuda_threads_2x2 mlp_tp "$dir/examples/mlp_tp" --backend cuda-threads --mesh 2x2 --steps 5
 run_example "mlp_tp_cuda_threads_2x2 [staged]" mlp_tp DTENSOR_CUDA_THREADS_STAGE=host \
   "$dir/examples/mlp_tp" --backend cuda-threads --mesh 2x2 --steps 5
+# FSDP (issue 35) on cuda-threads: FSDP over dp × TP over tp, and FSDP only, against the CPU
+# run on one rank (the example's reference).
+run_example transformer_tp_fsdp_cuda_threads_2x2 transformer_tp "$dir/examples/transformer_tp" \
+  --backend cuda-threads --fsdp --steps 3
+run_example transformer_tp_fsdp_cuda_threads_4x1 transformer_tp "$dir/examples/transformer_tp" \
+  --backend cuda-threads --fsdp --mesh 4x1 --steps 3
 run_example mlp_tp_nccl_process_world1 mlp_tp RANK=0 WORLD_SIZE=1 LOCAL_RANK=0 MASTER_ADDR=127.0.0.1 MASTER_PORT=29511 \
   "$dir/examples/mlp_tp" --backend nccl --mesh 1x1 --steps 5
 run_example mlp_tp_nccl_threads_world1 mlp_tp -u RANK -u OMPI_COMM_WORLD_RANK -u PMI_RANK \
