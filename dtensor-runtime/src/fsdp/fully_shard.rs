@@ -4,7 +4,7 @@
 use super::prefetch;
 use super::reshard::forward_recomputed;
 use super::unit::{at_rest, at_rest_declared, Param, Unit};
-use super::{memory_plan, resting_layout, FullyShardOptions, MemoryPlan, OptimizerMemory, ParamSpec};
+use super::{resting_layout, FullyShardOptions, MemoryPlan, OptimizerMemory, ParamSpec};
 use crate::autograd::is_grad_enabled;
 use crate::dtensor::DTensor;
 use crate::element::{DType, Element};
@@ -271,29 +271,17 @@ impl<T: Element, M: Module<T>> FullyShard<T, M> {
         self.unit.params.iter().map(|p| (p.name.clone(), p.stored.clone(), p.in_use.clone())).collect()
     }
 
-    /// Every parameter as [`memory_plan`] sees it (name, global shape, in-use layout).
+    /// Every parameter as [`memory_plan`](super::memory_plan) sees it (name, global shape, in-use layout).
     pub fn param_specs(&self) -> Vec<ParamSpec> {
-        self.module
-            .named_parameters()
-            .iter()
-            .zip(self.unit.params.iter())
-            .map(|((_, p), info)| {
-                let unit = format!("{}#{}", self.unit.name, self.unit.id);
-                ParamSpec::new(&info.name, p.shape(), &info.in_use)
-                    .in_unit(&unit, self.reshard_after_forward)
-                    .prefetched(self.prefetch)
-            })
-            .collect()
+        let shapes = self.module.named_parameters().into_iter().map(|(_, p)| p.shape());
+        self.unit.param_specs(shapes, self.reshard_after_forward, self.prefetch)
     }
 
     /// This rank's [`MemoryPlan`] for this module with an optimizer keeping `optimizer`
-    /// (the plan every rank could have made before launch: [`memory_plan`] of
+    /// (the plan every rank could have made before launch: [`memory_plan`](super::memory_plan) of
     /// [`FullyShard::param_specs`]).
     pub fn memory_plan(&self, optimizer: OptimizerMemory) -> Result<MemoryPlan> {
-        let mesh = &self.unit.mesh;
-        let plans = memory_plan(&self.param_specs(), mesh.shape(), self.unit.mesh_dim, T::DTYPE, optimizer)?;
-        let index = mesh.coordinate().iter().zip(mesh.shape()).fold(0, |i, (c, n)| i * n + c);
-        Ok(plans[index])
+        self.unit.plan_here(&self.param_specs(), T::DTYPE, optimizer)
     }
 
     /// The parameters left replicated on the FSDP dim (every tensor dim is sharded by another
@@ -317,9 +305,7 @@ impl<T: Element, M: Module<T>> FullyShard<T, M> {
 
     /// Drops the gradients buffered while synchronisation was off.
     pub fn clear_buffered_gradients(&self) {
-        for p in self.unit.params.iter() {
-            *p.stash.lock().unwrap_or_else(|e| e.into_inner()) = None;
-        }
+        self.unit.clear_buffered_gradients();
     }
 
     /// Is gradient synchronisation on?

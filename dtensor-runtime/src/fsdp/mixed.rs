@@ -13,7 +13,7 @@ use super::fully_shard::{shard, short_type_name};
 use super::prefetch;
 use super::sink::{sink, take, Sink};
 use super::unit::{at_rest_declared, settle_gradient, Unit};
-use super::{memory_plan, FullyShardOptions, MemoryPlan, OptimizerMemory, ParamSpec};
+use super::{FullyShardOptions, MemoryPlan, OptimizerMemory, ParamSpec};
 use crate::autograd::{enable_grad_guard, no_grad, record, recording, redistribute_grad, BackwardOptions};
 use crate::dtensor::DTensor;
 use crate::element::Element;
@@ -135,29 +135,18 @@ impl<S: Element, C: Element, M: Module<C>> FullyShardMixed<S, C, M> {
         self.unit.params.iter().map(|p| (p.name.clone(), p.stored.clone(), p.in_use.clone())).collect()
     }
 
-    /// Every parameter as [`memory_plan`] sees it, gathered in `C`
+    /// Every parameter as [`memory_plan`](super::memory_plan) sees it, gathered in `C`
     /// ([`ParamSpec::gathered_in`]).
     pub fn param_specs(&self) -> Vec<ParamSpec> {
-        let unit = format!("{}#{}", self.unit.name, self.unit.id);
-        self.masters
-            .iter()
-            .zip(self.unit.params.iter())
-            .map(|(p, info)| {
-                ParamSpec::new(&info.name, p.shape(), &info.in_use)
-                    .in_unit(&unit, self.reshard_after_forward)
-                    .prefetched(self.prefetch)
-                    .gathered_in(C::DTYPE)
-            })
-            .collect()
+        let specs =
+            self.unit.param_specs(self.masters.iter().map(|p| p.shape()), self.reshard_after_forward, self.prefetch);
+        specs.into_iter().map(|s| s.gathered_in(C::DTYPE)).collect()
     }
 
     /// This rank's [`MemoryPlan`] (masters, gradients and optimizer states in `S`, the
     /// gathered window in `C`).
     pub fn memory_plan(&self, optimizer: OptimizerMemory) -> Result<MemoryPlan> {
-        let mesh = &self.unit.mesh;
-        let plans = memory_plan(&self.param_specs(), mesh.shape(), self.unit.mesh_dim, S::DTYPE, optimizer)?;
-        let index = mesh.coordinate().iter().zip(mesh.shape()).fold(0, |i, (c, n)| i * n + c);
-        Ok(plans[index])
+        self.unit.plan_here(&self.param_specs(), S::DTYPE, optimizer)
     }
 
     /// [`FullyShard::set_requires_gradient_sync`](super::FullyShard::set_requires_gradient_sync):
@@ -168,9 +157,7 @@ impl<S: Element, C: Element, M: Module<C>> FullyShardMixed<S, C, M> {
 
     /// Drops the gradients buffered while synchronisation was off.
     pub fn clear_buffered_gradients(&self) {
-        for p in self.unit.params.iter() {
-            *p.stash.lock().unwrap_or_else(|e| e.into_inner()) = None;
-        }
+        self.unit.clear_buffered_gradients();
     }
 
     /// Gathers the masters (cast to `C`) now and keeps them until [`FullyShardMixed::reshard`]
@@ -211,20 +198,7 @@ impl<S: Element, C: Element, M: Module<C>> FullyShardMixed<S, C, M> {
                 self.unit.params.len()
             )));
         }
-        for (m, info) in self.masters.iter().zip(self.unit.params.iter()) {
-            if m.placements() != info.stored.as_slice() {
-                return Err(Error::FullyShard {
-                    module: self.unit.name.clone(),
-                    reason: format!(
-                        "parameter `{}` is laid out {}, not {} as fully_shard_mixed left it: it was replaced",
-                        info.name,
-                        crate::placement::fmt_placements(m.placements()),
-                        crate::placement::fmt_placements(&info.stored)
-                    ),
-                });
-            }
-        }
-        Ok(())
+        self.unit.check_at_rest(&self.masters, "fully_shard_mixed")
     }
 }
 

@@ -41,13 +41,13 @@ enum Part<T: Element> {
 pub(super) struct Prefetch<E: Element> {
     parts: Vec<Part<E>>,
     pending: Option<PendingGather<E>>,
-    sources: Vec<usize>,
-    _keep: Vec<Box<dyn Any>>,
+    /// The shards' storage, held (so that no other storage takes its address meanwhile).
+    sources: Vec<Arc<dyn Any>>,
 }
 
-/// The identity of a shard's storage.
-fn source<S: Element>(shard: &DTensor<S>) -> usize {
-    Arc::as_ptr(&shard.local) as usize
+/// The identity of a storage.
+fn address<A: ?Sized>(storage: &Arc<A>) -> *const () {
+    Arc::as_ptr(storage) as *const ()
 }
 
 impl<S: Element> Unit<S> {
@@ -87,19 +87,15 @@ impl<S: Element> Unit<S> {
                 mesh_storage::all_gather_v_start(&self.mesh, Along::Dim(self.mesh_dim), batch)
             })?),
         };
-        Ok(Prefetch {
-            parts,
-            pending,
-            sources: shards.iter().map(source).collect(),
-            _keep: shards.iter().map(|s| Box::new(s.detach()) as Box<dyn Any>).collect(),
-        })
+        Ok(Prefetch { parts, pending, sources: shards.iter().map(|s| Arc::clone(&s.local) as Arc<dyn Any>).collect() })
     }
 }
 
 impl<E: Element> Prefetch<E> {
     /// Was it started from exactly these shards (the same storage, in the same order)?
     pub(super) fn matches<S: Element>(&self, shards: &[DTensor<S>]) -> bool {
-        self.sources.len() == shards.len() && self.sources.iter().zip(shards).all(|(&a, b)| a == source(b))
+        self.sources.len() == shards.len()
+            && self.sources.iter().zip(shards).all(|(a, b)| address(a) == address(&b.local))
     }
 
     /// Waits for the gathers: every parameter in its in-use layout, without history

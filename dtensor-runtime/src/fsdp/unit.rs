@@ -3,6 +3,7 @@
 //! Shared by the forward and by its recomputation in the backward (`reshard.rs`), so it is
 //! cheap to clone: layouts and `Arc`s.
 
+use super::{MemoryPlan, OptimizerMemory, ParamSpec};
 use crate::autograd::{record, redistribute_grad};
 use crate::dtensor::DTensor;
 use crate::element::{DType, Element};
@@ -111,19 +112,10 @@ impl<T: Element> Unit<T> {
         if slots.len() != self.params.len() || base.len() != self.params.len() {
             return Err(self.changed(format!("has {} parameters, not {}", slots.len(), self.params.len())));
         }
+        self.check_at_rest(base, "fully_shard")?;
         for (i, ((name, p), info)) in slots.into_iter().zip(self.params.iter()).enumerate() {
             if name != info.name {
                 return Err(self.changed(format!("parameter {i} is now `{name}`, not `{}`", info.name)));
-            }
-            if base[i].placements() != info.stored.as_slice() {
-                return Err(Error::FullyShard {
-                    module: self.name.clone(),
-                    reason: format!(
-                        "parameter `{name}` is laid out {}, not {} as fully_shard left it: it was replaced",
-                        crate::placement::fmt_placements(base[i].placements()),
-                        crate::placement::fmt_placements(&info.stored)
-                    ),
-                });
             }
             *p = if !info.sharded() {
                 base[i].clone() // the parameter itself, its gradient reduced as any other's
@@ -151,6 +143,65 @@ impl<T: Element> Unit<T> {
                 self.params.iter().map(|p| Param::new(p.name.clone(), p.in_use.clone(), p.stored.clone())).collect(),
             ),
             sync: Arc::clone(&self.sync),
+        }
+    }
+
+    /// Checks that `base` (one per parameter) still rests as `by` left it: a parameter
+    /// replaced by one of another layout is refused, naming it.
+    pub(super) fn check_at_rest<E: Element>(&self, base: &[DTensor<E>], by: &str) -> Result<()> {
+        for (p, info) in base.iter().zip(self.params.iter()) {
+            if p.placements() != info.stored.as_slice() {
+                return Err(Error::FullyShard {
+                    module: self.name.clone(),
+                    reason: format!(
+                        "parameter `{}` is laid out {}, not {} as {by} left it: it was replaced",
+                        info.name,
+                        crate::placement::fmt_placements(p.placements()),
+                        crate::placement::fmt_placements(&info.stored)
+                    ),
+                });
+            }
+        }
+        Ok(())
+    }
+
+    /// Every parameter as [`memory_plan`](super::memory_plan) sees it (`shapes`: their global
+    /// shapes, in the unit's order), in this unit.
+    pub(super) fn param_specs<'a>(
+        &self,
+        shapes: impl Iterator<Item = &'a [usize]>,
+        reshard_after_forward: bool,
+        prefetch: bool,
+    ) -> Vec<ParamSpec> {
+        let unit = format!("{}#{}", self.name, self.id);
+        shapes
+            .zip(self.params.iter())
+            .map(|(shape, info)| {
+                ParamSpec::new(&info.name, shape, &info.in_use)
+                    .in_unit(&unit, reshard_after_forward)
+                    .prefetched(prefetch)
+            })
+            .collect()
+    }
+
+    /// This rank's [`MemoryPlan`] of `specs` in `dtype` (what every rank could compute before
+    /// launch: [`memory_plan`](super::memory_plan), at this rank's row-major index).
+    pub(super) fn plan_here(
+        &self,
+        specs: &[ParamSpec],
+        dtype: DType,
+        optimizer: OptimizerMemory,
+    ) -> Result<MemoryPlan> {
+        let mesh = &self.mesh;
+        let plans = super::memory_plan(specs, mesh.shape(), self.mesh_dim, dtype, optimizer)?;
+        let index = mesh.coordinate().iter().zip(mesh.shape()).fold(0, |i, (c, n)| i * n + c);
+        Ok(plans[index])
+    }
+
+    /// Drops the gradients buffered while synchronisation was off.
+    pub(super) fn clear_buffered_gradients(&self) {
+        for p in self.params.iter() {
+            *p.stash.lock().unwrap_or_else(|e| e.into_inner()) = None;
         }
     }
 
