@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # MPI test suite: builds dtensor-runtime with `--features mpi` and runs its MPI tests as
 # real processes under `mpirun -np $NP` (default 4, oversubscribed: fine on 2 cores):
-#   mpi_collectives   every collective vs expected values (world, mesh-dim, lazily created groups)
+#   mpi_collectives   every collective vs expected values (world, mesh-dim, lazily created groups,
+#                     a mesh dim split after the mesh was made, FSDP resharding to a group)
 #   mpi_redistribute  distribute/redistribute (uneven, 1-d and 2x2 mesh) + deterministic property test
 #   mpi_failure       a failing / panicking / stuck rank ends the job (MPI_Abort), never a hang
 #                     (also one failing between an FSDP forward and its reduce-scatter)

@@ -32,14 +32,21 @@ enum Mode {
     FsdpReshard,
     /// FSDP × TP, resharding after the forward.
     FsdpTpReshard,
+    /// FSDP over `dp`, resharding after the forward to groups of 2 ranks of `dp`.
+    FsdpReshardGroup,
+    /// FSDP × TP, resharding after the forward to groups of 2 ranks of `dp`.
+    FsdpTpReshardGroup,
 }
 
 impl Mode {
     fn tp(self) -> bool {
-        matches!(self, Mode::FsdpTp | Mode::FsdpTpReshard)
+        matches!(self, Mode::FsdpTp | Mode::FsdpTpReshard | Mode::FsdpTpReshardGroup)
     }
     fn reshard(self) -> bool {
-        matches!(self, Mode::FsdpReshard | Mode::FsdpTpReshard)
+        matches!(self, Mode::FsdpReshard | Mode::FsdpTpReshard) || self.group().is_some()
+    }
+    fn group(self) -> Option<usize> {
+        matches!(self, Mode::FsdpReshardGroup | Mode::FsdpTpReshardGroup).then_some(2)
     }
 }
 
@@ -74,6 +81,10 @@ fn blocks_prefetching(mesh: &DeviceMesh, mode: Mode, prefetch: bool) -> Result<S
                 .named(&format!("blocks.{i}"))
                 .reshard_after_forward(mode.reshard())
                 .prefetch(prefetch);
+            let opts = match mode.group() {
+                Some(g) => opts.reshard_after_forward_to(g),
+                None => opts,
+            };
             fully_shard(b, mesh, &opts)
         })
         .collect::<Result<_>>()?;
@@ -82,9 +93,9 @@ fn blocks_prefetching(mesh: &DeviceMesh, mode: Mode, prefetch: bool) -> Result<S
 
 fn input_placements(mode: Mode) -> Vec<Placement> {
     match mode {
-        Mode::Reference | Mode::Fsdp | Mode::FsdpReshard => vec![Shard(0)],
+        Mode::Reference | Mode::Fsdp | Mode::FsdpReshard | Mode::FsdpReshardGroup => vec![Shard(0)],
         Mode::Hsdp => vec![Shard(0), Shard(0)],
-        Mode::FsdpTp | Mode::FsdpTpReshard => vec![Shard(0), Placement::Replicate],
+        Mode::FsdpTp | Mode::FsdpTpReshard | Mode::FsdpTpReshardGroup => vec![Shard(0), Placement::Replicate],
     }
 }
 
@@ -155,6 +166,14 @@ fn fsdp_hsdp_and_fsdp_tp_train_as_one_rank() {
     assert_close(&train(4, &[2, 2], &["dp", "tp"], Mode::FsdpTp, 3), &reference, "FSDP x TP 2x2");
     assert_close(&train(4, &[4], &["dp"], Mode::FsdpReshard, 3), &reference, "FSDP 4, resharding");
     assert_close(&train(4, &[2, 2], &["dp", "tp"], Mode::FsdpTpReshard, 3), &reference, "FSDP x TP 2x2, resharding");
+}
+
+#[test]
+fn resharding_to_a_group_trains_as_one_rank() {
+    let reference = train(1, &[1], &["dp"], Mode::Reference, 3);
+    assert_close(&train(4, &[4], &["dp"], Mode::FsdpReshardGroup, 3), &reference, "FSDP 4, resharding to 2");
+    let tp = train(8, &[4, 2], &["dp", "tp"], Mode::FsdpTpReshardGroup, 3);
+    assert_close(&tp, &reference, "FSDP x TP 4x2, resharding to 2");
 }
 
 #[test]
@@ -461,6 +480,89 @@ fn resharding_gathers_again_in_the_backward() {
     assert_eq!(plain_counts, [12, 0, 12]);
     assert_eq!(counts, [12, 12, 12]);
     assert_eq!(plain, resharded);
+}
+
+/// Resharding to groups of 2 of the 4 `dp` ranks: the forward gathers over `dp` and keeps half
+/// of each parameter (a local slice: nothing more is sent), the backward gathers over the
+/// group (`dp.within`) only, receiving half of each parameter instead of three quarters; gradients
+/// are those of the plain run, with and without prefetch.
+#[test]
+fn resharding_to_a_group_gathers_within_it_in_the_backward() {
+    let step = |mode: Mode, prefetch: bool| {
+        run(4, move |ctx| {
+            let mesh = ctx.init_device_mesh(&[4], &["dp"])?;
+            let model = blocks_prefetching(&mesh, mode, prefetch)?;
+            let x = distribute_tensor(batch(0), &mesh, &[Shard(0)], None)?;
+            let (forward, backward) = (CommDebugMode::new(), CommDebugMode::new());
+            let loss = forward.scope(|| -> Result<DTensor<f64>> {
+                let h = model.forward(&x)?;
+                h.mul(&h)?.mean()
+            })?;
+            backward.scope(|| loss.backward())?;
+            let gathered = |on: &str| -> usize {
+                backward
+                    .records()
+                    .iter()
+                    .filter(|r| r.kind == CollectiveKind::AllGather && r.mesh_dim.as_deref() == Some(on))
+                    .map(|r| r.bytes * (r.group_size - 1)) // about what each rank receives
+                    .sum()
+            };
+            let counts = [
+                forward.count_on(CollectiveKind::AllGather, "dp"),
+                forward.records().len(),
+                backward.count_on(CollectiveKind::AllGather, "dp"),
+                backward.count_on(CollectiveKind::AllGather, "dp.within"),
+                backward.count_on(CollectiveKind::ReduceScatter, "dp"),
+            ];
+            let grads: Vec<Vec<f64>> = model
+                .named_parameters()
+                .into_iter()
+                .map(|(_, p)| Ok(p.grad().unwrap().full_tensor()?.iter().copied().collect()))
+                .collect::<Result<_>>()?;
+            Ok((counts, gathered("dp") + gathered("dp.within"), grads))
+        })
+        .unwrap()
+        .remove(0)
+    };
+    let (whole_counts, whole_bytes, whole) = step(Mode::FsdpReshard, false);
+    assert_eq!(whole_counts, [12, 12, 12, 0, 12]);
+    for prefetch in [false, true] {
+        let (counts, bytes, grads) = step(Mode::FsdpReshardGroup, prefetch);
+        assert_eq!(counts, [12, 12, 0, 12, 12], "prefetch {prefetch}");
+        println!("backward all-gathers, bytes rank 0 receives: resharding to dp {whole_bytes}, to groups of 2 {bytes} (prefetch {prefetch})");
+        // each rank receives half of each parameter instead of three quarters
+        assert!(bytes < whole_bytes, "prefetch {prefetch}: {bytes} bytes received vs {whole_bytes}");
+        assert_eq!(grads, whole, "prefetch {prefetch}");
+    }
+}
+
+#[test]
+fn a_reshard_group_that_does_not_divide_the_dim_is_refused() {
+    for group in [0, 1, 3, 8] {
+        let errs = run(4, move |ctx| {
+            let mesh = ctx.init_device_mesh(&[4], &["dp"])?;
+            let opts = FullyShardOptions::on("dp").named("blocks.0").reshard_after_forward_to(group);
+            match fully_shard(Block::new(DIM, HIDDEN)?, &mesh, &opts) {
+                Ok(_) => Ok(None),
+                Err(e) => Ok(Some(fsdp_error(e))),
+            }
+        })
+        .unwrap();
+        for e in errs {
+            let (module, reason) = e.unwrap_or_else(|| panic!("group {group} was accepted"));
+            assert_eq!(module, "blocks.0");
+            assert!(reason.contains(&format!("reshard_after_forward_to({group})")), "{reason}");
+        }
+    }
+    // a group of the whole dim is resharding to it
+    run(4, |ctx| {
+        let mesh = ctx.init_device_mesh(&[4], &["dp"])?;
+        let opts = FullyShardOptions::on("dp").reshard_after_forward_to(4);
+        let m = fully_shard(Block::new(DIM, HIDDEN)?, &mesh, &opts)?;
+        assert!(m.reshards_after_forward());
+        Ok(())
+    })
+    .unwrap();
 }
 
 /// Parameters loaded straight into the layout fully_shard gives them (each rank reading its

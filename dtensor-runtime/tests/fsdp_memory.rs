@@ -36,19 +36,38 @@ fn parallel<T: Element>(i: usize, mesh: &DeviceMesh) -> Result<Linear<T>> {
     parallelize_module(lin, mesh, &[("", style)])
 }
 
-fn options(i: usize, reshard: bool) -> FullyShardOptions {
-    FullyShardOptions::on("dp").named(&format!("layers.{i}")).reshard_after_forward(reshard).prefetch(true)
+/// How the units reshard after the forward.
+#[derive(Clone, Copy, Debug, PartialEq)]
+enum Reshard {
+    No,
+    /// To the whole FSDP dim.
+    Yes,
+    /// To groups of this many ranks.
+    To(usize),
+}
+
+fn options(i: usize, reshard: Reshard) -> FullyShardOptions {
+    let o = FullyShardOptions::on("dp").named(&format!("layers.{i}")).prefetch(true);
+    match reshard {
+        Reshard::No => o,
+        Reshard::Yes => o.reshard_after_forward(true),
+        Reshard::To(g) => o.reshard_after_forward_to(g),
+    }
 }
 
 /// The plan every rank can make before launch: the in-use layouts the tensor-parallel styles
 /// give (colwise: weight [out, in] sharded on out; rowwise: on in), gathered in `gathered`
 /// when it is not `dtype`.
-fn planned(mesh_shape: [usize; 2], reshard: bool, dtype: DType, gathered: DType) -> Vec<MemoryPlan> {
+fn planned(mesh_shape: [usize; 2], reshard: Reshard, dtype: DType, gathered: DType) -> Vec<MemoryPlan> {
     let params: Vec<ParamSpec> = (0..LAYERS)
         .map(|i| {
             let p = ParamSpec::new("weight", &[WIDTH, WIDTH], &[Replicate, Shard((i % 2) as isize)])
-                .in_unit(&format!("layers.{i}"), reshard)
+                .in_unit(&format!("layers.{i}"), reshard != Reshard::No)
                 .prefetched(true);
+            let p = match reshard {
+                Reshard::To(g) => p.resharded_to(g),
+                _ => p,
+            };
             if gathered == dtype {
                 p
             } else {
@@ -63,13 +82,17 @@ fn planned(mesh_shape: [usize; 2], reshard: bool, dtype: DType, gathered: DType)
 /// and checks each rank's measured peak against `plan` within 10 %; returns rank 0's bytes at
 /// rest per mesh (without resharding).
 fn measure<T: Element, U: Module<T> + Forward<T> + Send + 'static>(
-    plan: impl Fn([usize; 2], bool) -> Vec<MemoryPlan>,
-    build: impl Fn(usize, &DeviceMesh, bool) -> Result<U> + Send + Sync + Copy + 'static,
+    plan: impl Fn([usize; 2], Reshard) -> Vec<MemoryPlan>,
+    build: impl Fn(usize, &DeviceMesh, Reshard) -> Result<U> + Send + Sync + Copy + 'static,
     own_plan: impl Fn(&U) -> Result<MemoryPlan> + Send + Sync + Copy + 'static,
 ) -> Vec<([usize; 2], usize)> {
     println!("mesh   reshard  rank  planned peak  measured peak  measured/planned");
     let mut at_rest = vec![];
-    for (mesh_shape, reshard) in [[1, 1], [2, 1], [4, 1], [2, 2]].into_iter().flat_map(|m| [(m, false), (m, true)]) {
+    let cases = [[1, 1], [2, 1], [4, 1], [2, 2]]
+        .into_iter()
+        .flat_map(|m| [(m, Reshard::No), (m, Reshard::Yes)])
+        .chain([([4, 1], Reshard::To(2))]);
+    for (mesh_shape, reshard) in cases {
         let plan = plan(mesh_shape, reshard);
         let got = run(mesh_shape[0] * mesh_shape[1], move |ctx| {
             let mesh = ctx.init_device_mesh(&mesh_shape, &["dp", "tp"])?;
@@ -100,14 +123,16 @@ fn measure<T: Element, U: Module<T> + Forward<T> + Send + 'static>(
         for (rank, (own_rest, peak)) in got.into_iter().enumerate() {
             let planned = plan[rank].peak();
             let ratio = peak as f64 / planned as f64;
-            println!("{mesh_shape:?} {reshard:>7} {rank:>4}  {planned:>12}  {peak:>13}  {ratio:.3}");
+            let how = format!("{reshard:?}");
+            println!("{mesh_shape:?} {how:>7} {rank:>4}  {planned:>12}  {peak:>13}  {ratio:.3}");
             assert!(
                 (0.9..=1.1).contains(&ratio),
-                "mesh {mesh_shape:?} reshard {reshard} rank {rank}: plan {planned} vs peak {peak}"
+                "mesh {mesh_shape:?} reshard {reshard:?} rank {rank}: plan {planned} vs peak {peak}: {:?}",
+                plan[rank]
             );
             // the modules' own plans (made on the mesh) agree with the one made before launch
             assert_eq!(own_rest, plan[rank].at_rest());
-            if rank == 0 && !reshard {
+            if rank == 0 && reshard == Reshard::No {
                 at_rest.push((mesh_shape, own_rest));
             }
         }

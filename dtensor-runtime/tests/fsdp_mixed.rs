@@ -139,7 +139,8 @@ fn assert_close(run: &Trained, reference: &Trained, what: &str) {
 }
 
 /// Masters and compute both in f64: the nested graph (sinks, the unit's own reduction) gives
-/// the one-rank run of plain `fully_shard`, on every mesh, with and without resharding.
+/// the one-rank run of plain `fully_shard`, on every mesh, with and without resharding (to the
+/// whole dim or to groups of 2), with prefetch.
 #[test]
 fn mixed_units_in_one_dtype_train_as_one_rank() {
     let reference = train(Mesh::Reference, |mesh| {
@@ -155,15 +156,17 @@ fn mixed_units_in_one_dtype_train_as_one_rank() {
             .collect::<Result<Vec<_>>>()?;
         Ok(Sequential(units))
     });
+    // reshard: 0 no, 1 to the whole dp dim, 2 to groups of 2 of the 4 dp ranks
     for (mesh, reshard) in
-        [(Mesh::Fsdp4, false), (Mesh::Fsdp4, true), (Mesh::Hsdp, false), (Mesh::FsdpTp, false), (Mesh::FsdpTp, true)]
+        [(Mesh::Fsdp4, 0), (Mesh::Fsdp4, 1), (Mesh::Fsdp4, 2), (Mesh::Hsdp, 0), (Mesh::FsdpTp, 0), (Mesh::FsdpTp, 1)]
     {
         let run = train(mesh, move |m| {
-            mixed_blocks::<f64, f64>(
-                m,
-                mesh == Mesh::FsdpTp,
-                &FullyShardOptions::on("dp").reshard_after_forward(reshard),
-            )
+            let opts = match reshard {
+                0 => FullyShardOptions::on("dp"),
+                1 => FullyShardOptions::on("dp").reshard_after_forward(true),
+                g => FullyShardOptions::on("dp").reshard_after_forward_to(g),
+            };
+            mixed_blocks::<f64, f64>(m, mesh == Mesh::FsdpTp, &opts)
         });
         assert_close(&run, &reference, &format!("{mesh:?}, reshard {reshard}"));
     }

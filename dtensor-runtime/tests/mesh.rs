@@ -130,3 +130,29 @@ fn prepared_partitions_cover_every_group_a_3d_mesh_uses() {
         }
     }
 }
+
+/// `unflatten` splits one dim in place, keeping the ranks' row-major order: on a `dp=4 × tp=2`
+/// mesh, `dp` → `node=2 × local=2` groups `local` by consecutive `dp` coordinates; bad splits
+/// are typed errors.
+#[test]
+fn unflatten_splits_one_dim_in_place() {
+    let out = run(8, |ctx| {
+        let mesh = ctx.init_device_mesh(&[4, 2], &["dp", "tp"])?;
+        let split = mesh.unflatten("dp", &[2, 2], &["node", "local"])?;
+        for bad in [(&[3usize, 2][..], &["a", "b"][..]), (&[2, 2], &["a"]), (&[], &[])] {
+            match mesh.unflatten("dp", bad.0, bad.1) {
+                Err(Error::InvalidMesh { reason }) => assert!(reason.contains("`dp` of size 4"), "{reason}"),
+                other => panic!("{bad:?}: {:?}", other.map(|m| m.to_string())),
+            }
+        }
+        assert!(matches!(mesh.unflatten("dp", &[2, 2], &["tp", "x"]), Err(Error::DuplicateMeshDim { .. })));
+        assert!(matches!(mesh.unflatten("pp", &[1], &["x"]), Err(Error::UnknownMeshDim { .. })));
+        Ok((split.shape().to_vec(), split.dim_names().to_vec(), split.coordinate().to_vec(), split.group(1).to_vec()))
+    })
+    .unwrap();
+    assert_eq!(out[0].0, vec![2, 2, 2]);
+    assert_eq!(out[0].1, vec!["node", "local", "tp"]);
+    // rank 5 is dp 2, tp 1: node 1, local 0; its local group is dp 2 and 3 at tp 1
+    assert_eq!(out[5].2, vec![1, 0, 1]);
+    assert_eq!(out[5].3, vec![5, 7]);
+}

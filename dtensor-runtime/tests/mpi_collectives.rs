@@ -313,6 +313,44 @@ fn mesh_dim_collectives(ctx: &RankCtx) -> Result<Outcome, String> {
     Ok(Outcome::Pass)
 }
 
+/// A mesh dim split in two after the mesh was made (`DeviceMesh::unflatten`: its groups are
+/// created then, collectively) runs collectives over each half; FSDP resharding after the
+/// forward to groups of 2 (which splits its dim so) gives the gradients of resharding to all.
+fn unflattened_mesh_collectives(ctx: &RankCtx) -> Result<Outcome, String> {
+    use dtensor_runtime::fsdp::{fully_shard, FullyShardOptions};
+    use dtensor_runtime::module::{Forward, Linear, Module};
+    let n = ctx.world_size();
+    if n < 4 || !n.is_multiple_of(2) {
+        return Ok(Outcome::Skip(format!("needs an even number of ranks, at least 4, has {n}")));
+    }
+    let mesh = ctx.init_device_mesh(&[n], &["dp"]).map_err(fail)?;
+    let split = mesh.unflatten("dp", &[n / 2, 2], &["node", "local"]).map_err(fail)?;
+    for d in 0..2 {
+        let g = split.group(d).to_vec();
+        let mine: Vec<f64> = (0..3).map(|i| val(DType::F64, ctx.rank(), i)).collect();
+        let got = split.all_gather(Along::Dim(d), &mine).map_err(fail)?;
+        let want: Vec<f64> = g.iter().flat_map(|&r| (0..3).map(move |i| val(DType::F64, r, i))).collect();
+        close(&got, &want, &format!("unflattened mesh all_gather dim {d}"))?;
+    }
+    let grads = |opts: FullyShardOptions| -> Result<Vec<f64>, String> {
+        dtensor_runtime::manual_seed(3);
+        let lin = fully_shard(Linear::<f64>::new(5, 7, true).map_err(fail)?, &mesh, &opts).map_err(fail)?;
+        let x = dtensor_runtime::ndarray::ArrayD::from_shape_fn(vec![n, 5], |i| (i[0] * 5 + i[1]) as f64 / 9.0);
+        let x = dtensor_runtime::distribute_tensor(&x, &mesh, &[dtensor_runtime::Shard(0)], None).map_err(fail)?;
+        let y = lin.forward(&x).map_err(fail)?;
+        y.mul(&y).map_err(fail)?.sum().map_err(fail)?.backward().map_err(fail)?;
+        let mut out = vec![];
+        for (_, p) in lin.named_parameters() {
+            out.extend(p.grad().ok_or("no gradient")?.full_tensor().map_err(fail)?.iter().copied());
+        }
+        Ok(out)
+    };
+    let whole = grads(FullyShardOptions::on("dp").reshard_after_forward(true))?;
+    let group = grads(FullyShardOptions::on("dp").reshard_after_forward_to(2))?;
+    close(&group, &whole, "FSDP resharding to groups of 2 against resharding to all")?;
+    Ok(Outcome::Pass)
+}
+
 /// `all_reduce_start` (MPI_Iallreduce for the native dtypes; blocking for 16-bit floats and
 /// max/min) equals the blocking all-reduce (on values whose sums are exact in any order, since
 /// MPI may choose another summation order per call), over both dims of a mesh and the whole
@@ -717,6 +755,7 @@ fn main() {
         ("scatter_from_every_root", scatter_from_every_root),
         ("barrier_waits_for_the_slowest", barrier_waits_for_the_slowest),
         ("mesh_dim_collectives", mesh_dim_collectives),
+        ("unflattened_mesh_collectives", unflattened_mesh_collectives),
         ("started_all_reduce_matches_blocking", started_all_reduce_matches_blocking),
         ("empty_collectives_complete", empty_collectives_complete),
         ("bad_input_is_a_typed_error", bad_input_is_a_typed_error),

@@ -3,6 +3,7 @@
 
 use super::prefetch;
 use super::reshard::forward_recomputed;
+use super::reshard_group::{group_fits, ReshardGroup};
 use super::unit::{at_rest, at_rest_declared, Param, Unit};
 use super::{resting_layout, FullyShardOptions, MemoryPlan, OptimizerMemory, ParamSpec};
 use crate::autograd::is_grad_enabled;
@@ -124,6 +125,12 @@ pub(super) fn shard<T: Element, M: Module<T>>(
         }
     }
     static UNITS: AtomicU64 = AtomicU64::new(0);
+    let post = match options.reshard_group {
+        Some(group) if options.reshard_after_forward && group < mesh.size(mesh_dim) => {
+            Some(ReshardGroup::new(mesh, mesh_dim, group, UNITS.fetch_add(1, Ordering::Relaxed))?)
+        }
+        _ => None,
+    };
     let unit = Unit {
         name,
         id: UNITS.fetch_add(1, Ordering::Relaxed),
@@ -132,6 +139,7 @@ pub(super) fn shard<T: Element, M: Module<T>>(
         reduce_dtype: options.reduce_dtype,
         params: Arc::new(params),
         sync: Arc::new(AtomicBool::new(true)),
+        post,
     };
     Ok((module, unit))
 }
@@ -143,6 +151,16 @@ fn decide<T: Element, M: Module<T>>(
     mesh_dim: usize,
     options: &FullyShardOptions,
 ) -> std::result::Result<Vec<Param<T>>, String> {
+    if let Some(group) = options.reshard_group {
+        let n = mesh.size(mesh_dim);
+        if !group_fits(group, n) || !options.reshard_after_forward {
+            return Err(format!(
+                "reshard_after_forward_to({group}) on `{}` of {n} ranks: the group must divide {n} and be at \
+                 least 2 (reshard_after_forward(false) keeps the whole parameters), with reshard_after_forward on",
+                options.mesh_dim
+            ));
+        }
+    }
     let mut params = Vec::new();
     for (pname, p) in module.named_parameters() {
         let in_use = if p.is_local_tensor() {
@@ -207,7 +225,7 @@ fn agree<T: Element, M: Module<T>>(
         Some(params) => {
             let mut h = DefaultHasher::new();
             let dtype = |d: Option<DType>| d.map(|d| d.to_string());
-            let when = (options.reshard_after_forward, options.prefetch);
+            let when = (options.reshard_after_forward, options.reshard_group, options.prefetch);
             (dtype(options.reduce_dtype), when, dtype(masters), T::DTYPE.to_string()).hash(&mut h);
             for ((name, p), info) in module.named_parameters().iter().zip(params) {
                 (name, p.shape(), fmt_placements(&info.stored), p.requires_grad()).hash(&mut h);

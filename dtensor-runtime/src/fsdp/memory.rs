@@ -5,7 +5,7 @@
 use super::resting_layout;
 use crate::element::DType;
 use crate::error::{Error, Result};
-use crate::layout::checked_local_shape_and_offset;
+use crate::layout::{checked_local_shape_and_offset, chunk_size_and_offset};
 use crate::placement::{fmt_placements, normalize_placements, Placement};
 use std::fmt;
 
@@ -33,6 +33,10 @@ pub struct ParamSpec {
     /// The dtype it is gathered and computed in when not the plan's (a
     /// [`FullyShardMixed`](super::FullyShardMixed) unit's module dtype; `None`: the plan's).
     pub gathered_dtype: Option<DType>,
+    /// The group its unit reshards to after the forward when smaller than the FSDP dim
+    /// (`FullyShardOptions::reshard_after_forward_to`): the unit keeps `1/group` of the
+    /// gathered parameter from its forward until its backward.
+    pub reshard_group: Option<usize>,
 }
 
 impl ParamSpec {
@@ -47,6 +51,7 @@ impl ParamSpec {
             reshard_after_forward: false,
             prefetch: false,
             gathered_dtype: None,
+            reshard_group: None,
         }
     }
 
@@ -60,6 +65,26 @@ impl ParamSpec {
     /// Its unit prefetches (see [`ParamSpec::prefetch`]).
     pub fn prefetched(mut self, on: bool) -> Self {
         self.prefetch = on;
+        self
+    }
+
+    /// Its unit reshards after the forward to groups of `group` ranks (see
+    /// [`ParamSpec::reshard_group`]; turns [`ParamSpec::reshard_after_forward`] on).
+    ///
+    /// ```
+    /// use dtensor_runtime::fsdp::{memory_plan, OptimizerMemory, ParamSpec};
+    /// use dtensor_runtime::{DType, Replicate};
+    /// let w = ParamSpec::new("w", &[1024, 1024], &[Replicate]); // 4 MiB in f32
+    /// let plan = |p: ParamSpec| memory_plan(&[p], &[8], 0, DType::F32, OptimizerMemory::none());
+    /// // resharding to groups of 4 of the 8 ranks keeps a quarter of it from the forward
+    /// assert_eq!(plan(w.clone().resharded_to(4))?[0].resharded_kept, 1 << 20);
+    /// assert_eq!(plan(w.clone().in_unit("", true))?[0].resharded_kept, 0);
+    /// assert!(plan(w.resharded_to(3)).is_err()); // 3 does not divide 8
+    /// # Ok::<(), dtensor_runtime::Error>(())
+    /// ```
+    pub fn resharded_to(mut self, group: usize) -> Self {
+        self.reshard_after_forward = true;
+        self.reshard_group = Some(group);
         self
     }
 
@@ -130,8 +155,13 @@ pub struct MemoryPlan {
     pub resharded_window: usize,
     /// The largest of a resharding unit's backward: the gradient shards of the units after it
     /// (their backward has run), its gathered parameters and, with prefetch, the unit before
-    /// it's.
+    /// it's, and the slices it and the units before it kept from the forward when they reshard
+    /// to a smaller group.
     pub resharded_backward: usize,
+    /// The slices of gathered parameters kept from the forward until the backward by the units
+    /// that reshard to a smaller group than the FSDP dim (all of them at the backward's start;
+    /// [`MemoryPlan::resharded_backward`] counts those still alive in each unit's backward).
+    pub resharded_kept: usize,
     /// The largest gradient in its in-use layout: the one unreduced gradient alive at a time,
     /// before its reduce-scatter (a mixed-precision unit: all its gradients in the module's
     /// dtype, which its nested backward makes before reducing any, and one copy in the plan's
@@ -247,8 +277,8 @@ pub fn memory_plan(
         };
         let mut plan = MemoryPlan { rank, ..MemoryPlan::default() };
         // every unit in the order it first appears: (name, gradient shard bytes, gathered bytes
-        // if it reshards, reshards, prefetches)
-        let mut units: Vec<(&str, usize, usize, bool, bool)> = Vec::new();
+        // if it reshards, reshards, prefetches, bytes kept from the forward)
+        let mut units: Vec<(&str, usize, usize, bool, bool, usize)> = Vec::new();
         // mixed-precision units: (unit, their gradients in the module's dtype, largest
         // parameter's elements)
         let mut mixed_units: Vec<(&str, usize, usize)> = Vec::new();
@@ -261,7 +291,7 @@ pub fn memory_plan(
             let unit = match units.iter().position(|u| u.0 == p.unit) {
                 Some(i) => i,
                 None => {
-                    units.push((&p.unit, 0, 0, p.reshard_after_forward, p.prefetch));
+                    units.push((&p.unit, 0, 0, p.reshard_after_forward, p.prefetch, 0));
                     units.len() - 1
                 }
             };
@@ -275,6 +305,11 @@ pub fn memory_plan(
             let gathered = elements * p.gathered_dtype.map_or(size, |d| d.size_of());
             if p.reshard_after_forward {
                 units[unit].2 += gathered;
+                let kept =
+                    kept(p, stored.as_ref().map(|s| s[fsdp_dim]), gathered, mesh_shape[fsdp_dim], coord[fsdp_dim])
+                        .map_err(refuse)?;
+                units[unit].5 += kept;
+                plan.resharded_kept += kept;
             } else {
                 plan.unsharded_window += gathered;
             }
@@ -294,21 +329,48 @@ pub fn memory_plan(
             plan.largest_unsharded_gradient = plan.largest_unsharded_gradient.max(grads + largest * size);
         }
         // A resharding unit's backward: its window, the one before it prefetched (both
-        // prefetching and resharding: the unit links to the one whose output it takes), and
-        // the gradient shards of the units after it.
-        for (k, &(_, _, window, reshard, prefetch)) in units.iter().enumerate() {
+        // prefetching and resharding: the unit links to the one whose output it takes), the
+        // gradient shards of the units after it, and what it and the units before it kept from
+        // the forward (resharding to a smaller group).
+        for (k, &(_, _, window, reshard, prefetch, _)) in units.iter().enumerate() {
             if !reshard {
                 continue;
             }
             let before = match k.checked_sub(1).map(|j| units[j]) {
-                Some((_, _, w, true, true)) if prefetch => w,
+                Some((_, _, w, true, true, _)) if prefetch => w,
                 _ => 0,
             };
             let after: usize = units[k + 1..].iter().map(|u| u.1).sum();
+            let kept: usize = units[..=k].iter().map(|u| u.5).sum();
             plan.resharded_window = plan.resharded_window.max(window + before);
-            plan.resharded_backward = plan.resharded_backward.max(after + window + before);
+            plan.resharded_backward = plan.resharded_backward.max(after + window + before + kept);
         }
         plans.push(plan);
     }
     Ok(plans)
+}
+
+/// The bytes of a parameter (`gathered` bytes in its in-use layout) that a unit resharding to
+/// a group smaller than the FSDP dim (`n` ranks, this rank at `at`) keeps from its forward:
+/// its slice over the group (a parameter left replicated on the FSDP dim keeps its gathered
+/// copy when that is a cast, nothing when it is the parameter itself).
+fn kept(p: &ParamSpec, stored: Option<Placement>, gathered: usize, n: usize, at: usize) -> Result<usize, String> {
+    let Some(group) = p.reshard_group.filter(|&g| g != n) else { return Ok(0) };
+    if !super::reshard_group::group_fits(group, n) {
+        return Err(format!(
+            "parameter `{}`: its unit reshards to groups of {group}, which must divide the {n} ranks of the FSDP dim \
+             and be at least 2",
+            p.name
+        ));
+    }
+    let d = match stored {
+        Some(Placement::Shard(d)) => usize::try_from(d).ok(),
+        _ => None,
+    };
+    Ok(match d {
+        Some(d) if p.shape[d] > 0 => gathered / p.shape[d] * chunk_size_and_offset(p.shape[d], group, at % group).0,
+        Some(_) => 0,
+        None if p.gathered_dtype.is_some() => gathered,
+        None => 0,
+    })
 }

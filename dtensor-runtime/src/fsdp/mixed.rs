@@ -297,21 +297,29 @@ where
         match cached {
             None if self.reshard_after_forward => {
                 let rng = rng_state();
-                let y = no_grad(|| run_with(&unit, &module, &gathered(ahead)?, &x_c))?;
+                let params = gathered(ahead)?;
+                let y = no_grad(|| run_with(&unit, &module, &params, &x_c))?;
+                // resharding to a smaller group keeps a slice of each gathered parameter
+                let kept = unit.keep(&params)?;
+                drop(params);
                 let masters: Vec<DTensor<S>> = self.masters.iter().map(|m| m.detach()).collect();
                 // backward prefetch, as `fully_shard`'s resharding units do (reshard.rs)
-                let (previous, start_me) = match self.prefetch {
-                    true => {
+                let (previous, start_me) = match (self.prefetch, &kept) {
+                    (true, Some(kept)) => (prefetch::previous(x), Some(kept.starter())),
+                    (true, None) => {
                         (prefetch::previous(x), Some(prefetch::starter(&unit, masters.clone(), to_compute::<S, C>)))
                     }
-                    false => (None, None),
+                    (false, _) => (None, None),
                 };
                 let out = record("fsdp_mixed_recompute_backward", y.cast::<S>()?, &inputs, move |g| {
                     let _recording = enable_grad_guard();
                     prefetch::unchain();
-                    let params = match prefetch::prefetched::<S, C>(unit.id, &unit, &masters)? {
-                        Some(p) => p,
-                        None => gather::<S, C>(&unit, &masters)?,
+                    let params = match &kept {
+                        Some(kept) => kept.gather()?,
+                        None => match prefetch::prefetched::<S, C>(unit.id, &unit, &masters)? {
+                            Some(p) => p,
+                            None => gather::<S, C>(&unit, &masters)?,
+                        },
                     };
                     if let Some(start) = &previous {
                         start()?;

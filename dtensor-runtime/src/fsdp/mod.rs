@@ -43,8 +43,10 @@ mod layout;
 mod memory;
 mod mixed;
 mod options;
+mod post_forward;
 mod prefetch;
 mod reshard;
+mod reshard_group;
 mod sink;
 mod unit;
 

@@ -33,6 +33,15 @@ pub struct FullyShardOptions {
     /// unit's parameters and activations for one more forward per step. Applies to
     /// [`Forward::forward`](crate::module::Forward::forward) of the wrapped module.
     pub reshard_after_forward: bool,
+    /// Reshard after the forward to groups of this many ranks instead of the whole FSDP dim
+    /// (PyTorch `reshard_after_forward=<int>`, e.g. the ranks of one node): the forward keeps
+    /// `1/group` of each gathered parameter, and the backward all-gathers over those `group`
+    /// ranks only (runs of consecutive coordinates of the FSDP dim, so with node-major ranks
+    /// within a node; its records name the dim `<dim>.within`) — more memory than resharding
+    /// to the whole dim, a smaller all-gather in the backward. It must divide the FSDP dim's
+    /// size and be at least 2 (a group of the whole dim is `reshard_after_forward(true)`).
+    /// Set by [`FullyShardOptions::reshard_after_forward_to`]; `None`: the whole dim.
+    pub reshard_group: Option<usize>,
     /// Accept parameters that already rest sharded over the mesh dim exactly as `fully_shard`
     /// would lay them out ([`resting_layout`](super::resting_layout)), e.g. loaded that way from
     /// a checkpoint so that each rank read only its part; they are adopted as they are.
@@ -59,6 +68,7 @@ impl FullyShardOptions {
             name: None,
             reduce_dtype: None,
             reshard_after_forward: false,
+            reshard_group: None,
             accept_resting: false,
             prefetch: false,
         }
@@ -74,6 +84,22 @@ impl FullyShardOptions {
     /// [`FullyShardOptions::reshard_after_forward`]).
     pub fn reshard_after_forward(mut self, on: bool) -> Self {
         self.reshard_after_forward = on;
+        self.reshard_group = None; // to the whole dim, or not at all
+        self
+    }
+
+    /// Reshards after the forward to groups of `group` ranks (see
+    /// [`FullyShardOptions::reshard_group`]; turns [`FullyShardOptions::reshard_after_forward`]
+    /// on).
+    ///
+    /// ```
+    /// use dtensor_runtime::fsdp::FullyShardOptions;
+    /// let o = FullyShardOptions::on("dp").reshard_after_forward_to(8); // one node of 8 ranks
+    /// assert!(o.reshard_after_forward && o.reshard_group == Some(8));
+    /// ```
+    pub fn reshard_after_forward_to(mut self, group: usize) -> Self {
+        self.reshard_after_forward = true;
+        self.reshard_group = Some(group);
         self
     }
 

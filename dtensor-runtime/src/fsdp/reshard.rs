@@ -33,12 +33,28 @@ where
 {
     // The generator as the forward finds it: the recomputation draws the same numbers (dropout).
     let rng = rng_state();
-    let y = no_grad(|| unit.run_on(module, &base, gathered.as_deref(), |m| m.forward(x)))?;
-    drop(gathered); // the window closes with the forward
     let inputs: Vec<&DTensor<T>> = std::iter::once(x).chain(&base).collect();
-    if !recording(&inputs) {
+    let recorded = recording(&inputs);
+    // A unit resharding to a smaller group keeps a slice of what it gathers: gathered here,
+    // so that the slices can be cut after the forward.
+    let gathered = match gathered {
+        None if recorded && unit.post.is_some() => Some(
+            base.iter()
+                .zip(unit.params.iter())
+                .map(|(p, info)| unit.gather_data(p, info))
+                .collect::<Result<Vec<_>>>()?,
+        ),
+        g => g,
+    };
+    let y = no_grad(|| unit.run_on(module, &base, gathered.as_deref(), |m| m.forward(x)))?;
+    if !recorded {
         return Ok(y);
     }
+    let kept = match &gathered {
+        Some(g) => unit.keep(g)?,
+        None => None,
+    };
+    drop(gathered); // the window closes with the forward
     let needs: Vec<bool> = inputs.iter().map(|t| t.requires_grad()).collect();
     // What the backward needs: the input and the shards (storage shared, no history), a
     // shallow copy of the module, the unit.
@@ -46,15 +62,19 @@ where
     let (unit, module) = (unit.clone(), module.clone());
     // Backward prefetch: this unit's backward starts the gathers of the unit whose output is
     // its input (its backward comes next), and chains itself for the unit after it.
-    let (previous, start_me) = match prefetch {
-        true => (prefetch::previous(x), Some(prefetch::starter(&unit, saved[1..].to_vec(), |p| Ok(p.clone())))),
-        false => (None, None),
+    let (previous, start_me) = match (prefetch, &kept) {
+        (true, Some(kept)) => (prefetch::previous(x), Some(kept.starter())),
+        (true, None) => (prefetch::previous(x), Some(prefetch::starter(&unit, saved[1..].to_vec(), |p| Ok(p.clone())))),
+        (false, _) => (None, None),
     };
     let out = record("fsdp_recompute_backward", y, &inputs, move |g| {
         let _recording = enable_grad_guard();
         prefetch::unchain(); // the forward pass is over: nothing links to what ran before it
                              // this unit's gathers, if the unit after it started them; then the unit before's
-        let cached = prefetch::prefetched::<T, T>(unit.id, &unit, &saved[1..])?;
+        let cached = match &kept {
+            Some(kept) => Some(kept.gather()?),
+            None => prefetch::prefetched::<T, T>(unit.id, &unit, &saved[1..])?,
+        };
         if let Some(start) = &previous {
             start()?;
         }

@@ -3,6 +3,7 @@
 //! Shared by the forward and by its recomputation in the backward (`reshard.rs`), so it is
 //! cheap to clone: layouts and `Arc`s.
 
+use super::reshard_group::ReshardGroup;
 use super::{MemoryPlan, OptimizerMemory, ParamSpec};
 use crate::autograd::{record, redistribute_grad};
 use crate::dtensor::DTensor;
@@ -78,6 +79,9 @@ pub(super) struct Unit<T: Element> {
     pub(super) reduce_dtype: Option<DType>,
     pub(super) params: Arc<Vec<Param<T>>>,
     pub(super) sync: Arc<AtomicBool>,
+    /// Resharding after the forward to a smaller group than the FSDP dim
+    /// ([`FullyShardOptions::reshard_group`](super::FullyShardOptions::reshard_group)).
+    pub(super) post: Option<ReshardGroup>,
 }
 
 impl<T: Element> Unit<T> {
@@ -143,6 +147,7 @@ impl<T: Element> Unit<T> {
                 self.params.iter().map(|p| Param::new(p.name.clone(), p.in_use.clone(), p.stored.clone())).collect(),
             ),
             sync: Arc::clone(&self.sync),
+            post: self.post.clone(),
         }
     }
 
@@ -177,9 +182,13 @@ impl<T: Element> Unit<T> {
         shapes
             .zip(self.params.iter())
             .map(|(shape, info)| {
-                ParamSpec::new(&info.name, shape, &info.in_use)
+                let spec = ParamSpec::new(&info.name, shape, &info.in_use)
                     .in_unit(&unit, reshard_after_forward)
-                    .prefetched(prefetch)
+                    .prefetched(prefetch);
+                match &self.post {
+                    Some(post) => spec.resharded_to(post.group()),
+                    None => spec,
+                }
             })
             .collect()
     }

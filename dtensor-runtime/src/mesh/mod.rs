@@ -329,6 +329,43 @@ impl DeviceMesh {
         Ok(sub)
     }
 
+    /// This mesh with dim `name` split into dims of `sizes` named `names` (PyTorch
+    /// `DeviceMesh._unflatten`): the same ranks in the same row-major order, so the last new
+    /// dim's groups are runs of consecutive coordinates of the old dim (with node-major ranks,
+    /// the ranks of one node). Collective: backends with sub-communicators (MPI, NCCL) create
+    /// the new groups, so every rank calls it alike, and on them the mesh must span the
+    /// communicator's whole world.
+    ///
+    /// ```
+    /// let groups = dtensor_runtime::run(4, |ctx| {
+    ///     let mesh = ctx.init_device_mesh(&[4], &["dp"])?;
+    ///     let split = mesh.unflatten("dp", &[2, 2], &["node", "local"])?;
+    ///     Ok((split.shape().to_vec(), split.group(1).to_vec()))
+    /// }).unwrap();
+    /// assert_eq!(groups[3], (vec![2, 2], vec![2, 3]));
+    /// ```
+    pub fn unflatten(&self, name: &str, sizes: &[usize], names: &[&str]) -> Result<DeviceMesh> {
+        let dim = self.dim_index(name)?;
+        let product = crate::shape::checked_numel("device mesh", sizes)?;
+        if sizes.is_empty() || product != self.size(dim) || names.len() != sizes.len() {
+            return Err(Error::InvalidMesh {
+                reason: format!(
+                    "cannot split mesh dim `{name}` of size {} into {sizes:?} named {names:?}: the sizes must \
+                     multiply to its size, one name each",
+                    self.size(dim)
+                ),
+            });
+        }
+        let mut shape = self.inner.shape.clone();
+        shape.splice(dim..=dim, sizes.iter().copied());
+        let mut all: Vec<&str> = self.inner.names.iter().map(|n| n.as_str()).collect();
+        all.splice(dim..=dim, names.iter().copied());
+        let mesh = Self::build(Arc::clone(&self.inner.comm), &shape, &all, self.inner.ranks.clone())?;
+        mesh.set_collective_checks(self.collective_checks());
+        mesh.inner.comm.prepare_groups(&mesh.prepared_partitions())?;
+        Ok(mesh)
+    }
+
     /// Same layout of the same ranks (communicators are not compared).
     pub fn same_as(&self, other: &DeviceMesh) -> bool {
         Arc::ptr_eq(&self.inner, &other.inner)
