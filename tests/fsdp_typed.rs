@@ -1,7 +1,8 @@
 //! FSDP inside the DSL: a `#[distribute]` model whose blocks are `Fsdp<_, Block, dp>` fields
 //! (each block its own FSDP unit) trains as the same
 //! model with plain blocks on one rank; the blocks are reachable only gathered (`call`), with
-//! the layouts their types declare; optimizers and checkpoints see the shards.
+//! the layouts their types declare; optimizers and checkpoints see the shards, and
+//! `fsdp = "dp"` gives them as types (`BlockShards`, `Fsdp::shards`).
 
 use dtensor::fsdp::FullyShardOptions;
 use dtensor::module::Module;
@@ -12,7 +13,7 @@ use dtensor::typed::dims::{dp, tp};
 use dtensor::typed::{Dt, Fsdp, Sum};
 use dtensor::{distribute, CollectiveKind, CommDebugMode, Placement, Replicate, Shard};
 
-#[distribute(mesh = "dp,tp")]
+#[distribute(mesh = "dp,tp", fsdp = "dp")]
 #[derive(Clone)]
 pub struct Block {
     #[placements = [Replicate, Shard(1)]]
@@ -151,4 +152,57 @@ fn fsdp_fields_train_as_plain_blocks_on_one_rank() {
             assert!(worst < 1e-12, "{shape:?} reshard {reshard}: {n} differs by {worst:e}");
         }
     }
+}
+
+/// Two blocks as one unit (a nested module and a `Vec` of them), with their shards as types.
+#[distribute(mesh = "dp,tp", elem = f64, fsdp = "dp")]
+#[derive(Clone)]
+pub struct Pair {
+    pub first: Block,
+    pub rest: Vec<Block>,
+}
+
+/// `fsdp = "dp"`: `Fsdp::shards` gives each parameter at rest with its resting layout as its
+/// type — the column-parallel `w1` `(Replicate, Shard<1>)` in use rests `(Shard<0>, Shard<1>)`,
+/// the row-parallel `w2` `(Replicate, Shard<0>)` rests `(Shard<1>, Shard<0>)` — sharing the
+/// parameter's storage and gradient (the reduce-scattered shard), nested modules included.
+#[test]
+fn fsdp_shards_have_their_resting_layouts_as_types() {
+    dtensor::run(4, |ctx| {
+        let mesh = ctx.init_device_mesh(&[2, 2], &["dp", "tp"])?;
+        let model = Sharded::distribute(ShardedGlobal { blocks: globals() }, &mesh)?;
+        let mut h = input(&mesh, 0)?;
+        for b in &model.blocks {
+            h = b.call(|b| block_forward(&h, b))?;
+        }
+        h.as_dtensor().mul(h.as_dtensor())?.mean()?.backward()?;
+        let shards: BlockShards = model.blocks[1].shards()?;
+        let w1: &Dt<f64, (dp, tp), (Shard<0>, Shard<1>), 2> = &shards.w1;
+        let w2: &Dt<f64, (dp, tp), (Shard<1>, Shard<0>), 2> = &shards.w2;
+        assert_eq!(w1.local().shape(), &[3, 5]); // [6, 10]: rows over dp, columns over tp
+        assert_eq!(w2.local().shape(), &[5, 3]); // [10, 6]: columns over dp, rows over tp
+        let params = model.blocks[1].named_parameters();
+        for ((name, p), shard) in params.iter().zip([w1.as_dtensor(), w2.as_dtensor()]) {
+            assert_eq!(p.placements(), shard.placements(), "{name}");
+            assert!(std::ptr::eq(p.local_cpu()?.as_ptr(), shard.local_cpu()?.as_ptr()), "{name}: the same storage");
+            // the gradient shard, typed as the leaf's gradient
+            let (g, mine) = (p.grad().expect("a gradient"), shard.grad().expect("the same gradient"));
+            assert_eq!(g.local_cpu()?, mine.local_cpu()?, "{name}");
+        }
+        let g: Dt<f64, (dp, tp), (Shard<0>, Shard<1>), 2> = w1.grad()?.expect("a gradient shard");
+        assert_eq!(g.local().shape(), &[3, 5]);
+
+        // nested: a unit of two blocks
+        let pair = Pair::distribute(
+            PairGlobal { first: globals().remove(0), rest: globals().into_iter().skip(1).collect() },
+            &mesh,
+        )?;
+        let unit: Fsdp<f64, Pair, dp> = Fsdp::new(pair, &mesh)?;
+        let shards: PairShards = unit.shards()?;
+        let _: &Dt<f64, (dp, tp), (Shard<1>, Shard<0>), 2> = &shards.rest[1].w2;
+        assert_eq!(shards.rest.len(), 2);
+        assert_eq!(shards.first.w1.local().shape(), &[3, 5]);
+        Ok(())
+    })
+    .unwrap();
 }

@@ -77,6 +77,9 @@ pub(crate) struct Args {
     /// `implicit = "allow"` (true) or `"deny"` (false, the default): may dynamic ops in a
     /// function's body redistribute their inputs on their own? With the tokens, for spans.
     pub implicit: Option<(bool, TokenStream)>,
+    /// `fsdp = "dp"`: the struct's parameters rest fully sharded over this mesh dim; generates
+    /// `{Name}Shards` with their resting layouts as types.
+    pub fsdp: Option<LitStr>,
     /// Some argument was given but was invalid or unknown (already reported): follow-up
     /// "missing" errors would only repeat it.
     pub had_error: bool,
@@ -93,6 +96,7 @@ impl Args {
             krate: self.krate.or(defaults.krate),
             elem: self.elem.or(defaults.elem),
             implicit: self.implicit.or(defaults.implicit),
+            fsdp: self.fsdp.or(defaults.fsdp),
             had_error: self.had_error || defaults.had_error,
         }
     }
@@ -148,6 +152,20 @@ pub(crate) fn parse_args(tokens: TokenStream, errs: &mut Errors) -> Args {
                 args.implicit = parse_implicit(&nv.value, errs);
                 args.implicit.is_some()
             }
+            "fsdp" if args.fsdp.is_some() => {
+                errs.spanned(&nv.path, "duplicate `fsdp` argument");
+                true
+            }
+            "fsdp" => match &nv.value {
+                Expr::Lit(ExprLit { lit: Lit::Str(lit), .. }) => {
+                    args.fsdp = Some(lit.clone());
+                    true
+                }
+                other => {
+                    errs.spanned(other, "`fsdp` must be the name of a mesh dim, e.g. `fsdp = \"dp\"`");
+                    false
+                }
+            },
             "mesh" if args.mesh.is_some() => {
                 errs.spanned(&nv.path, "duplicate `mesh` argument");
                 true
@@ -174,7 +192,7 @@ pub(crate) fn parse_args(tokens: TokenStream, errs: &mut Errors) -> Args {
                 errs.spanned(
                     &nv.path,
                     format!(
-                        "unknown `#[distribute]` argument `{}`: expected `mesh`, `placements`, `returns`, `implicit`, `elem` or `crate`",
+                        "unknown `#[distribute]` argument `{}`: expected `mesh`, `placements`, `returns`, `implicit`, `elem`, `fsdp` or `crate`",
                         nv.path.to_token_stream()
                     ),
                 );

@@ -5,7 +5,7 @@
 
 use crate::ast::{self, TensorTy};
 use crate::attr::{self, Args, MeshAst};
-use crate::valid::{FieldPlan, FnPlan, Marker, StructPlan};
+use crate::valid::{self, FieldPlan, FnPlan, Marker, StructPlan};
 use proc_macro2::{Ident, Literal, Span, TokenStream};
 use quote::{format_ident, quote, quote_spanned, ToTokens};
 use syn::spanned::Spanned;
@@ -30,16 +30,61 @@ pub(crate) fn krate(args: &Args) -> TokenStream {
 /// generated fallback type with one would shadow, or be ambiguous with, the user's own dims
 /// (a glob import or a block-scoped one outranks them; only a prelude ranks below a glob).
 fn mesh_type(krate: &TokenStream, mesh: &MeshAst) -> TokenStream {
-    let span = mesh.lit.span();
-    let dims = mesh.names.iter().map(|n| {
-        let id = Ident::new(n, span);
-        if PREDEFINED_DIMS.contains(&n.as_str()) {
-            quote_spanned!(span=> #krate::typed::dims::#id)
-        } else {
-            quote_spanned!(span=> #id)
-        }
-    });
+    let dims = mesh.names.iter().map(|n| dim_type(krate, mesh, n));
     quote!((#(#dims,)*))
+}
+
+/// The type of the mesh dim `name` (see [`mesh_type`]).
+fn dim_type(krate: &TokenStream, mesh: &MeshAst, name: &str) -> TokenStream {
+    let span = mesh.lit.span();
+    let id = Ident::new(name, span);
+    if PREDEFINED_DIMS.contains(&name) {
+        quote_spanned!(span=> #krate::typed::dims::#id)
+    } else {
+        quote_spanned!(span=> #id)
+    }
+}
+
+/// A placement as the user writes it (`Shard(1)`, `Replicate`).
+fn placement_tokens(m: Marker) -> TokenStream {
+    match m {
+        Marker::Shard(d) => {
+            let d = Literal::usize_unsuffixed(d);
+            quote!(Shard(#d))
+        }
+        Marker::Replicate => quote!(Replicate),
+        Marker::Partial(op) => {
+            let op = Ident::new(op, Span::call_site());
+            quote!(Partial(#op))
+        }
+    }
+}
+
+/// A nested module field's type in a shards struct: each module `X` (also inside `Vec`,
+/// `Option`, `Box`, `[_; N]`) becomes its own shards struct, `<X as FsdpShards<T, D>>::Shards`.
+fn shards_type(ty: &syn::Type, shards: &dyn Fn(&syn::Type) -> TokenStream) -> TokenStream {
+    match ty {
+        syn::Type::Path(p) if p.qself.is_none() => {
+            let last = p.path.segments.last().expect("a path has a segment");
+            let container = ["Vec", "Option", "Box"].iter().any(|c| last.ident == c);
+            if let (true, syn::PathArguments::AngleBracketed(a)) = (container, &last.arguments) {
+                if let [syn::GenericArgument::Type(inner)] = a.args.iter().collect::<Vec<_>>().as_slice() {
+                    let mut path = p.path.clone();
+                    let inner = shards_type(inner, shards);
+                    if let Some(seg) = path.segments.last_mut() {
+                        seg.arguments = syn::PathArguments::AngleBracketed(syn::parse_quote!(<#inner>));
+                    }
+                    return path.to_token_stream();
+                }
+            }
+            shards(ty)
+        }
+        syn::Type::Array(a) => {
+            let (inner, len) = (shards_type(&a.elem, shards), &a.len);
+            quote!([#inner; #len])
+        }
+        _ => shards(ty),
+    }
 }
 
 fn marker_type(krate: &TokenStream, m: Marker) -> TokenStream {
@@ -123,8 +168,32 @@ pub(crate) fn expand_struct(krate: &TokenStream, mut item: ItemStruct, plan: Str
     let mut load = Vec::new();
     let mut buffers = Vec::new();
     let mut buffers_mut = Vec::new();
+    // `fsdp = "dim"`: the fields of `{Name}Shards`, the parameters with their resting layouts.
+    let mut shard_fields = Vec::new();
+    let fsdp_dim = plan.fsdp.map(|(pos, lit)| (pos, dim_type(krate, plan.mesh, &lit.value())));
     for (f, fplan) in item.fields.iter_mut().zip(&plan.fields) {
         let fname = f.ident.clone().expect("named field");
+        if let Some((pos, dim)) = &fsdp_dim {
+            let (fvis, ty) = (&f.vis, &f.ty);
+            let kept: Vec<_> =
+                f.attrs.iter().filter(|a| a.path().is_ident("doc") || a.path().is_ident("cfg")).collect();
+            match fplan {
+                FieldPlan::Tensors(markers, false) => {
+                    let mut written = Vec::new();
+                    let _ = ast::find_tensors(ty, &mut written);
+                    let rank = written.first().map_or(ast::DEFAULT_RANK, |t| t.rank);
+                    let at_rest = markers.first().map(|m| valid::resting(m, rank, *pos)).unwrap_or_default();
+                    let list = at_rest.into_iter().map(placement_tokens);
+                    shard_fields.push(quote!(#(#kept)* #[placements = [#(#list),*]] #fvis #fname: #ty));
+                }
+                FieldPlan::Nested => {
+                    let elem = &plan.elem;
+                    let nested = shards_type(ty, &|m| quote!(<#m as #krate::typed::FsdpShards<#elem, #dim>>::Shards));
+                    shard_fields.push(quote!(#(#kept)* #fvis #fname: #nested));
+                }
+                FieldPlan::Tensors(_, true) | FieldPlan::Plain => {}
+            }
+        }
         let key = ast::ident_name(&fname);
         let fvis = &f.vis;
         let docs: Vec<_> = f.attrs.iter().filter(|a| a.path().is_ident("doc")).cloned().collect();
@@ -225,8 +294,35 @@ pub(crate) fn expand_struct(krate: &TokenStream, mut item: ItemStruct, plan: Str
     // Typed field types (`Vec<Dt<f32, (dp, tp), (Replicate, Shard<1>), 2>>`) are long by nature;
     // the user wrote the short dynamic form.
     item.attrs.push(syn::parse_quote!(#[allow(clippy::type_complexity)]));
+    let shards_item = match &fsdp_dim {
+        None => quote!(),
+        Some((_, dim)) => {
+            let shards_ident = format_ident!("{}Shards", ident);
+            let (mesh_lit, krate_lit) = (&plan.mesh.lit, krate.to_string());
+            let fsdp_name = plan.fsdp.map(|(_, l)| l.value()).unwrap_or_default();
+            let doc = format!(
+                "The parameters of [`{ident}`] as they rest fully sharded over `{fsdp_name}` (`Fsdp::shards`): each \
+                 field with its resting layout as its type."
+            );
+            quote! {
+                #[doc = #doc]
+                #[#krate::distribute(mesh = #mesh_lit, elem = #elem, crate = #krate_lit)]
+                #[derive(Clone)]
+                #vis struct #shards_ident {
+                    #(#shard_fields,)*
+                }
+
+                #[automatically_derived]
+                impl #krate::typed::FsdpShards<#elem, #dim> for #ident {
+                    type Shards = #shards_ident;
+                }
+            }
+        }
+    };
     quote! {
         #item
+
+        #shards_item
 
         const _: () = {
             #[allow(dead_code, clippy::type_complexity)]
@@ -448,9 +544,25 @@ pub(crate) fn fallback_struct(krate: &TokenStream, args: &Args, mut item: ItemSt
     let params = quote!(#krate::typed::Parameters<#elem>);
     let dynamic = quote!(#krate::DTensor<#elem>);
     let stub = quote!(::core::unimplemented!("#[distribute] failed to expand"));
+    // `fsdp = "dim"` on a mesh that has it: `{Name}Shards` stands for the struct itself, so
+    // code using the shards compiles and the macro's errors are the only ones.
+    let shards_stub = match (&args.fsdp, &args.mesh) {
+        (Some(lit), Some(mesh)) if mesh.names.contains(&lit.value()) && item.generics.params.is_empty() => {
+            let (shards_ident, dim) = (format_ident!("{}Shards", ident), dim_type(krate, mesh, &lit.value()));
+            quote! {
+                #vis type #shards_ident = #ident;
+                #[automatically_derived]
+                impl #krate::typed::FsdpShards<#elem, #dim> for #ident {
+                    type Shards = #ident;
+                }
+            }
+        }
+        _ => quote!(),
+    };
     quote! {
         #e
         #item
+        #shards_stub
 
         #vis struct #global_ident #impl_g #where_g {
             #(#global_fields,)*

@@ -69,6 +69,13 @@ use proc_macro::TokenStream;
 /// with the same parameter names). A struct whose parameters all live in nested modules takes
 /// its element type from `elem = T` (default `f32`).
 ///
+/// `fsdp = "dp"` declares that the struct is used fully sharded over `dp`
+/// (`dtensor::typed::Fsdp<T, Name, dp>`): its fields keep the layouts they are used in
+/// (`Replicate` on `dp`, a field sharded there is an error), and the macro also generates
+/// `NameShards`, the parameters as they rest — each field with its resting layout as its type
+/// (`Shard<d>` on `dp`, `d` the first tensor dim no other mesh dim shards; nested modules by
+/// their own shards structs, which they declare the same way) — returned by `Fsdp::shards`.
+///
 /// # On a function
 ///
 /// ```

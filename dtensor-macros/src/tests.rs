@@ -196,6 +196,38 @@ fn tables_agree_with_the_runtime() {
     }
 }
 
+/// The resting layout of `fsdp = ".."` (the types of `{Name}Shards`) is the runtime's
+/// `fsdp::resting_layout`, for every parameter layout on meshes of 1 to 3 dims, ranks 0 to 4,
+/// FSDP over each dim.
+#[test]
+fn resting_layouts_agree_with_the_runtime() {
+    use crate::valid::{resting, Marker};
+    use dtensor_runtime::Placement;
+    let to_runtime = |m: &Marker| match m {
+        Marker::Shard(d) => Placement::Shard(*d as isize),
+        _ => Placement::Replicate,
+    };
+    let mut checked = 0;
+    for ndim in 1..=3usize {
+        for rank in 0..=4usize {
+            // each mesh dim Replicate or Shard(0..rank)
+            let choices: Vec<Marker> = std::iter::once(Marker::Replicate).chain((0..rank).map(Marker::Shard)).collect();
+            for code in 0..choices.len().pow(ndim as u32) {
+                let markers: Vec<Marker> =
+                    (0..ndim).map(|i| choices[code / choices.len().pow(i as u32) % choices.len()]).collect();
+                for pos in (0..ndim).filter(|&p| markers[p] == Marker::Replicate) {
+                    let in_use: Vec<Placement> = markers.iter().map(to_runtime).collect();
+                    let runtime = dtensor_runtime::fsdp::resting_layout(&in_use, rank, pos).unwrap_or(in_use);
+                    let ours: Vec<Placement> = resting(&markers, rank, pos).iter().map(to_runtime).collect();
+                    assert_eq!(ours, runtime, "layout {markers:?} rank {rank} fsdp dim {pos}");
+                    checked += 1;
+                }
+            }
+        }
+    }
+    assert!(checked > 100, "{checked}");
+}
+
 #[test]
 fn fn_bodies_run_in_an_implicit_scope_unless_allowed() {
     let f = quote!(

@@ -9,7 +9,7 @@ use quote::ToTokens;
 use syn::{ItemFn, ItemStruct, ReturnType};
 
 /// A placement checked against the mesh and the rank: what the typed marker will be.
-#[derive(Clone, Copy, PartialEq, Eq)]
+#[derive(Clone, Copy, PartialEq, Eq, Debug)]
 pub(crate) enum Marker {
     Shard(usize),
     Replicate,
@@ -177,6 +177,26 @@ pub(crate) fn resolve_slot(
     all.into_iter().collect()
 }
 
+/// The layout a parameter used as `markers` (one per mesh dim, tensor rank `rank`) rests in
+/// under FSDP over mesh dim `pos`: `Shard(d)` there, `d` the first tensor dim no other mesh
+/// dim shards; as used when every dim is sharded already. The runtime's
+/// `dtensor::fsdp::resting_layout` is the same rule (`Fsdp::shards` checks the two agree for
+/// every parameter, at run time, naming the parameter if not).
+pub(crate) fn resting(markers: &[Marker], rank: usize, pos: usize) -> Vec<Marker> {
+    let taken: Vec<usize> = markers
+        .iter()
+        .filter_map(|m| match m {
+            Marker::Shard(d) => Some(*d),
+            _ => None,
+        })
+        .collect();
+    let mut out = markers.to_vec();
+    if let Some(d) = (0..rank).find(|d| !taken.contains(d)) {
+        out[pos] = Marker::Shard(d);
+    }
+    out
+}
+
 /// A struct field as the expansion sees it.
 pub(crate) enum FieldPlan {
     /// Holds tensors (directly or in a container), with the markers of each; `true`: they are
@@ -195,6 +215,8 @@ pub(crate) struct StructPlan<'a> {
     pub fields: Vec<FieldPlan>,
     /// The element type of `named_parameters`.
     pub elem: syn::Type,
+    /// `fsdp = "dim"`: the position of that dim in the mesh, and the name as written.
+    pub fsdp: Option<(usize, &'a syn::LitStr)>,
 }
 
 /// Every check of a struct (the fields were parsed by [`crate::ast::parse_struct`]).
@@ -216,6 +238,30 @@ pub(crate) fn validate_struct<'a>(
         return None;
     }
     let mesh = mesh?;
+    let fsdp = match &args.fsdp {
+        None => None,
+        Some(lit) => match mesh.names.iter().position(|n| *n == lit.value()) {
+            Some(pos) if item.generics.params.is_empty() => Some((pos, lit)),
+            Some(_) => {
+                errs.spanned(
+                    &item.generics,
+                    "`fsdp` needs a struct without generic parameters (its shards struct is generated with concrete types)",
+                );
+                None
+            }
+            None => {
+                errs.spanned(
+                    lit,
+                    format!(
+                        "`fsdp = \"{}\"` is not a dim of the mesh \"{}\": name the mesh dim the parameters are fully sharded over",
+                        lit.value(),
+                        mesh.names.join(",")
+                    ),
+                );
+                None
+            }
+        },
+    };
     if !fields.iter().any(|f| matches!(f, FieldAst::Tensors(..) | FieldAst::Other)) {
         errs.spanned(
             &item.ident,
@@ -253,7 +299,25 @@ pub(crate) fn validate_struct<'a>(
                     }
                 }
                 match resolve_slot(&slot, args, mesh, Use::Parameter, "field", errs) {
-                    Some(ms) => FieldPlan::Tensors(ms, buffer),
+                    Some(ms) => {
+                        if let (Some((pos, lit)), false) = (fsdp, buffer) {
+                            if let Some(m) = ms.iter().map(|m| m[pos]).find(|m| *m != Marker::Replicate) {
+                                let dim = lit.value();
+                                let what = match m {
+                                    Marker::Shard(d) => format!("Shard({d})"),
+                                    _ => "Partial".to_string(),
+                                };
+                                errs.spanned(
+                                    &slot.span_tokens,
+                                    format!(
+                                        "`{}` is `{what}` on `{dim}`, the mesh dim `fsdp` shards: declare the layout it is used in, `Replicate` on `{dim}` (FSDP keeps it sharded at rest and gathers it for use)",
+                                        slot.name
+                                    ),
+                                );
+                            }
+                        }
+                        FieldPlan::Tensors(ms, buffer)
+                    }
                     None => FieldPlan::Plain,
                 }
             }
@@ -267,7 +331,7 @@ pub(crate) fn validate_struct<'a>(
         }
     }
     let elem = first_elem.map(|(_, t)| t).or_else(|| args.elem.clone()).unwrap_or_else(|| syn::parse_quote!(f32));
-    Some(StructPlan { mesh, fields: plans, elem })
+    Some(StructPlan { mesh, fields: plans, elem, fsdp })
 }
 
 /// What `#[distribute]` on a function expands to, once every check passed.
@@ -288,6 +352,9 @@ pub(crate) fn validate_fn<'a>(
     slots: Vec<(usize, TensorSlot)>,
     errs: &mut Errors,
 ) -> Option<FnPlan<'a>> {
+    if let Some(lit) = &args.fsdp {
+        errs.spanned(lit, "`fsdp` only applies to structs (the parameters that rest sharded)");
+    }
     let mesh = require_mesh(args, &item.sig.ident, errs)?;
     let mut out = Vec::new();
     for (i, s) in slots {

@@ -56,7 +56,7 @@ pub mod view;
 
 pub use custom::{TypedOp1, TypedOp2, TypedOp3};
 pub use dims::{MeshDim, MeshDims};
-pub use fsdp::Fsdp;
+pub use fsdp::{Fsdp, FsdpShards};
 pub use grad::{FromLocalGradLayout, LeafGradLayout, LocalGradLayout};
 pub use layout::TypedLayout;
 pub use markers::{Avg, Max, Min, Partial, PlacementMarker, Product, ReduceMarker, Replicate, Shard, Sum};
