@@ -5,7 +5,8 @@
 #                     a mesh dim split after the mesh was made, FSDP resharding to a group)
 #   mpi_redistribute  distribute/redistribute (uneven, 1-d and 2x2 mesh) + deterministic property test
 #   mpi_failure       a failing / panicking / stuck rank ends the job (MPI_Abort), never a hang
-#                     (also one failing between an FSDP forward and its reduce-scatter)
+#                     (also one failing between an FSDP forward and its reduce-scatter, and
+#                     one failing while its peers prefetch)
 #   mlp_tp example    `--backend mpi` must print PASS (also with `--overlap-bucket`)
 #   transformer_tp    `--backend mpi` must print PASS; so must a run saving its training state
 #                     on 2x2 and one resuming it on 1x4, and FSDP runs (--fsdp on 2x2 and 4x1)
@@ -47,7 +48,7 @@ done
 
 # A failing rank must end the whole job quickly and say why.
 exe=$(test_exe mpi_failure)
-for mode in error panic hang hang-started fsdp-error fsdp-hang; do
+for mode in error panic hang hang-started fsdp-error fsdp-hang fsdp-prefetch-error fsdp-prefetch-hang; do
   log=$(mktemp)
   start=$(date +%s)
   set +e
@@ -56,9 +57,9 @@ for mode in error panic hang hang-started fsdp-error fsdp-hang; do
   set -e
   secs=$(( $(date +%s) - start ))
   case $mode in
-    error|fsdp-error) want="injected failure" ;;
+    error|fsdp-error|fsdp-prefetch-error) want="injected failure" ;;
     panic) want="injected panic" ;;
-    hang|hang-started|fsdp-hang) want="waited more than 2000 ms" ;;
+    hang|hang-started|fsdp-hang|fsdp-prefetch-hang) want="waited more than 2000 ms" ;;
   esac
   if [ "$rc" -ne 0 ] && [ "$rc" -ne 124 ] && [ "$secs" -lt 60 ] && grep -q "$want" "$log" && grep -q "MPI_Abort\|aborting the MPI job" "$log"; then
     echo "test mpi_failure[$mode] ... ok (job aborted after ${secs} s, exit $rc)"

@@ -313,6 +313,69 @@ fn mesh_dim_collectives(ctx: &RankCtx) -> Result<Outcome, String> {
     Ok(Outcome::Pass)
 }
 
+/// `all_gather_v_start` (MPI_Iallgatherv) gives what the blocking `all_gather_v` gives, over
+/// both dims of a mesh and the whole world, with uneven and empty counts, two started at once
+/// on one group and a blocking collective on the other group while they run; FSDP with
+/// prefetch (its gathers started ahead) gives the gradients of FSDP without.
+fn started_all_gather_matches_blocking(ctx: &RankCtx) -> Result<Outcome, String> {
+    use dtensor_runtime::fsdp::{fully_shard, FullyShardOptions};
+    use dtensor_runtime::module::{Forward, Linear, Module, Sequential};
+    let n = ctx.world_size();
+    if !n.is_multiple_of(2) {
+        return Ok(Outcome::Skip(format!("needs an even number of ranks, has {n}")));
+    }
+    let mesh = ctx.init_device_mesh(&[2, n / 2], &["dp", "tp"]).map_err(fail)?;
+    for along in [Along::Dim(0), Along::Dim(1), Along::All] {
+        let g: Vec<usize> = match along {
+            Along::Dim(d) => mesh.group(d).to_vec(),
+            Along::All => mesh.ranks().to_vec(),
+        };
+        let me = g.iter().position(|&r| r == ctx.rank()).ok_or("not in my group")?;
+        let (a, b) = (uneven_counts(g.len(), 3), vec![0; g.len()]);
+        let mine = |counts: &[usize], k: usize| -> Vec<f64> {
+            (0..counts[me]).map(|i| val(DType::F64, ctx.rank(), i + k)).collect()
+        };
+        let first = mesh.all_gather_v_start(along, mine(&a, 0), &a).map_err(fail)?;
+        let second = mesh.all_gather_v_start(along, mine(&b, 1), &b).map_err(fail)?;
+        if let Along::Dim(d) = along {
+            // a blocking collective on the other group while the started ones run
+            let mut x = vec![1.0f64];
+            mesh.all_reduce(Along::Dim(1 - d), &mut x, ReduceOp::Sum).map_err(fail)?;
+            close(&x, &[mesh.group(1 - d).len() as f64], "blocking all_reduce beside started gathers")?;
+        }
+        let want = |counts: &[usize], k: usize| -> Vec<f64> {
+            g.iter().zip(counts).flat_map(|(&r, &c)| (0..c).map(move |i| val(DType::F64, r, i + k))).collect()
+        };
+        close(&first.wait().map_err(fail)?, &want(&a, 0), &format!("started all_gather_v {along:?}"))?;
+        close(&second.wait().map_err(fail)?, &want(&b, 1), &format!("started empty all_gather_v {along:?}"))?;
+        let blocking = mesh.all_gather_v(along, &mine(&a, 0), &a).map_err(fail)?;
+        close(&blocking, &want(&a, 0), &format!("blocking all_gather_v {along:?}"))?;
+    }
+    let dp = ctx.init_device_mesh(&[n], &["dp"]).map_err(fail)?;
+    let grads = |prefetch: bool| -> Result<Vec<f64>, String> {
+        dtensor_runtime::manual_seed(5);
+        let units = (0..3)
+            .map(|i| {
+                let opts = FullyShardOptions::on("dp").named(&format!("layers.{i}")).prefetch(prefetch);
+                fully_shard(Linear::<f64>::new(6, 6, true)?, &dp, &opts)
+            })
+            .collect::<dtensor_runtime::Result<Vec<_>>>()
+            .map_err(fail)?;
+        let model = Sequential(units);
+        let x = dtensor_runtime::ndarray::ArrayD::from_shape_fn(vec![n, 6], |i| (i[0] * 6 + i[1]) as f64 / 17.0);
+        let x = dtensor_runtime::distribute_tensor(&x, &dp, &[dtensor_runtime::Shard(0)], None).map_err(fail)?;
+        let y = model.forward(&x).map_err(fail)?;
+        y.mul(&y).map_err(fail)?.sum().map_err(fail)?.backward().map_err(fail)?;
+        let mut out = vec![];
+        for (_, p) in model.named_parameters() {
+            out.extend(p.grad().ok_or("no gradient")?.full_tensor().map_err(fail)?.iter().copied());
+        }
+        Ok(out)
+    };
+    close(&grads(true)?, &grads(false)?, "FSDP with prefetch against without")?;
+    Ok(Outcome::Pass)
+}
+
 /// A mesh dim split in two after the mesh was made (`DeviceMesh::unflatten`: its groups are
 /// created then, collectively) runs collectives over each half; FSDP resharding after the
 /// forward to groups of 2 (which splits its dim so) gives the gradients of resharding to all.
@@ -757,6 +820,7 @@ fn main() {
         ("mesh_dim_collectives", mesh_dim_collectives),
         ("unflattened_mesh_collectives", unflattened_mesh_collectives),
         ("started_all_reduce_matches_blocking", started_all_reduce_matches_blocking),
+        ("started_all_gather_matches_blocking", started_all_gather_matches_blocking),
         ("empty_collectives_complete", empty_collectives_complete),
         ("bad_input_is_a_typed_error", bad_input_is_a_typed_error),
         ("max_min_propagate_nan", max_min_propagate_nan),

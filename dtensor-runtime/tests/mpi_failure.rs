@@ -11,7 +11,9 @@
 //! * `hang-started`: the same, while ranks 0, 2, 3 wait for an all-reduce started in the
 //!   background (`MPI_Iallreduce`, completed by `MPI_Wait` under the watchdog);
 //! * `fsdp-error` / `fsdp-hang`: a fully sharded module; rank 1 fails (or stalls) after the
-//!   forward while ranks 0, 2, 3 reduce-scatter their gradients in the backward.
+//!   forward while ranks 0, 2, 3 reduce-scatter their gradients in the backward;
+//! * `fsdp-prefetch-error` / `fsdp-prefetch-hang`: rank 1 fails (or stalls) while ranks 0, 2, 3
+//!   prefetch the module's parameters (`unshard_async`: `MPI_Iallgatherv`) and wait for them.
 //!
 //! Without the variable (plain `cargo test --features mpi`) it only explains itself.
 
@@ -23,7 +25,7 @@ use std::time::Duration;
 fn main() {
     let Ok(mode) = std::env::var("DTENSOR_MPI_FAILURE_MODE") else {
         println!(
-            "mpi_failure: set DTENSOR_MPI_FAILURE_MODE=error|panic|hang|hang-started|fsdp-error|fsdp-hang and run under mpirun (scripts/mpi-tests.sh)"
+            "mpi_failure: set DTENSOR_MPI_FAILURE_MODE=error|panic|hang|hang-started|fsdp-error|fsdp-hang|fsdp-prefetch-error|fsdp-prefetch-hang and run under mpirun (scripts/mpi-tests.sh)"
         );
         return;
     };
@@ -63,6 +65,19 @@ fn fsdp_step_failing_on_rank_1(mesh: &DeviceMesh, rank: usize, how: &str) -> dte
     dtensor_runtime::manual_seed(0);
     let lin = fully_shard(Linear::<f32>::new(16, 16, false)?, mesh, &FullyShardOptions::on("dp").named("proj"))?;
     let x = ndarray::ArrayD::from_elem(vec![mesh.size(0), 16], 1.0f32);
+    if let Some(how) = how.strip_prefix("prefetch-") {
+        if rank == 1 {
+            if how == "error" {
+                return Err(Error::InvalidArgument {
+                    context: "mpi_failure".into(),
+                    reason: "injected failure".into(),
+                });
+            }
+            std::thread::sleep(Duration::from_secs(60));
+        }
+        lin.unshard_async()?;
+        return lin.forward(&distribute_tensor(x, mesh, &[Shard(0)], None)?)?.sum()?.backward();
+    }
     let y = lin.forward(&distribute_tensor(x, mesh, &[Shard(0)], None)?)?.sum()?;
     if rank == 1 {
         if how == "error" {

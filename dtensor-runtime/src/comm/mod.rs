@@ -247,7 +247,7 @@ pub unsafe trait Communicator: Send + Sync + fmt::Debug {
     /// ordering contract of [`all_reduce_start`](Self::all_reduce_start) applies to the batch.
     ///
     /// The default ([`pending::gather_now`]) runs them at once; the thread backend queues the
-    /// batch to the rank's worker thread as one job.
+    /// batch to the rank's worker thread as one job; MPI starts one `MPI_Iallgatherv` each.
     fn all_gather_v_start(&self, group: &[usize], gathers: Vec<Gather>) -> Result<PendingAllReduce> {
         pending::gather_now(self, group, gathers)
     }

@@ -421,6 +421,84 @@ impl Drop for Started {
     }
 }
 
+/// A batch of `MPI_Iallgatherv`s in flight (a started [`Gather`](super::Gather) batch): it owns
+/// every buffer and count array until MPI is done with them (MPI reads the counts and
+/// displacements of a nonblocking collective until it completes).
+struct StartedGathers {
+    /// One per gather (`MPI_REQUEST_NULL` for one with nothing to move).
+    requests: Vec<mpi::ffi::MPI_Request>,
+    /// What MPI reads while the requests run.
+    held: Vec<Held>,
+    /// The receive buffers, handed back by `wait`.
+    recvs: Option<Vec<Box<dyn OwnedBytes>>>,
+    group: Vec<usize>,
+    rank: usize,
+    groups: Arc<SharedGroups>,
+}
+
+/// One started all-gather's send buffer, counts and displacements.
+type Held = (Box<dyn OwnedBytes>, Vec<mpi::Count>, Vec<mpi::Count>);
+
+// SAFETY: as `Started`: the requests are plain MPI handles, used only under the `groups`
+// lock; the buffers are owned.
+unsafe impl Send for StartedGathers {}
+
+impl StartedGathers {
+    /// Waits for every request (once), under the process lock and the watchdog.
+    fn complete(&mut self) -> Result<()> {
+        // SAFETY: reading a handle constant of the MPI library.
+        let null = unsafe { mpi::ffi::RSMPI_REQUEST_NULL };
+        if self.requests.iter().all(|r| *r == null) {
+            return Ok(());
+        }
+        let keep_forever = |s: &mut Self| {
+            std::mem::forget(std::mem::take(&mut s.held));
+            std::mem::forget(s.recvs.take());
+            s.requests.iter_mut().for_each(|r| *r = null);
+        };
+        if mpi::environment::is_finalized() {
+            keep_forever(self);
+            return Err(backend_err("an all-gather was still in flight when MPI was finalised"));
+        }
+        let groups = Arc::clone(&self.groups);
+        let _serial = lock(&groups.0);
+        *lock(&IN_FLIGHT) =
+            Some(InFlight { op: "all_gather_v", group: self.group.clone(), rank: self.rank, since: Instant::now() });
+        let mut rc = 0;
+        for request in self.requests.iter_mut().filter(|r| **r != null) {
+            // SAFETY: each request came from MPI_Iallgatherv and was not completed yet;
+            // MPI_Wait sets it to MPI_REQUEST_NULL.
+            rc = unsafe { mpi::ffi::MPI_Wait(request, mpi::ffi::RSMPI_STATUS_IGNORE) };
+            if rc != 0 {
+                break;
+            }
+        }
+        *lock(&IN_FLIGHT) = None;
+        if rc != 0 {
+            // Requests may still be live: keep the buffers for good, never wait again.
+            keep_forever(self);
+            return Err(backend_err(format!("MPI_Wait of a started all-gather returned {rc}")));
+        }
+        self.held.clear(); // on the thread that waited (a lazily made copy is freed here)
+        Ok(())
+    }
+}
+
+impl Completion for StartedGathers {
+    fn wait(mut self: Box<Self>) -> Result<Box<dyn OwnedBytes>> {
+        self.complete()?;
+        let recvs = self.recvs.take().ok_or_else(|| backend_err("a started all-gather lost its buffers"))?;
+        Ok(Box::new(super::GatherBatch(recvs)))
+    }
+}
+
+impl Drop for StartedGathers {
+    fn drop(&mut self) {
+        // A dropped handle still lets MPI finish with the buffers before they are freed.
+        let _ = self.complete();
+    }
+}
+
 /// The MPI datatype of a dtype MPI reduces natively (not the 16-bit floats).
 fn mpi_datatype(dtype: DType) -> Option<mpi::ffi::MPI_Datatype> {
     Some(match dtype {
@@ -532,6 +610,12 @@ impl MpiComm {
                 "kind",
                 "one member starts an MPI_Iallreduce (a started all-reduce) while another runs a blocking \
                  MPI_Allreduce (a blocking call, or a started one whose buffer is not aligned for its dtype)"
+                    .into(),
+            ),
+            _ if op == "all_gather_v" => disagree(
+                "kind",
+                "one member starts an MPI_Iallgatherv (a started all-gather) while another runs a blocking \
+                 MPI_Allgatherv"
                     .into(),
             ),
             _ => check::mismatch(
@@ -766,6 +850,66 @@ unsafe impl HostCollectives for MpiComm {
             rank: self.rank,
             groups: Arc::clone(&self.groups),
         })))
+    }
+
+    /// Each all-gather of the batch as an `MPI_Iallgatherv` on the group's communicator,
+    /// started in order (every member starts the same batch, so they match in order); the
+    /// handle waits for all of them. Agreed first (blocking, per gather: sizes, counts, and
+    /// that every member starts it rather than running it blocking), so no started transfer
+    /// reads or writes past a buffer while this rank goes on.
+    fn all_gather_v_start(&self, group: &[usize], gathers: Vec<super::Gather>) -> Result<PendingAllReduce> {
+        const OP: &str = "all_gather_v";
+        let me = self.my_index(OP, group)?;
+        // SAFETY: reading a handle constant of the MPI library.
+        let null = unsafe { mpi::ffi::RSMPI_REQUEST_NULL };
+        let mut started = StartedGathers {
+            requests: Vec::with_capacity(gathers.len()),
+            held: Vec::with_capacity(gathers.len()),
+            recvs: Some(Vec::with_capacity(gathers.len())),
+            group: group.to_vec(),
+            rank: self.rank,
+            groups: Arc::clone(&self.groups),
+        };
+        for super::Gather { mut send, counts, mut recv } in gathers {
+            let (Some(s), Some(r)) = (send.host_mut(), recv.host_mut()) else {
+                return Err(backend_err("a started all-gather takes host buffers only"));
+            };
+            let local = variable::check_all_gather(group.len(), me, s.len(), &counts, r.len());
+            // layout 1: started; a member running it blocking (layout 0) is a typed mismatch
+            self.agree(OP, group, r.len(), check::Args::default(), 1, local)?;
+            self.agree_counts(OP, group, &counts)?;
+            let mut request = null;
+            if !self.nothing_to_move(OP, group, r.len())? {
+                let (c, d) = (ints(&counts), ints(&offsets(&counts)));
+                let byte = u8::equivalent_datatype().as_raw();
+                let rc = self.with_group(OP, group, &[r.len()], |comm, _| {
+                    // SAFETY: `s` holds `counts[me]` bytes and `r` their sum (checked and
+                    // agreed above); both buffers, the counts and the displacements are owned
+                    // by `started`, which waits for the request before it frees them (a boxed
+                    // buffer's heap block and a Vec's do not move when they are moved).
+                    unsafe {
+                        mpi::ffi::MPI_Iallgatherv(
+                            s.as_ptr().cast(),
+                            s.len() as std::ffi::c_int,
+                            byte,
+                            r.as_mut_ptr().cast(),
+                            c.as_ptr(),
+                            d.as_ptr(),
+                            byte,
+                            comm.as_raw(),
+                            &mut request,
+                        )
+                    }
+                })?;
+                if rc != 0 {
+                    return Err(backend_err(format!("MPI_Iallgatherv returned {rc}")));
+                }
+                started.held.push((send, c, d));
+            }
+            started.requests.push(request);
+            started.recvs.as_mut().expect("filled until wait").push(recv);
+        }
+        Ok(PendingAllReduce::running(Box::new(started)))
     }
 
     fn reduce_scatter(

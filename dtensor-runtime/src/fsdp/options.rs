@@ -55,8 +55,8 @@ pub struct FullyShardOptions {
     /// gathered while the unit after it recomputes (the unit whose input is this unit's output
     /// starts it; PyTorch's backward prefetch). Default `false`: on the thread backend of a
     /// 2-core machine the background gathers compete with the compute
-    /// (`benches/fsdp_prefetch.rs`: 0.94–1.04× the speed); MPI and the device backends run a
-    /// started gather at once.
+    /// (`benches/fsdp_prefetch.rs`: 0.94–1.04× the speed). MPI starts `MPI_Iallgatherv`s; the
+    /// device backends run a started gather at once.
     pub prefetch: bool,
 }
 

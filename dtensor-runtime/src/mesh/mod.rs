@@ -519,7 +519,8 @@ impl DeviceMesh {
 
     /// Starts an [`all_gather_v`](Self::all_gather_v) of `send` (this member's
     /// `counts[me]` elements) that completes in the background where the backend can (the
-    /// thread backend on the rank's worker thread; other backends run it at once);
+    /// thread backend on the rank's worker thread, MPI as an `MPI_Iallgatherv`; the device
+    /// backends run it at once);
     /// [`PendingGather::wait`] returns every member's elements, back to back in group order.
     /// Recorded as an all-gather now; the ordering rules of
     /// [`all_reduce_start`](Self::all_reduce_start) apply. FSDP prefetches with it.
