@@ -163,6 +163,9 @@ fn distribute_impl(args: proc_macro2::TokenStream, item: proc_macro2::TokenStrea
             }
         }
         Ok(syn::Item::Impl(imp)) => {
+            if let Some(lit) = &args.fsdp {
+                errs.spanned(lit, "`fsdp` only applies to structs (the parameters that rest sharded)");
+            }
             let e = errs.into_compile_errors();
             let imp = impl_block(&args_tokens, args.mesh.is_some(), imp);
             quote::quote!(#e #imp)
@@ -201,8 +204,9 @@ fn impl_block(block_args: &proc_macro2::TokenStream, block_has_mesh: bool, mut i
             Some(syn::Meta::List(l)) => l.tokens.clone(),
             _ => proc_macro2::TokenStream::new(),
         };
-        // The block's own errors were reported once, on the block.
-        let defaults = attr::parse_args(block_args.clone(), &mut errors::Errors::default());
+        // The block's own errors were reported once, on the block (`fsdp` there too).
+        let mut defaults = attr::parse_args(block_args.clone(), &mut errors::Errors::default());
+        defaults.fsdp = None;
         let args = attr::parse_args(own_tokens, &mut errs).or(defaults);
         let krate = expand::krate(&args);
         let (attrs, vis, sig, block) = (&f.attrs, &f.vis, &f.sig, &f.block);

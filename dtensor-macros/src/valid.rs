@@ -325,6 +325,15 @@ pub(crate) fn validate_struct<'a>(
             FieldAst::Other => FieldPlan::Nested,
         });
     }
+    if let Some((_, lit)) = fsdp {
+        let has_parameters = plans.iter().any(|p| matches!(p, FieldPlan::Tensors(_, false) | FieldPlan::Nested));
+        if !has_parameters {
+            errs.spanned(
+                lit,
+                "`fsdp` on a struct without parameters (its tensors are all buffers): nothing rests sharded",
+            );
+        }
+    }
     if let (Some(e), Some((e0, _))) = (&args.elem, &first_elem) {
         if e.to_token_stream().to_string() != *e0 {
             errs.spanned(e, format!("`elem` differs from the element type of the `DTensor` fields (`{e0}`)"));

@@ -554,6 +554,18 @@ fn a_reshard_group_that_does_not_divide_the_dim_is_refused() {
             assert!(reason.contains(&format!("reshard_after_forward_to({group})")), "{reason}");
         }
     }
+    // the split's names are taken on this mesh
+    let errs = run(4, |ctx| {
+        let mesh = ctx.init_device_mesh(&[4, 1], &["dp", "dp.within"])?;
+        let opts = FullyShardOptions::on("dp").named("blocks.0").reshard_after_forward_to(2);
+        Ok(fully_shard(Block::new(DIM, HIDDEN)?, &mesh, &opts).err().map(fsdp_error))
+    })
+    .unwrap();
+    for e in errs {
+        let (module, reason) = e.expect("refused");
+        assert_eq!(module, "blocks.0");
+        assert!(reason.contains("has a dim `dp.within` already"), "{reason}");
+    }
     // a group of the whole dim is resharding to it
     run(4, |ctx| {
         let mesh = ctx.init_device_mesh(&[4], &["dp"])?;

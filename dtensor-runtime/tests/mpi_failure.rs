@@ -12,8 +12,9 @@
 //!   background (`MPI_Iallreduce`, completed by `MPI_Wait` under the watchdog);
 //! * `fsdp-error` / `fsdp-hang`: a fully sharded module; rank 1 fails (or stalls) after the
 //!   forward while ranks 0, 2, 3 reduce-scatter their gradients in the backward;
-//! * `fsdp-prefetch-error` / `fsdp-prefetch-hang`: rank 1 fails (or stalls) while ranks 0, 2, 3
-//!   prefetch the module's parameters (`unshard_async`: `MPI_Iallgatherv`) and wait for them.
+//! * `fsdp-prefetch-error` / `fsdp-prefetch-hang`: every rank starts prefetching the module's
+//!   parameters (`unshard_async`: `MPI_Iallgatherv`), then rank 1 fails (or stalls) while ranks
+//!   0, 2, 3 wait for the gathers in the forward (and beyond, if they complete without it).
 //!
 //! Without the variable (plain `cargo test --features mpi`) it only explains itself.
 
@@ -66,6 +67,9 @@ fn fsdp_step_failing_on_rank_1(mesh: &DeviceMesh, rank: usize, how: &str) -> dte
     let lin = fully_shard(Linear::<f32>::new(16, 16, false)?, mesh, &FullyShardOptions::on("dp").named("proj"))?;
     let x = ndarray::ArrayD::from_elem(vec![mesh.size(0), 16], 1.0f32);
     if let Some(how) = how.strip_prefix("prefetch-") {
+        // every rank starts the gathers (MPI_Iallgatherv); rank 1 then fails or stalls while
+        // its peers wait for them in the forward
+        lin.unshard_async()?;
         if rank == 1 {
             if how == "error" {
                 return Err(Error::InvalidArgument {
@@ -75,7 +79,6 @@ fn fsdp_step_failing_on_rank_1(mesh: &DeviceMesh, rank: usize, how: &str) -> dte
             }
             std::thread::sleep(Duration::from_secs(60));
         }
-        lin.unshard_async()?;
         return lin.forward(&distribute_tensor(x, mesh, &[Shard(0)], None)?)?.sum()?.backward();
     }
     let y = lin.forward(&distribute_tensor(x, mesh, &[Shard(0)], None)?)?.sum()?;

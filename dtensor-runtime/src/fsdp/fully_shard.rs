@@ -127,7 +127,11 @@ pub(super) fn shard<T: Element, M: Module<T>>(
     static UNITS: AtomicU64 = AtomicU64::new(0);
     let post = match options.reshard_group {
         Some(group) if options.reshard_after_forward && group < mesh.size(mesh_dim) => {
-            Some(ReshardGroup::new(mesh, mesh_dim, group, UNITS.fetch_add(1, Ordering::Relaxed))?)
+            let id = UNITS.fetch_add(1, Ordering::Relaxed);
+            Some(
+                ReshardGroup::new(mesh, mesh_dim, group, id)
+                    .map_err(|e| refuse(format!("resharding to groups of {group}: {e}")))?,
+            )
         }
         _ => None,
     };
@@ -153,6 +157,14 @@ fn decide<T: Element, M: Module<T>>(
 ) -> std::result::Result<Vec<Param<T>>, String> {
     if let Some(group) = options.reshard_group {
         let n = mesh.size(mesh_dim);
+        let taken = ReshardGroup::names(&options.mesh_dim).into_iter().find(|d| mesh.dim_names().contains(d));
+        if let (Some(taken), true) = (taken, group < n) {
+            return Err(format!(
+                "reshard_after_forward_to({group}) splits `{}` into `{0}.across` × `{0}.within`, but the mesh {mesh} \
+                 has a dim `{taken}` already",
+                options.mesh_dim
+            ));
+        }
         if !group_fits(group, n) || !options.reshard_after_forward {
             return Err(format!(
                 "reshard_after_forward_to({group}) on `{}` of {n} ranks: the group must divide {n} and be at \
@@ -355,7 +367,7 @@ impl<T: Element, M: Module<T>> FullyShard<T, M> {
     /// `FSDPModule.reshard`).
     pub fn reshard(&self) {
         *self.unsharded.lock().unwrap_or_else(|e| e.into_inner()) = None;
-        drop(prefetch::take::<T>(self.unit.id));
+        self.unit.drop_prefetches::<T>();
     }
 
     /// Is the module holding gathered parameters ([`FullyShard::unshard`])?
@@ -423,7 +435,7 @@ impl<T: Element, M: Module<T>> FullyShard<T, M> {
 impl<T: Element, M> Drop for FullyShard<T, M> {
     /// Waits for (and drops) a prefetch nobody used, on this rank.
     fn drop(&mut self) {
-        drop(prefetch::take::<T>(self.unit.id));
+        self.unit.drop_prefetches::<T>();
     }
 }
 

@@ -2,6 +2,7 @@
 //! layouts, the mesh and the optimizer, the bytes of parameters, gradients and optimizer
 //! states every rank holds, and the window of gathered parameters on top of them.
 
+use super::reshard_group::group_fits;
 use super::resting_layout;
 use crate::element::DType;
 use crate::error::{Error, Result};
@@ -59,6 +60,9 @@ impl ParamSpec {
     pub fn in_unit(mut self, unit: &str, reshard_after_forward: bool) -> Self {
         self.unit = unit.to_string();
         self.reshard_after_forward = reshard_after_forward;
+        if !reshard_after_forward {
+            self.reshard_group = None;
+        }
         self
     }
 
@@ -259,6 +263,13 @@ pub fn memory_plan(
                 fmt_placements(&in_use)
             )));
         }
+        if let Some(group) = p.reshard_group.filter(|&g| !group_fits(g, mesh_shape[fsdp_dim])) {
+            return Err(refuse(format!(
+                "parameter `{}`: its unit reshards to groups of {group}, which must divide the {} ranks of the FSDP \
+                 dim and be at least 2",
+                p.name, mesh_shape[fsdp_dim]
+            )));
+        }
         let stored = resting_layout(&in_use, p.shape.len(), fsdp_dim);
         resting.push((in_use, stored));
     }
@@ -306,8 +317,7 @@ pub fn memory_plan(
             if p.reshard_after_forward {
                 units[unit].2 += gathered;
                 let kept =
-                    kept(p, stored.as_ref().map(|s| s[fsdp_dim]), gathered, mesh_shape[fsdp_dim], coord[fsdp_dim])
-                        .map_err(refuse)?;
+                    kept(p, stored.as_ref().map(|s| s[fsdp_dim]), gathered, mesh_shape[fsdp_dim], coord[fsdp_dim]);
                 units[unit].5 += kept;
                 plan.resharded_kept += kept;
             } else {
@@ -351,26 +361,19 @@ pub fn memory_plan(
 }
 
 /// The bytes of a parameter (`gathered` bytes in its in-use layout) that a unit resharding to
-/// a group smaller than the FSDP dim (`n` ranks, this rank at `at`) keeps from its forward:
+/// a group (checked by the caller) smaller than the FSDP dim (`n` ranks, this rank at `at`) keeps from its forward:
 /// its slice over the group (a parameter left replicated on the FSDP dim keeps its gathered
 /// copy when that is a cast, nothing when it is the parameter itself).
-fn kept(p: &ParamSpec, stored: Option<Placement>, gathered: usize, n: usize, at: usize) -> Result<usize, String> {
-    let Some(group) = p.reshard_group.filter(|&g| g != n) else { return Ok(0) };
-    if !super::reshard_group::group_fits(group, n) {
-        return Err(format!(
-            "parameter `{}`: its unit reshards to groups of {group}, which must divide the {n} ranks of the FSDP dim \
-             and be at least 2",
-            p.name
-        ));
-    }
+fn kept(p: &ParamSpec, stored: Option<Placement>, gathered: usize, n: usize, at: usize) -> usize {
+    let Some(group) = p.reshard_group.filter(|&g| g != n) else { return 0 };
     let d = match stored {
         Some(Placement::Shard(d)) => usize::try_from(d).ok(),
         _ => None,
     };
-    Ok(match d {
+    match d {
         Some(d) if p.shape[d] > 0 => gathered / p.shape[d] * chunk_size_and_offset(p.shape[d], group, at % group).0,
         Some(_) => 0,
         None if p.gathered_dtype.is_some() => gathered,
         None => 0,
-    })
+    }
 }

@@ -174,7 +174,7 @@ impl<S: Element, C: Element, M: Module<C>> FullyShardMixed<S, C, M> {
     /// Frees what [`FullyShardMixed::unshard`] gathered, and a prefetch not used yet.
     pub fn reshard(&self) {
         *self.unsharded.lock().unwrap_or_else(|e| e.into_inner()) = None;
-        drop(prefetch::take::<C>(self.unit.id));
+        self.unit.drop_prefetches::<C>();
     }
 
     /// Starts gathering the masters (cast to `C`) for the next forward, in the background
@@ -377,7 +377,7 @@ where
 impl<S: Element, C: Element, M> Drop for FullyShardMixed<S, C, M> {
     /// Waits for (and drops) a prefetch nobody used, on this rank.
     fn drop(&mut self) {
-        drop(prefetch::take::<C>(self.unit.id));
+        self.unit.drop_prefetches::<C>();
     }
 }
 

@@ -91,6 +91,17 @@ impl<S: Element> Unit<S> {
     }
 }
 
+impl<S: Element> Unit<S> {
+    /// Drops this unit's prefetches in element type `E` (waiting for their transfers): the
+    /// forward's, and the backward's of a unit resharding to a smaller group.
+    pub(super) fn drop_prefetches<E: Element>(&self) {
+        drop(take::<E>(self.id));
+        if let Some(post) = &self.post {
+            drop(take::<E>(post.id));
+        }
+    }
+}
+
 impl<E: Element> Prefetch<E> {
     /// Was it started from exactly these shards (the same storage, in the same order)?
     pub(super) fn matches<S: Element>(&self, shards: &[DTensor<S>]) -> bool {

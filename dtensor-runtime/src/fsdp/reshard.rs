@@ -38,12 +38,11 @@ where
     // A unit resharding to a smaller group keeps a slice of what it gathers: gathered here,
     // so that the slices can be cut after the forward.
     let gathered = match gathered {
-        None if recorded && unit.post.is_some() => Some(
-            base.iter()
-                .zip(unit.params.iter())
-                .map(|(p, info)| unit.gather_data(p, info))
-                .collect::<Result<Vec<_>>>()?,
-        ),
+        None if recorded && unit.post.is_some() => {
+            unit.check_at_rest(&base, "fully_shard")?; // before any data moves, as `run_on` does
+            let all = base.iter().zip(unit.params.iter()).map(|(p, info)| unit.gather_data(p, info));
+            Some(all.collect::<Result<Vec<_>>>()?)
+        }
         g => g,
     };
     let y = no_grad(|| unit.run_on(module, &base, gathered.as_deref(), |m| m.forward(x)))?;

@@ -24,12 +24,18 @@ pub(super) struct ReshardGroup {
 
 impl ReshardGroup {
     /// Splits mesh dim `dim` (of `n` ranks) into `n / group` × `group`. Collective (the new
-    /// groups are created on backends with sub-communicators).
+    /// groups are created on backends with sub-communicators); made once per mesh
+    /// ([`DeviceMesh::unflatten`] keeps it), so units on one mesh share it.
     pub(super) fn new(mesh: &DeviceMesh, dim: usize, group: usize, id: u64) -> Result<Self> {
         let name = &mesh.dim_names()[dim];
-        let (across, within) = (format!("{name}.across"), format!("{name}.within"));
+        let [across, within] = Self::names(name);
         let split = mesh.unflatten(name, &[mesh.size(dim) / group, group], &[&across, &within])?;
         Ok(ReshardGroup { mesh: split, at: dim, id })
+    }
+
+    /// The names of the two halves of mesh dim `name`: `<name>.across`, `<name>.within`.
+    pub(super) fn names(name: &str) -> [String; 2] {
+        [format!("{name}.across"), format!("{name}.within")]
     }
 
     /// The size of the group resharded to.

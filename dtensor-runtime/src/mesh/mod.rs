@@ -11,9 +11,10 @@ use crate::device::{Device, Target};
 use crate::element::{DType, Scalar};
 use crate::error::{Error, Result};
 use crate::placement::ReduceOp;
+use std::collections::HashMap;
 use std::fmt;
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 
 /// An n-dimensional arrangement of the world's ranks, with named dimensions.
 ///
@@ -48,7 +49,12 @@ struct MeshInner {
     target: Target,
     /// Whether collectives first agree on their fingerprint (see [`crate::comm::fingerprint`]).
     checks: AtomicBool,
+    /// The meshes [`DeviceMesh::unflatten`] made from this one, by (dim, sizes, names).
+    unflattened: Mutex<HashMap<Unflattened, DeviceMesh>>,
 }
+
+/// What [`DeviceMesh::unflatten`] was asked: the dim, the sizes, the names.
+type Unflattened = (usize, Vec<usize>, Vec<String>);
 
 impl DeviceMesh {
     /// A mesh over the whole world of `comm`. Collective: every rank must call it with the
@@ -150,7 +156,9 @@ impl DeviceMesh {
         let coord = unravel(pos, shape);
         let target = target_of(comm.as_ref())?;
         let checks = AtomicBool::new(crate::env::debug_detail()?);
-        let mut mesh = MeshInner { comm, shape: shape.to_vec(), names, ranks, coord, groups: vec![], target, checks };
+        let unflattened = Mutex::new(HashMap::new());
+        let mut mesh =
+            MeshInner { comm, shape: shape.to_vec(), names, ranks, coord, groups: vec![], target, checks, unflattened };
         mesh.groups = (0..shape.len()).map(|d| group_of(&mesh, d, &mesh.coord)).collect();
         Ok(DeviceMesh { inner: Arc::new(mesh) })
     }
@@ -332,9 +340,10 @@ impl DeviceMesh {
     /// This mesh with dim `name` split into dims of `sizes` named `names` (PyTorch
     /// `DeviceMesh._unflatten`): the same ranks in the same row-major order, so the last new
     /// dim's groups are runs of consecutive coordinates of the old dim (with node-major ranks,
-    /// the ranks of one node). Collective: backends with sub-communicators (MPI, NCCL) create
-    /// the new groups, so every rank calls it alike, and on them the mesh must span the
-    /// communicator's whole world.
+    /// the ranks of one node). Collective: on a mesh spanning the communicator's world,
+    /// backends with sub-communicators (MPI, NCCL) create the new groups now (on a sub-mesh
+    /// they are made on first use, as a sub-mesh's are), so every rank calls it alike. The
+    /// split is made once per mesh and arguments: calling it again returns the same mesh.
     ///
     /// ```
     /// let groups = dtensor_runtime::run(4, |ctx| {
@@ -356,13 +365,21 @@ impl DeviceMesh {
                 ),
             });
         }
+        let key = (dim, sizes.to_vec(), names.iter().map(|n| n.to_string()).collect::<Vec<_>>());
+        let mut made = self.inner.unflattened.lock().unwrap_or_else(|e| e.into_inner());
+        if let Some(m) = made.get(&key) {
+            return Ok(m.clone());
+        }
         let mut shape = self.inner.shape.clone();
         shape.splice(dim..=dim, sizes.iter().copied());
         let mut all: Vec<&str> = self.inner.names.iter().map(|n| n.as_str()).collect();
         all.splice(dim..=dim, names.iter().copied());
         let mesh = Self::build(Arc::clone(&self.inner.comm), &shape, &all, self.inner.ranks.clone())?;
         mesh.set_collective_checks(self.collective_checks());
-        mesh.inner.comm.prepare_groups(&mesh.prepared_partitions())?;
+        if self.numel() == self.inner.comm.world_size() {
+            mesh.inner.comm.prepare_groups(&mesh.prepared_partitions())?;
+        }
+        made.insert(key, mesh.clone());
         Ok(mesh)
     }
 

@@ -92,8 +92,8 @@ impl<T: Element, P: Module<T> + Clone, D: MeshDim> Fsdp<T, P, D> {
     /// `#[distribute(.., fsdp = "D")]` on `P`), whose fields have the **resting** layouts as
     /// types (`P`'s in-use layout with `Shard<d>` on `D`, `d` the first tensor dim no other mesh
     /// dim shards), where `P`'s own fields have the in-use ones. Each shard is the parameter
-    /// itself (its storage and, when it requires grad, its gradient: `.grad()` is the
-    /// reduce-scattered gradient shard, typed), so code that works on shards — an optimizer,
+    /// itself (its storage, `requires_grad` and gradient: `.grad()` is the reduce-scattered
+    /// gradient shard, typed), so code that works on shards — an optimizer,
     /// a checkpoint, a norm — is typed on them, and passing one where the gathered parameter is
     /// expected does not compile. A resting layout the types and the run time disagree about is
     /// an [`Error::TypedMismatch`] naming the parameter.
@@ -113,7 +113,8 @@ impl<T: Element, P: Module<T> + Clone, D: MeshDim> Fsdp<T, P, D> {
 #[diagnostic::on_unimplemented(
     message = "`{Self}` has no typed resting layouts over mesh dim `{D}`",
     label = "declare `fsdp = \"...\"` in this struct's `#[distribute(..)]`",
-    note = "`#[distribute(mesh = \"dp,tp\", fsdp = \"dp\")]` generates `{Self}Shards`, the parameters as they rest under FSDP over `dp`"
+    note = "`#[distribute(mesh = \"dp,tp\", fsdp = \"dp\")]` generates `{Self}Shards`, the parameters as they rest under FSDP over `dp`",
+    note = "in a struct declaring `fsdp`, a field that is neither a `DTensor` nor a `#[distribute]` struct (a `PhantomData`, an alias of plain data) is taken for a nested module: mark it `#[distribute(skip)]`"
 )]
 pub trait FsdpShards<T: Element, D: MeshDim> {
     /// The parameters at rest: a `#[distribute]` struct with the resting layouts.
@@ -146,6 +147,9 @@ impl<T: Element> TensorSource<T> for Shards<T> {
     }
     fn contains(&self, path: &str) -> bool {
         self.0.iter().any(|(n, _)| n == path || n.starts_with(&format!("{path}.")) || path.is_empty())
+    }
+    fn hands_out_parameters(&self) -> bool {
+        true
     }
 }
 

@@ -136,9 +136,9 @@ impl<T: Element, M: MeshDims, L: TypedLayout<M> + ParameterLayout<M>, const R: u
                 actual: format!("{} (shape {:?})", x.ndim(), x.shape()),
             });
         }
-        // A source handing out an existing parameter (`Fsdp::shards`) keeps its leaf, and so
-        // its gradient; a tensor read from storage becomes a new leaf.
-        let x = if x.requires_grad() { x } else { x.requires_grad_(true) };
+        // A source handing out existing parameters (`Fsdp::shards`) keeps each as it is (its
+        // leaf and gradient); a tensor read from storage becomes a new leaf.
+        let x = if source.hands_out_parameters() { x } else { x.requires_grad_(true) };
         Dt::from_dtensor(x)
     }
 }

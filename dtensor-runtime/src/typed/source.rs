@@ -20,6 +20,13 @@ pub trait TensorSource<T: Element> {
     /// Whether the source holds a tensor at `path` or below it: whether an `Option` field is
     /// `Some`.
     fn contains(&self, path: &str) -> bool;
+    /// Does the source hand out existing parameters (kept as they are: the same leaf, its
+    /// gradient and `requires_grad`) rather than tensors read from storage (each made a new
+    /// leaf that requires grad)? `Fsdp::shards` does.
+    #[doc(hidden)]
+    fn hands_out_parameters(&self) -> bool {
+        false
+    }
 }
 
 /// A plain-data field (a number, a `String`, a `#[distribute(skip)]` field) of a module that is
