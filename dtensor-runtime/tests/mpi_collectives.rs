@@ -315,7 +315,8 @@ fn mesh_dim_collectives(ctx: &RankCtx) -> Result<Outcome, String> {
 
 /// `all_gather_v_start` (MPI_Iallgatherv) gives what the blocking `all_gather_v` gives, over
 /// both dims of a mesh and the whole world, with uneven and empty counts, two started at once
-/// on one group and a blocking collective on the other group while they run; FSDP with
+/// on one group and a blocking collective on the other group while they run; one member
+/// starting while the others run it blocking is a typed mismatch on every member; FSDP with
 /// prefetch (its gathers started ahead) gives the gradients of FSDP without.
 fn started_all_gather_matches_blocking(ctx: &RankCtx) -> Result<Outcome, String> {
     use dtensor_runtime::fsdp::{fully_shard, FullyShardOptions};
@@ -350,6 +351,21 @@ fn started_all_gather_matches_blocking(ctx: &RankCtx) -> Result<Outcome, String>
         close(&second.wait().map_err(fail)?, &want(&b, 1), &format!("started empty all_gather_v {along:?}"))?;
         let blocking = mesh.all_gather_v(along, &mine(&a, 0), &a).map_err(fail)?;
         close(&blocking, &want(&a, 0), &format!("blocking all_gather_v {along:?}"))?;
+    }
+    // one member starts while the others run it blocking: a typed mismatch on every member
+    let mine: Vec<f64> = vec![1.0; 2];
+    let counts = vec![2; mesh.group(0).len()];
+    let r = match mesh.coordinate()[0] {
+        0 => mesh.all_gather_v_start(Along::Dim(0), mine, &counts).and_then(|p| p.wait()),
+        _ => mesh.all_gather_v(Along::Dim(0), &mine, &counts),
+    };
+    match r {
+        Err(Error::CollectiveMismatch { field, detail, .. }) if field == "kind" => {
+            if !detail.contains("MPI_Iallgatherv") {
+                return Err(format!("mismatch detail: {detail}"));
+            }
+        }
+        other => return Err(format!("started against blocking: {other:?}")),
     }
     let dp = ctx.init_device_mesh(&[n], &["dp"]).map_err(fail)?;
     let grads = |prefetch: bool| -> Result<Vec<f64>, String> {

@@ -614,8 +614,8 @@ impl MpiComm {
             ),
             _ if op == "all_gather_v" => disagree(
                 "kind",
-                "one member starts an MPI_Iallgatherv (a started all-gather) while another runs a blocking \
-                 MPI_Allgatherv"
+                "the members start different batches of all-gathers (MPI_Iallgatherv), or one starts them while \
+                 another runs a blocking MPI_Allgatherv"
                     .into(),
             ),
             _ => check::mismatch(
@@ -854,9 +854,10 @@ unsafe impl HostCollectives for MpiComm {
 
     /// Each all-gather of the batch as an `MPI_Iallgatherv` on the group's communicator,
     /// started in order (every member starts the same batch, so they match in order); the
-    /// handle waits for all of them. Agreed first (blocking, per gather: sizes, counts, and
-    /// that every member starts it rather than running it blocking), so no started transfer
-    /// reads or writes past a buffer while this rank goes on.
+    /// handle waits for all of them. Agreed first, once for the batch (blocking: sizes,
+    /// counts, the number of gathers, and that every member starts them rather than running
+    /// one blocking), so no started transfer reads or writes past a buffer while this rank
+    /// goes on.
     fn all_gather_v_start(&self, group: &[usize], gathers: Vec<super::Gather>) -> Result<PendingAllReduce> {
         const OP: &str = "all_gather_v";
         let me = self.my_index(OP, group)?;
@@ -870,14 +871,33 @@ unsafe impl HostCollectives for MpiComm {
             rank: self.rank,
             groups: Arc::clone(&self.groups),
         };
+        // One agreement for the batch (not two blocking round trips per gather): the sizes,
+        // every count, and that every member starts the same number of gathers (a member
+        // running one blocking passes layout 0).
+        let mut local: Result<()> = Ok(());
+        let (mut total, mut all_counts) = (0usize, Vec::new());
+        let mut items = Vec::with_capacity(gathers.len());
         for super::Gather { mut send, counts, mut recv } in gathers {
+            let lens = send.host_mut().map(|s| s.len()).zip(recv.host_mut().map(|r| r.len()));
+            if local.is_ok() {
+                local = match lens {
+                    Some((s, r)) => variable::check_all_gather(group.len(), me, s, &counts, r),
+                    None => Err(backend_err("a started all-gather takes host buffers only")),
+                };
+            }
+            total += lens.map_or(0, |(_, r)| r);
+            all_counts.extend_from_slice(&counts);
+            items.push((send, counts, recv));
+        }
+        self.agree(OP, group, total, check::Args::default(), 1 + items.len() as u64, local)?;
+        // Every member's counts have one entry per member (checked), so equal batches give
+        // equal lengths here.
+        self.agree_counts(OP, group, &all_counts)?;
+        for (mut send, counts, mut recv) in items {
             let (Some(s), Some(r)) = (send.host_mut(), recv.host_mut()) else {
                 return Err(backend_err("a started all-gather takes host buffers only"));
+                // checked above
             };
-            let local = variable::check_all_gather(group.len(), me, s.len(), &counts, r.len());
-            // layout 1: started; a member running it blocking (layout 0) is a typed mismatch
-            self.agree(OP, group, r.len(), check::Args::default(), 1, local)?;
-            self.agree_counts(OP, group, &counts)?;
             let mut request = null;
             if !self.nothing_to_move(OP, group, r.len())? {
                 let (c, d) = (ints(&counts), ints(&offsets(&counts)));
