@@ -160,6 +160,11 @@ fn fsdp_fields_train_as_plain_blocks_on_one_rank() {
 pub struct Pair {
     pub first: Block,
     pub rest: Vec<Block>,
+    /// Absent here: its shards are `None`.
+    pub extra: Option<Block>,
+    /// Compiled out, in the shards struct too.
+    #[cfg(any())]
+    pub gone: Block,
 }
 
 /// `fsdp = "dp"`: `Fsdp::shards` gives each parameter at rest with its resting layout as its
@@ -194,13 +199,14 @@ fn fsdp_shards_have_their_resting_layouts_as_types() {
 
         // nested: a unit of two blocks
         let pair = Pair::distribute(
-            PairGlobal { first: globals().remove(0), rest: globals().into_iter().skip(1).collect() },
+            PairGlobal { first: globals().remove(0), rest: globals().into_iter().skip(1).collect(), extra: None },
             &mesh,
         )?;
         let unit: Fsdp<f64, Pair, dp> = Fsdp::new(pair, &mesh)?;
         let shards: PairShards = unit.shards()?;
         let _: &Dt<f64, (dp, tp), (Shard<1>, Shard<0>), 2> = &shards.rest[1].w2;
         assert_eq!(shards.rest.len(), 2);
+        assert!(shards.extra.is_none());
         assert_eq!(shards.first.w1.local().shape(), &[3, 5]);
         Ok(())
     })

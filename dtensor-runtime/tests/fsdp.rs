@@ -883,3 +883,48 @@ fn resharding_backward_prefetches_the_unit_before() {
     assert_eq!((before_ahead, total_ahead), (12, 12), "with prefetch: unit 0's too");
     assert_eq!(ahead, plain);
 }
+
+/// Resharding to groups with uneven and empty slices: three linear units of shapes `[3, 5]`,
+/// `[1, 3]`, `[7, 1]` (and their biases) on dp = 8 kept by groups of 4 and of 2, with and
+/// without prefetch, give the one-rank gradients.
+#[test]
+fn resharding_to_a_group_with_uneven_and_empty_slices() {
+    let grads = |world: usize, group: Option<usize>, prefetch: bool| {
+        run(world, move |ctx| {
+            let mesh = ctx.init_device_mesh(&[world], &["dp"])?;
+            manual_seed(11);
+            let units = [(5, 3), (3, 1), (1, 7)]
+                .iter()
+                .enumerate()
+                .map(|(i, &(fan_in, fan_out))| {
+                    let opts = FullyShardOptions::on("dp").named(&format!("layers.{i}")).prefetch(prefetch);
+                    let opts = match group {
+                        Some(g) => opts.reshard_after_forward_to(g),
+                        None => opts,
+                    };
+                    fully_shard(Linear::<f64>::new(fan_in, fan_out, true)?, &mesh, &opts)
+                })
+                .collect::<Result<Vec<_>>>()?;
+            let model = Sequential(units);
+            let x = ArrayD::from_shape_fn(vec![8, 5], |i| ((i[0] * 5 + i[1]) % 9) as f64 / 9.0 - 0.4);
+            let x = distribute_tensor(&x, &mesh, &[Shard(0)], None)?;
+            let y = model.forward(&x)?;
+            y.mul(&y)?.sum()?.backward()?;
+            model
+                .named_parameters()
+                .into_iter()
+                .map(|(_, p)| Ok(p.grad().unwrap().full_tensor()?.iter().copied().collect::<Vec<f64>>()))
+                .collect::<Result<Vec<_>>>()
+        })
+        .unwrap()
+        .remove(0)
+    };
+    let reference = grads(1, None, false);
+    for (group, prefetch) in [(4, false), (2, false), (4, true), (2, true)] {
+        let got = grads(8, Some(group), prefetch);
+        for (a, b) in got.iter().zip(&reference) {
+            let worst = a.iter().zip(b).map(|(x, y)| (x - y).abs()).fold(0.0, f64::max);
+            assert!(worst < 1e-12, "groups of {group}, prefetch {prefetch}: {worst:e}");
+        }
+    }
+}
