@@ -22,6 +22,8 @@
 mod heap;
 #[path = "llama/model.rs"]
 mod model;
+#[path = "llama/random.rs"]
+mod random;
 
 #[global_allocator]
 static ALLOC: heap::Counting = heap::Counting;
@@ -32,7 +34,7 @@ use dtensor::ndarray::{Array2, ArrayD, IxDyn};
 use dtensor::optim::AdamW;
 use dtensor::prelude::*;
 use dtensor::typed::Dt;
-use dtensor::{distribute_tensor, Element, Replicate};
+use dtensor::Element;
 use model::{Ids, Llama, LlamaForCausalLM};
 use serde_json::Value;
 use std::path::{Path, PathBuf};
@@ -67,50 +69,7 @@ struct Args {
 
 /// Writes a random Llama checkpoint of about `mb` MB (f32) with its `config.json` to `dir`.
 fn generate(dir: &Path, mb: usize) -> Result<()> {
-    let (h, inter, nh, nkv, hd, vocab) = (1024usize, 2816usize, 16usize, 8usize, 64usize, 32000usize);
-    let per_layer = 4 * (2 * h * nh * hd + 2 * h * nkv * hd + 3 * h * inter + 2 * h);
-    let fixed = 4 * (2 * vocab * h + h);
-    let layers = (mb * 1_000_000).saturating_sub(fixed).div_ceil(per_layer).max(1);
-    let cfg = serde_json::json!({
-        "model_type": "llama", "vocab_size": vocab, "hidden_size": h, "intermediate_size": inter,
-        "num_hidden_layers": layers, "num_attention_heads": nh, "num_key_value_heads": nkv, "head_dim": hd,
-        "rms_norm_eps": 1e-5, "rope_theta": 500000.0, "tie_word_embeddings": false
-    });
-    std::fs::create_dir_all(dir)
-        .and_then(|_| std::fs::write(dir.join("config.json"), cfg.to_string()))
-        .map_err(|e| Error::InvalidArgument { context: format!("writing {}", dir.display()), reason: e.to_string() })?;
-    let cfg = LlamaConfig::read(dir)?;
-    let mut seed = 0x2545_F491_4F6C_DD1Du64;
-    let mut draw = |shape: &[usize], scale: f32| {
-        ArrayD::from_shape_fn(IxDyn(shape), |_| {
-            seed ^= seed << 13;
-            seed ^= seed >> 7;
-            seed ^= seed << 17;
-            ((seed >> 40) as f32 / (1u64 << 24) as f32 - 0.5) * scale
-        })
-    };
-    let tensors: Vec<(String, ArrayD<f32>)> = cfg
-        .tensor_shapes()
-        .into_iter()
-        .map(|(n, shape)| {
-            let a = if n.ends_with("norm.weight") { ArrayD::ones(IxDyn(&shape)) } else { draw(&shape, 0.1) };
-            (n, a)
-        })
-        .collect();
-    println!(
-        "writing a random Llama checkpoint: {layers} layers, {:.0} MB, to {}",
-        (fixed + layers * per_layer) as f64 / 1e6,
-        dir.display()
-    );
-    dtensor::run(1, |ctx| {
-        let mesh = ctx.init_device_mesh(&[1], &["x"])?;
-        let state: Vec<(String, DTensor<f32>)> = tensors
-            .iter()
-            .map(|(n, a)| Ok((n.clone(), distribute_tensor(a, &mesh, &[Replicate], None)?)))
-            .collect::<Result<_>>()?;
-        dtensor::checkpoint::hf::save_sharded(dir, &state, 500_000_000)
-    })?;
-    Ok(())
+    random::write(dir, &random::Shape::for_mb(mb))
 }
 
 /// bf16 against transformers' f32: logits, loss and training losses (relative to the largest

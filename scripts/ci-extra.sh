@@ -10,7 +10,7 @@ cargo test --features cuda
 # above only builds the facade's tests with it). The other suites run host code that the
 # feature does not change; building all ~75 of them a second time doubled this step's time.
 cargo test -p dtensor-runtime --features cuda --lib \
-  --test cuda_kernels_host --test cuda_nvrtc --test cuda_ops --test cuda_threads_prop --test cuda_bandwidth \
+  --test cuda_kernels_host --test cuda_nvrtc --test cuda_ops --test cuda_threads_prop --test cuda_bandwidth --test cuda_counters \
   --test storage_device --test buf_collectives --test background_all_reduce --test overlap_grad_reduce \
   --test redistribute_prop --test mlp_train
 cargo test -p dtensor-runtime --features cuda --test cuda_gpu -- --nocapture
@@ -36,6 +36,15 @@ echo "== example: llama (HF Llama built by load_hf: transformers parity, trainin
 cargo run --example llama
 cargo run --example llama -- --dtype bf16
 cargo run --example llama -- --model examples/llama/fixture-tied
+
+echo "== example: llama_bench (the GPU benchmark's dtensor-rs half, tiny, on threads) and gpu-bench.sh without a GPU"
+tiny="--hidden 64 --intermediate 96 --heads 4 --kv-heads 2 --layers 2 --vocab 256 --seq 16 --batch 4"
+# shellcheck disable=SC2086
+cargo run --example llama_bench -- $tiny --mesh 2x2 --steps 2 --warmup 1 --new-tokens 4 | tee /tmp/llama_bench.log
+grep -q '^BENCH llama step | threads | 2x2 | bf16' /tmp/llama_bench.log
+# every device part prints SKIP here and the script exits 0
+SIZES="$tiny" BENCH_STEPS=2 bash scripts/gpu-bench.sh --bin target/debug/examples/llama_bench | tee /tmp/gpu_bench.log
+grep -q 'llama_bench: SKIP: ' /tmp/gpu_bench.log
 
 echo "== example: hf_load (Llama-shaped HF checkpoint on 2x2 vs 1 rank)"
 cargo run --example hf_load

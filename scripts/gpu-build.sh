@@ -3,10 +3,13 @@
 # release binaries the GPU check runs on a machine without a Rust toolchain:
 #   - every CUDA test executable of dtensor-runtime (tests/cuda_*.rs, tests/nccl_*.rs, but not
 #     the host emulation cuda_kernels_host), built with `--features cuda`;
-#   - every example of the facade crate, built with `--features cuda`.
+#   - the examples the GPU scripts run (mlp_tp and transformer_tp for gpu-check.sh, llama_bench
+#     for gpu-bench.sh), built with `--features cuda` (the others stay here: the folder must fit
+#     the device tool's carry limit).
 # Output: DIR (default gpu-prebuilt/, git-ignored) with tests/, examples/, MANIFEST (commit,
 # binaries, the newest glibc symbol version they need). Fails if DIR exceeds 60 MiB.
-# Then copy DIR to the GPU machine and run: scripts/gpu-check.sh --prebuilt DIR
+# Then copy DIR to the GPU machine and run: scripts/gpu-check.sh --prebuilt DIR (the check),
+# scripts/gpu-bench.sh --prebuilt DIR (the benchmark against PyTorch).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 out="${1:-gpu-prebuilt}"
@@ -23,8 +26,9 @@ json=$(mktemp)
 trap 'rm -f "$json"' EXIT
 echo "gpu-build: cargo test --no-run --release --features cuda ${tests[*]}"
 cargo test -p dtensor-runtime --release --features cuda --no-run --message-format=json "${tests[@]}" >"$json"
-echo "gpu-build: cargo build --release --features cuda --examples"
-cargo build -p dtensor --release --features cuda --examples --message-format=json >>"$json"
+examples=(--example mlp_tp --example transformer_tp --example llama_bench)
+echo "gpu-build: cargo build --release --features cuda ${examples[*]}"
+cargo build -p dtensor --release --features cuda "${examples[@]}" --message-format=json >>"$json"
 
 rm -rf "$out"
 mkdir -p "$out/tests" "$out/examples"

@@ -273,6 +273,7 @@ pub mod staged {
 #[cfg(feature = "cuda")]
 mod device {
     use super::{Buf, BufInOut, BufMut};
+    use crate::cuda::counters::{count, Work};
     use crate::cuda::{cuda_err, CudaDevice};
     use crate::element::Scalar;
     use crate::error::Result;
@@ -354,6 +355,7 @@ mod device {
         /// Copied to the host (a device-to-pageable copy returns once it is complete).
         pub fn to_host(&self) -> Result<Vec<u8>> {
             let mut out = vec![0u8; self.view.len()];
+            count(Work::DeviceToHost(out.len()));
             self.device.stream().memcpy_dtoh(&self.view, &mut out).map_err(|e| cuda_err("staging device bytes", e))?;
             Ok(out)
         }
@@ -371,12 +373,14 @@ mod device {
         /// Copied to the host (a device-to-pageable copy returns once it is complete).
         pub fn to_host(&self) -> Result<Vec<u8>> {
             let mut out = vec![0u8; self.view.len()];
+            count(Work::DeviceToHost(out.len()));
             self.device.stream().memcpy_dtoh(&self.view, &mut out).map_err(|e| cuda_err("staging device bytes", e))?;
             Ok(out)
         }
         /// Overwritten with `host` (same length, checked by the caller).
         pub fn copy_from_host(&mut self, host: &[u8]) -> Result<()> {
             crate::comm::check::same_len("staging", host.len(), self.view.len())?;
+            count(Work::HostToDevice(host.len()));
             self.device.stream().memcpy_htod(host, &mut self.view).map_err(|e| cuda_err("copying to the device", e))
         }
     }

@@ -231,6 +231,7 @@ mod d2d {
     use crate::comm::check::Args;
     use crate::comm::threads::Bufs;
     use crate::comm::{check, group, reduce, Communicator};
+    use crate::cuda::counters::{count, Work};
     use crate::cuda::cuda_err;
     use crate::element::DType;
     use crate::error::Result;
@@ -290,6 +291,7 @@ mod d2d {
         /// A device copy of `b` on this rank's stream: what peers read in an in-place
         /// collective while this rank overwrites `b`.
         pub(super) fn snapshot(&self, b: &CudaBytesMut<'_>) -> Result<CudaSlice<u8>> {
+            count(Work::DeviceToDevice);
             self.device.stream().clone_dtod(&b.view).map_err(|e| cuda_err("device to device copy", e))
         }
 
@@ -453,7 +455,9 @@ mod d2d {
             let mut scratch = unsafe { stream.alloc::<u8>(b) }.map_err(|e| cuda_err("device allocation", e))?;
             let div = match op {
                 ReduceOp::Avg => {
-                    Some(stream.clone_htod(&divisor(dtype, n)).map_err(|e| cuda_err("host to device copy", e))?)
+                    let d = divisor(dtype, n);
+                    count(Work::HostToDevice(d.len()));
+                    Some(stream.clone_htod(&d).map_err(|e| cuda_err("host to device copy", e))?)
                 }
                 _ => None,
             };

@@ -39,6 +39,7 @@ use super::buf::{in_out_on, staged, CudaBytes, CudaBytesMut, Reduce};
 use super::nccl_version::{GroupStrategy, NcclVersion};
 use super::{check, group, reduce};
 use super::{Buf, BufInOut, BufMut, Communicator, RecvBuf};
+use crate::cuda::counters::{count, Work};
 use crate::cuda::{cuda_err, require, CudaDevice, CudaLib};
 use crate::device::Device;
 use crate::element::DType;
@@ -284,6 +285,7 @@ impl NcclComm {
     }
 
     fn upload(&self, bytes: &[u8]) -> Result<CudaSlice<u8>> {
+        count(Work::HostToDevice(bytes.len()));
         self.stream.clone_htod(bytes).map_err(|e| cuda_err("staging host bytes on the device", e))
     }
 
@@ -292,6 +294,7 @@ impl NcclComm {
     }
 
     fn download(&self, dev: &CudaSlice<u8>, out: &mut [u8]) -> Result<()> {
+        count(Work::DeviceToHost(out.len()));
         self.stream.memcpy_dtoh(dev, out).map_err(|e| cuda_err("copying the result to the host", e))
     }
 

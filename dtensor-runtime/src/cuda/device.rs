@@ -79,6 +79,7 @@ impl CudaDevice {
             return Ok(());
         }
         self.ctx.bind_to_thread().map_err(|e| cuda_err("binding the CUDA context", e))?;
+        super::counters::count(super::counters::Work::DeviceToDevice);
         // SAFETY: the caller's contract; the stream is this handle's, alive with it.
         unsafe { cudarc::driver::sys::cuMemcpyAsync(dst, src, bytes, self.stream.cu_stream()) }
             .result()

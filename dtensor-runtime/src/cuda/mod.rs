@@ -24,6 +24,7 @@ use crate::error::{Error, Result};
 #[cfg(not(feature = "cuda"))]
 mod absent;
 pub mod args;
+pub mod counters;
 #[cfg(feature = "cuda")]
 mod device;
 #[cfg(feature = "cuda")]
@@ -34,6 +35,7 @@ pub mod source;
 
 #[cfg(not(feature = "cuda"))]
 pub use absent::CudaDevice;
+pub use counters::DeviceCounters;
 #[cfg(feature = "cuda")]
 pub use device::CudaDevice;
 #[cfg(feature = "cuda")]

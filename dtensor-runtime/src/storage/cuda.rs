@@ -30,6 +30,7 @@
 
 use super::backend::BackendStorage;
 use crate::cuda::args::{self, binary_code, reduce_code, unary_code, Gather, Reduce, Strided};
+use crate::cuda::counters::{count, Work};
 use crate::cuda::source::{BLOCK, ID_DTYPE};
 use crate::cuda::{cuda_err, CudaDevice};
 use crate::element::{Element, Scalar};
@@ -65,6 +66,7 @@ fn per_block(n: u64) -> LaunchConfig {
 }
 
 fn launch(name: &str, args: &mut LaunchArgs<'_>, cfg: LaunchConfig) -> Result<()> {
+    count(Work::Launch);
     // SAFETY: every caller passes the arguments of the kernel's C signature in order, with
     // buffers of the lengths the kernel indexes (checked shapes, `n` = the element count).
     unsafe { args.launch(cfg) }.map(|_| ()).map_err(|e| cuda_err(&format!("launching {name}"), e))
@@ -84,6 +86,7 @@ fn unshare<'a, T: Scalar>(
 ) -> Result<Option<&'a mut CudaSlice<T>>> {
     let Some(d) = data else { return Ok(None) };
     if Arc::get_mut(d).is_none() {
+        count(Work::DeviceToDevice);
         let copy = device.stream().clone_dtod(&**d).map_err(|e| cuda_err("copy before an in-place update", e))?;
         *d = Arc::new(copy);
     }
@@ -165,6 +168,7 @@ impl<T: Scalar> CudaStorage<T> {
         let data = if n == 0 {
             None
         } else {
+            count(Work::HostToDevice(std::mem::size_of_val(data)));
             Some(Arc::new(device.stream().clone_htod(data).map_err(|e| cuda_err("host to device copy", e))?))
         };
         Ok(CudaStorage { data, shape: shape.to_vec(), device: Arc::clone(device) })
@@ -269,7 +273,10 @@ impl<T: Scalar> CudaStorage<T> {
     /// A host copy (waits for the queued work).
     pub fn to_host(&self) -> Result<ArrayD<T>> {
         let v = match &self.data {
-            Some(d) => self.device.stream().clone_dtoh(&**d).map_err(|e| cuda_err("device to host copy", e))?,
+            Some(d) => {
+                count(Work::DeviceToHost(d.len() * std::mem::size_of::<T>()));
+                self.device.stream().clone_dtoh(&**d).map_err(|e| cuda_err("device to host copy", e))?
+            }
             None => vec![],
         };
         ArrayD::from_shape_vec(IxDyn(&self.shape), v).map_err(|e| cuda_err("shaping the host copy", e))
@@ -361,6 +368,7 @@ impl<T: Scalar> CudaStorage<T> {
                 ldc: to_i32(n, "n")?,
             })
         };
+        count(Work::Blas);
         if nb == 2 {
             T::gemm(&blas, gemm(rows)?, b, a, c)
         } else {
@@ -446,6 +454,7 @@ impl<T: Scalar> CudaStorage<T> {
             return Ok(out);
         }
         let nblocks = (table.len() / args::PACK_ROW) as u64;
+        count(Work::HostToDevice(std::mem::size_of_val(table.as_slice())));
         let table = self.device.stream().clone_htod(&table).map_err(|e| cuda_err("pack plan upload", e))?;
         let f = self.device.kernels()?.function("pack", T::SUFFIX)?;
         let mut b = self.device.stream().launch_builder(&f);
@@ -467,6 +476,7 @@ impl<T: Scalar> CudaStorage<T> {
         }
         let mut bad = self.device.stream().alloc_zeros::<i32>(1).map_err(|e| cuda_err("device allocation", e))?;
         build(&mut bad)?;
+        count(Work::DeviceToHost(std::mem::size_of::<i32>()));
         let flag = self.device.stream().clone_dtoh(&bad).map_err(|e| cuda_err("reading the id check", e))?;
         if flag.first().copied().unwrap_or(0) != 0 {
             return Err(Error::InvalidArgument {
