@@ -82,6 +82,10 @@ struct Args {
     /// The device's peak dense TFLOP/s in this dtype, for MFU (e.g. 989 for an H100 SXM in bf16).
     #[arg(long)]
     peak_tflops: Option<f64>,
+    /// Where the random checkpoint lives: written there unless a previous run did (its
+    /// `config.json` must then have these sizes); default a temporary directory.
+    #[arg(long)]
+    checkpoint: Option<std::path::PathBuf>,
 }
 
 fn main() -> ExitCode {
@@ -89,7 +93,7 @@ fn main() -> ExitCode {
 }
 
 fn real_main(a: &Args) -> Result<()> {
-    let bad = |reason: String| Error::InvalidArgument { context: "llama_bench".into(), reason };
+    let bad = |reason: String| Error::InvalidArgument { context: "arguments".into(), reason };
     if a.steps == 0 || a.seq < 2 || a.batch == 0 {
         return Err(bad(format!("--steps, --batch must be positive and --seq at least 2, got {a:?}")));
     }
@@ -105,9 +109,19 @@ fn real_main(a: &Args) -> Result<()> {
     if a.heads == 0 || !a.hidden.is_multiple_of(a.heads) {
         return Err(bad(format!("--hidden {} is not a multiple of --heads {}", a.hidden, a.heads)));
     }
-    let dir = tempfile::tempdir().map_err(|e| bad(format!("tempdir: {e}")))?;
-    random::write(dir.path(), &shape)?;
-    let cfg = LlamaConfig::read(dir.path())?;
+    let scratch = tempfile::tempdir().map_err(|e| bad(format!("tempdir: {e}")))?;
+    let dir = a.checkpoint.as_deref().unwrap_or(scratch.path());
+    if !dir.join("config.json").is_file() {
+        random::write(dir, &shape)?;
+    }
+    let cfg = LlamaConfig::read(dir)?;
+    let have = (cfg.hidden_size, cfg.num_hidden_layers, cfg.vocab_size, cfg.intermediate_size);
+    if have != (a.hidden, a.layers, a.vocab, a.intermediate) || cfg.kv_heads() != a.kv_heads {
+        return Err(bad(format!(
+            "the checkpoint in {} has other sizes (hidden, layers, vocab, intermediate) {have:?}: remove it",
+            dir.display()
+        )));
+    }
     let flops_per_token = 6.0 * shape.params() as f64 + 12.0 * (a.layers * a.hidden * a.seq) as f64;
     println!(
         "llama_bench: {} parameters ({} layers, hidden {}, {} heads / {} kv, vocab {}), batch {} × seq {}, {} on {} mesh {}x{}",
@@ -125,8 +139,8 @@ fn real_main(a: &Args) -> Result<()> {
         a.mesh.1
     );
     let r = match a.dtype.as_str() {
-        "f32" => bench::<f32>(a, dir.path(), &cfg)?,
-        "bf16" => bench::<dtensor::bf16>(a, dir.path(), &cfg)?,
+        "f32" => bench::<f32>(a, dir, &cfg)?,
+        "bf16" => bench::<dtensor::bf16>(a, dir, &cfg)?,
         d => return Err(bad(format!("--dtype `{d}` is not f32 or bf16"))),
     };
     let tokens = (a.batch * a.seq) as f64;
@@ -135,7 +149,7 @@ fn real_main(a: &Args) -> Result<()> {
     let label = format!("{} | {}x{} | {}", a.backend, a.mesh.0, a.mesh.1, a.dtype);
     let w = &r.work;
     println!(
-        "BENCH llama step | {label} | {:.2} ms | {:.0} tokens/s | MFU {} | {} launches, {} cuBLAS, {} H2D ({} B), {} D2H, {} D2D per step",
+        "BENCH llama step | {label} | {:.2} ms | {:.0} tokens/s | MFU {} | {} launches + {} cuBLAS calls, {} H2D ({} B), {} D2H, {} D2D per step (all ranks)",
         r.step_ms,
         tokens_per_s,
         mfu.unwrap_or_else(|| "n/a (no --peak-tflops)".into()),
@@ -171,30 +185,42 @@ fn bench<T: Element>(a: &Args, dir: &std::path::Path, cfg: &LlamaConfig) -> Resu
         let ids = Array2::from_shape_fn((a.batch, a.seq), |(i, j)| (i as i64 * 7919 + j as i64 * 104_729 + 3) % v);
         let ids: Ids = Dt::distribute(&ids.into_dyn(), &mesh)?;
         let mut opt = AdamW::new(1e-4).master_weights(T::DTYPE != dtensor::DType::F32);
-        let (mut times, mut losses, mut work) = (Vec::new(), Vec::new(), DeviceCounters::default());
-        for step in 0..a.warmup + a.steps {
-            mesh.barrier(dtensor::Along::All)?;
-            let (t0, before) = (Instant::now(), DeviceCounters::now());
+        let all = dtensor::Along::All;
+        let mut step = || -> Result<f32> {
             model.zero_grad();
             let loss = llama.loss(&model, &ids, &ids)?;
             loss.as_dtensor().backward()?;
             opt.step(&mut model)?;
-            // the loss read is the step's one device-to-host copy (and waits for the device)
-            let l = loss.full_tensor()?.sum().as_f64() as f32;
-            if step >= a.warmup {
+            // reading the loss waits for the device
+            Ok(loss.full_tensor()?.sum().as_f64() as f32)
+        };
+        let (mut times, mut losses) = (Vec::new(), Vec::new());
+        for s in 0..a.warmup + a.steps {
+            mesh.barrier(all)?;
+            let t0 = Instant::now();
+            losses.push(step()?);
+            if s >= a.warmup {
                 times.push(t0.elapsed().as_secs_f64() * 1e3);
-                work = DeviceCounters::now().since(&before);
             }
-            losses.push(l);
         }
         times.sort_by(f64::total_cmp);
+        // One more step for the device work (process-wide counts): every rank waits before the
+        // first snapshot and after the step, and none goes on before the second snapshot.
+        mesh.barrier(all)?;
+        let before = DeviceCounters::now();
+        mesh.barrier(all)?;
+        step()?;
+        mesh.barrier(all)?;
+        let work = DeviceCounters::now().since(&before);
+        mesh.barrier(all)?;
         let gen = match a.new_tokens {
             0 => None,
             n => {
                 let prompt =
                     Array2::from_shape_fn((a.batch, 8.min(a.seq)), |(i, j)| (i as i64 * 31 + j as i64 + 1) % v);
                 let prompt: Ids = Dt::distribute(&prompt.into_dyn(), &mesh)?;
-                mesh.barrier(dtensor::Along::All)?;
+                llama.generate(&model, &prompt, 2, &[], 0)?; // warm-up, as the PyTorch side does
+                mesh.barrier(all)?;
                 let t0 = Instant::now();
                 llama.generate(&model, &prompt, n, &[], 0)?;
                 Some((a.batch * n) as f64 / t0.elapsed().as_secs_f64())
@@ -202,12 +228,14 @@ fn bench<T: Element>(a: &Args, dir: &std::path::Path, cfg: &LlamaConfig) -> Resu
         };
         Ok(Run { step_ms: times[times.len() / 2], work, gen_tokens_per_s: gen, losses })
     })?;
-    // the slowest rank's median step (the ranks wait for each other every step)
+    // the slowest rank's median step and generation (the ranks wait for each other)
     let step_ms = out.iter().map(|r| r.step_ms).fold(0.0, f64::max);
+    let gen = out.iter().filter_map(|r| r.gen_tokens_per_s).reduce(f64::min);
     let mut first = out
         .into_iter()
         .next()
         .ok_or_else(|| Error::InvalidArgument { context: "llama_bench".into(), reason: "no rank ran".into() })?;
     first.step_ms = step_ms;
+    first.gen_tokens_per_s = gen;
     Ok(first)
 }

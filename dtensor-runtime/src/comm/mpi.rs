@@ -856,8 +856,8 @@ unsafe impl HostCollectives for MpiComm {
     /// started in order (every member starts the same batch, so they match in order); the
     /// handle waits for all of them. Agreed first, once for the batch (blocking: sizes,
     /// counts, the number of gathers, and that every member starts them rather than running
-    /// one blocking), so no started transfer reads or writes past a buffer while this rank
-    /// goes on.
+    /// one blocking — a typed mismatch of the sizes or the kind on every member), so no
+    /// started transfer reads or writes past a buffer while this rank goes on.
     fn all_gather_v_start(&self, group: &[usize], gathers: Vec<super::Gather>) -> Result<PendingAllReduce> {
         const OP: &str = "all_gather_v";
         let me = self.my_index(OP, group)?;
@@ -891,8 +891,10 @@ unsafe impl HostCollectives for MpiComm {
         }
         self.agree(OP, group, total, check::Args::default(), 1 + items.len() as u64, local)?;
         // Every member's counts have one entry per member (checked), so equal batches give
-        // equal lengths here.
-        self.agree_counts(OP, group, &all_counts)?;
+        // equal lengths here; an empty batch has none to agree on.
+        if !all_counts.is_empty() {
+            self.agree_counts(OP, group, &all_counts)?;
+        }
         for (mut send, counts, mut recv) in items {
             let (Some(s), Some(r)) = (send.host_mut(), recv.host_mut()) else {
                 return Err(backend_err("a started all-gather takes host buffers only"));
