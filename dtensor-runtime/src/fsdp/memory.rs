@@ -361,9 +361,9 @@ pub fn memory_plan(
 }
 
 /// The bytes of a parameter (`gathered` bytes in its in-use layout) that a unit resharding to
-/// a group (checked by the caller) smaller than the FSDP dim (`n` ranks, this rank at `at`) keeps from its forward:
-/// its slice over the group (a parameter left replicated on the FSDP dim keeps its gathered
-/// copy when that is a cast, nothing when it is the parameter itself).
+/// a group (checked by the caller) smaller than the FSDP dim (`n` ranks, this rank at `at`)
+/// keeps from its forward: its slice over the group (a parameter left replicated on the FSDP
+/// dim keeps its gathered copy when that is a cast, nothing when it is the parameter itself).
 fn kept(p: &ParamSpec, stored: Option<Placement>, gathered: usize, n: usize, at: usize) -> usize {
     let Some(group) = p.reshard_group.filter(|&g| g != n) else { return 0 };
     let d = match stored {

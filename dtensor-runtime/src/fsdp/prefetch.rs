@@ -89,9 +89,7 @@ impl<S: Element> Unit<S> {
         };
         Ok(Prefetch { parts, pending, sources: shards.iter().map(|s| Arc::clone(&s.local) as Arc<dyn Any>).collect() })
     }
-}
 
-impl<S: Element> Unit<S> {
     /// Drops this unit's prefetches in element type `E` (waiting for their transfers): the
     /// forward's, and the backward's of a unit resharding to a smaller group.
     pub(super) fn drop_prefetches<E: Element>(&self) {

@@ -142,9 +142,6 @@ impl<T: Element> TensorSource<T> for Shards<T> {
         }
         Ok(p.clone())
     }
-    fn count(&self, path: &str) -> usize {
-        (0..).take_while(|i| self.contains(&join(path, &i.to_string()))).count()
-    }
     fn contains(&self, path: &str) -> bool {
         self.0.iter().any(|(n, _)| n == path || n.starts_with(&format!("{path}.")) || path.is_empty())
     }

@@ -2,7 +2,6 @@
 //! [`TensorSource`] that a `#[distribute]` struct's `load_hf` reads its parameters from, and
 //! [`HfCheckpoint::load_module_mapped`] for checkpoints that name or fuse tensors otherwise.
 
-use super::params::join;
 use super::{Parameters, TensorSource};
 use crate::checkpoint::hf::{prefix_hint, HfCheckpoint, Split, TensorMap};
 use crate::dtensor::DTensor;
@@ -54,10 +53,6 @@ impl<T: Element> TensorSource<T> for Source<'_> {
         };
         self.taken.insert(name);
         Ok(t)
-    }
-
-    fn count(&self, path: &str) -> usize {
-        (0..).take_while(|i| self.holds(&join(path, &i.to_string()))).count()
     }
 
     fn contains(&self, path: &str) -> bool {

@@ -7,6 +7,7 @@
 use crate::dtensor::DTensor;
 use crate::element::Element;
 use crate::error::{Error, Result};
+use crate::names::join;
 use crate::placement::Placement;
 
 /// Tensors by dotted path (`layers.0.self_attn.q_proj.weight`), each laid out on request.
@@ -16,7 +17,9 @@ pub trait TensorSource<T: Element> {
     fn tensor(&mut self, path: &str, placements: &[Placement]) -> Result<DTensor<T>>;
     /// How many consecutive indices `path.0`, `path.1`, ... hold a tensor (or tensors below
     /// them): the length of a `Vec` field.
-    fn count(&self, path: &str) -> usize;
+    fn count(&self, path: &str) -> usize {
+        (0..).take_while(|i| self.contains(&join(path, &i.to_string()))).count()
+    }
     /// Whether the source holds a tensor at `path` or below it: whether an `Option` field is
     /// `Some`.
     fn contains(&self, path: &str) -> bool;
