@@ -35,10 +35,13 @@ impl Block {
 impl Forward<f32> for Block {
     #[distribute(mesh = "dp,tp", placements = [Shard(0), Replicate])]
     fn forward(&self, x: &DTensor<f32>) -> Result<DTensor<f32>> {
-        // `x` is `&Dt<f32, (dp, tp), (Shard<0>, Replicate), 2>` here.
+        // `x` is `&Dt<f32, (dp, tp), (Shard<0>, Replicate), 2>` here (ARG_LINE is this fn's line).
         self.mlp(x)
     }
 }
+
+/// The line of `forward`'s signature: a wrong argument's error points at it.
+const ARG_LINE: u32 = 37;
 
 fn global(rows: usize, cols: usize, seed: usize) -> ArrayD<f32> {
     ArrayD::from_shape_fn(IxDyn(&[rows, cols]), |ix| ((ix[0] * 7 + ix[1] * 3 + seed) % 11) as f32 / 11.0 - 0.45)
@@ -80,7 +83,10 @@ fn trait_method_checks_its_input_and_matches_one_rank() {
         }
         match err {
             Some(Error::TypedMismatch { what, expected, .. }) => {
-                assert!(what.starts_with("layout (at ") && what.contains("distribute_methods.rs"), "{what}");
+                // The argument and the method by name, at the argument's line in this file.
+                let line = format!("distribute_methods.rs:{ARG_LINE})");
+                assert!(what.starts_with("argument `x` of `forward`: layout (at "), "{what}");
+                assert!(what.contains(&line), "{what} (expected {line})");
                 assert!(expected.contains("on mesh (dp, tp)"), "{expected}");
             }
             other => panic!("expected TypedMismatch, got {other:?}"),

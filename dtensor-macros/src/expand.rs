@@ -644,6 +644,7 @@ pub(crate) fn expand_fn(krate: &TokenStream, mut item: ItemFn, plan: FnPlan<'_>)
         prologue.push(quote!(let _ = ::core::marker::PhantomData::<#dynamic>;));
     }
     prologue.push(implicit_scope(krate, &item, plan.allow_implicit));
+    crate::infer::operands_take_receiver_layout(&mut item.block);
     let body = &item.block;
     let attrs = &item.attrs;
     let vis = &item.vis;
@@ -680,9 +681,9 @@ fn implicit_scope(krate: &TokenStream, item: &ItemFn, allow: bool) -> TokenStrea
 
 /// `#[distribute]` on a method of a trait impl whose checks passed. The trait fixes the
 /// signature, so it stays dynamic: each tensor argument is checked against its declared
-/// layout on entry (`Dt::from_dtensor_ref`, an error naming the method's line) and the body
-/// sees the typed tensor under the same name; the body's typed result is handed back as the
-/// trait's `DTensor`.
+/// layout on entry (`Dt::from_argument_ref`, an error naming the argument, the method and the
+/// argument's line) and the body sees the typed tensor under the same name; the body's typed
+/// result is handed back as the trait's `DTensor`.
 pub(crate) fn expand_trait_fn(krate: &TokenStream, mut item: ItemFn, plan: FnPlan<'_>) -> TokenStream {
     let mesh_ty = mesh_type(krate, plan.mesh);
     let mut prologue = Vec::new();
@@ -692,10 +693,14 @@ pub(crate) fn expand_trait_fn(krate: &TokenStream, mut item: ItemFn, plan: FnPla
         let Pat::Ident(pi) = &*pt.pat else { continue };
         let id = &pi.ident;
         let pat = &pt.pat;
-        let span = pt.ty.span();
+        // At the argument's name: a wrong tensor's error points there.
+        let span = id.span();
         let ty = typed_tensor(krate, &slot.ty, &mesh_ty, &markers[0]);
-        let conv = if slot.ty.reference.is_some() { quote!(from_dtensor_ref) } else { quote!(from_dtensor) };
-        prologue.push(quote_spanned!(span=> let #pat: #ty = #krate::typed::Dt::#conv(#id)?;));
+        let conv = if slot.ty.reference.is_some() { quote!(from_argument_ref) } else { quote!(from_argument) };
+        let (arg, function) = (ast::ident_name(id), ast::ident_name(&item.sig.ident));
+        prologue.push(quote_spanned!(span=>
+            let #pat: #ty = #krate::typed::Dt::#conv(#id, #arg, #function, (::core::file!(), ::core::line!()))?;
+        ));
     }
     let mut typed_ret = quote!(());
     if let ReturnType::Type(_, t) = &mut item.sig.output {
@@ -705,6 +710,7 @@ pub(crate) fn expand_trait_fn(krate: &TokenStream, mut item: ItemFn, plan: FnPla
         ast::strip_rank(t);
     }
     prologue.push(implicit_scope(krate, &item, plan.allow_implicit));
+    crate::infer::operands_take_receiver_layout(&mut item.block);
     let body = &item.block;
     let attrs = &item.attrs;
     let vis = &item.vis;

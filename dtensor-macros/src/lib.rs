@@ -13,6 +13,7 @@ mod ast;
 mod attr;
 mod errors;
 mod expand;
+mod infer;
 mod valid;
 
 #[cfg(test)]
@@ -108,6 +109,12 @@ use proc_macro::TokenStream;
 /// `&Dt<f32, (dp, tp), (Shard<0>, Replicate), 2>`, so callers need no annotation, rustdoc shows
 /// the layout, and `f(&x.redistribute()?)` infers the target from `f`. A tensor of another
 /// layout is a type mismatch naming both layouts (on the mesh, `(dp, tp)`): redistribute it.
+///
+/// In the body, `x.add(&y.redistribute()?)` (also `sub`, `mul`, `div` and the comparison masks
+/// `eq_mask` … `ge_mask`) redistributes `y` to `x`'s layout: the op alone cannot choose among
+/// the layouts it accepts beside `x`'s, so the body says `y.redistribute_like(&x)` for you. An
+/// explicit target (`redistribute::<L>()`) is left as written; outside a body, write
+/// `redistribute_like` (`Dt::redistribute_like`).
 ///
 /// # No implicit communication
 ///

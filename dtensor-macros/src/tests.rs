@@ -255,7 +255,7 @@ fn trait_impl_methods_keep_the_traits_signature_and_check_on_entry() {
     );
     for needle in [
         "fn forward (& self , x : & DTensor < f32 >) -> Result < DTensor < f32 > >",
-        "let x : & :: dtensor :: typed :: Dt < f32 , (:: dtensor :: typed :: dims :: tp ,) , (:: dtensor :: Shard < 0 > ,) , 2 > = :: dtensor :: typed :: Dt :: from_dtensor_ref (x) ?",
+        "let x : & :: dtensor :: typed :: Dt < f32 , (:: dtensor :: typed :: dims :: tp ,) , (:: dtensor :: Shard < 0 > ,) , 2 > = :: dtensor :: typed :: Dt :: from_argument_ref (x , \"x\" , \"forward\" , (:: core :: file ! () , :: core :: line ! ())) ?",
         "map (:: dtensor :: typed :: Dt :: into_dtensor)",
     ] {
         assert!(out.contains(needle), "missing `{needle}` in {out}");
@@ -272,4 +272,39 @@ fn trait_impl_methods_keep_the_traits_signature_and_check_on_entry() {
     );
     assert!(out.contains("x : & :: dtensor :: typed :: Dt <"), "{out}");
     assert!(out.contains("fn width (& self) -> usize { 0 }"), "{out}");
+}
+
+/// The body rewrite of `x.op(&y.redistribute()?)`: applied to the same-layout ops (nested,
+/// parenthesized, in closures), left alone for an explicit target, another method, a second
+/// argument, a mutable borrow, and items nested in the body.
+#[test]
+fn operands_take_the_receiver_layout_only_in_the_inferred_form() {
+    let rewrite = |body: proc_macro2::TokenStream| {
+        let mut block: syn::Block = syn::parse2(quote!({ #body })).expect("a block");
+        crate::infer::operands_take_receiver_layout(&mut block);
+        quote!(#block).to_string().replace(' ', "")
+    };
+    let count = |s: &str| s.matches("redistribute_like(__dtensor_lhs)").count();
+    let s = rewrite(quote!(let z = x.add(&y.redistribute()?)?;));
+    assert_eq!(count(&s), 1, "{s}");
+    assert!(s.contains("let__dtensor_lhs=&x;__dtensor_lhs.add(&y.redistribute_like(__dtensor_lhs)?)"), "{s}");
+    let s = rewrite(quote!(x.add(&x.mul(&(s.redistribute()?))?.redistribute()?)?.lt_mask(&w.redistribute()?)?;));
+    assert_eq!(count(&s), 3, "{s}");
+    let s = rewrite(quote!(let f = || a.div(&b.redistribute()?);));
+    assert_eq!(count(&s), 1, "{s}");
+    for untouched in [
+        quote!(x.add(&y.redistribute::<(Shard<0>, Replicate)>()?)?;),
+        quote!(x.matmul(&w.redistribute()?)?;),
+        quote!(x.add(&y.redistribute()?, 1)?;),
+        quote!(x.add(&mut y.redistribute()?)?;),
+        quote!(x.add(&y.redistribute()?.gelu()?)?;),
+        quote!(
+            fn inner() {
+                x.add(&y.redistribute()?);
+            }
+        ),
+    ] {
+        let s = rewrite(untouched);
+        assert_eq!(count(&s), 0, "{s}");
+    }
 }

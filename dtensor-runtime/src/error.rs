@@ -442,6 +442,19 @@ pub enum Error {
     },
 }
 
+impl Error {
+    /// A typed mismatch found in a function's argument, said as such: "argument `x` of
+    /// `forward`: layout (at ..)". Other errors are returned as they are.
+    pub(crate) fn in_argument(self, arg: &str, function: &str) -> Self {
+        match self {
+            Error::TypedMismatch { what, expected, actual } => {
+                Error::TypedMismatch { what: format!("argument `{arg}` of `{function}`: {what}"), expected, actual }
+            }
+            e => e,
+        }
+    }
+}
+
 /// Result alias used throughout dtensor-rs.
 pub type Result<T, E = Error> = std::result::Result<T, E>;
 

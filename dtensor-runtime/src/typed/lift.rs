@@ -10,7 +10,11 @@
 //! same way, through [`typed_rule!`](crate::typed_rule).
 
 /// `lift_binary!(LayoutTrait, RuleTrait)` or, with a context type (`Rank<R>`, ...),
-/// `lift_binary!(LayoutTrait, RuleTrait, ctx)`.
+/// `lift_binary!(LayoutTrait, RuleTrait, ctx)`. The other operand's markers are named
+/// `Placement0`, `Placement1`, ...: rustc's "consider specifying the generic argument" help
+/// spells a layout it cannot infer with these names (`redistribute::<(Placement0, Placement1)>`). The other operand's markers are named
+/// `Placement0`, `Placement1`, ...: rustc's "consider specifying the generic argument" help
+/// spells a layout it cannot infer with these names (`redistribute::<(Placement0, Placement1)>`).
 #[doc(hidden)]
 #[macro_export]
 macro_rules! __lift_binary {
@@ -20,10 +24,10 @@ macro_rules! __lift_binary {
             /// The output layout.
             type Out: $crate::typed::TypedLayout<M>;
         }
-        $crate::__lift_binary!(@arity $TypedLayout, $Rule, []; (A0 B0 N0));
-        $crate::__lift_binary!(@arity $TypedLayout, $Rule, []; (A0 B0 N0) (A1 B1 N1));
-        $crate::__lift_binary!(@arity $TypedLayout, $Rule, []; (A0 B0 N0) (A1 B1 N1) (A2 B2 N2));
-        $crate::__lift_binary!(@arity $TypedLayout, $Rule, []; (A0 B0 N0) (A1 B1 N1) (A2 B2 N2) (A3 B3 N3));
+        $crate::__lift_binary!(@arity $TypedLayout, $Rule, []; (A0 Placement0 N0));
+        $crate::__lift_binary!(@arity $TypedLayout, $Rule, []; (A0 Placement0 N0) (A1 Placement1 N1));
+        $crate::__lift_binary!(@arity $TypedLayout, $Rule, []; (A0 Placement0 N0) (A1 Placement1 N1) (A2 Placement2 N2));
+        $crate::__lift_binary!(@arity $TypedLayout, $Rule, []; (A0 Placement0 N0) (A1 Placement1 N1) (A2 Placement2 N2) (A3 Placement3 N3));
     };
     ($(#[$doc:meta])* $TypedLayout:ident, $Rule:ident, ctx) => {
         $(#[$doc])*
@@ -31,10 +35,10 @@ macro_rules! __lift_binary {
             /// The output layout.
             type Out: $crate::typed::TypedLayout<M>;
         }
-        $crate::__lift_binary!(@arity $TypedLayout, $Rule, [Ctx]; (A0 B0 N0));
-        $crate::__lift_binary!(@arity $TypedLayout, $Rule, [Ctx]; (A0 B0 N0) (A1 B1 N1));
-        $crate::__lift_binary!(@arity $TypedLayout, $Rule, [Ctx]; (A0 B0 N0) (A1 B1 N1) (A2 B2 N2));
-        $crate::__lift_binary!(@arity $TypedLayout, $Rule, [Ctx]; (A0 B0 N0) (A1 B1 N1) (A2 B2 N2) (A3 B3 N3));
+        $crate::__lift_binary!(@arity $TypedLayout, $Rule, [Ctx]; (A0 Placement0 N0));
+        $crate::__lift_binary!(@arity $TypedLayout, $Rule, [Ctx]; (A0 Placement0 N0) (A1 Placement1 N1));
+        $crate::__lift_binary!(@arity $TypedLayout, $Rule, [Ctx]; (A0 Placement0 N0) (A1 Placement1 N1) (A2 Placement2 N2));
+        $crate::__lift_binary!(@arity $TypedLayout, $Rule, [Ctx]; (A0 Placement0 N0) (A1 Placement1 N1) (A2 Placement2 N2) (A3 Placement3 N3));
     };
     (@arity $TypedLayout:ident, $Rule:ident, []; $(($a:ident $b:ident $n:ident))+) => {
         impl<$($a, $b, $n,)+> $TypedLayout<($($b,)+), ($($n,)+)> for ($($a,)+)

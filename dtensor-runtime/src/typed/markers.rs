@@ -35,7 +35,13 @@ pub enum Replicate {}
 /// Every rank holds a partial value; the logical value is their reduction by `Op`.
 ///
 /// `Op` is one of [`Sum`], [`Avg`], [`Min`], [`Max`], [`Product`].
-pub struct Partial<Op: ReduceMarker>(PhantomData<Op>, Never);
+//
+// Named fields, so that rustfmt keeps them off the first line: rustc quotes that line when a
+// bound on `Op` fails, and the user should see the bound, not the uninhabited field.
+pub struct Partial<Op: ReduceMarker> {
+    _op: PhantomData<Op>,
+    _uninhabited: Never,
+}
 
 /// A reduce-op marker for [`Partial`].
 #[diagnostic::on_unimplemented(

@@ -67,6 +67,6 @@ pub use pointwise::{AddLayout, AddRule, DivLayout, DivRule, MulLayout, MulRule, 
 pub use reduce::Dim;
 pub use same::SameLayout;
 pub use source::TensorSource;
-pub use tensor::Dt;
+pub use tensor::{Dt, LayoutOf};
 pub use transpose::{Swap, TransposeLayout, TransposeRule};
 pub use view::Dims;

@@ -68,8 +68,31 @@ impl<T: Scalar, M: MeshDims, L: TypedLayout<M>, const R: usize> Dt<T, M, L, R> {
         Ok(unsafe { &*(x as *const DTensor<T> as *const Self) })
     }
 
+    /// [`Dt::from_dtensor`] of a `#[distribute]` trait method's argument: an error also names
+    /// the argument and the method, at the argument's place in the user's code (`file!()`,
+    /// `line!()` there: `Location::caller` would name the attribute that generated the call).
+    #[doc(hidden)]
+    pub fn from_argument(x: DTensor<T>, arg: &'static str, function: &'static str, at: (&str, u32)) -> Result<Self> {
+        Self::check(&x, &format_args!("{}:{}", at.0, at.1)).map_err(|e| e.in_argument(arg, function))?;
+        Ok(Dt { inner: x, _layout: PhantomData })
+    }
+
+    /// [`Dt::from_dtensor_ref`] of a `#[distribute]` trait method's argument (see
+    /// [`Dt::from_argument`]).
+    #[doc(hidden)]
+    pub fn from_argument_ref<'a>(
+        x: &'a DTensor<T>,
+        arg: &'static str,
+        function: &'static str,
+        at: (&str, u32),
+    ) -> Result<&'a Self> {
+        Self::check(x, &format_args!("{}:{}", at.0, at.1)).map_err(|e| e.in_argument(arg, function))?;
+        // SAFETY: as in `from_dtensor_ref`.
+        Ok(unsafe { &*(x as *const DTensor<T> as *const Self) })
+    }
+
     /// The mesh dim names, rank and placements of `x` against the type; an error names `at`.
-    fn check(x: &DTensor<T>, at: &std::panic::Location<'_>) -> Result<()> {
+    fn check(x: &DTensor<T>, at: &dyn fmt::Display) -> Result<()> {
         let () = Self::VALID;
         let names = M::names();
         if x.device_mesh().dim_names() != names.as_slice() {
@@ -142,6 +165,33 @@ impl<T: Scalar, M: MeshDims, L: TypedLayout<M>, const R: usize> Dt<T, M, L, R> {
         L2: TypedLayout<M>,
     {
         Dt::from_dtensor(self.inner.redistribute(&L2::placements())?)
+    }
+
+    /// Redistributes to the layout of `like` (a typed tensor of the same element type, mesh and
+    /// rank, or a reference to one): `y.redistribute_like(&x)` is `y.redistribute::<Lx>()`
+    /// without naming `Lx`. Inside a `#[distribute]` function, `x.add(&y.redistribute()?)`
+    /// (and `sub`, `mul`, `div`, the comparison masks) means this: the operand takes the
+    /// receiver's layout, since the op alone cannot choose among its legal partners.
+    ///
+    /// ```
+    /// use dtensor_runtime::typed::{dims::tp, Dt, Partial, Replicate, Sum};
+    /// let out = dtensor_runtime::run(2, |ctx| {
+    ///     let mesh = ctx.init_device_mesh(&[2], &["tp"])?;
+    ///     let x: Dt<f32, (tp,), (Replicate,), 1> = Dt::distribute(&ndarray::arr1(&[1.0, 2.0]).into_dyn(), &mesh)?;
+    ///     let p: Dt<f32, (tp,), (Partial<Sum>,), 1> = x.redistribute()?;
+    ///     x.add(&p.redistribute_like(&x)?)?.full_tensor() // one all-reduce, then a local add
+    /// })
+    /// .unwrap();
+    /// assert_eq!(out[0].as_slice().unwrap(), &[2.0, 4.0]);
+    /// ```
+    #[track_caller]
+    pub fn redistribute_like<Like>(&self, like: &Like) -> Result<Dt<T, M, <Like as LayoutOf<M, R>>::Layout, R>>
+    where
+        Like: LayoutOf<M, R> + ?Sized,
+        L: super::redistribute::RedistributeLayout<Like::Layout, M>,
+    {
+        let _ = like;
+        self.redistribute()
     }
 
     /// Element-type conversion with the same layout (see [`DTensor::cast`]; integer to
@@ -279,6 +329,21 @@ impl<T: Scalar, M: MeshDims, L: TypedLayout<M>, const R: usize> fmt::Debug for D
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         write!(f, "Dt<{}, rank {R}>({:?})", std::any::type_name::<L>(), self.inner)
     }
+}
+
+/// A typed tensor, or a reference to one, whose layout on mesh `M` (rank `R`) is `Layout`:
+/// where [`Dt::redistribute_like`] reads its target.
+pub trait LayoutOf<M: MeshDims, const R: usize> {
+    /// The layout.
+    type Layout: TypedLayout<M>;
+}
+
+impl<T: Scalar, M: MeshDims, L: TypedLayout<M>, const R: usize> LayoutOf<M, R> for Dt<T, M, L, R> {
+    type Layout = L;
+}
+
+impl<X: LayoutOf<M, R> + ?Sized, M: MeshDims, const R: usize> LayoutOf<M, R> for &X {
+    type Layout = X::Layout;
 }
 
 #[cfg(test)]
