@@ -144,6 +144,7 @@ pub(crate) fn expand_struct(krate: &TokenStream, mut item: ItemStruct, plan: Str
     let global_ident = format_ident!("{}Global", ident);
     let params = quote!(#krate::typed::Parameters<#elem>);
     let dynamic = quote!(#krate::DTensor<#elem>);
+    let generated = quote!(#krate::typed::params::generated);
     // A field whose type is not a parameter by its syntax (a nested `#[distribute]` struct, or
     // a type the macro cannot type: an alias, a foreign type) is checked once, at its span;
     // every generated item assumes the same bound, so a type that fails it is that one error
@@ -424,51 +425,34 @@ pub(crate) fn expand_struct(krate: &TokenStream, mut item: ItemStruct, plan: Str
             }
 
             fn check_mesh(mesh: &#krate::DeviceMesh) -> #krate::Result<()> {
-                if mesh.dim_names() != Self::MESH_DIMS {
-                    return ::core::result::Result::Err(#krate::Error::TypedMismatch {
-                        what: ::std::string::String::from("mesh dims"),
-                        expected: ::std::format!("{:?}", Self::MESH_DIMS),
-                        actual: ::std::format!("{:?}", mesh.dim_names()),
-                    });
-                }
-                ::core::result::Result::Ok(())
+                #generated::check_mesh(mesh, Self::MESH_DIMS)
             }
 
             /// Every parameter with its dotted name (`blocks.0.w1` for a field `blocks` holding
             /// nested modules), in declaration order.
             pub fn named_parameters(&self) -> ::std::vec::Vec<(::std::string::String, &#dynamic)> {
-                let mut out = ::std::vec::Vec::new();
-                <Self as #params>::collect_parameters(self, "", &mut out);
-                out
+                #generated::named_parameters(self)
             }
 
             /// Every parameter with its name, mutably (e.g. for an optimizer step).
             pub fn named_parameters_mut(&mut self) -> ::std::vec::Vec<(::std::string::String, &mut #dynamic)> {
-                let mut out = ::std::vec::Vec::new();
-                <Self as #params>::collect_parameters_mut(self, "", &mut out);
-                out
+                #generated::named_parameters_mut(self)
             }
 
             /// Every buffer (`#[distribute(buffer)]` fields, nested modules' included) with
             /// its dotted name: state that is placed, loaded and saved but not trained.
             pub fn named_buffers(&self) -> ::std::vec::Vec<(::std::string::String, &#dynamic)> {
-                let mut out = ::std::vec::Vec::new();
-                <Self as #params>::collect_buffers(self, "", &mut out);
-                out
+                #generated::named_buffers(self)
             }
 
             /// Every buffer with its name, mutably.
             pub fn named_buffers_mut(&mut self) -> ::std::vec::Vec<(::std::string::String, &mut #dynamic)> {
-                let mut out = ::std::vec::Vec::new();
-                <Self as #params>::collect_buffers_mut(self, "", &mut out);
-                out
+                #generated::named_buffers_mut(self)
             }
 
             /// The declared placements of every parameter, by dotted name.
             pub fn parameter_placements(&self) -> ::std::vec::Vec<(::std::string::String, ::std::vec::Vec<#krate::Placement>)> {
-                let mut out = ::std::vec::Vec::new();
-                <Self as #params>::collect_placements(self, "", &mut out);
-                out
+                #generated::parameter_placements(self)
             }
 
             /// A `partition_fn` for `distribute_module` that lays out a *dynamic* module with
@@ -479,34 +463,26 @@ pub(crate) fn expand_struct(krate: &TokenStream, mut item: ItemStruct, plan: Str
                 _param: &#dynamic,
                 mesh: &#krate::DeviceMesh,
             ) -> #krate::Result<::core::option::Option<::std::vec::Vec<#krate::Placement>>> {
-                Self::check_mesh(mesh)?;
-                let mut patterns = ::std::vec::Vec::new();
-                <Self as #params>::collect_patterns("", &mut patterns);
-                ::core::result::Result::Ok(
-                    patterns
-                        .into_iter()
-                        .find(|(p, _)| #krate::typed::params::matches_pattern(p, name))
-                        .map(|(_, p)| p),
-                )
+                #generated::partition::<#elem, Self>(name, mesh, Self::MESH_DIMS)
             }
         }
 
         #[automatically_derived]
         impl #impl_g #krate::Module<#elem> for #ident #ty_g #where_g {
             fn named_parameters(&self) -> ::std::vec::Vec<(::std::string::String, &#dynamic)> {
-                #ident::named_parameters(self)
+                #generated::named_parameters(self)
             }
             fn named_parameters_mut(&mut self) -> ::std::vec::Vec<(::std::string::String, &mut #dynamic)> {
-                #ident::named_parameters_mut(self)
+                #generated::named_parameters_mut(self)
             }
             fn declared_placements(&self) -> ::std::vec::Vec<(::std::string::String, ::std::vec::Vec<#krate::Placement>)> {
-                #ident::parameter_placements(self)
+                #generated::parameter_placements(self)
             }
             fn named_buffers(&self) -> ::std::vec::Vec<(::std::string::String, &#dynamic)> {
-                #ident::named_buffers(self)
+                #generated::named_buffers(self)
             }
             fn named_buffers_mut(&mut self) -> ::std::vec::Vec<(::std::string::String, &mut #dynamic)> {
-                #ident::named_buffers_mut(self)
+                #generated::named_buffers_mut(self)
             }
         }
     }

@@ -71,6 +71,74 @@ pub fn into_buffers<T: Element, P: Parameters<T>>(mut p: P) -> P {
     p
 }
 
+/// What a `#[distribute]` struct's `named_parameters`, `named_parameters_mut`, `named_buffers`,
+/// `named_buffers_mut`, `parameter_placements` and `partition` run: the generated methods are
+/// one call each (less code for every struct to compile), the work is here once.
+#[doc(hidden)]
+pub mod generated {
+    use super::*;
+
+    /// Every parameter of `p` by dotted name.
+    pub fn named_parameters<T: Element, P: Parameters<T>>(p: &P) -> Vec<(String, &DTensor<T>)> {
+        let mut out = Vec::new();
+        p.collect_parameters("", &mut out);
+        out
+    }
+
+    /// Same, mutably.
+    pub fn named_parameters_mut<T: Element, P: Parameters<T>>(p: &mut P) -> Vec<(String, &mut DTensor<T>)> {
+        let mut out = Vec::new();
+        p.collect_parameters_mut("", &mut out);
+        out
+    }
+
+    /// Every buffer of `p` by dotted name.
+    pub fn named_buffers<T: Element, P: Parameters<T>>(p: &P) -> Vec<(String, &DTensor<T>)> {
+        let mut out = Vec::new();
+        p.collect_buffers("", &mut out);
+        out
+    }
+
+    /// Same, mutably.
+    pub fn named_buffers_mut<T: Element, P: Parameters<T>>(p: &mut P) -> Vec<(String, &mut DTensor<T>)> {
+        let mut out = Vec::new();
+        p.collect_buffers_mut("", &mut out);
+        out
+    }
+
+    /// The declared placements of every parameter of `p` by dotted name.
+    pub fn parameter_placements<T: Element, P: Parameters<T>>(p: &P) -> Vec<(String, Vec<Placement>)> {
+        let mut out = Vec::new();
+        p.collect_placements("", &mut out);
+        out
+    }
+
+    /// The struct's mesh dims against `mesh`'s (a typed mismatch naming both).
+    pub fn check_mesh(mesh: &DeviceMesh, dims: &[&str]) -> Result<()> {
+        if mesh.dim_names() != dims {
+            return Err(crate::error::Error::TypedMismatch {
+                what: "mesh dims".into(),
+                expected: format!("{dims:?}"),
+                actual: format!("{:?}", mesh.dim_names()),
+            });
+        }
+        Ok(())
+    }
+
+    /// The placements `P` declares for the parameter called `name` (none: not one of them),
+    /// after [`check_mesh`].
+    pub fn partition<T: Element, P: Parameters<T>>(
+        name: &str,
+        mesh: &DeviceMesh,
+        dims: &[&str],
+    ) -> Result<Option<Vec<Placement>>> {
+        check_mesh(mesh, dims)?;
+        let mut patterns = Vec::new();
+        P::collect_patterns("", &mut patterns);
+        Ok(patterns.into_iter().find(|(p, _)| matches_pattern(p, name)).map(|(_, p)| p))
+    }
+}
+
 /// `P::collect_patterns` for the type `P` of the struct field that `field` projects to, so
 /// that generated code need not repeat the field's type.
 #[doc(hidden)]
