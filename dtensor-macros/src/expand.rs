@@ -620,7 +620,7 @@ pub(crate) fn expand_fn(krate: &TokenStream, mut item: ItemFn, plan: FnPlan<'_>)
         prologue.push(quote!(let _ = ::core::marker::PhantomData::<#dynamic>;));
     }
     prologue.push(implicit_scope(krate, &item, plan.allow_implicit));
-    crate::infer::operands_take_receiver_layout(&mut item.block);
+    crate::infer::operands_take_receiver_layout(krate, &mut item.block);
     let body = &item.block;
     let attrs = &item.attrs;
     let vis = &item.vis;
@@ -686,7 +686,7 @@ pub(crate) fn expand_trait_fn(krate: &TokenStream, mut item: ItemFn, plan: FnPla
         ast::strip_rank(t);
     }
     prologue.push(implicit_scope(krate, &item, plan.allow_implicit));
-    crate::infer::operands_take_receiver_layout(&mut item.block);
+    crate::infer::operands_take_receiver_layout(krate, &mut item.block);
     let body = &item.block;
     let attrs = &item.attrs;
     let vis = &item.vis;

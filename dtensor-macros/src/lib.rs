@@ -111,10 +111,12 @@ use proc_macro::TokenStream;
 /// layout is a type mismatch naming both layouts (on the mesh, `(dp, tp)`): redistribute it.
 ///
 /// In the body, `x.add(&y.redistribute()?)` (also `sub`, `mul`, `div` and the comparison masks
-/// `eq_mask` … `ge_mask`) redistributes `y` to `x`'s layout: the op alone cannot choose among
-/// the layouts it accepts beside `x`'s, so the body says `y.redistribute_like(&x)` for you. An
-/// explicit target (`redistribute::<L>()`) is left as written; outside a body, write
-/// `redistribute_like` (`Dt::redistribute_like`).
+/// `eq_mask` … `ge_mask`) redistributes `y` to the layout the op needs beside `x`'s: `x`'s own,
+/// except that a `Partial` `x` of `mul`/`div` takes a `Replicate` operand there. The op alone
+/// cannot choose among the layouts it accepts, so the body says `y.redistribute_like(&x)` (with
+/// that exception) for you. An explicit target (`redistribute::<L>()`, or `redistribute::<_>()`
+/// for a type of your own with a `redistribute` method) and a turbofish on the op are left as
+/// written, and so are macro calls (`assert!(..)`); outside a body, write `Dt::redistribute_like`.
 ///
 /// # No implicit communication
 ///

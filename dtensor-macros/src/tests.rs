@@ -275,25 +275,34 @@ fn trait_impl_methods_keep_the_traits_signature_and_check_on_entry() {
 }
 
 /// The body rewrite of `x.op(&y.redistribute()?)`: applied to the same-layout ops (nested,
-/// parenthesized, in closures), left alone for an explicit target, another method, a second
-/// argument, a mutable borrow, and items nested in the body.
+/// parenthesized, in closures) with the op's kind, attributes kept on the expression; left
+/// alone for an explicit target, a turbofish on the op, another method, a second argument, a
+/// mutable borrow, and items nested in the body.
 #[test]
 fn operands_take_the_receiver_layout_only_in_the_inferred_form() {
     let rewrite = |body: proc_macro2::TokenStream| {
         let mut block: syn::Block = syn::parse2(quote!({ #body })).expect("a block");
-        crate::infer::operands_take_receiver_layout(&mut block);
+        crate::infer::operands_take_receiver_layout(&quote!(::dtensor), &mut block);
         quote!(#block).to_string().replace(' ', "")
     };
-    let count = |s: &str| s.matches("redistribute_like(__dtensor_lhs)").count();
+    let count = |s: &str| s.matches("redistribute_operand::<").count();
     let s = rewrite(quote!(let z = x.add(&y.redistribute()?)?;));
     assert_eq!(count(&s), 1, "{s}");
-    assert!(s.contains("let__dtensor_lhs=&x;__dtensor_lhs.add(&y.redistribute_like(__dtensor_lhs)?)"), "{s}");
+    assert!(
+        s.contains("let__dtensor_lhs=&x;__dtensor_lhs.add(&y.redistribute_operand::<::dtensor::typed::operand::Same,_,_>(__dtensor_lhs)?)"),
+        "{s}"
+    );
+    let s = rewrite(quote!(let z = p.mul(&y.redistribute()?)?;));
+    assert!(s.contains("operand::Scale"), "{s}");
     let s = rewrite(quote!(x.add(&x.mul(&(s.redistribute()?))?.redistribute()?)?.lt_mask(&w.redistribute()?)?;));
     assert_eq!(count(&s), 3, "{s}");
     let s = rewrite(quote!(let f = || a.div(&b.redistribute()?);));
     assert_eq!(count(&s), 1, "{s}");
+    let s = rewrite(quote!(#[allow(unused_must_use)] x.add(&y.redistribute()?);));
+    assert!(s.starts_with("{#[allow(unused_must_use)]({let__dtensor_lhs"), "{s}");
     for untouched in [
         quote!(x.add(&y.redistribute::<(Shard<0>, Replicate)>()?)?;),
+        quote!(x.mul::<(Shard<0>, Replicate)>(&y.redistribute()?)?;),
         quote!(x.matmul(&w.redistribute()?)?;),
         quote!(x.add(&y.redistribute()?, 1)?;),
         quote!(x.add(&mut y.redistribute()?)?;),

@@ -12,8 +12,6 @@
 /// `lift_binary!(LayoutTrait, RuleTrait)` or, with a context type (`Rank<R>`, ...),
 /// `lift_binary!(LayoutTrait, RuleTrait, ctx)`. The other operand's markers are named
 /// `Placement0`, `Placement1`, ...: rustc's "consider specifying the generic argument" help
-/// spells a layout it cannot infer with these names (`redistribute::<(Placement0, Placement1)>`). The other operand's markers are named
-/// `Placement0`, `Placement1`, ...: rustc's "consider specifying the generic argument" help
 /// spells a layout it cannot infer with these names (`redistribute::<(Placement0, Placement1)>`).
 #[doc(hidden)]
 #[macro_export]

@@ -36,6 +36,8 @@ pub mod markers;
 pub mod mask;
 pub mod matmul;
 pub mod norm;
+#[doc(hidden)] // only `#[distribute]`'s generated code uses it
+pub mod operand;
 pub mod params;
 pub mod permute;
 pub mod pointwise;
@@ -67,6 +69,6 @@ pub use pointwise::{AddLayout, AddRule, DivLayout, DivRule, MulLayout, MulRule, 
 pub use reduce::Dim;
 pub use same::SameLayout;
 pub use source::TensorSource;
-pub use tensor::{Dt, LayoutOf};
+pub use tensor::Dt;
 pub use transpose::{Swap, TransposeLayout, TransposeRule};
 pub use view::Dims;

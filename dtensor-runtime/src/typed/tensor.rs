@@ -167,11 +167,13 @@ impl<T: Scalar, M: MeshDims, L: TypedLayout<M>, const R: usize> Dt<T, M, L, R> {
         Dt::from_dtensor(self.inner.redistribute(&L2::placements())?)
     }
 
-    /// Redistributes to the layout of `like` (a typed tensor of the same element type, mesh and
-    /// rank, or a reference to one): `y.redistribute_like(&x)` is `y.redistribute::<Lx>()`
-    /// without naming `Lx`. Inside a `#[distribute]` function, `x.add(&y.redistribute()?)`
-    /// (and `sub`, `mul`, `div`, the comparison masks) means this: the operand takes the
-    /// receiver's layout, since the op alone cannot choose among its legal partners.
+    /// Redistributes to the layout of `like` (a typed tensor of any element type on the same
+    /// mesh, with the same rank): `y.redistribute_like(&x)` is `y.redistribute::<Lx>()` without
+    /// naming `Lx`. Inside a `#[distribute]` function, `x.add(&y.redistribute()?)` (and `sub`,
+    /// `mul`, `div`, the comparison masks) means this: the operand takes the layout the op
+    /// needs beside the receiver's (the receiver's own, except that a `Partial` receiver of
+    /// `mul`/`div` takes a `Replicate` operand there), since the op alone cannot choose among
+    /// its legal partners.
     ///
     /// ```
     /// use dtensor_runtime::typed::{dims::tp, Dt, Partial, Replicate, Sum};
@@ -185,10 +187,26 @@ impl<T: Scalar, M: MeshDims, L: TypedLayout<M>, const R: usize> Dt<T, M, L, R> {
     /// assert_eq!(out[0].as_slice().unwrap(), &[2.0, 4.0]);
     /// ```
     #[track_caller]
-    pub fn redistribute_like<Like>(&self, like: &Like) -> Result<Dt<T, M, <Like as LayoutOf<M, R>>::Layout, R>>
+    pub fn redistribute_like<U: Scalar, L2>(&self, like: &Dt<U, M, L2, R>) -> Result<Dt<T, M, L2, R>>
     where
-        Like: LayoutOf<M, R> + ?Sized,
-        L: super::redistribute::RedistributeLayout<Like::Layout, M>,
+        L: super::redistribute::RedistributeLayout<L2, M>,
+        L2: TypedLayout<M>,
+    {
+        let _ = like;
+        self.redistribute()
+    }
+
+    /// What `#[distribute]` writes for `x.op(&y.redistribute()?)`: `y` redistributed to the
+    /// layout op `K` needs beside `like`'s ([`operand`](super::operand)).
+    #[doc(hidden)]
+    #[track_caller]
+    pub fn redistribute_operand<K, U: Scalar, L2>(
+        &self,
+        like: &Dt<U, M, L2, R>,
+    ) -> Result<Dt<T, M, <L2 as super::operand::OperandLayout<K, M>>::Target, R>>
+    where
+        L2: TypedLayout<M> + super::operand::OperandLayout<K, M>,
+        L: super::redistribute::RedistributeLayout<<L2 as super::operand::OperandLayout<K, M>>::Target, M>,
     {
         let _ = like;
         self.redistribute()
@@ -329,21 +347,6 @@ impl<T: Scalar, M: MeshDims, L: TypedLayout<M>, const R: usize> fmt::Debug for D
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         write!(f, "Dt<{}, rank {R}>({:?})", std::any::type_name::<L>(), self.inner)
     }
-}
-
-/// A typed tensor, or a reference to one, whose layout on mesh `M` (rank `R`) is `Layout`:
-/// where [`Dt::redistribute_like`] reads its target.
-pub trait LayoutOf<M: MeshDims, const R: usize> {
-    /// The layout.
-    type Layout: TypedLayout<M>;
-}
-
-impl<T: Scalar, M: MeshDims, L: TypedLayout<M>, const R: usize> LayoutOf<M, R> for Dt<T, M, L, R> {
-    type Layout = L;
-}
-
-impl<X: LayoutOf<M, R> + ?Sized, M: MeshDims, const R: usize> LayoutOf<M, R> for &X {
-    type Layout = X::Layout;
 }
 
 #[cfg(test)]
