@@ -156,7 +156,7 @@ pub(crate) fn expand_struct(krate: &TokenStream, mut item: ItemStruct, plan: Str
     // the `Element` bound): `Parameters<T>` needs `T: Element`.
     if !ast::is_float_elem(elem) {
         let span = elem.span();
-        checks.push(quote_spanned!(span=> __dtensor_elem_is_a_float::<#elem>();));
+        checks.push(quote_spanned!(span=> element_type_is_a_float::<#elem>();));
         generics.make_where_clause().predicates.push(syn::parse_quote!(for<'__dt> #elem: #krate::Element));
     }
 
@@ -240,7 +240,7 @@ pub(crate) fn expand_struct(krate: &TokenStream, mut item: ItemStruct, plan: Str
         let ty = &f.ty;
         let span = ty.span();
         if !surely_parameters {
-            checks.push(quote_spanned!(span=> #(#cfgs)* __dtensor_field_is_a_parameter::<#elem, #ty>();));
+            checks.push(quote_spanned!(span=> #(#cfgs)* field_is_a_parameter_module_or_plain_data::<#elem, #ty>();));
             // A where-clause predicate cannot carry a `#[cfg]`: a conditional field's type is
             // checked by its (conditional) uses instead.
             if cfgs.is_empty() {
@@ -327,9 +327,9 @@ pub(crate) fn expand_struct(krate: &TokenStream, mut item: ItemStruct, plan: Str
 
         const _: () = {
             #[allow(dead_code, clippy::type_complexity)]
-            fn __dtensor_check_fields #check_g () #check_where {
-                fn __dtensor_field_is_a_parameter<__T: #krate::Element, __P: #krate::typed::Parameters<__T>>() {}
-                fn __dtensor_elem_is_a_float<__T: #krate::Element>() {}
+            fn distribute_field_checks #check_g () #check_where {
+                fn field_is_a_parameter_module_or_plain_data<Elem: #krate::Element, Field: #krate::typed::Parameters<Elem>>() {}
+                fn element_type_is_a_float<Elem: #krate::Element>() {}
                 #(#checks)*
             }
         };

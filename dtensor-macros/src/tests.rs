@@ -138,7 +138,7 @@ fn fields_not_parameters_by_syntax_are_checked_once_and_assumed_elsewhere() {
     );
     // One check at the field, and the same bound on every generated item (not on fields whose
     // syntax already makes them parameters).
-    assert_eq!(out.matches("__dtensor_field_is_a_parameter :: < f32 , Vec < Block > >").count(), 1, "{out}");
+    assert_eq!(out.matches("field_is_a_parameter_module_or_plain_data :: < f32 , Vec < Block > >").count(), 1, "{out}");
     let bound = "for < '__dt > Vec < Block > : :: dtensor :: typed :: Parameters < f32 >";
     assert_eq!(out.matches(bound).count(), 4, "Global struct, Parameters, inherent and Module impls: {out}");
     assert!(!out.contains("for < '__dt > Option"), "{out}");
